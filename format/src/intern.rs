@@ -1,0 +1,190 @@
+//! Interning tables: every distinct frame, stack and repeated string is stored once.
+//!
+//! A real 1M-entry snapshot holds a few thousand distinct frames and stacks that are shared
+//! by reference in the pickle. Entries here hold a [`StackId`]; the [`StackTable`] maps it to a
+//! slice of [`FrameId`]s (innermost frame first, as PyTorch writes them), and the
+//! [`FrameTable`] maps those to [`Frame`]s.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::value::Extras;
+
+/// Index of a frame in [`FrameTable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FrameId(pub u32);
+
+/// Index of a stack (a list of frames) in [`StackTable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StackId(pub u32);
+
+/// Index of a string in [`StrTable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StrId(pub u32);
+
+/// One stack frame: `{'name': ..., 'filename': ..., 'line': ...}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Frame {
+    /// Function name (Python `co_name` or a demangled C++ symbol).
+    pub name: String,
+    /// Python file path, or a C++ source basename, `"??"` or `""`.
+    pub filename: String,
+    /// Line number; usually 0 for C++ frames.
+    pub line: i64,
+    /// Keys beyond the three above (the `fx_*` keys of FX-augmented snapshots), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra: Extras,
+}
+
+impl Frame {
+    pub fn new(name: impl Into<String>, filename: impl Into<String>, line: i64) -> Self {
+        Frame {
+            name: name.into(),
+            filename: filename.into(),
+            line,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The file's last path component (either separator), as `_memory_viz.py` prints it.
+    pub fn basename(&self) -> &str {
+        self.filename
+            .rsplit(['/', '\\'])
+            .next()
+            .unwrap_or(&self.filename)
+    }
+}
+
+/// The distinct frames of a snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct FrameTable {
+    frames: Vec<Frame>,
+    index: HashMap<(String, String, i64), FrameId>,
+}
+
+impl FrameTable {
+    /// Returns the id of an equal frame already in the table, or adds it.
+    ///
+    /// Frames with extra keys are compared in full; frames without them through a hash index.
+    pub fn intern(&mut self, frame: Frame) -> FrameId {
+        if frame.extra.is_empty() {
+            let key = (frame.name, frame.filename, frame.line);
+            if let Some(&id) = self.index.get(&key) {
+                return id;
+            }
+            let id = FrameId(self.frames.len() as u32);
+            self.frames.push(Frame::new(key.0.clone(), key.1.clone(), key.2));
+            self.index.insert(key, id);
+            id
+        } else {
+            if let Some(pos) = self.frames.iter().position(|f| *f == frame) {
+                return FrameId(pos as u32);
+            }
+            let id = FrameId(self.frames.len() as u32);
+            self.frames.push(frame);
+            id
+        }
+    }
+
+    pub fn get(&self, id: FrameId) -> &Frame {
+        &self.frames[id.0 as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &Frame> {
+        self.frames.iter()
+    }
+}
+
+/// The distinct stacks of a snapshot, stored flat.
+#[derive(Clone, Debug)]
+pub struct StackTable {
+    /// `offsets[i]..offsets[i + 1]` is the range of stack `i` in `frame_ids`.
+    offsets: Vec<u32>,
+    frame_ids: Vec<FrameId>,
+    index: HashMap<Box<[FrameId]>, StackId>,
+}
+
+impl Default for StackTable {
+    fn default() -> Self {
+        StackTable {
+            offsets: vec![0],
+            frame_ids: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+}
+
+impl StackTable {
+    /// Returns the id of an equal stack already in the table, or adds it.
+    pub fn intern(&mut self, frames: &[FrameId]) -> StackId {
+        if let Some(&id) = self.index.get(frames) {
+            return id;
+        }
+        let id = StackId((self.offsets.len() - 1) as u32);
+        self.frame_ids.extend_from_slice(frames);
+        self.offsets.push(self.frame_ids.len() as u32);
+        self.index.insert(frames.into(), id);
+        id
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn get(&self, id: StackId) -> &[FrameId] {
+        let i = id.0 as usize;
+        &self.frame_ids[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (StackId, &[FrameId])> {
+        (0..self.len()).map(|i| {
+            let id = StackId(i as u32);
+            (id, self.get(id))
+        })
+    }
+}
+
+/// Repeated short strings (compile contexts, user metadata, unknown action names).
+#[derive(Clone, Debug, Default)]
+pub struct StrTable {
+    strings: Vec<Box<str>>,
+    index: HashMap<Box<str>, StrId>,
+}
+
+impl StrTable {
+    pub fn intern(&mut self, s: &str) -> StrId {
+        if let Some(&id) = self.index.get(s) {
+            return id;
+        }
+        let id = StrId(self.strings.len() as u32);
+        self.strings.push(s.into());
+        self.index.insert(s.into(), id);
+        id
+    }
+
+    pub fn get(&self, id: StrId) -> &str {
+        &self.strings[id.0 as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.strings.is_empty()
+    }
+}

@@ -1,0 +1,416 @@
+//! The typed snapshot model: what `torch.cuda.memory._snapshot()` returns, for every era.
+//!
+//! Field names follow PyTorch's keys. Keys that some eras lack are `Option`s; keys no era we
+//! know has are kept in `extra` and written back. Stacks are [`StackId`]s into the snapshot's
+//! [`StackTable`] (see [`crate::intern`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::intern::{Frame, FrameId, FrameTable, StackId, StackTable, StrId, StrTable};
+use crate::value::{Extras, Value};
+
+/// A whole snapshot, with its interning tables.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub frames: FrameTable,
+    pub stacks: StackTable,
+    pub strings: StrTable,
+    /// The top-level shape: a dict (every era since 2.0) or a bare segment list.
+    pub shape: Shape,
+    /// Every segment, all devices, as the file lists them.
+    pub segments: Vec<Segment>,
+    /// One trace per device, oldest entry first. `None` when the file has no such key.
+    pub device_traces: Option<Vec<Vec<TraceEntry>>>,
+    pub allocator_settings: Option<AllocatorSettings>,
+    pub external_annotations: Option<Vec<Annotation>>,
+    /// 2.14+ pinned host allocator state; its schema is not pinned down, so kept generic.
+    pub host_segments: Option<Value>,
+    pub host_traces: Option<Value>,
+    /// What memsnap's recorder adds (entries dropped by the ring buffer, ...). Written under the
+    /// top-level key `"memsnap"`, which PyTorch's tools ignore.
+    pub recorder_info: Option<RecorderInfo>,
+    /// Unknown top-level keys, in order.
+    pub extra: Extras,
+}
+
+/// The top-level object of the file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Shape {
+    /// `{'segments': ..., 'device_traces': ..., ...}`
+    #[default]
+    Dict,
+    /// The list `torch.cuda.memory_snapshot()` returns (only segments).
+    SegmentList,
+}
+
+/// Information memsnap's recorder stores beside PyTorch's keys.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecorderInfo {
+    /// Name and version of the program that wrote the snapshot.
+    pub producer: String,
+    /// Per device: trace entries the ring buffer dropped (oldest events lost).
+    pub dropped_entries: Vec<u64>,
+    /// Unknown keys of the `"memsnap"` dict, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra: Extras,
+}
+
+/// One segment: a `cudaMalloc` or one mapped range of an expandable segment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub device: i64,
+    pub address: u64,
+    pub total_size: u64,
+    /// Sum of `size` over `active_allocated` blocks.
+    pub allocated_size: Option<u64>,
+    /// Sum of `size` over blocks that are not `inactive`.
+    pub active_size: Option<u64>,
+    /// Sum of `requested_size` over blocks that are not `inactive`.
+    pub requested_size: Option<u64>,
+    pub stream: i64,
+    pub segment_type: Option<SegmentType>,
+    pub segment_pool_id: Option<(i64, i64)>,
+    pub is_expandable: Option<bool>,
+    /// Stack at segment allocation. `None` when the key is absent (legacy files).
+    pub frames: Option<StackId>,
+    /// PyTorch writes a non-empty `frames` after `blocks` and an empty one before; we keep the
+    /// order the file had.
+    pub frames_after_blocks: bool,
+    pub blocks: Vec<Block>,
+    pub extra: Extras,
+}
+
+impl Segment {
+    /// A segment with the 2.1+ keys and no blocks.
+    pub fn new(device: i64, address: u64, total_size: u64, stream: i64) -> Self {
+        Segment {
+            device,
+            address,
+            total_size,
+            allocated_size: Some(0),
+            active_size: Some(0),
+            requested_size: Some(0),
+            stream,
+            segment_type: Some(SegmentType::Large),
+            segment_pool_id: Some((0, 0)),
+            is_expandable: Some(false),
+            frames: None,
+            frames_after_blocks: false,
+            blocks: Vec::new(),
+            extra: Vec::new(),
+        }
+    }
+
+    /// Block addresses: the stored `address`, or (legacy files) the running sum from the segment
+    /// base, as PyTorch's viewer computes them.
+    pub fn block_addresses(&self) -> impl Iterator<Item = (u64, &Block)> {
+        let mut next = self.address;
+        self.blocks.iter().map(move |b| {
+            let addr = b.address.unwrap_or(next);
+            next = addr.wrapping_add(b.size);
+            (addr, b)
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SegmentType {
+    Large,
+    Small,
+    Other(StrId),
+}
+
+/// One block of a segment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    /// Absent in legacy (≤2.0) files.
+    pub address: Option<u64>,
+    pub size: u64,
+    /// What the caller asked for. Stale on `inactive` blocks (PyTorch does not reset it); kept.
+    pub requested_size: Option<u64>,
+    pub state: BlockState,
+    pub frames: Option<StackId>,
+    pub forward_frames: Option<Vec<String>>,
+    /// Legacy (≤2.0) per-block history.
+    pub history: Option<Vec<HistoryItem>>,
+    pub extra: Extras,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BlockState {
+    ActiveAllocated,
+    ActivePendingFree,
+    Inactive,
+    Other(StrId),
+}
+
+/// A legacy block history item: `{'addr', 'real_size', 'frames'[, 'cpp_frames']}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryItem {
+    pub addr: u64,
+    pub real_size: u64,
+    pub frames: Option<StackId>,
+    pub extra: Extras,
+}
+
+/// One event of a device trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceEntry {
+    pub action: Action,
+    /// Block or segment address; 0 for `snapshot`; 0 and absent for `oom` (see [`EntryRare`]).
+    pub addr: u64,
+    /// Requested bytes for alloc/free, segment bytes for segment events, active bytes for
+    /// `snapshot`, the rounded request for `oom`.
+    pub size: u64,
+    pub stream: i64,
+    /// Microseconds since the Unix epoch (2.2+).
+    pub time_us: Option<i64>,
+    /// 2.8+; `"N/A"` unless compile-context recording was on.
+    pub compile_context: Option<StrId>,
+    /// 2.10+; `""` by default.
+    pub user_metadata: Option<StrId>,
+    /// Present only when the entry has a context.
+    pub frames: Option<StackId>,
+    /// Keys few entries have, boxed to keep the common entry small.
+    pub rare: Option<Box<EntryRare>>,
+}
+
+impl TraceEntry {
+    /// A bare entry with the given action, address, size and stream.
+    pub fn new(action: Action, addr: u64, size: u64, stream: i64) -> Self {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream,
+            time_us: None,
+            compile_context: None,
+            user_metadata: None,
+            frames: None,
+            rare: None,
+        }
+    }
+
+    /// `device_free` of an `oom` entry.
+    pub fn device_free(&self) -> Option<u64> {
+        self.rare.as_ref().and_then(|r| r.device_free)
+    }
+
+    /// Whether the entry has an `addr` key (every entry but `oom`).
+    pub fn has_addr(&self) -> bool {
+        !self.rare.as_ref().is_some_and(|r| r.no_addr)
+    }
+
+    pub fn rare_mut(&mut self) -> &mut EntryRare {
+        self.rare.get_or_insert_with(Default::default)
+    }
+}
+
+/// Trace-entry keys that few entries carry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EntryRare {
+    /// `oom`: free device bytes, written in place of `addr`.
+    pub device_free: Option<u64>,
+    /// The entry has no `addr` key (`oom`).
+    pub no_addr: bool,
+    /// 2.15: allocator-internal tag.
+    pub internal_metadata: Option<StrId>,
+    /// 2.11+: forward-pass traceback strings.
+    pub forward_frames: Option<Vec<String>>,
+    /// Legacy (≤2.0) entries write `frames` (and `cpp_frames`) first.
+    pub legacy_frames_first: bool,
+    /// Unknown keys, in order (legacy `cpp_frames` among them).
+    pub extra: Extras,
+}
+
+/// Trace actions (`TraceEntry::Action` in PyTorch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    Annotate,
+    /// Never written by PyTorch; its viewer merges a free pair into it.
+    Free,
+    /// An action name this version does not know, passed through.
+    Other(StrId),
+}
+
+impl Action {
+    /// Parses a known action name; `None` for names to keep as [`Action::Other`].
+    pub fn from_name(name: &str) -> Option<Action> {
+        Some(match name {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            "annotate" => Action::Annotate,
+            "free" => Action::Free,
+            _ => return None,
+        })
+    }
+
+    /// The action's name as written in the file.
+    pub fn name<'a>(&self, strings: &'a StrTable) -> &'a str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+            Action::Annotate => "annotate",
+            Action::Free => "free",
+            Action::Other(id) => strings.get(*id),
+        }
+    }
+}
+
+impl SegmentType {
+    pub fn from_name(name: &str) -> Option<SegmentType> {
+        match name {
+            "large" => Some(SegmentType::Large),
+            "small" => Some(SegmentType::Small),
+            _ => None,
+        }
+    }
+
+    pub fn name<'a>(&self, strings: &'a StrTable) -> &'a str {
+        match self {
+            SegmentType::Large => "large",
+            SegmentType::Small => "small",
+            SegmentType::Other(id) => strings.get(*id),
+        }
+    }
+}
+
+impl BlockState {
+    pub fn from_name(name: &str) -> Option<BlockState> {
+        match name {
+            "active_allocated" => Some(BlockState::ActiveAllocated),
+            "active_pending_free" => Some(BlockState::ActivePendingFree),
+            "inactive" => Some(BlockState::Inactive),
+            _ => None,
+        }
+    }
+
+    pub fn name<'a>(&self, strings: &'a StrTable) -> &'a str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+            BlockState::Other(id) => strings.get(*id),
+        }
+    }
+
+    /// Allocated or pending free (counted in `active_size`).
+    pub fn is_active(&self) -> bool {
+        !matches!(self, BlockState::Inactive)
+    }
+}
+
+/// `allocator_settings` (2.3+). Known keys are typed; others kept in order in `extra`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorSettings {
+    /// Key `PYTORCH_CUDA_ALLOC_CONF`.
+    pub alloc_conf: Option<String>,
+    /// `-1` means unlimited.
+    pub max_split_size: Option<i64>,
+    pub garbage_collection_threshold: Option<f64>,
+    pub expandable_segments: Option<bool>,
+    pub pinned_num_register_threads: Option<i64>,
+    pub release_lock_on_cudamalloc: Option<bool>,
+    pub pinned_use_cuda_host_register: Option<bool>,
+    pub graph_capture_record_stream_reuse: Option<bool>,
+    /// `("1", divisions), ("2", ...), ...` in file order.
+    pub roundup_power2_divisions: Option<Vec<(String, i64)>>,
+    pub max_round_threshold: Option<i64>,
+    pub max_cached_size: Option<i64>,
+    pub extra: Extras,
+}
+
+/// One `external_annotations` entry (2.5+): `record_function` START/END markers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Annotation {
+    /// The metadata keys (`stage`, `name`, ...) in file order; their order is not fixed.
+    pub metadata: Vec<(String, Value)>,
+    pub device: i64,
+    pub time_us: i64,
+    /// Keys after `time_us`, if any.
+    pub extra: Extras,
+}
+
+impl Annotation {
+    pub fn stage(&self) -> Option<&str> {
+        self.meta_str("stage")
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.meta_str("name")
+    }
+
+    fn meta_str(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.as_str())
+    }
+}
+
+impl Snapshot {
+    /// An empty dict-shaped snapshot with `devices` empty traces.
+    pub fn new(devices: usize) -> Self {
+        Snapshot {
+            device_traces: Some(vec![Vec::new(); devices]),
+            ..Default::default()
+        }
+    }
+
+    /// Interns a stack given as frames, innermost first.
+    pub fn intern_stack(&mut self, frames: impl IntoIterator<Item = Frame>) -> StackId {
+        let ids: Vec<FrameId> = frames.into_iter().map(|f| self.frames.intern(f)).collect();
+        self.stacks.intern(&ids)
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn stack_frames(&self, id: StackId) -> impl ExactSizeIterator<Item = &Frame> + '_ {
+        self.stacks.get(id).iter().map(|f| self.frames.get(*f))
+    }
+
+    pub fn str(&self, id: StrId) -> &str {
+        self.strings.get(id)
+    }
+
+    /// The traces, or an empty slice when the file has none.
+    pub fn traces(&self) -> &[Vec<TraceEntry>] {
+        self.device_traces.as_deref().unwrap_or(&[])
+    }
+
+    /// Number of trace entries over all devices.
+    pub fn entry_count(&self) -> usize {
+        self.traces().iter().map(Vec::len).sum()
+    }
+
+    /// Devices that appear in the traces or segments, ascending.
+    pub fn devices(&self) -> Vec<i64> {
+        let mut devices: Vec<i64> = (0..self.traces().len() as i64).collect();
+        devices.extend(self.segments.iter().map(|s| s.device));
+        devices.sort_unstable();
+        devices.dedup();
+        devices
+    }
+}

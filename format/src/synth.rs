@@ -1,0 +1,1 @@
+//! Synthetic training-run snapshots (to be written).

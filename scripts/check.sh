@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The one check: what CI runs and what a person runs before pushing.
+# Format, lints (warnings are errors), then the README's test command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --locked

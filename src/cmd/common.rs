@@ -1,0 +1,112 @@
+//! Helpers shared by the subcommands: loading with a progress bar, human sizes.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use memsnap_format::io::{read_bytes_with, Detected};
+use memsnap_format::Snapshot;
+
+/// Reads a snapshot file, showing a progress bar on stderr when decoding takes over a second.
+pub fn load(path: &Path) -> Result<(Snapshot, Detected)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let started = Instant::now();
+    let mut bar: Option<ProgressBar> = None;
+    let mut progress = |done: u64, total: u64| {
+        if bar.is_none() && started.elapsed() > Duration::from_secs(1) {
+            let b = ProgressBar::new(total).with_style(
+                ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
+                    .expect("static template")
+                    .progress_chars("=> "),
+            );
+            b.set_message(format!("reading {}", path.display()));
+            bar = Some(b);
+        }
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+        true
+    };
+    let result = read_bytes_with(&bytes, &mut progress);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    result.with_context(|| format!("cannot decode {}", path.display()))
+}
+
+/// Parses a byte size: `1234`, `512KiB`, `1.5GiB`, `2GB` (powers of 1000), `3g` (= GiB).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (examples: 4096, 512MiB, 1.5GiB, 2GB)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" | "ki" => 1024.0,
+        "m" | "mib" | "mi" => 1024.0 * 1024.0,
+        "g" | "gib" | "gi" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" | "ti" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` in `{text}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            ))
+        }
+    };
+    let bytes = num * mult;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("`{text}` is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Formats bytes in binary units with one decimal: `1.5 GiB`, `512 B`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = u;
+    }
+    format!("{value:.1} {unit}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1.5GiB"), Ok(1610612736));
+        assert_eq!(parse_size("2 MiB"), Ok(2 << 20));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("3g"), Ok(3 << 30));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn sizes_format_with_one_decimal() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(80 << 30), "80.0 GiB");
+    }
+}

@@ -1,0 +1,12 @@
+//! `memsnap info` (to be written).
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> Result<ExitCode> {
+    anyhow::bail!("`memsnap info` is not implemented yet")
+}

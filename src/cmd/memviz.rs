@@ -1,0 +1,12 @@
+//! `memsnap memviz` (to be written).
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> Result<ExitCode> {
+    anyhow::bail!("`memsnap memviz` is not implemented yet")
+}

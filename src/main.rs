@@ -1,0 +1,46 @@
+//! `memsnap`: record, convert, analyse and view GPU memory allocation histories.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// Record, convert, analyse and view GPU memory snapshots.
+///
+/// memsnap reads PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot()` pickles of every
+/// release from 2.1 to 2.15, the bare `memory_snapshot()` segment list), memsnap's own msgpack
+/// and JSON, optionally gzip- or zstd-compressed. The format is detected from the content.
+///
+/// Start with `memsnap demo`, which simulates a training run and opens its snapshot.
+#[derive(Parser)]
+#[command(name = "memsnap", version, about, long_about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Info(cmd::info::Args),
+    Convert(cmd::convert::Args),
+    Validate(cmd::validate::Args),
+    Memviz(cmd::memviz::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(args) => cmd::info::run(args),
+        Command::Convert(args) => cmd::convert::run(args),
+        Command::Validate(args) => cmd::validate::run(args),
+        Command::Memviz(args) => cmd::memviz::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("memsnap: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
