@@ -1,0 +1,1 @@
+//! memsnap-analysis (to be written).

@@ -1,0 +1,1 @@
+//! memsnap-recorder (to be written).
