@@ -1,0 +1,8 @@
+//! The format crate's integration tests, one binary. Shared helpers live in `common`.
+
+mod codecs;
+mod common;
+mod hostile;
+mod pickle;
+mod synth;
+mod validate;
