@@ -1,0 +1,5 @@
+//! Integration tests of the `memsnap` command line, one binary. Shared helpers live in `common`.
+
+mod analysis_cmds;
+mod common;
+mod format_cmds;
