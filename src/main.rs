@@ -22,19 +22,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Demo(cmd::demo::Args),
     Info(cmd::info::Args),
     Convert(cmd::convert::Args),
     Validate(cmd::validate::Args),
     Memviz(cmd::memviz::Args),
+    View(cmd::view::Args),
+    Plot(cmd::plot::Args),
+    Summary(cmd::summary::Args),
+    Top(cmd::top::Args),
+    Check(cmd::check::Args),
+    Diff(cmd::diff::Args),
+    Ranks(cmd::ranks::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => cmd::demo::run(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Convert(args) => cmd::convert::run(args),
         Command::Validate(args) => cmd::validate::run(args),
         Command::Memviz(args) => cmd::memviz::run(args),
+        Command::View(args) => cmd::view::run(args),
+        Command::Plot(args) => cmd::plot::run(args),
+        Command::Summary(args) => cmd::summary::run(args),
+        Command::Top(args) => cmd::top::run(args),
+        Command::Check(args) => cmd::check::run(args),
+        Command::Diff(args) => cmd::diff::run(args),
+        Command::Ranks(args) => cmd::ranks::run(args),
     };
     match result {
         Ok(code) => code,

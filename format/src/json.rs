@@ -1,11 +1,1784 @@
-//! JSON codec (to be written).
-use crate::error::{FormatError, Result};
-use crate::model::Snapshot;
+//! The JSON codec: the pickle's schema written as JSON.
+//!
+//! PyTorch's browser viewer (MemoryViz.js) tries `JSON.parse` before unpickling, so a snapshot
+//! written by [`to_vec`] opens there like the original pickle. The layout is exactly the
+//! pickle's: dicts with the same keys in the same order, each `frames` list expanded inline as
+//! `{"name", "filename", "line"}` dicts, tuples such as `segment_pool_id` as arrays, and
+//! `memsnap`'s [`crate::RecorderInfo`] under the top-level key `"memsnap"`.
+//!
+//! Integers are written exactly, however large (`Value::BigInt` too). Values JSON has no type
+//! for, found only under unknown keys, are written as one-key objects so they read back
+//! unchanged: `{"$tuple": [...]}`, `{"$bytes": "<hex>"}`, and `{"$dict": [[key, value], ...]}`
+//! for dicts with non-string keys (or a single key that looks like one of these tags). Floats
+//! that are not finite are written as Python's `json` module writes them (`NaN`, `Infinity`).
+//!
+//! [`read`] is a streaming parser that builds the typed snapshot directly, interning frames and
+//! stacks as it goes (an identical `frames` list is recognised from its text and parsed once).
+//! Errors give the line and column and the schema path (`device_traces[0][17].size`). Memory is
+//! proportional to the input, nesting is bounded, and numbers longer than Python's 4300-digit
+//! limit are refused.
 
-pub fn read(_bytes: &[u8]) -> Result<Snapshot> {
-    Err(FormatError::UnknownFormat { what: "JSON not implemented yet".into() })
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::error::{FormatError, Result};
+use crate::intern::{Frame, FrameId, StackId, StrId};
+use crate::model::*;
+use crate::value::{Extras, Value};
+
+/// Deepest nesting of arrays and objects accepted.
+pub const MAX_DEPTH: usize = 500;
+
+/// Longest integer accepted or written, in decimal digits (Python's `int` string limit).
+pub const MAX_INT_DIGITS: usize = 4300;
+
+const TUPLE_TAG: &str = "$tuple";
+const BYTES_TAG: &str = "$bytes";
+const DICT_TAG: &str = "$dict";
+
+// ================================================================================== writing
+
+/// Encodes a snapshot as JSON. Fails only on a snapshot whose ids do not resolve, or on an
+/// integer too long to write.
+pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
+    crate::compare::check_ids(snapshot)?;
+    let mut w = Writer {
+        out: Vec::with_capacity(256 + snapshot.entry_count() * 160),
+        snap: snapshot,
+        stack_text: vec![None; snapshot.stacks.len()],
+    };
+    w.snapshot()?;
+    Ok(w.out)
 }
 
-pub fn to_vec(_snapshot: &Snapshot) -> Result<Vec<u8>> {
-    Ok(Vec::new())
+struct Writer<'s> {
+    out: Vec<u8>,
+    snap: &'s Snapshot,
+    /// Each stack's JSON text, made on first use (a stack is shared by many entries).
+    stack_text: Vec<Option<Box<[u8]>>>,
+}
+
+impl Writer<'_> {
+    /// A comma unless this is the first item of an object or array.
+    fn sep(&mut self) {
+        if !matches!(self.out.last(), Some(b'{') | Some(b'[')) {
+            self.out.push(b',');
+        }
+    }
+
+    fn key(&mut self, key: &str) {
+        self.sep();
+        write_str(&mut self.out, key);
+        self.out.push(b':');
+    }
+
+    fn uint(&mut self, v: u64) {
+        let _ = write!(Bytes(&mut self.out), "{v}");
+    }
+
+    fn int(&mut self, v: i64) {
+        let _ = write!(Bytes(&mut self.out), "{v}");
+    }
+
+    fn str(&mut self, s: &str) {
+        write_str(&mut self.out, s);
+    }
+
+    fn str_id(&mut self, id: StrId) {
+        write_str(&mut self.out, self.snap.str(id));
+    }
+
+    fn bool(&mut self, b: bool) {
+        self.out
+            .extend_from_slice(if b { b"true" } else { b"false" });
+    }
+
+    fn stack(&mut self, id: StackId) -> Result<()> {
+        let slot = id.0 as usize;
+        if self.stack_text[slot].is_none() {
+            let outer = std::mem::take(&mut self.out);
+            let written = self.frames(id);
+            let text = std::mem::replace(&mut self.out, outer);
+            written?;
+            self.stack_text[slot] = Some(text.into_boxed_slice());
+        }
+        if let Some(text) = &self.stack_text[slot] {
+            self.out.extend_from_slice(text);
+        }
+        Ok(())
+    }
+
+    fn frames(&mut self, id: StackId) -> Result<()> {
+        let snap = self.snap;
+        self.out.push(b'[');
+        for frame in snap.stack_frames(id) {
+            self.sep();
+            self.out.push(b'{');
+            self.key("name");
+            self.str(&frame.name);
+            self.key("filename");
+            self.str(&frame.filename);
+            self.key("line");
+            self.int(frame.line);
+            self.extras(&frame.extra)?;
+            self.out.push(b'}');
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    fn extras(&mut self, extra: &Extras) -> Result<()> {
+        for (k, v) in extra {
+            self.key(k);
+            self.value(v)?;
+        }
+        Ok(())
+    }
+
+    fn string_list(&mut self, items: &[String]) {
+        self.out.push(b'[');
+        for s in items {
+            self.sep();
+            self.str(s);
+        }
+        self.out.push(b']');
+    }
+
+    fn value(&mut self, v: &Value) -> Result<()> {
+        match v {
+            Value::None => self.out.extend_from_slice(b"null"),
+            Value::Bool(b) => self.bool(*b),
+            Value::Int(i) => self.int(*i),
+            Value::BigInt(bytes) => {
+                let text = bigint_to_decimal(bytes).ok_or_else(|| {
+                    FormatError::schema(
+                        "(an unknown key's value)",
+                        format!(
+                            "an integer of {} bytes is longer than JSON's {MAX_INT_DIGITS}-digit limit",
+                            bytes.len()
+                        ),
+                    )
+                })?;
+                self.out.extend_from_slice(text.as_bytes());
+            }
+            Value::Float(f) => write_float(&mut self.out, *f),
+            Value::Str(s) => self.str(s),
+            Value::Bytes(b) => {
+                self.out.push(b'{');
+                self.key(BYTES_TAG);
+                self.out.push(b'"');
+                for byte in b {
+                    let _ = write!(Bytes(&mut self.out), "{byte:02x}");
+                }
+                self.out.extend_from_slice(b"\"}");
+            }
+            Value::List(items) => self.array(items)?,
+            Value::Tuple(items) => {
+                self.out.push(b'{');
+                self.key(TUPLE_TAG);
+                self.array(items)?;
+                self.out.push(b'}');
+            }
+            Value::Dict(pairs) => {
+                let plain = pairs.iter().all(|(k, _)| matches!(k, Value::Str(_)))
+                    && !matches!(&pairs[..], [(Value::Str(k), _)] if is_tag(k));
+                self.out.push(b'{');
+                if plain {
+                    for (k, v) in pairs {
+                        if let Value::Str(k) = k {
+                            self.key(k);
+                        }
+                        self.value(v)?;
+                    }
+                } else {
+                    self.key(DICT_TAG);
+                    self.out.push(b'[');
+                    for (k, v) in pairs {
+                        self.sep();
+                        self.out.push(b'[');
+                        self.value(k)?;
+                        self.out.push(b',');
+                        self.value(v)?;
+                        self.out.push(b']');
+                    }
+                    self.out.push(b']');
+                }
+                self.out.push(b'}');
+            }
+        }
+        Ok(())
+    }
+
+    fn array(&mut self, items: &[Value]) -> Result<()> {
+        self.out.push(b'[');
+        for item in items {
+            self.sep();
+            self.value(item)?;
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    fn snapshot(&mut self) -> Result<()> {
+        let snap = self.snap;
+        if snap.shape == Shape::SegmentList {
+            return self.segments(&snap.segments);
+        }
+        self.out.push(b'{');
+        self.key("segments");
+        self.segments(&snap.segments)?;
+        if let Some(traces) = &snap.device_traces {
+            self.key("device_traces");
+            self.out.push(b'[');
+            for trace in traces {
+                self.sep();
+                self.out.push(b'[');
+                for e in trace {
+                    self.sep();
+                    self.entry(e)?;
+                }
+                self.out.push(b']');
+            }
+            self.out.push(b']');
+        }
+        if let Some(s) = &snap.allocator_settings {
+            self.key("allocator_settings");
+            self.settings(s)?;
+        }
+        if let Some(annotations) = &snap.external_annotations {
+            self.key("external_annotations");
+            self.out.push(b'[');
+            for a in annotations {
+                self.sep();
+                self.out.push(b'{');
+                self.extras(&a.metadata)?;
+                self.key("device");
+                self.int(a.device);
+                self.key("time_us");
+                self.int(a.time_us);
+                self.extras(&a.extra)?;
+                self.out.push(b'}');
+            }
+            self.out.push(b']');
+        }
+        if let Some(h) = &snap.host_segments {
+            self.key("host_segments");
+            self.value(h)?;
+        }
+        if let Some(h) = &snap.host_traces {
+            self.key("host_traces");
+            self.value(h)?;
+        }
+        self.extras(&snap.extra)?;
+        if let Some(info) = &snap.recorder_info {
+            self.key("memsnap");
+            self.out.push(b'{');
+            self.key("producer");
+            self.str(&info.producer);
+            self.key("dropped_entries");
+            self.out.push(b'[');
+            for n in &info.dropped_entries {
+                self.sep();
+                self.uint(*n);
+            }
+            self.out.push(b']');
+            self.extras(&info.extra)?;
+            self.out.push(b'}');
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    fn segments(&mut self, segments: &[Segment]) -> Result<()> {
+        self.out.push(b'[');
+        for seg in segments {
+            self.sep();
+            self.segment(seg)?;
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    fn segment(&mut self, seg: &Segment) -> Result<()> {
+        self.out.push(b'{');
+        self.key("device");
+        self.int(seg.device);
+        self.key("address");
+        self.uint(seg.address);
+        self.key("total_size");
+        self.uint(seg.total_size);
+        let sums = [
+            ("allocated_size", seg.allocated_size),
+            ("active_size", seg.active_size),
+            ("requested_size", seg.requested_size),
+        ];
+        for (key, v) in sums {
+            if let Some(v) = v {
+                self.key(key);
+                self.uint(v);
+            }
+        }
+        self.key("stream");
+        self.int(seg.stream);
+        if let Some(t) = seg.segment_type {
+            self.key("segment_type");
+            self.str(t.name(&self.snap.strings));
+        }
+        if let Some((a, b)) = seg.segment_pool_id {
+            self.key("segment_pool_id");
+            let _ = write!(Bytes(&mut self.out), "[{a},{b}]");
+        }
+        if let Some(v) = seg.is_expandable {
+            self.key("is_expandable");
+            self.bool(v);
+        }
+        if let Some(f) = seg.frames.filter(|_| !seg.frames_after_blocks) {
+            self.key("frames");
+            self.stack(f)?;
+        }
+        self.key("blocks");
+        self.out.push(b'[');
+        for b in &seg.blocks {
+            self.sep();
+            self.block(b)?;
+        }
+        self.out.push(b']');
+        if let Some(f) = seg.frames.filter(|_| seg.frames_after_blocks) {
+            self.key("frames");
+            self.stack(f)?;
+        }
+        self.extras(&seg.extra)?;
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    fn block(&mut self, b: &Block) -> Result<()> {
+        self.out.push(b'{');
+        if let Some(a) = b.address {
+            self.key("address");
+            self.uint(a);
+        }
+        self.key("size");
+        self.uint(b.size);
+        if let Some(r) = b.requested_size {
+            self.key("requested_size");
+            self.uint(r);
+        }
+        self.key("state");
+        self.str(b.state.name(&self.snap.strings));
+        if let Some(f) = b.frames {
+            self.key("frames");
+            self.stack(f)?;
+        }
+        if let Some(ff) = &b.forward_frames {
+            self.key("forward_frames");
+            self.string_list(ff);
+        }
+        if let Some(history) = &b.history {
+            self.key("history");
+            self.out.push(b'[');
+            for item in history {
+                self.sep();
+                self.out.push(b'{');
+                self.key("addr");
+                self.uint(item.addr);
+                self.key("real_size");
+                self.uint(item.real_size);
+                if let Some(f) = item.frames {
+                    self.key("frames");
+                    self.stack(f)?;
+                }
+                self.extras(&item.extra)?;
+                self.out.push(b'}');
+            }
+            self.out.push(b']');
+        }
+        self.extras(&b.extra)?;
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    fn entry(&mut self, e: &TraceEntry) -> Result<()> {
+        let rare = e.rare.as_deref();
+        let legacy = rare.is_some_and(|r| r.legacy_frames_first);
+        let extra: &[(String, Value)] = rare.map_or(&[], |r| &r.extra[..]);
+        self.out.push(b'{');
+        // Legacy (<= 2.0) entries start with `frames` and `cpp_frames`.
+        if legacy {
+            if let Some(f) = e.frames {
+                self.key("frames");
+                self.stack(f)?;
+            }
+            for (k, v) in extra.iter().filter(|(k, _)| k == "cpp_frames") {
+                self.key(k);
+                self.value(v)?;
+            }
+        }
+        self.key("action");
+        self.str(e.action.name(&self.snap.strings));
+        if e.has_addr() {
+            self.key("addr");
+            self.uint(e.addr);
+        }
+        if let Some(f) = e.device_free() {
+            self.key("device_free");
+            self.uint(f);
+        }
+        self.key("size");
+        self.uint(e.size);
+        self.key("stream");
+        self.int(e.stream);
+        if let Some(t) = e.time_us {
+            self.key("time_us");
+            self.int(t);
+        }
+        if let Some(c) = e.compile_context {
+            self.key("compile_context");
+            self.str_id(c);
+        }
+        if let Some(u) = e.user_metadata {
+            self.key("user_metadata");
+            self.str_id(u);
+        }
+        if let Some(m) = rare.and_then(|r| r.internal_metadata) {
+            self.key("internal_metadata");
+            self.str_id(m);
+        }
+        if !legacy {
+            if let Some(f) = e.frames {
+                self.key("frames");
+                self.stack(f)?;
+            }
+        }
+        if let Some(ff) = rare.and_then(|r| r.forward_frames.as_ref()) {
+            self.key("forward_frames");
+            self.string_list(ff);
+        }
+        for (k, v) in extra {
+            if legacy && k == "cpp_frames" {
+                continue;
+            }
+            self.key(k);
+            self.value(v)?;
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    fn settings(&mut self, s: &AllocatorSettings) -> Result<()> {
+        self.out.push(b'{');
+        if let Some(v) = &s.alloc_conf {
+            self.key("PYTORCH_CUDA_ALLOC_CONF");
+            self.str(v);
+        }
+        if let Some(v) = s.max_split_size {
+            self.key("max_split_size");
+            self.int(v);
+        }
+        if let Some(v) = s.garbage_collection_threshold {
+            self.key("garbage_collection_threshold");
+            write_float(&mut self.out, v);
+        }
+        self.flag("expandable_segments", s.expandable_segments);
+        if let Some(v) = s.pinned_num_register_threads {
+            self.key("pinned_num_register_threads");
+            self.int(v);
+        }
+        self.flag("release_lock_on_cudamalloc", s.release_lock_on_cudamalloc);
+        self.flag(
+            "pinned_use_cuda_host_register",
+            s.pinned_use_cuda_host_register,
+        );
+        self.flag(
+            "graph_capture_record_stream_reuse",
+            s.graph_capture_record_stream_reuse,
+        );
+        if let Some(d) = &s.roundup_power2_divisions {
+            self.key("roundup_power2_divisions");
+            self.out.push(b'{');
+            for (k, v) in d {
+                self.key(k);
+                self.int(*v);
+            }
+            self.out.push(b'}');
+        }
+        if let Some(v) = s.max_round_threshold {
+            self.key("max_round_threshold");
+            self.int(v);
+        }
+        if let Some(v) = s.max_cached_size {
+            self.key("max_cached_size");
+            self.int(v);
+        }
+        self.extras(&s.extra)?;
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    fn flag(&mut self, key: &str, value: Option<bool>) {
+        if let Some(b) = value {
+            self.key(key);
+            self.bool(b);
+        }
+    }
+}
+
+/// `fmt::Write` into a byte vector.
+struct Bytes<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Bytes<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if escape.is_empty() {
+            let _ = write!(Bytes(out), "\\u{b:04x}");
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Shortest text that reads back to the same bits; always with a `.` or exponent so it reads
+/// back as a float.
+fn write_float(out: &mut Vec<u8>, f: f64) {
+    if f.is_nan() {
+        out.extend_from_slice(b"NaN");
+    } else if f.is_infinite() {
+        out.extend_from_slice(if f > 0.0 { b"Infinity" } else { b"-Infinity" });
+    } else {
+        let _ = write!(Bytes(out), "{f:?}");
+    }
+}
+
+fn is_tag(key: &str) -> bool {
+    matches!(key, TUPLE_TAG | BYTES_TAG | DICT_TAG)
+}
+
+/// Decimal text of a little-endian two's-complement integer; `None` when it would be longer
+/// than [`MAX_INT_DIGITS`].
+fn bigint_to_decimal(bytes: &[u8]) -> Option<String> {
+    // 2.41 decimal digits per byte, bounded before any quadratic work.
+    if bytes.len() > MAX_INT_DIGITS * 10 / 24 {
+        return None;
+    }
+    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+    let mut magnitude: Vec<u8> = bytes.to_vec();
+    if negative {
+        // Two's complement negation: invert, add one.
+        let mut carry = true;
+        for b in &mut magnitude {
+            let (v, c) = (!*b).overflowing_add(u8::from(carry));
+            *b = v;
+            carry = c;
+        }
+    }
+    // Repeated division by 10^9, most significant limb first.
+    let mut limbs: Vec<u32> = magnitude
+        .chunks(4)
+        .rev()
+        .map(|c| {
+            c.iter()
+                .rev()
+                .fold(0u32, |acc, &b| (acc << 8) | u32::from(b))
+        })
+        .collect();
+    let mut groups = Vec::new();
+    while limbs.iter().any(|&l| l != 0) {
+        let mut rem = 0u64;
+        for limb in &mut limbs {
+            let cur = (rem << 32) | u64::from(*limb);
+            *limb = (cur / 1_000_000_000) as u32;
+            rem = cur % 1_000_000_000;
+        }
+        groups.push(rem as u32);
+    }
+    let mut text = String::new();
+    if negative {
+        text.push('-');
+    }
+    match groups.split_last() {
+        None => text.push('0'),
+        Some((most, rest)) => {
+            let _ = write!(text, "{most}");
+            for g in rest.iter().rev() {
+                let _ = write!(text, "{g:09}");
+            }
+        }
+    }
+    (text.len() <= MAX_INT_DIGITS + 1).then_some(text)
+}
+
+/// Minimal little-endian two's complement of a decimal integer (`digits` are ASCII digits).
+fn decimal_to_bigint(negative: bool, digits: &[u8]) -> Vec<u8> {
+    let mut magnitude: Vec<u8> = vec![0];
+    for &d in digits {
+        let mut carry = u32::from(d - b'0');
+        for b in &mut magnitude {
+            let v = u32::from(*b) * 10 + carry;
+            *b = v as u8;
+            carry = v >> 8;
+        }
+        while carry > 0 {
+            magnitude.push(carry as u8);
+            carry >>= 8;
+        }
+    }
+    magnitude.push(0); // room for the sign bit
+    if negative {
+        let mut carry = true;
+        for b in &mut magnitude {
+            let (v, c) = (!*b).overflowing_add(u8::from(carry));
+            *b = v;
+            carry = c;
+        }
+    }
+    while magnitude.len() > 1 {
+        let last = magnitude[magnitude.len() - 1];
+        let sign_below = magnitude[magnitude.len() - 2] & 0x80;
+        if (last == 0 && sign_below == 0) || (last == 0xff && sign_below != 0) {
+            magnitude.pop();
+        } else {
+            break;
+        }
+    }
+    magnitude
+}
+
+// ================================================================================== reading
+
+/// Decodes a JSON snapshot (a snapshot dict, or a bare segment list).
+pub fn read(bytes: &[u8]) -> Result<Snapshot> {
+    let mut p = Parser {
+        input: bytes,
+        pos: 0,
+        depth: 0,
+        path: Vec::new(),
+        snap: Snapshot::default(),
+        stack_cache: HashMap::new(),
+    };
+    // A UTF-8 byte-order mark is harmless; skip it.
+    if bytes.starts_with(b"\xef\xbb\xbf") {
+        p.pos = 3;
+    }
+    p.top()?;
+    if p.peek().is_some() {
+        return Err(p.error("unexpected characters after the snapshot"));
+    }
+    Ok(p.snap)
+}
+
+#[derive(Clone, Debug)]
+enum Seg {
+    Key(&'static str),
+    Name(String),
+    Index(usize),
+}
+
+struct Parser<'a> {
+    input: &'a [u8],
+    pos: usize,
+    depth: usize,
+    path: Vec<Seg>,
+    snap: Snapshot,
+    /// The exact text of each `frames` list seen, so a repeated list is not parsed again.
+    stack_cache: HashMap<StackText<'a>, StackId>,
+}
+
+/// A JSON number token: its sign and digits, and whether it has a fraction or exponent.
+struct Number<'a> {
+    text: &'a str,
+    is_float: bool,
+}
+
+impl<'a> Parser<'a> {
+    // ------------------------------------------------------------------ errors and paths
+
+    fn error(&self, what: impl std::fmt::Display) -> FormatError {
+        let before = &self.input[..self.pos.min(self.input.len())];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        let column = before[line_start..]
+            .iter()
+            .filter(|&&b| b & 0xc0 != 0x80)
+            .count()
+            + 1;
+        let mut path = String::new();
+        for seg in &self.path {
+            match seg {
+                Seg::Key(k) => push_key(&mut path, k),
+                Seg::Name(k) => push_key(&mut path, k),
+                Seg::Index(i) => {
+                    let _ = write!(path, "[{i}]");
+                }
+            }
+        }
+        let what = if path.is_empty() {
+            what.to_string()
+        } else {
+            format!("{path}: {what}")
+        };
+        FormatError::Json { line, column, what }
+    }
+
+    fn at<T>(&mut self, seg: Seg, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.path.push(seg);
+        let r = f(self)?;
+        self.path.pop();
+        Ok(r)
+    }
+
+    fn found(&mut self) -> &'static str {
+        match self.peek() {
+            None => "the end of the input",
+            Some(b'{') => "an object",
+            Some(b'[') => "an array",
+            Some(b'"') => "a string",
+            Some(b'-' | b'0'..=b'9') => "a number",
+            Some(b't' | b'f') => "a boolean",
+            Some(b'n') => "null",
+            Some(_) => "an unexpected character",
+        }
+    }
+
+    fn expected(&mut self, what: &str) -> FormatError {
+        let found = self.found();
+        self.error(format!("expected {what}, found {found}"))
+    }
+
+    // ------------------------------------------------------------------ lexing
+
+    fn peek(&mut self) -> Option<u8> {
+        while let Some(&b) = self.input.get(self.pos) {
+            if matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+                self.pos += 1;
+            } else {
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    fn literal(&mut self, word: &[u8]) -> bool {
+        if self.input[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn enter(&mut self) -> Result<()> {
+        if self.depth >= MAX_DEPTH {
+            return Err(self.error(format!("nested deeper than {MAX_DEPTH} levels")));
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// Calls `f` for each key of an object, with the parser at the key's value.
+    fn object(&mut self, mut f: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>) -> Result<()> {
+        if self.peek() != Some(b'{') {
+            return Err(self.expected("an object"));
+        }
+        self.enter()?;
+        self.pos += 1;
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            self.depth -= 1;
+            return Ok(());
+        }
+        loop {
+            if self.peek() != Some(b'"') {
+                return Err(self.expected("a string key"));
+            }
+            let key = self.string()?;
+            if self.peek() != Some(b':') {
+                return Err(self.expected("':'"));
+            }
+            self.pos += 1;
+            f(self, key)?;
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return Err(self.expected("',' or '}'")),
+            }
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// Calls `f` for each item of an array (under its index in the error path).
+    fn array(&mut self, mut f: impl FnMut(&mut Self, usize) -> Result<()>) -> Result<()> {
+        if self.peek() != Some(b'[') {
+            return Err(self.expected("an array"));
+        }
+        self.enter()?;
+        self.pos += 1;
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            self.depth -= 1;
+            return Ok(());
+        }
+        let mut index = 0;
+        loop {
+            self.at(Seg::Index(index), |p| f(p, index))?;
+            index += 1;
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return Err(self.expected("',' or ']'")),
+            }
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    fn string(&mut self) -> Result<Cow<'a, str>> {
+        if self.peek() != Some(b'"') {
+            return Err(self.expected("a string"));
+        }
+        self.pos += 1;
+        let start = self.pos;
+        // Fast path: no escapes, borrowed.
+        while let Some(&b) = self.input.get(self.pos) {
+            match b {
+                b'"' => {
+                    let raw = &self.input[start..self.pos];
+                    self.pos += 1;
+                    return std::str::from_utf8(raw)
+                        .map(Cow::Borrowed)
+                        .map_err(|e| self.utf8_error(start + e.valid_up_to()));
+                }
+                b'\\' => break,
+                0..=0x1f => return Err(self.error("control character in a string")),
+                _ => self.pos += 1,
+            }
+        }
+        let mut out: Vec<u8> = self.input[start..self.pos].to_vec();
+        loop {
+            let Some(&b) = self.input.get(self.pos) else {
+                return Err(self.error("unterminated string"));
+            };
+            self.pos += 1;
+            match b {
+                b'"' => break,
+                b'\\' => {
+                    let Some(&esc) = self.input.get(self.pos) else {
+                        return Err(self.error("unterminated string"));
+                    };
+                    self.pos += 1;
+                    let c = match esc {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => self.unicode_escape()?,
+                        _ => {
+                            self.pos -= 1;
+                            return Err(self.error("invalid escape in a string"));
+                        }
+                    };
+                    let mut buf = [0; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                }
+                0..=0x1f => {
+                    self.pos -= 1;
+                    return Err(self.error("control character in a string"));
+                }
+                _ => out.push(b),
+            }
+        }
+        String::from_utf8(out)
+            .map(Cow::Owned)
+            .map_err(|_| self.error("invalid UTF-8 in a string"))
+    }
+
+    fn utf8_error(&mut self, at: usize) -> FormatError {
+        self.pos = at;
+        self.error("invalid UTF-8 in a string")
+    }
+
+    /// The character of a `\uXXXX` escape (the `\u` already read), joining surrogate pairs.
+    fn unicode_escape(&mut self) -> Result<char> {
+        let high = self.hex4()?;
+        let code = if (0xd800..0xdc00).contains(&high) {
+            if !self.literal(b"\\u") {
+                return Err(self.error("unpaired surrogate in a \\u escape"));
+            }
+            let low = self.hex4()?;
+            if !(0xdc00..0xe000).contains(&low) {
+                return Err(self.error("unpaired surrogate in a \\u escape"));
+            }
+            0x10000 + ((high - 0xd800) << 10) + (low - 0xdc00)
+        } else {
+            high
+        };
+        char::from_u32(code).ok_or_else(|| self.error("unpaired surrogate in a \\u escape"))
+    }
+
+    fn hex4(&mut self) -> Result<u32> {
+        let digits = self.input.get(self.pos..self.pos + 4);
+        let value = digits
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|d| u32::from_str_radix(d, 16).ok());
+        match value {
+            Some(v) => {
+                self.pos += 4;
+                Ok(v)
+            }
+            None => Err(self.error("expected 4 hex digits after \\u")),
+        }
+    }
+
+    fn number(&mut self) -> Result<Number<'a>> {
+        if !matches!(self.peek(), Some(b'-' | b'0'..=b'9')) {
+            return Err(self.expected("a number"));
+        }
+        let start = self.pos;
+        let input = self.input;
+        let digits = |pos: &mut usize| {
+            let from = *pos;
+            while input.get(*pos).is_some_and(u8::is_ascii_digit) {
+                *pos += 1;
+            }
+            *pos - from
+        };
+        let mut pos = self.pos;
+        if input[pos] == b'-' {
+            pos += 1;
+        }
+        let int_digits = digits(&mut pos);
+        let leading_zero = int_digits > 1 && input[pos - int_digits] == b'0';
+        let mut is_float = false;
+        let mut ok = int_digits > 0 && !leading_zero;
+        if ok && input.get(pos) == Some(&b'.') {
+            pos += 1;
+            is_float = true;
+            ok = digits(&mut pos) > 0;
+        }
+        if ok && matches!(input.get(pos), Some(b'e' | b'E')) {
+            pos += 1;
+            is_float = true;
+            if matches!(input.get(pos), Some(b'+' | b'-')) {
+                pos += 1;
+            }
+            ok = digits(&mut pos) > 0;
+        }
+        if !ok {
+            self.pos = pos;
+            return Err(self.error("malformed number"));
+        }
+        if pos - start > MAX_INT_DIGITS + 1 {
+            return Err(self.error(format!("number longer than {MAX_INT_DIGITS} digits")));
+        }
+        self.pos = pos;
+        // ASCII by construction.
+        let text = std::str::from_utf8(&input[start..pos]).unwrap_or_default();
+        Ok(Number { text, is_float })
+    }
+
+    // ------------------------------------------------------------------ typed values
+
+    fn u64(&mut self) -> Result<u64> {
+        let start = self.pos;
+        let n = self.number()?;
+        if n.is_float {
+            self.pos = start;
+            return Err(self.error(format!("expected an unsigned integer, found {}", n.text)));
+        }
+        n.text.parse().map_err(|_| {
+            self.pos = start;
+            self.error(format!(
+                "{} does not fit an unsigned 64-bit integer",
+                n.text
+            ))
+        })
+    }
+
+    fn i64(&mut self) -> Result<i64> {
+        let start = self.pos;
+        let n = self.number()?;
+        if n.is_float {
+            self.pos = start;
+            return Err(self.error(format!("expected an integer, found {}", n.text)));
+        }
+        n.text.parse().map_err(|_| {
+            self.pos = start;
+            self.error(format!("{} does not fit a 64-bit integer", n.text))
+        })
+    }
+
+    fn bool(&mut self) -> Result<bool> {
+        self.peek();
+        if self.literal(b"true") {
+            Ok(true)
+        } else if self.literal(b"false") {
+            Ok(false)
+        } else {
+            Err(self.expected("true or false"))
+        }
+    }
+
+    fn intern(&mut self) -> Result<StrId> {
+        let s = self.string()?;
+        Ok(self.snap.strings.intern(&s))
+    }
+
+    fn string_list(&mut self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        self.array(|p, _| {
+            out.push(p.string()?.into_owned());
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn value(&mut self) -> Result<Value> {
+        match self.peek() {
+            Some(b'{') => {
+                let mut pairs: Vec<(Value, Value)> = Vec::new();
+                self.object(|p, key| {
+                    let v = p.at(Seg::Name(key.to_string()), Self::value)?;
+                    pairs.push((Value::Str(key.into_owned()), v));
+                    Ok(())
+                })?;
+                self.untag(pairs)
+            }
+            Some(b'[') => {
+                let mut items = Vec::new();
+                self.array(|p, _| {
+                    items.push(p.value()?);
+                    Ok(())
+                })?;
+                Ok(Value::List(items))
+            }
+            Some(b'"') => Ok(Value::Str(self.string()?.into_owned())),
+            Some(b't' | b'f') => Ok(Value::Bool(self.bool()?)),
+            Some(b'n') if self.literal(b"null") => Ok(Value::None),
+            Some(b'N') if self.literal(b"NaN") => Ok(Value::Float(f64::NAN)),
+            Some(b'I') if self.literal(b"Infinity") => Ok(Value::Float(f64::INFINITY)),
+            Some(b'-') if self.literal(b"-Infinity") => Ok(Value::Float(f64::NEG_INFINITY)),
+            Some(b'-' | b'0'..=b'9') => {
+                let start = self.pos;
+                let n = self.number()?;
+                if n.is_float {
+                    return n.text.parse().map(Value::Float).map_err(|_| {
+                        self.pos = start;
+                        self.error("malformed number")
+                    });
+                }
+                if let Ok(i) = n.text.parse::<i64>() {
+                    return Ok(Value::Int(i));
+                }
+                let (negative, digits) = match n.text.strip_prefix('-') {
+                    Some(d) => (true, d),
+                    None => (false, n.text),
+                };
+                Ok(Value::BigInt(decimal_to_bigint(
+                    negative,
+                    digits.as_bytes(),
+                )))
+            }
+            _ => Err(self.expected("a value")),
+        }
+    }
+
+    /// Turns the one-key objects that stand for tuples, bytes and general dicts back into them.
+    fn untag(&mut self, mut pairs: Vec<(Value, Value)>) -> Result<Value> {
+        let tag = match &pairs[..] {
+            [(Value::Str(k), _)] if is_tag(k) => k.clone(),
+            _ => return Ok(Value::Dict(pairs)),
+        };
+        let Some((_, inner)) = pairs.pop() else {
+            return Ok(Value::Dict(pairs));
+        };
+        match (tag.as_str(), inner) {
+            (TUPLE_TAG, Value::List(items)) => Ok(Value::Tuple(items)),
+            (BYTES_TAG, Value::Str(hex)) => decode_hex(&hex)
+                .map(Value::Bytes)
+                .ok_or_else(|| self.error("\"$bytes\" must be a string of hex digit pairs")),
+            (DICT_TAG, Value::List(items)) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    match item {
+                        Value::List(kv) if kv.len() == 2 => {
+                            let mut kv = kv.into_iter();
+                            if let (Some(k), Some(v)) = (kv.next(), kv.next()) {
+                                out.push((k, v));
+                            }
+                        }
+                        _ => return Err(self.error("\"$dict\" items must be [key, value] pairs")),
+                    }
+                }
+                Ok(Value::Dict(out))
+            }
+            (_, inner) => Err(self.error(format!(
+                "{tag:?} holds a {}, which is not what the tag stands for",
+                inner.type_name()
+            ))),
+        }
+    }
+
+    // ------------------------------------------------------------------ frames and stacks
+
+    /// The end (exclusive) of the array starting at `self.pos`, found without parsing; `None`
+    /// when it does not end.
+    fn array_end(&self) -> Option<usize> {
+        let mut depth = 0usize;
+        let mut in_string = false;
+        let mut i = self.pos;
+        while let Some(&b) = self.input.get(i) {
+            if in_string {
+                // Jump to the next quote or backslash.
+                let rest = &self.input[i..];
+                match rest.iter().position(|&c| c == b'"' || c == b'\\') {
+                    Some(n) if rest[n] == b'"' => {
+                        in_string = false;
+                        i += n;
+                    }
+                    Some(n) => i += n + 1,
+                    None => return None,
+                }
+            } else {
+                match b {
+                    b'"' => in_string = true,
+                    b'[' | b'{' => depth += 1,
+                    b']' | b'}' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            i += 1;
+        }
+        None
+    }
+
+    fn stack(&mut self) -> Result<StackId> {
+        if self.peek() != Some(b'[') {
+            return Err(self.expected("a frames list"));
+        }
+        let text = self
+            .array_end()
+            .map(|end| StackText(&self.input[self.pos..end]));
+        if let Some(&id) = text.and_then(|t| self.stack_cache.get(&t)) {
+            self.pos += text.map_or(0, |t| t.0.len());
+            return Ok(id);
+        }
+        let mut frames = Vec::new();
+        self.array(|p, _| {
+            frames.push(p.frame()?);
+            Ok(())
+        })?;
+        let id = self.snap.stacks.intern(&frames);
+        if let Some(text) = text {
+            self.stack_cache.insert(text, id);
+        }
+        Ok(id)
+    }
+
+    fn frame(&mut self) -> Result<FrameId> {
+        let (mut name, mut filename, mut line) = (None, None, None);
+        let mut extra = Extras::new();
+        self.object(|p, key| {
+            match &*key {
+                "name" => name = Some(p.at(Seg::Key("name"), Self::string)?.into_owned()),
+                "filename" => {
+                    filename = Some(p.at(Seg::Key("filename"), Self::string)?.into_owned())
+                }
+                "line" => line = Some(p.at(Seg::Key("line"), Self::i64)?),
+                _ => p.extra(key, &mut extra)?,
+            }
+            Ok(())
+        })?;
+        let (Some(name), Some(filename), Some(line)) = (name, filename, line) else {
+            return Err(self.error("frame lacks one of the keys 'name', 'filename', 'line'"));
+        };
+        Ok(self.snap.frames.intern(Frame {
+            name,
+            filename,
+            line,
+            extra,
+        }))
+    }
+
+    fn extra(&mut self, key: Cow<'a, str>, out: &mut Extras) -> Result<()> {
+        let v = self.at(Seg::Name(key.to_string()), Self::value)?;
+        out.push((key.into_owned(), v));
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ the snapshot schema
+
+    fn top(&mut self) -> Result<()> {
+        match self.peek() {
+            Some(b'[') => {
+                self.snap.shape = Shape::SegmentList;
+                self.snap.segments = self.segments()?;
+                Ok(())
+            }
+            Some(b'{') => {
+                let mut segments = None;
+                let mut extra = Extras::new();
+                self.object(|p, key| {
+                    match &*key {
+                        "segments" => segments = Some(p.at(Seg::Key("segments"), Self::segments)?),
+                        "device_traces" => {
+                            let traces = p.at(Seg::Key("device_traces"), Self::traces)?;
+                            p.snap.device_traces = Some(traces);
+                        }
+                        "allocator_settings" => {
+                            let s = p.at(Seg::Key("allocator_settings"), Self::settings)?;
+                            p.snap.allocator_settings = Some(s);
+                        }
+                        "external_annotations" => {
+                            let a = p.at(Seg::Key("external_annotations"), Self::annotations)?;
+                            p.snap.external_annotations = Some(a);
+                        }
+                        "host_segments" => {
+                            let h = p.at(Seg::Key("host_segments"), Self::value)?;
+                            p.snap.host_segments = Some(h);
+                        }
+                        "host_traces" => {
+                            let h = p.at(Seg::Key("host_traces"), Self::value)?;
+                            p.snap.host_traces = Some(h);
+                        }
+                        "memsnap" => {
+                            let r = p.at(Seg::Key("memsnap"), Self::recorder_info)?;
+                            p.snap.recorder_info = Some(r);
+                        }
+                        _ => p.extra(key, &mut extra)?,
+                    }
+                    Ok(())
+                })?;
+                self.snap.extra = extra;
+                self.snap.segments = segments
+                    .ok_or_else(|| self.error("the snapshot object has no \"segments\" key"))?;
+                Ok(())
+            }
+            _ => Err(self.expected("a snapshot object or a segment list")),
+        }
+    }
+
+    fn recorder_info(&mut self) -> Result<RecorderInfo> {
+        let mut info = RecorderInfo::default();
+        let mut producer = None;
+        self.object(|p, key| {
+            match &*key {
+                "producer" => {
+                    producer = Some(p.at(Seg::Key("producer"), Self::string)?.into_owned())
+                }
+                "dropped_entries" => {
+                    info.dropped_entries = p.at(Seg::Key("dropped_entries"), |p| {
+                        let mut out = Vec::new();
+                        p.array(|p, _| {
+                            out.push(p.u64()?);
+                            Ok(())
+                        })?;
+                        Ok(out)
+                    })?
+                }
+                _ => p.extra(key, &mut info.extra)?,
+            }
+            Ok(())
+        })?;
+        info.producer = producer.ok_or_else(|| self.error("\"memsnap\" lacks key 'producer'"))?;
+        Ok(info)
+    }
+
+    fn segments(&mut self) -> Result<Vec<Segment>> {
+        let mut out = Vec::new();
+        self.array(|p, _| {
+            out.push(p.segment()?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn segment(&mut self) -> Result<Segment> {
+        let (mut device, mut address, mut total_size, mut stream) = (None, None, None, None);
+        let mut seg = Segment::new(0, 0, 0, 0);
+        seg.allocated_size = None;
+        seg.active_size = None;
+        seg.requested_size = None;
+        seg.segment_type = None;
+        seg.segment_pool_id = None;
+        seg.is_expandable = None;
+        let mut blocks = None;
+        self.object(|p, key| {
+            match &*key {
+                "device" => device = Some(p.at(Seg::Key("device"), Self::i64)?),
+                "address" => address = Some(p.at(Seg::Key("address"), Self::u64)?),
+                "total_size" => total_size = Some(p.at(Seg::Key("total_size"), Self::u64)?),
+                "allocated_size" => {
+                    seg.allocated_size = Some(p.at(Seg::Key("allocated_size"), Self::u64)?)
+                }
+                "active_size" => seg.active_size = Some(p.at(Seg::Key("active_size"), Self::u64)?),
+                "requested_size" => {
+                    seg.requested_size = Some(p.at(Seg::Key("requested_size"), Self::u64)?)
+                }
+                "stream" => stream = Some(p.at(Seg::Key("stream"), Self::i64)?),
+                "segment_type" => {
+                    let t = p.at(Seg::Key("segment_type"), Self::string)?;
+                    seg.segment_type = Some(
+                        SegmentType::from_name(&t)
+                            .unwrap_or_else(|| SegmentType::Other(p.snap.strings.intern(&t))),
+                    );
+                }
+                "segment_pool_id" => {
+                    seg.segment_pool_id = Some(p.at(Seg::Key("segment_pool_id"), Self::pool_id)?)
+                }
+                "is_expandable" => {
+                    seg.is_expandable = Some(p.at(Seg::Key("is_expandable"), Self::bool)?)
+                }
+                "frames" => {
+                    seg.frames = Some(p.at(Seg::Key("frames"), Self::stack)?);
+                    seg.frames_after_blocks = blocks.is_some();
+                }
+                "blocks" => blocks = Some(p.at(Seg::Key("blocks"), Self::blocks)?),
+                _ => p.extra(key, &mut seg.extra)?,
+            }
+            Ok(())
+        })?;
+        let missing = |p: &Self, key: &str| p.error(format!("segment lacks key '{key}'"));
+        seg.device = device.ok_or_else(|| missing(self, "device"))?;
+        seg.address = address.ok_or_else(|| missing(self, "address"))?;
+        seg.total_size = total_size.ok_or_else(|| missing(self, "total_size"))?;
+        seg.stream = stream.ok_or_else(|| missing(self, "stream"))?;
+        seg.blocks = blocks.ok_or_else(|| missing(self, "blocks"))?;
+        Ok(seg)
+    }
+
+    fn pool_id(&mut self) -> Result<(i64, i64)> {
+        let mut items = Vec::new();
+        self.array(|p, i| {
+            if i >= 2 {
+                return Err(p.error("expected a 2-item [int, int] pool id"));
+            }
+            items.push(p.i64()?);
+            Ok(())
+        })?;
+        match items[..] {
+            [a, b] => Ok((a, b)),
+            _ => Err(self.error(format!(
+                "expected a 2-item [int, int] pool id, found {} items",
+                items.len()
+            ))),
+        }
+    }
+
+    fn blocks(&mut self) -> Result<Vec<Block>> {
+        let mut out = Vec::new();
+        self.array(|p, _| {
+            out.push(p.block()?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn block(&mut self) -> Result<Block> {
+        let mut b = Block {
+            address: None,
+            size: 0,
+            requested_size: None,
+            state: BlockState::Inactive,
+            frames: None,
+            forward_frames: None,
+            history: None,
+            extra: Extras::new(),
+        };
+        let (mut size, mut state) = (None, None);
+        self.object(|p, key| {
+            match &*key {
+                "address" => b.address = Some(p.at(Seg::Key("address"), Self::u64)?),
+                "size" => size = Some(p.at(Seg::Key("size"), Self::u64)?),
+                "requested_size" => {
+                    b.requested_size = Some(p.at(Seg::Key("requested_size"), Self::u64)?)
+                }
+                "state" => {
+                    let s = p.at(Seg::Key("state"), Self::string)?;
+                    state = Some(
+                        BlockState::from_name(&s)
+                            .unwrap_or_else(|| BlockState::Other(p.snap.strings.intern(&s))),
+                    );
+                }
+                "frames" => b.frames = Some(p.at(Seg::Key("frames"), Self::stack)?),
+                "forward_frames" => {
+                    b.forward_frames = Some(p.at(Seg::Key("forward_frames"), Self::string_list)?)
+                }
+                "history" => b.history = Some(p.at(Seg::Key("history"), Self::history)?),
+                _ => p.extra(key, &mut b.extra)?,
+            }
+            Ok(())
+        })?;
+        b.size = size.ok_or_else(|| self.error("block lacks key 'size'"))?;
+        b.state = state.ok_or_else(|| self.error("block lacks key 'state'"))?;
+        Ok(b)
+    }
+
+    fn history(&mut self) -> Result<Vec<HistoryItem>> {
+        let mut out = Vec::new();
+        self.array(|p, _| {
+            let mut h = HistoryItem {
+                addr: 0,
+                real_size: 0,
+                frames: None,
+                extra: Extras::new(),
+            };
+            let (mut addr, mut real_size) = (None, None);
+            p.object(|p, key| {
+                match &*key {
+                    "addr" => addr = Some(p.at(Seg::Key("addr"), Self::u64)?),
+                    "real_size" => real_size = Some(p.at(Seg::Key("real_size"), Self::u64)?),
+                    "frames" => h.frames = Some(p.at(Seg::Key("frames"), Self::stack)?),
+                    _ => p.extra(key, &mut h.extra)?,
+                }
+                Ok(())
+            })?;
+            h.addr = addr.ok_or_else(|| p.error("history item lacks key 'addr'"))?;
+            h.real_size = real_size.ok_or_else(|| p.error("history item lacks key 'real_size'"))?;
+            out.push(h);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn traces(&mut self) -> Result<Vec<Vec<TraceEntry>>> {
+        let mut out = Vec::new();
+        self.array(|p, _| {
+            let mut entries = Vec::new();
+            p.array(|p, _| {
+                entries.push(p.entry()?);
+                Ok(())
+            })?;
+            out.push(entries);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn entry(&mut self) -> Result<TraceEntry> {
+        let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
+        let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
+        let mut rare: Option<Box<EntryRare>> = None;
+        let mut first = true;
+        self.object(|p, key| {
+            match &*key {
+                "action" => {
+                    let name = p.at(Seg::Key("action"), Self::string)?;
+                    action = Some(
+                        Action::from_name(&name)
+                            .unwrap_or_else(|| Action::Other(p.snap.strings.intern(&name))),
+                    );
+                }
+                "addr" => addr = Some(p.at(Seg::Key("addr"), Self::u64)?),
+                "size" => size = Some(p.at(Seg::Key("size"), Self::u64)?),
+                "stream" => stream = Some(p.at(Seg::Key("stream"), Self::i64)?),
+                "time_us" => e.time_us = Some(p.at(Seg::Key("time_us"), Self::i64)?),
+                "compile_context" => {
+                    e.compile_context = Some(p.at(Seg::Key("compile_context"), Self::intern)?)
+                }
+                "user_metadata" => {
+                    e.user_metadata = Some(p.at(Seg::Key("user_metadata"), Self::intern)?)
+                }
+                "frames" => {
+                    e.frames = Some(p.at(Seg::Key("frames"), Self::stack)?);
+                    if first {
+                        rare.get_or_insert_with(Default::default)
+                            .legacy_frames_first = true;
+                    }
+                }
+                "device_free" => {
+                    let f = p.at(Seg::Key("device_free"), Self::u64)?;
+                    rare.get_or_insert_with(Default::default).device_free = Some(f);
+                }
+                "internal_metadata" => {
+                    let s = p.at(Seg::Key("internal_metadata"), Self::intern)?;
+                    rare.get_or_insert_with(Default::default).internal_metadata = Some(s);
+                }
+                "forward_frames" => {
+                    let f = p.at(Seg::Key("forward_frames"), Self::string_list)?;
+                    rare.get_or_insert_with(Default::default).forward_frames = Some(f);
+                }
+                _ => p.extra(key, &mut rare.get_or_insert_with(Default::default).extra)?,
+            }
+            first = false;
+            Ok(())
+        })?;
+        e.action = action.ok_or_else(|| self.error("trace entry lacks key 'action'"))?;
+        e.size = size.ok_or_else(|| self.error("trace entry lacks key 'size'"))?;
+        e.stream = stream.ok_or_else(|| self.error("trace entry lacks key 'stream'"))?;
+        match addr {
+            Some(a) => e.addr = a,
+            None => rare.get_or_insert_with(Default::default).no_addr = true,
+        }
+        e.rare = rare;
+        Ok(e)
+    }
+
+    fn settings(&mut self) -> Result<AllocatorSettings> {
+        let mut s = AllocatorSettings::default();
+        self.object(|p, key| {
+            let v = p.at(Seg::Name(key.to_string()), Self::value)?;
+            // A known key with an unexpected type (or a repeated one) is kept in `extra`.
+            let rest = match (&*key, v) {
+                ("PYTORCH_CUDA_ALLOC_CONF", Value::Str(v)) if s.alloc_conf.is_none() => {
+                    s.alloc_conf = Some(v);
+                    None
+                }
+                ("max_split_size", Value::Int(i)) if s.max_split_size.is_none() => {
+                    s.max_split_size = Some(i);
+                    None
+                }
+                ("garbage_collection_threshold", Value::Float(f))
+                    if s.garbage_collection_threshold.is_none() =>
+                {
+                    s.garbage_collection_threshold = Some(f);
+                    None
+                }
+                ("pinned_num_register_threads", Value::Int(i))
+                    if s.pinned_num_register_threads.is_none() =>
+                {
+                    s.pinned_num_register_threads = Some(i);
+                    None
+                }
+                ("max_round_threshold", Value::Int(i)) if s.max_round_threshold.is_none() => {
+                    s.max_round_threshold = Some(i);
+                    None
+                }
+                ("max_cached_size", Value::Int(i)) if s.max_cached_size.is_none() => {
+                    s.max_cached_size = Some(i);
+                    None
+                }
+                ("roundup_power2_divisions", Value::Dict(pairs))
+                    if s.roundup_power2_divisions.is_none()
+                        && pairs
+                            .iter()
+                            .all(|(k, v)| matches!((k, v), (Value::Str(_), Value::Int(_)))) =>
+                {
+                    let divisions = pairs
+                        .into_iter()
+                        .filter_map(|(k, v)| match (k, v) {
+                            (Value::Str(k), Value::Int(v)) => Some((k, v)),
+                            _ => None,
+                        })
+                        .collect();
+                    s.roundup_power2_divisions = Some(divisions);
+                    None
+                }
+                (name, Value::Bool(b)) => {
+                    let slot = match name {
+                        "expandable_segments" => Some(&mut s.expandable_segments),
+                        "release_lock_on_cudamalloc" => Some(&mut s.release_lock_on_cudamalloc),
+                        "pinned_use_cuda_host_register" => {
+                            Some(&mut s.pinned_use_cuda_host_register)
+                        }
+                        "graph_capture_record_stream_reuse" => {
+                            Some(&mut s.graph_capture_record_stream_reuse)
+                        }
+                        _ => None,
+                    };
+                    match slot {
+                        Some(slot) if slot.is_none() => {
+                            *slot = Some(b);
+                            None
+                        }
+                        _ => Some(Value::Bool(b)),
+                    }
+                }
+                (_, v) => Some(v),
+            };
+            if let Some(v) = rest {
+                s.extra.push((key.into_owned(), v));
+            }
+            Ok(())
+        })?;
+        Ok(s)
+    }
+
+    fn annotations(&mut self) -> Result<Vec<Annotation>> {
+        let mut out = Vec::new();
+        self.array(|p, _| {
+            out.push(p.annotation()?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn annotation(&mut self) -> Result<Annotation> {
+        let (mut device, mut time_us) = (None, None);
+        let mut metadata = Extras::new();
+        let mut extra = Extras::new();
+        self.object(|p, key| {
+            match &*key {
+                "device" if device.is_none() => device = Some(p.at(Seg::Key("device"), Self::i64)?),
+                "time_us" if time_us.is_none() => {
+                    time_us = Some(p.at(Seg::Key("time_us"), Self::i64)?)
+                }
+                _ if device.is_none() && time_us.is_none() => p.extra(key, &mut metadata)?,
+                _ => p.extra(key, &mut extra)?,
+            }
+            Ok(())
+        })?;
+        Ok(Annotation {
+            metadata,
+            device: device.ok_or_else(|| self.error("annotation lacks key 'device'"))?,
+            time_us: time_us.ok_or_else(|| self.error("annotation lacks key 'time_us'"))?,
+            extra,
+        })
+    }
+}
+
+/// The text of a `frames` list as a map key. Stacks run to kilobytes, so the hash samples
+/// the text (length, both ends, a stride through the middle) and equality compares it all.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StackText<'a>(&'a [u8]);
+
+impl std::hash::Hash for StackText<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let t = self.0;
+        state.write_usize(t.len());
+        state.write(&t[..t.len().min(64)]);
+        state.write(&t[t.len().saturating_sub(64)..]);
+        let stride = (t.len() / 32).max(1);
+        for b in t.iter().step_by(stride) {
+            state.write_u8(*b);
+        }
+    }
+}
+
+fn push_key(path: &mut String, key: &str) {
+    if !path.is_empty() {
+        path.push('.');
+    }
+    path.push_str(key);
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    hex.as_bytes()
+        .chunks(2)
+        .map(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|s| u8::from_str_radix(s, 16).ok())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn big_integers_convert_both_ways() {
+        for text in [
+            "0",
+            "1",
+            "-1",
+            "127",
+            "128",
+            "-128",
+            "-129",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "18446744073709551616",
+            "123456789012345678901234567890123456789",
+            "-340282366920938463463374607431768211456",
+        ] {
+            let (negative, digits) = match text.strip_prefix('-') {
+                Some(d) => (true, d),
+                None => (false, text),
+            };
+            let bytes = decimal_to_bigint(negative, digits.as_bytes());
+            assert_eq!(
+                bigint_to_decimal(&bytes).as_deref(),
+                Some(text),
+                "{bytes:?}"
+            );
+        }
+        assert_eq!(decimal_to_bigint(false, b"255"), vec![0xff, 0x00]);
+        assert_eq!(decimal_to_bigint(true, b"256"), vec![0x00, 0xff]);
+        assert_eq!(bigint_to_decimal(&[]).as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn errors_give_line_column_and_path() {
+        let text = b"{\"segments\": [],\n \"device_traces\": [[{\"action\": \"alloc\", \"addr\": 1,\n \"size\": \"big\", \"stream\": 0}]]}";
+        let err = read(text).unwrap_err();
+        match err {
+            FormatError::Json { line, column, what } => {
+                assert_eq!((line, column), (3, 10), "{what}");
+                assert!(
+                    what.starts_with("device_traces[0][0].size: expected a number"),
+                    "{what}"
+                );
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn values_json_lacks_a_type_for_round_trip() {
+        let mut snap = Snapshot::new(0);
+        let tricky = Value::Dict(vec![
+            (
+                Value::Int(1),
+                Value::Tuple(vec![Value::Bytes(vec![0, 255])]),
+            ),
+            (Value::None, Value::Float(f64::NAN)),
+        ]);
+        let tag_lookalike = Value::Dict(vec![(Value::Str("$tuple".into()), Value::Int(3))]);
+        snap.extra = vec![
+            ("tricky".into(), tricky),
+            ("lookalike".into(), tag_lookalike),
+            ("big".into(), Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1])),
+            ("float".into(), Value::Float(1.0)),
+            ("text".into(), Value::Str("tab\t quote\" nul\0 é 😀".into())),
+        ];
+        let bytes = to_vec(&snap).unwrap();
+        let back = read(&bytes).unwrap();
+        assert_eq!(crate::compare::diff(&snap, &back), None);
+    }
 }

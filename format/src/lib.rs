@@ -28,6 +28,7 @@
 //!
 //! [`validate()`] checks the invariants PyTorch's exporter guarantees.
 
+pub mod compare;
 pub mod error;
 pub mod intern;
 pub mod io;

@@ -1,15 +1,421 @@
-//! msgpack codec (to be written).
+//! memsnap's native format: compact msgpack with the interning tables stored once.
+//!
+//! A pickle or JSON snapshot repeats (or memo-references) every stack where it is used; this
+//! format stores the string, frame and stack tables once and the entries refer to them by id,
+//! so it is small and fast to read. Layout (rmp-serde, structs as arrays):
+//!
+//! ```text
+//! { "memsnap_msgpack": <FORMAT_VERSION>,
+//!   "snapshot": [strings, frames, stacks, shape, segments, device_traces,
+//!                allocator_settings, external_annotations, host_segments, host_traces,
+//!                recorder_info, extra] }
+//! ```
+//!
+//! The body is the serde encoding of the model types, so **any change to the fields of the
+//! model must bump [`FORMAT_VERSION`]**; a reader refuses versions it does not know rather than
+//! misreading them. The header (a map whose first key is `"memsnap_msgpack"`, bytes
+//! `82 af 6d 65 6d ...`) is what [`looks_like`] detects; it cannot be mistaken for a pickle,
+//! which starts `80 02`..`80 05`.
+//!
+//! Reading untrusted bytes: a first pass walks the msgpack structure without recursion and
+//! checks every length against the bytes that remain and the nesting depth, so the decoder
+//! never reserves memory a small file cannot back and never recurses deeply. Then every id is
+//! checked (`device_traces[0][17].frames: stack id 99 is out of range (12 stacks)`), and tables
+//! with duplicate entries are refused, so no lookup can panic later.
+
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
 use crate::error::{FormatError, Result};
-use crate::model::Snapshot;
+use crate::intern::{Frame, FrameId};
+use crate::model::*;
+use crate::value::{Extras, Value};
 
-pub fn looks_like(_bytes: &[u8]) -> bool {
-    false
+/// The version this code writes and the only one it reads.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// Deepest msgpack nesting accepted (the snapshot's own structure needs under ten levels; the
+/// rest is for values under unknown keys).
+pub const MAX_DEPTH: usize = 200;
+
+const MAGIC: &[u8] = b"memsnap_msgpack";
+const BODY_KEY: &[u8] = b"snapshot";
+/// `fixmap(2)`, `fixstr(15)`.
+const HEADER_START: [u8; 2] = [0x82, 0xa0 | 15];
+
+/// Whether `bytes` start like a memsnap msgpack file.
+pub fn looks_like(bytes: &[u8]) -> bool {
+    matches!(bytes.first(), Some(0x81..=0x8f))
+        && bytes.get(1) == Some(&HEADER_START[1])
+        && bytes.get(2..2 + MAGIC.len()) == Some(MAGIC)
 }
 
-pub fn read(_bytes: &[u8]) -> Result<Snapshot> {
-    Err(FormatError::Msgpack { what: "not implemented yet".into() })
+#[derive(Serialize)]
+struct BodyRef<'a> {
+    strings: Vec<&'a str>,
+    frames: Vec<&'a Frame>,
+    stacks: Vec<&'a [FrameId]>,
+    shape: Shape,
+    segments: &'a [Segment],
+    device_traces: &'a Option<Vec<Vec<TraceEntry>>>,
+    allocator_settings: &'a Option<AllocatorSettings>,
+    external_annotations: &'a Option<Vec<Annotation>>,
+    host_segments: &'a Option<Value>,
+    host_traces: &'a Option<Value>,
+    recorder_info: &'a Option<RecorderInfo>,
+    extra: &'a Extras,
 }
 
-pub fn to_vec(_snapshot: &Snapshot) -> Result<Vec<u8>> {
-    Ok(Vec::new())
+#[derive(Deserialize)]
+struct Body {
+    strings: Vec<String>,
+    frames: Vec<Frame>,
+    stacks: Vec<Vec<FrameId>>,
+    shape: Shape,
+    segments: Vec<Segment>,
+    device_traces: Option<Vec<Vec<TraceEntry>>>,
+    allocator_settings: Option<AllocatorSettings>,
+    external_annotations: Option<Vec<Annotation>>,
+    host_segments: Option<Value>,
+    host_traces: Option<Value>,
+    recorder_info: Option<RecorderInfo>,
+    extra: Extras,
+}
+
+fn msgpack_error(what: impl Into<String>) -> FormatError {
+    FormatError::Msgpack { what: what.into() }
+}
+
+/// Encodes a snapshot. Fails only on a snapshot whose ids do not resolve.
+pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
+    crate::compare::check_ids(snapshot)?;
+    let strings = &snapshot.strings;
+    let body = BodyRef {
+        strings: (0..strings.len() as u32)
+            .map(|i| strings.get(crate::StrId(i)))
+            .collect(),
+        frames: snapshot.frames.iter().collect(),
+        stacks: snapshot.stacks.iter().map(|(_, s)| s).collect(),
+        shape: snapshot.shape,
+        segments: &snapshot.segments,
+        device_traces: &snapshot.device_traces,
+        allocator_settings: &snapshot.allocator_settings,
+        external_annotations: &snapshot.external_annotations,
+        host_segments: &snapshot.host_segments,
+        host_traces: &snapshot.host_traces,
+        recorder_info: &snapshot.recorder_info,
+        extra: &snapshot.extra,
+    };
+    let mut out = Vec::with_capacity(1024 + snapshot.entry_count() * 24);
+    out.extend_from_slice(&HEADER_START);
+    out.extend_from_slice(MAGIC);
+    out.push(FORMAT_VERSION); // positive fixint
+    out.push(0xa0 | BODY_KEY.len() as u8);
+    out.extend_from_slice(BODY_KEY);
+    rmp_serde::encode::write(&mut out, &body).map_err(|e| msgpack_error(e.to_string()))?;
+    Ok(out)
+}
+
+/// Decodes a memsnap msgpack snapshot.
+pub fn read(bytes: &[u8]) -> Result<Snapshot> {
+    if !looks_like(bytes) || bytes[0] != HEADER_START[0] {
+        return Err(msgpack_error(
+            "not a memsnap msgpack file: it does not start with the {\"memsnap_msgpack\": version, \"snapshot\": ...} header",
+        ));
+    }
+    let mut pos = HEADER_START.len() + MAGIC.len();
+    let version = match bytes.get(pos) {
+        Some(&v) if v < 0x80 => v,
+        Some(_) => {
+            return Err(msgpack_error(format!(
+                "byte {pos}: the format version is not a small integer"
+            )))
+        }
+        None => return Err(msgpack_error("the file ends inside its header")),
+    };
+    if version != FORMAT_VERSION {
+        return Err(msgpack_error(format!(
+            "format version {version} is not supported (this build reads version {FORMAT_VERSION}; a newer memsnap may read it)"
+        )));
+    }
+    pos += 1;
+    let key_len = BODY_KEY.len();
+    if bytes.get(pos) != Some(&(0xa0 | key_len as u8))
+        || bytes.get(pos + 1..pos + 1 + key_len) != Some(BODY_KEY)
+    {
+        return Err(msgpack_error(format!(
+            "byte {pos}: expected the key \"snapshot\""
+        )));
+    }
+    pos += 1 + key_len;
+    let body_bytes = &bytes[pos..];
+    check_structure(body_bytes, pos)?;
+
+    let mut de = rmp_serde::Deserializer::new(Cursor::new(body_bytes));
+    let body = Body::deserialize(&mut de).map_err(|e| {
+        msgpack_error(format!(
+            "{e} (decoding stopped near byte {})",
+            pos as u64 + de.position()
+        ))
+    })?;
+    build(body)
+}
+
+/// Turns the decoded tables and lists into a snapshot, refusing duplicate table entries (the
+/// tables' own dedup would shift every later id) and dangling ids.
+fn build(body: Body) -> Result<Snapshot> {
+    let mut snap = Snapshot::default();
+    for (i, s) in body.strings.iter().enumerate() {
+        if snap.strings.intern(s).0 as usize != i {
+            return Err(FormatError::Schema {
+                path: format!("strings[{i}]"),
+                what: "repeats an earlier string".into(),
+            });
+        }
+    }
+    for (i, frame) in body.frames.into_iter().enumerate() {
+        if snap.frames.intern(frame).0 as usize != i {
+            return Err(FormatError::Schema {
+                path: format!("frames[{i}]"),
+                what: "repeats an earlier frame".into(),
+            });
+        }
+    }
+    let frame_count = snap.frames.len();
+    for (i, stack) in body.stacks.iter().enumerate() {
+        if let Some((j, f)) = stack
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.0 as usize >= frame_count)
+        {
+            return Err(FormatError::Schema {
+                path: format!("stacks[{i}][{j}]"),
+                what: format!("frame id {} is out of range ({frame_count} frames)", f.0),
+            });
+        }
+        if snap.stacks.intern(stack).0 as usize != i {
+            return Err(FormatError::Schema {
+                path: format!("stacks[{i}]"),
+                what: "repeats an earlier stack".into(),
+            });
+        }
+    }
+    snap.shape = body.shape;
+    snap.segments = body.segments;
+    snap.device_traces = body.device_traces;
+    snap.allocator_settings = body.allocator_settings;
+    snap.external_annotations = body.external_annotations;
+    snap.host_segments = body.host_segments;
+    snap.host_traces = body.host_traces;
+    snap.recorder_info = body.recorder_info;
+    snap.extra = body.extra;
+    crate::compare::check_ids(&snap)?;
+    Ok(snap)
+}
+
+/// Walks one msgpack value without recursion, checking that every length fits in the bytes
+/// that remain, that nesting stays under [`MAX_DEPTH`] and that nothing follows the value.
+/// `base` is the offset of `data` in the file, for messages.
+fn check_structure(data: &[u8], base: usize) -> Result<()> {
+    let at = |pos: usize| base + pos;
+    let mut pos = 0usize;
+    // Items still to read in each open container, innermost last.
+    let mut open: Vec<u64> = vec![1];
+    while let Some(left) = open.last_mut() {
+        if *left == 0 {
+            open.pop();
+            continue;
+        }
+        *left -= 1;
+        let start = pos;
+        let Some(&marker) = data.get(pos) else {
+            return Err(msgpack_error(format!(
+                "the file ends at byte {} inside the snapshot",
+                at(pos)
+            )));
+        };
+        pos += 1;
+        let uint = |pos: usize, width: usize| -> Result<u64> {
+            let bytes = data.get(pos..pos + width).ok_or_else(|| {
+                msgpack_error(format!(
+                    "the file ends inside the length at byte {}",
+                    at(pos)
+                ))
+            })?;
+            Ok(bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+        };
+        // (length field width, payload bytes, child items)
+        let (payload, children): (u64, u64) = match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0),
+            0x80..=0x8f => (0, 2 * u64::from(marker & 0x0f)),
+            0x90..=0x9f => (0, u64::from(marker & 0x0f)),
+            0xa0..=0xbf => (u64::from(marker & 0x1f), 0),
+            0xc4 | 0xd9 => (uint(pos, 1).inspect(|_| pos += 1)?, 0),
+            0xc5 | 0xda => (uint(pos, 2).inspect(|_| pos += 2)?, 0),
+            0xc6 | 0xdb => (uint(pos, 4).inspect(|_| pos += 4)?, 0),
+            0xc7 => (uint(pos, 1).inspect(|_| pos += 1)? + 1, 0),
+            0xc8 => (uint(pos, 2).inspect(|_| pos += 2)? + 1, 0),
+            0xc9 => (uint(pos, 4).inspect(|_| pos += 4)? + 1, 0),
+            0xca | 0xce | 0xd2 => (4, 0),
+            0xcb | 0xcf | 0xd3 => (8, 0),
+            0xcc | 0xd0 => (1, 0),
+            0xcd | 0xd1 => (2, 0),
+            0xd4 => (2, 0),
+            0xd5 => (3, 0),
+            0xd6 => (5, 0),
+            0xd7 => (9, 0),
+            0xd8 => (17, 0),
+            0xdc => (0, uint(pos, 2).inspect(|_| pos += 2)?),
+            0xdd => (0, uint(pos, 4).inspect(|_| pos += 4)?),
+            0xde => (0, 2 * uint(pos, 2).inspect(|_| pos += 2)?),
+            0xdf => (0, 2 * uint(pos, 4).inspect(|_| pos += 4)?),
+            0xc1 => {
+                return Err(msgpack_error(format!(
+                    "byte {}: 0xc1 is not a msgpack marker",
+                    at(start)
+                )))
+            }
+        };
+        let remaining = (data.len() - pos) as u64;
+        if payload > remaining {
+            return Err(msgpack_error(format!(
+                "byte {}: a value of {payload} bytes runs past the end of the file ({remaining} bytes left)",
+                at(start)
+            )));
+        }
+        pos += payload as usize;
+        if children > 0 {
+            // Every item takes at least one byte.
+            if children > (data.len() - pos) as u64 {
+                return Err(msgpack_error(format!(
+                    "byte {}: a container of {children} items cannot fit in the {} bytes left",
+                    at(start),
+                    data.len() - pos
+                )));
+            }
+            if open.len() > MAX_DEPTH {
+                return Err(msgpack_error(format!(
+                    "byte {}: nested deeper than {MAX_DEPTH} levels",
+                    at(start)
+                )));
+            }
+            open.push(children);
+        }
+    }
+    if pos != data.len() {
+        return Err(msgpack_error(format!(
+            "{} unexpected bytes after the snapshot, from byte {}",
+            data.len() - pos,
+            at(pos)
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_needs_the_header_and_is_not_pickle() {
+        let bytes = to_vec(&Snapshot::new(1)).unwrap();
+        assert!(looks_like(&bytes));
+        assert!(!looks_like(b"\x80\x04\x95"));
+        assert!(!looks_like(b"\x82\xafmemsnap_msgpaXX"));
+        assert!(!looks_like(b""));
+    }
+
+    #[test]
+    fn structure_check_rejects_lengths_the_file_cannot_hold() {
+        // array32 claiming 4 billion items, in a 6-byte file.
+        let err = check_structure(&[0xdd, 0xff, 0xff, 0xff, 0xff, 0x00], 0).unwrap_err();
+        assert!(err.to_string().contains("cannot fit"), "{err}");
+        let err = check_structure(&[0xdb, 0x00, 0x01, 0x00, 0x00, b'x'], 0).unwrap_err();
+        assert!(err.to_string().contains("runs past the end"), "{err}");
+        let deep = vec![0x91; MAX_DEPTH + 5];
+        let err = check_structure(&deep, 0).unwrap_err();
+        assert!(err.to_string().contains("nested deeper"), "{err}");
+        assert!(check_structure(&[0x92, 0x01, 0xc0], 0).is_ok());
+        let err = check_structure(&[0x91, 0x01, 0x01], 0).unwrap_err();
+        assert!(err.to_string().contains("unexpected bytes"), "{err}");
+    }
+
+    /// Encodes a snapshot without the writer's id check, as a foreign writer might.
+    fn encode_unchecked(snapshot: &Snapshot) -> Vec<u8> {
+        let strings = &snapshot.strings;
+        let body = BodyRef {
+            strings: (0..strings.len() as u32)
+                .map(|i| strings.get(crate::StrId(i)))
+                .collect(),
+            frames: snapshot.frames.iter().collect(),
+            stacks: snapshot.stacks.iter().map(|(_, s)| s).collect(),
+            shape: snapshot.shape,
+            segments: &snapshot.segments,
+            device_traces: &snapshot.device_traces,
+            allocator_settings: &snapshot.allocator_settings,
+            external_annotations: &snapshot.external_annotations,
+            host_segments: &snapshot.host_segments,
+            host_traces: &snapshot.host_traces,
+            recorder_info: &snapshot.recorder_info,
+            extra: &snapshot.extra,
+        };
+        let mut out = to_vec(&Snapshot::default()).unwrap();
+        out.truncate(HEADER_START.len() + MAGIC.len() + 2 + BODY_KEY.len());
+        rmp_serde::encode::write(&mut out, &body).unwrap();
+        out
+    }
+
+    #[test]
+    fn dangling_ids_are_reported_with_their_path() {
+        let mut snap = Snapshot::new(2);
+        let stack = snap.intern_stack([Frame::new("f", "a.py", 1)]);
+        let mut entry = TraceEntry::new(Action::Alloc, 4096, 10, 0);
+        entry.frames = Some(stack);
+        let traces = snap.device_traces.as_mut().unwrap();
+        traces[1] = vec![entry.clone(), entry.clone()];
+        assert!(read(&encode_unchecked(&snap)).is_ok());
+
+        snap.device_traces.as_mut().unwrap()[1][1].frames = Some(crate::StackId(7));
+        match read(&encode_unchecked(&snap)) {
+            Err(FormatError::Schema { path, what }) => {
+                assert_eq!(path, "device_traces[1][1].frames");
+                assert_eq!(what, "stack id 7 is out of range (1 stacks)");
+            }
+            other => panic!("{other:?}"),
+        }
+        snap.device_traces.as_mut().unwrap()[1][1].frames = Some(stack);
+        snap.device_traces.as_mut().unwrap()[1][0].user_metadata = Some(crate::StrId(3));
+        match read(&encode_unchecked(&snap)) {
+            Err(FormatError::Schema { path, .. }) => {
+                assert_eq!(path, "device_traces[1][0].user_metadata")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn duplicate_table_entries_are_refused() {
+        let snap = Snapshot::new(1);
+        let mut bytes = encode_unchecked(&snap);
+        // Splice two equal strings into the (empty) string table: array of 0 -> array of 2.
+        let at = HEADER_START.len() + MAGIC.len() + 2 + BODY_KEY.len() + 1;
+        assert_eq!(bytes[at], 0x90);
+        bytes.splice(at..at + 1, [0x92, 0xa1, b'x', 0xa1, b'x']);
+        match read(&bytes) {
+            Err(FormatError::Schema { path, .. }) => assert_eq!(path, "strings[1]"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn newer_versions_are_refused() {
+        let mut bytes = to_vec(&Snapshot::new(1)).unwrap();
+        bytes[HEADER_START.len() + MAGIC.len()] = FORMAT_VERSION + 1;
+        let err = read(&bytes).unwrap_err();
+        assert!(
+            err.to_string().contains("version 2 is not supported"),
+            "{err}"
+        );
+    }
 }

@@ -64,7 +64,10 @@ fn check_segments(snapshot: &Snapshot, out: &mut Vec<Violation>) {
         if !seg.blocks.is_empty() && total != seg.total_size {
             push(
                 place.clone(),
-                format!("blocks sum to {total} bytes but total_size is {}", seg.total_size),
+                format!(
+                    "blocks sum to {total} bytes but total_size is {}",
+                    seg.total_size
+                ),
             );
         }
         let sums = [
@@ -87,23 +90,30 @@ fn check_segments(snapshot: &Snapshot, out: &mut Vec<Violation>) {
     // Segments of one device must not overlap.
     let mut by_device: HashMap<i64, Vec<(u64, u64, usize)>> = HashMap::new();
     for (si, seg) in snapshot.segments.iter().enumerate() {
-        by_device
-            .entry(seg.device)
-            .or_default()
-            .push((seg.address, seg.address.saturating_add(seg.total_size), si));
+        by_device.entry(seg.device).or_default().push((
+            seg.address,
+            seg.address.saturating_add(seg.total_size),
+            si,
+        ));
     }
     let mut devices: Vec<_> = by_device.into_iter().collect();
     devices.sort_unstable_by_key(|(d, _)| *d);
     for (_, mut ranges) in devices {
         ranges.sort_unstable();
-        for pair in ranges.windows(2) {
-            let (_, end, a) = pair[0];
-            let (start, _, b) = pair[1];
-            if start < end {
-                push(
-                    format!("segments[{b}]"),
-                    format!("overlaps segments[{a}] (starts {start:#x}, which is before its end {end:#x})"),
-                );
+        // Compare each segment with the furthest-reaching one before it, not only its
+        // neighbour: a long segment can cover several that follow.
+        let mut reach: Option<(u64, usize)> = None;
+        for &(start, end, b) in &ranges {
+            if let Some((far_end, a)) = reach {
+                if start < far_end {
+                    push(
+                        format!("segments[{b}]"),
+                        format!("overlaps segments[{a}] (starts {start:#x}, which is before its end {far_end:#x})"),
+                    );
+                }
+            }
+            if reach.is_none_or(|(far_end, _)| end > far_end) {
+                reach = Some((end, b));
             }
         }
     }

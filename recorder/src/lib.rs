@@ -1,1 +1,96 @@
-//! memsnap-recorder (to be written).
+//! # memsnap-recorder
+//!
+//! A reimplementation of PyTorch's CUDA caching allocator that records the same memory
+//! history `torch.cuda.memory._record_memory_history` does, and writes it as a snapshot that
+//! PyTorch's `_memory_viz.py` and memsnap's viewer load.
+//!
+//! ## Concepts
+//!
+//! * A [`Device`] provides **segments** (`cudaMalloc`), events and, optionally, virtual memory
+//!   for expandable segments. Backends: [`SimulatedDevice`] (an address range and a capacity,
+//!   no memory behind it: 80 GB "GPUs" on a laptop, deterministic), [`HostDevice`] (real host
+//!   memory), `CudaDevice` (feature `cuda`) and `HipDevice` (feature `hip`).
+//! * The [`CachingAllocator`] splits segments into **blocks**, caches freed blocks per stream
+//!   and pool (small: ≤ 1 MiB in 2 MiB segments; large: the rest), and reuses them by best
+//!   fit — exactly PyTorch's rules (`round_size`, split thresholds, `max_split_size`, the OOM
+//!   retry ladder, `record_stream`, `empty_cache`, memory fraction, garbage collection,
+//!   expandable segments), configured by a `PYTORCH_CUDA_ALLOC_CONF`-style string
+//!   ([`AllocatorConfig::parse`]). One lock per device; the allocator is `Send + Sync`.
+//! * **History** ([`HistoryOptions`]): a ring buffer per device of the newest `max_entries`
+//!   trace entries (`alloc`, `free_requested`, `free_completed`, `segment_*`, `oom`,
+//!   `snapshot`), with microsecond timestamps. Entries the ring drops are counted and written
+//!   to the snapshot (`recorder_info.dropped_entries`).
+//! * **Native stacks** are captured as raw instruction pointers (DWARF unwinding, or a
+//!   frame-pointer walk with the `frame-pointers` feature), interned per device so a stack seen
+//!   before costs no allocation, and symbolised only when a snapshot is taken.
+//! * [`CachingAllocator::snapshot`] returns the [`memsnap_format::Snapshot`] model;
+//!   [`CachingAllocator::dump_snapshot`] writes it atomically.
+//!
+//! Nothing reachable from an allocation panics: out of memory is [`Error::OutOfMemory`]
+//! (after the `oom` trace entry is recorded and the OOM observers ran, outside the lock).
+//!
+//! ## Usage
+//!
+//! ```
+//! use memsnap_recorder::{CachingAllocator, HistoryOptions, SimulatedDevice, Stream};
+//!
+//! let alloc = CachingAllocator::new(SimulatedDevice::new(80 << 30));
+//! alloc.record_memory_history(HistoryOptions::default());
+//! let ptr = alloc.malloc(1 << 20, Stream::DEFAULT)?;
+//! alloc.record_stream(ptr, Stream(7));
+//! alloc.free(ptr)?;
+//! alloc.empty_cache()?;
+//! alloc.set_memory_fraction(0.5)?;
+//! alloc.add_oom_observer(|oom| eprintln!("{oom}"));
+//! let stats = alloc.stats();
+//! assert_eq!(stats.allocated_bytes(), 0);
+//! let snapshot = alloc.snapshot();
+//! assert_eq!(snapshot.traces().len(), 1);
+//! // alloc.dump_snapshot("out.pickle")?;
+//! # Ok::<(), memsnap_recorder::Error>(())
+//! ```
+//!
+//! A process-wide allocator (what a C ABI or a PyTorch pluggable allocator wraps):
+//!
+//! ```
+//! use std::sync::OnceLock;
+//! use memsnap_recorder::{CachingAllocator, SimulatedDevice, Stream};
+//!
+//! static ALLOCATOR: OnceLock<CachingAllocator<SimulatedDevice>> = OnceLock::new();
+//! let alloc = ALLOCATOR.get_or_init(|| CachingAllocator::new(SimulatedDevice::new(1 << 30)));
+//! // Dump on OOM: the observer runs outside the lock, so it may take a snapshot.
+//! alloc.add_oom_observer(|_| {
+//!     let _ = ALLOCATOR.get().map(|a| a.snapshot());
+//! });
+//! assert!(alloc.malloc(2 << 30, Stream::DEFAULT).is_err());
+//! ```
+//!
+//! ## Feature flags
+//!
+//! * `cuda`: `CudaDevice` over cudarc's driver API, loaded at run time (`dynamic-loading`);
+//!   without `libcuda.so.1` construction returns [`DeviceError::Unavailable`].
+//! * `hip`: `HipDevice`, a `libloading` shim over `libamdhip64.so`.
+//! * `frame-pointers`: makes the frame-pointer walk the default unwinder. It only gives
+//!   complete stacks when the program is built with `RUSTFLAGS="-C force-frame-pointers=yes"`.
+
+mod allocator;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod ffi;
+pub mod global_alloc;
+pub mod history;
+pub mod stacks;
+pub mod stats;
+
+pub use allocator::{CachingAllocator, OomObserver};
+pub use config::AllocatorConfig;
+#[cfg(feature = "cuda")]
+pub use device::cuda::CudaDevice;
+#[cfg(feature = "hip")]
+pub use device::hip::HipDevice;
+pub use device::{Device, Event, HostDevice, MemInfo, SimulatedDevice, Stream};
+pub use error::{ConfigError, DeviceError, Error, OomInfo, Result};
+pub use history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
+pub use stacks::Unwinder;
+pub use stats::{DeviceStats, Stat, StatArray, StatType};

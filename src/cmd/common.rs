@@ -6,11 +6,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use memsnap_format::io::{read_bytes_with, Detected};
-use memsnap_format::Snapshot;
+use memsnap_format::{Compression, Format, Snapshot};
 
-/// Reads a snapshot file, showing a progress bar on stderr when decoding takes over a second.
+/// Reads a snapshot file (`-` is stdin), showing a progress bar on stderr when decoding takes
+/// over a second.
 pub fn load(path: &Path) -> Result<(Snapshot, Detected)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    decode(&read_input(path)?, path)
+}
+
+/// Decodes the bytes of `path` (named in errors and on the progress bar), with a progress bar
+/// on stderr when decoding takes over a second.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<(Snapshot, Detected)> {
     let started = Instant::now();
     let mut bar: Option<ProgressBar> = None;
     let mut progress = |done: u64, total: u64| {
@@ -29,11 +35,31 @@ pub fn load(path: &Path) -> Result<(Snapshot, Detected)> {
         }
         true
     };
-    let result = read_bytes_with(&bytes, &mut progress);
+    let result = read_bytes_with(bytes, &mut progress);
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     result.with_context(|| format!("cannot decode {}", path.display()))
+}
+
+/// The bytes of a file, or of stdin for `-`.
+pub fn read_input(path: &Path) -> Result<Vec<u8>> {
+    if path.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes)
+            .context("cannot read stdin")?;
+        return Ok(bytes);
+    }
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// `pickle`, `msgpack, gzip`, `json, zstd`.
+pub fn describe_encoding(format: Format, compression: Compression) -> String {
+    match compression {
+        Compression::None => format.name().to_string(),
+        Compression::Gzip => format!("{}, gzip", format.name()),
+        Compression::Zstd => format!("{}, zstd", format.name()),
+    }
 }
 
 /// Parses a byte size: `1234`, `512KiB`, `1.5GiB`, `2GB` (powers of 1000), `3g` (= GiB).

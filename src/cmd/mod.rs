@@ -3,8 +3,16 @@
 //! Exit codes: 0 success, 1 a check failed (invalid snapshot, over budget), 2 bad input or
 //! usage.
 
+pub mod check;
 pub mod common;
 pub mod convert;
+pub mod demo;
+pub mod diff;
 pub mod info;
 pub mod memviz;
+pub mod plot;
+pub mod ranks;
+pub mod summary;
+pub mod top;
 pub mod validate;
+pub mod view;

@@ -1,1 +1,283 @@
-//! (to be written)
+//! `memsnap summary`, `top`, `check`, `diff` and `ranks` on synthetic runs with known answers
+//! and on the real snapshots.
+
+use std::path::{Path, PathBuf};
+
+use memsnap_format::synth::{generate, GroundTruth, TrainingRun};
+
+use crate::common::{memsnap, real_snapshots_dir};
+
+/// Writes a synthetic run to `dir/name` and returns its path and ground truth.
+fn synth_file(dir: &Path, name: &str, run: &TrainingRun) -> (PathBuf, GroundTruth) {
+    let (snapshot, truth) = generate(run);
+    let path = dir.join(name);
+    memsnap_format::write_path(&path, &snapshot, None).expect("write snapshot");
+    (path, truth)
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+fn leaky_run() -> TrainingRun {
+    TrainingRun {
+        steps: 6,
+        leak_bytes_per_step: 4 << 20,
+        seed: 2,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn summary_json_reports_the_true_steps_and_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, run) in [
+        ("annotated.pickle", TrainingRun::default()),
+        (
+            "truncated.pickle",
+            TrainingRun {
+                steps: 8,
+                max_entries: Some(600),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let (path, truth) = synth_file(dir.path(), name, &run);
+        let v = json(&memsnap(&["summary", path.to_str().unwrap(), "--json"]));
+        assert_eq!(v["schema"], "memsnap.summary/1");
+        let d = &v["devices"][0];
+        assert_eq!(d["device"], 0);
+        let t = &truth.devices[0];
+        assert_eq!(d["before_window_bytes"], t.before_window_bytes, "{name}");
+        assert_eq!(d["dropped_entries"], t.dropped_entries, "{name}");
+        let steps = d["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), t.steps.len(), "{name}");
+        for (s, want) in steps.iter().zip(&t.steps) {
+            assert_eq!(s["start_event"], want.start_event);
+            assert_eq!(s["peak_event"], want.peak_event);
+            assert_eq!(s["end_event"], want.end_event);
+            assert_eq!(s["start_bytes"], want.start_bytes);
+            assert_eq!(s["peak_bytes"], want.peak_bytes);
+            assert_eq!(s["end_bytes"], want.end_bytes);
+            assert!(s["forward_bytes_per_s"].as_f64().unwrap() > 0.0);
+            assert!(s["backward_bytes_per_s"].as_f64().unwrap() > 0.0);
+        }
+        let max_step_peak = t.steps.iter().map(|s| s.peak_bytes).max().unwrap();
+        assert!(d["peak"]["bytes"].as_u64().unwrap() >= max_step_peak);
+        assert!(d["peak"]["event"].is_u64());
+        assert!(d["peak"]["time_us"].is_i64());
+        assert!(d["drift_bytes_per_step"].is_number());
+    }
+}
+
+#[test]
+fn summary_text_names_the_leak() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = synth_file(dir.path(), "leaky.pickle", &leaky_run());
+    let out = memsnap(&["summary", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.contains("LEAK SUSPECTED"), "{text}");
+    assert!(text.contains("+4.0 MiB/step"), "{text}");
+}
+
+#[test]
+fn check_exits_1_over_budget_0_within_and_2_on_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, truth) = synth_file(dir.path(), "run.pickle", &TrainingRun::default());
+    let path = path.to_str().unwrap();
+    let peak = truth.devices[0]
+        .steps
+        .iter()
+        .map(|s| s.peak_bytes)
+        .max()
+        .unwrap();
+
+    let within = memsnap(&["check", path, "--max-peak", "80GiB"]);
+    assert_eq!(within.status.code(), Some(0), "{}", stdout(&within));
+
+    let over = memsnap(&["check", path, "--max-peak", &(peak - 1).to_string()]);
+    assert_eq!(over.status.code(), Some(1));
+    assert!(
+        stdout(&over).contains("over the budget"),
+        "{}",
+        stdout(&over)
+    );
+
+    let garbage = dir.path().join("garbage.pickle");
+    std::fs::write(&garbage, b"\x80\x04not really a pickle").unwrap();
+    let bad = memsnap(&["check", garbage.to_str().unwrap(), "--max-peak", "1GiB"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let missing = memsnap(&["check", "/nonexistent/run.pickle", "--max-peak", "1GiB"]);
+    assert_eq!(missing.status.code(), Some(2));
+    let bad_size = memsnap(&["check", path, "--max-peak", "12 parsecs"]);
+    assert_eq!(bad_size.status.code(), Some(2));
+}
+
+#[test]
+fn check_max_drift_catches_a_leak() {
+    let dir = tempfile::tempdir().unwrap();
+    let (leaky, _) = synth_file(dir.path(), "leaky.pickle", &leaky_run());
+    let (clean, _) = synth_file(
+        dir.path(),
+        "clean.pickle",
+        &TrainingRun {
+            steps: 6,
+            ..Default::default()
+        },
+    );
+    let out = memsnap(&["check", leaky.to_str().unwrap(), "--max-drift", "1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("step floor grows"));
+    let out = memsnap(&["check", clean.to_str().unwrap(), "--max-drift", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}
+
+#[test]
+fn top_groups_the_live_set_at_the_peak_and_at_an_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = synth_file(dir.path(), "run.pickle", &TrainingRun::default());
+    let path = path.to_str().unwrap();
+    let v = json(&memsnap(&["top", path, "--json"]));
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    let listed: u64 = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(
+        v["shown_bytes"].as_u64().unwrap(),
+        v["live_bytes"].as_u64().unwrap()
+    );
+    assert!(listed <= v["live_bytes"].as_u64().unwrap());
+
+    let filtered = json(&memsnap(&[
+        "top",
+        path,
+        "--json",
+        "--min-size",
+        "1MiB",
+        "--by",
+        "file",
+    ]));
+    for r in filtered["rows"].as_array().unwrap() {
+        assert!(r["largest"].as_u64().unwrap() >= 1 << 20);
+    }
+    let at = json(&memsnap(&[
+        "top", path, "--json", "--at", "5", "--by", "stack",
+    ]));
+    assert_eq!(at["event"], 5);
+    let text = memsnap(&["top", path, "--at", "+1ms"]);
+    assert!(text.status.success());
+    let past = memsnap(&["top", path, "--at", "99999999"]);
+    assert_eq!(past.status.code(), Some(2));
+    let nonsense = memsnap(&["top", path, "--at", "yesterday"]);
+    assert_eq!(nonsense.status.code(), Some(2));
+}
+
+#[test]
+fn diff_shows_the_leak_site_growing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clean, _) = synth_file(
+        dir.path(),
+        "clean.pickle",
+        &TrainingRun {
+            steps: 6,
+            seed: 2,
+            ..Default::default()
+        },
+    );
+    let (leaky, _) = synth_file(dir.path(), "leaky.pickle", &leaky_run());
+    let v = json(&memsnap(&[
+        "diff",
+        clean.to_str().unwrap(),
+        leaky.to_str().unwrap(),
+        "--json",
+    ]));
+    let d = &v["devices"][0];
+    assert!(d["delta_peak_bytes"].as_i64().unwrap() > 0);
+    let grew = d["grew"].as_array().unwrap();
+    assert!(!grew.is_empty());
+    assert_eq!(
+        grew[0]["delta_bytes_at_peak"].as_i64().unwrap() % (4 << 20),
+        0,
+        "{grew:?}"
+    );
+    let text = memsnap(&["diff", clean.to_str().unwrap(), leaky.to_str().unwrap()]);
+    assert!(stdout(&text).contains("sites that grew most"));
+}
+
+#[test]
+fn ranks_lists_each_file_and_the_skew() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for (i, activation) in [4u64, 8, 6].into_iter().enumerate() {
+        let run = TrainingRun {
+            activation_bytes: activation << 20,
+            seed: i as u64,
+            ..Default::default()
+        };
+        files.push(synth_file(dir.path(), &format!("rank{i}.pickle"), &run).0);
+    }
+    let mut args = vec!["ranks", "--json"];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    let v = json(&memsnap(&args));
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 3);
+    let peaks: Vec<u64> = ranks
+        .iter()
+        .map(|r| r["peak_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(peaks[1] > peaks[2] && peaks[2] > peaks[0], "{peaks:?}");
+    assert_eq!(v["skew"]["max_peak_bytes"], peaks[1]);
+    assert_eq!(v["skew"]["peak_spread_bytes"], peaks[1] - peaks[0]);
+    assert!(v["skew"]["max_peak_file"]
+        .as_str()
+        .unwrap()
+        .ends_with("rank1.pickle"));
+    // A bad file among them is an error (exit 2), not a silent row.
+    let garbage = dir.path().join("bad.pickle");
+    std::fs::write(&garbage, b"nope").unwrap();
+    args.push(garbage.to_str().unwrap());
+    assert_eq!(memsnap(&args).status.code(), Some(2));
+}
+
+#[test]
+fn analysis_commands_run_on_every_real_snapshot() {
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    for f in &files {
+        let f = f.to_str().unwrap();
+        let v = json(&memsnap(&["summary", f, "--json"]));
+        for d in v["devices"].as_array().unwrap() {
+            assert!(d["peak"]["bytes"].is_u64(), "{f}");
+            assert!(d["before_window_bytes"].is_u64(), "{f}");
+        }
+        let out = memsnap(&["summary", f]);
+        assert!(out.status.success(), "{f}");
+        let out = memsnap(&["top", f]);
+        assert!(
+            out.status.code() == Some(0) || out.status.code() == Some(2),
+            "{f}"
+        );
+        let check = memsnap(&["check", f, "--max-peak", "1TiB"]);
+        assert_eq!(check.status.code(), Some(0), "{f}");
+    }
+    let mut args = vec!["ranks"];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    assert!(memsnap(&args).status.success());
+}

@@ -3,3 +3,5 @@
 mod analysis_cmds;
 mod common;
 mod format_cmds;
+mod plot_cmd;
+mod demo;

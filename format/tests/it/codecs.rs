@@ -1,1 +1,412 @@
-//! (to be written)
+//! Codec agreement: every snapshot, pushed through pickle, msgpack and JSON in every order,
+//! must come back equal by value (`compare::diff`), and each writer must be stable (writing
+//! what it read gives the same bytes). Also compression wrappers, format detection, and
+//! hostile JSON and msgpack input.
+
+use std::path::Path;
+
+use memsnap_format::compare::diff;
+use memsnap_format::io::{self, Compression, Format};
+use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_format::{json, msgpack, pickle, FormatError, Snapshot, Value};
+
+use crate::common;
+
+const CODECS: [Format; 3] = [Format::Pickle, Format::Msgpack, Format::Json];
+
+fn encode(snapshot: &Snapshot, format: Format) -> Vec<u8> {
+    io::encode(snapshot, format).unwrap_or_else(|e| panic!("encoding {}: {e}", format.name()))
+}
+
+fn decode(bytes: &[u8], format: Format) -> Result<Snapshot, FormatError> {
+    match format {
+        Format::Pickle => pickle::read(bytes),
+        Format::Msgpack => msgpack::read(bytes),
+        Format::Json => json::read(bytes),
+    }
+}
+
+fn permutations() -> Vec<Vec<Format>> {
+    let mut out = Vec::new();
+    for a in 0..3 {
+        for b in 0..3 {
+            for c in 0..3 {
+                if a != b && b != c && a != c {
+                    out.push(vec![CODECS[a], CODECS[b], CODECS[c], CODECS[a]]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A snapshot reached along some chain, with its encodings once made.
+struct State {
+    snapshot: Snapshot,
+    encoded: [Option<Vec<u8>>; 3],
+    /// The format and bytes it was decoded from (`None` for the original).
+    source: Option<(Format, usize)>,
+}
+
+fn slot(format: Format) -> usize {
+    CODECS.iter().position(|&f| f == format).unwrap()
+}
+
+/// Runs `original` through every chain of codecs and checks each hop against it.
+///
+/// Encoding and decoding are functions of their input, so the chains are walked as a graph:
+/// each distinct snapshot is encoded once per format, and bytes already decoded lead to the
+/// state they decoded to. Most chains meet in a few states, which keeps this fast on the
+/// multi-megabyte real files while every hop of every order is still checked.
+fn check_all_chains(name: &str, original: &Snapshot) {
+    let mut states = vec![State {
+        snapshot: original.clone(),
+        encoded: [None, None, None],
+        source: None,
+    }];
+    for chain in permutations() {
+        let mut at = 0;
+        let mut route = String::from("start");
+        for format in chain {
+            route.push_str(" → ");
+            route.push_str(format.name());
+            let k = slot(format);
+            if states[at].encoded[k].is_none() {
+                states[at].encoded[k] = Some(encode(&states[at].snapshot, format));
+            }
+            let bytes = states[at].encoded[k].as_ref().unwrap();
+            let known = states.iter().position(|s| {
+                s.source.is_some_and(|(f, from)| {
+                    f == format && states[from].encoded[k].as_ref() == Some(bytes)
+                })
+            });
+            if let Some(next) = known {
+                at = next;
+                continue;
+            }
+            let decoded = decode(bytes, format)
+                .unwrap_or_else(|e| panic!("{name}: {route}: decoding failed: {e}"));
+            if let Some(d) = diff(original, &decoded) {
+                panic!("{name}: {route}: {d}");
+            }
+            // The writer is stable: writing what was just read gives the same bytes.
+            let again = encode(&decoded, format);
+            assert!(
+                &again == bytes,
+                "{name}: {route}: re-encoding changed the bytes"
+            );
+            let mut encoded = [None, None, None];
+            encoded[k] = Some(again);
+            states.push(State {
+                snapshot: decoded,
+                encoded,
+                source: Some((format, at)),
+            });
+            at = states.len() - 1;
+        }
+    }
+}
+
+fn generated_runs() -> Vec<(String, TrainingRun)> {
+    let base = TrainingRun::default();
+    vec![
+        ("default".into(), base.clone()),
+        (
+            "2 devices, ring buffer, leak".into(),
+            TrainingRun {
+                devices: 2,
+                steps: 6,
+                max_entries: Some(400),
+                leak_bytes_per_step: 1 << 20,
+                seed: 7,
+                ..base.clone()
+            },
+        ),
+        (
+            "2.1 era without time".into(),
+            TrainingRun {
+                with_time: false,
+                optimizer: false,
+                stack_pool: 200,
+                seed: 3,
+                ..base
+            },
+        ),
+    ]
+}
+
+#[test]
+fn generated_snapshots_agree_across_codecs() {
+    for (name, run) in generated_runs() {
+        let (snapshot, _) = generate(&run);
+        check_all_chains(&name, &snapshot);
+    }
+}
+
+#[test]
+fn unusual_model_content_agrees_across_codecs() {
+    let (mut snapshot, _) = generate(&TrainingRun::default());
+    // Extras of every value type, recorder extras, frame extras and legacy key orders.
+    snapshot.extra = vec![
+        ("none".into(), Value::None),
+        (
+            "mixed".into(),
+            Value::List(vec![
+                Value::Bool(true),
+                Value::Int(i64::MIN),
+                Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
+                Value::Float(-0.0),
+                Value::Float(1e300),
+                Value::Str("ünï\"code\n".into()),
+                Value::Bytes(vec![0, 1, 254, 255]),
+                Value::Tuple(vec![Value::Int(1), Value::Int(2)]),
+                Value::Dict(vec![(Value::Int(7), Value::Str("int key".into()))]),
+            ]),
+        ),
+    ];
+    let info = snapshot.recorder_info.as_mut().unwrap();
+    info.extra.push(("note".into(), Value::Str("kept".into())));
+    let mut fx = memsnap_format::Frame::new("forward", "/fx/graph.py", 3);
+    fx.extra
+        .push(("fx_node_op".into(), Value::Str("call_function".into())));
+    let stack = snapshot.intern_stack([fx]);
+    let trace = &mut snapshot.device_traces.as_mut().unwrap()[0];
+    trace[0].frames = Some(stack);
+    let rare = trace[1].rare_mut();
+    rare.legacy_frames_first = true;
+    rare.extra.push((
+        "cpp_frames".into(),
+        Value::List(vec![Value::Str("c10::foo".into())]),
+    ));
+    let oom = &mut trace[2];
+    oom.action = memsnap_format::Action::Oom;
+    oom.addr = 0;
+    oom.rare_mut().no_addr = true;
+    oom.rare_mut().device_free = Some(123_456);
+    oom.rare_mut().internal_metadata = Some(snapshot.strings.intern("mallocWithAddress"));
+    let unknown = snapshot.strings.intern("future_action");
+    snapshot.device_traces.as_mut().unwrap()[0][3].action = memsnap_format::Action::Other(unknown);
+    let seg = &mut snapshot.segments[0];
+    seg.frames_after_blocks = !seg.frames_after_blocks;
+    seg.extra.push((
+        "pool".into(),
+        Value::Tuple(vec![Value::Int(0), Value::Int(1)]),
+    ));
+    seg.blocks[0].forward_frames = Some(vec!["line one\n".into(), "line two".into()]);
+    snapshot.host_traces = Some(Value::List(vec![]));
+    check_all_chains("unusual content", &snapshot);
+
+    let mut list_shaped = snapshot.clone();
+    list_shaped.shape = memsnap_format::Shape::SegmentList;
+    list_shaped.device_traces = None;
+    list_shaped.allocator_settings = None;
+    list_shaped.external_annotations = None;
+    list_shaped.host_traces = None;
+    list_shaped.recorder_info = None;
+    list_shaped.extra.clear();
+    check_all_chains("segment list", &list_shaped);
+}
+
+#[test]
+fn real_snapshots_agree_across_codecs() {
+    let Some(files) = common::real_snapshots() else {
+        return;
+    };
+    for path in files {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        let snapshot = pickle::read(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        check_all_chains(&name, &snapshot);
+    }
+}
+
+#[test]
+fn compression_and_detection_through_files() {
+    let (snapshot, _) = generate(&TrainingRun::default());
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("s.pickle", Format::Pickle, Compression::None),
+        ("s.pkl.gz", Format::Pickle, Compression::Gzip),
+        ("s.json", Format::Json, Compression::None),
+        ("s.json.zst", Format::Json, Compression::Zstd),
+        ("s.msgpack", Format::Msgpack, Compression::None),
+        ("s.mpk.gz", Format::Msgpack, Compression::Gzip),
+        ("s.memsnap.zst", Format::Msgpack, Compression::Zstd),
+    ];
+    for (file, format, compression) in cases {
+        let path = dir.path().join(file);
+        assert_eq!(Format::from_path(&path), Some(format), "{file}");
+        assert_eq!(Compression::from_path(&path), compression, "{file}");
+        let written = io::write_path(&path, &snapshot, None).unwrap();
+        assert_eq!(written, format, "{file}");
+        let (back, detected) = io::read_path(&path).unwrap();
+        assert_eq!(detected.format, format, "{file}");
+        assert_eq!(detected.compression, compression, "{file}");
+        assert_eq!(diff(&snapshot, &back), None, "{file}");
+    }
+    // The content decides, not the name: JSON bytes under a .pickle name still read as JSON.
+    let path = dir.path().join("misnamed.pickle");
+    io::write_path(&path, &snapshot, Some(Format::Json)).unwrap();
+    let (back, detected) = io::read_path(&path).unwrap();
+    assert_eq!(detected.format, Format::Json);
+    assert_eq!(diff(&snapshot, &back), None);
+    assert_eq!(Format::from_path(Path::new("x.txt")), None);
+}
+
+#[test]
+fn detection_from_content() {
+    let (snapshot, _) = generate(&TrainingRun::default());
+    for format in CODECS {
+        let bytes = encode(&snapshot, format);
+        assert_eq!(Format::detect(&bytes), Some(format), "{}", format.name());
+    }
+    assert!(msgpack::looks_like(&encode(&snapshot, Format::Msgpack)));
+    assert!(!msgpack::looks_like(&encode(&snapshot, Format::Pickle)));
+    assert_eq!(
+        Format::detect(b"  \n{\"segments\": []}"),
+        Some(Format::Json)
+    );
+    assert_eq!(Format::detect(b"hello"), None);
+    let err = io::read_bytes(b"hello").unwrap_err();
+    assert!(err.to_string().contains("68 65 6c 6c 6f"), "{err}");
+}
+
+#[test]
+fn json_is_plain_json_with_the_pickle_schema() {
+    let (snapshot, _) = generate(&TrainingRun::default());
+    let bytes = json::to_vec(&snapshot).unwrap();
+    // Any JSON parser (the browser's JSON.parse included) reads it.
+    let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let entry = &parsed["device_traces"][0][0];
+    assert_eq!(entry["action"], "segment_alloc");
+    assert_eq!(entry["compile_context"], "N/A");
+    assert!(entry["frames"][0]["filename"].is_string());
+    assert!(parsed["segments"][0]["segment_pool_id"].is_array());
+    assert_eq!(
+        parsed["allocator_settings"]["garbage_collection_threshold"],
+        0.0
+    );
+    // Keys in PyTorch's order.
+    let text = std::str::from_utf8(&bytes).unwrap();
+    let first = text.find("{\"action\"").unwrap();
+    let entry_text = &text[first..first + text[first..].find("\"frames\"").unwrap()];
+    let order: Vec<usize> = [
+        "\"action\"",
+        "\"addr\"",
+        "\"size\"",
+        "\"stream\"",
+        "\"time_us\"",
+        "\"compile_context\"",
+        "\"user_metadata\"",
+    ]
+    .iter()
+    .map(|k| entry_text.find(k).unwrap())
+    .collect();
+    assert!(order.windows(2).all(|p| p[0] < p[1]), "{entry_text}");
+}
+
+/// Every prefix of a valid file and many corrupted copies must give an error or a snapshot,
+/// never a panic.
+fn survives_corruption(bytes: &[u8], read: fn(&[u8]) -> Result<Snapshot, FormatError>) {
+    for len in (0..bytes.len()).step_by((bytes.len() / 300).max(1)) {
+        assert!(
+            read(&bytes[..len]).is_err(),
+            "prefix of {len} bytes accepted"
+        );
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..400 {
+        let mut copy = bytes.to_vec();
+        for _ in 0..3 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = (state >> 33) as usize % copy.len();
+            copy[at] = (state >> 17) as u8;
+        }
+        let _ = read(&copy);
+    }
+}
+
+#[test]
+fn hostile_json_gives_errors_not_panics() {
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 1,
+        ..TrainingRun::default()
+    });
+    survives_corruption(&json::to_vec(&snapshot).unwrap(), json::read);
+
+    let deep = format!(
+        "{{\"segments\": [], \"x\": {}{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let err = json::read(deep.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("nested deeper"), "{err}");
+    let long_number = format!("{{\"segments\": [], \"x\": {}}}", "9".repeat(100_000));
+    let err = json::read(long_number.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("longer than"), "{err}");
+    for (text, expected) in [
+        ("", "expected a snapshot"),
+        ("{\"segments\": [}", "segments[0]: expected an object"),
+        ("{\"segments\": [{\"device\": -1}]}", "lacks key 'address'"),
+        (
+            "{\"segments\": [{\"device\": 0, \"address\": -5}]}",
+            "does not fit",
+        ),
+        (
+            "{\"segments\": [], \"s\": \"\\ud800\"}",
+            "unpaired surrogate",
+        ),
+        ("{\"segments\": [], \"s\": \"\u{1}\"}", "control character"),
+        ("{\"segments\": []} trailing", "after the snapshot"),
+        ("{\"device_traces\": []}", "no \"segments\" key"),
+        (
+            "{\"segments\": [], \"x\": {\"$tuple\": 5}}",
+            "\"$tuple\" holds",
+        ),
+    ] {
+        let err = json::read(text.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text:?}: {err}");
+    }
+    // Where: line, column and path.
+    let text = "{\"segments\": [\n  {\"device\": 0, \"address\": 4096, \"total_size\": \"x\"}]}";
+    match json::read(text.as_bytes()).unwrap_err() {
+        FormatError::Json { line, column, what } => {
+            assert_eq!((line, column), (2, 48));
+            assert!(what.starts_with("segments[0].total_size:"), "{what}");
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn hostile_msgpack_gives_errors_not_panics() {
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 1,
+        ..TrainingRun::default()
+    });
+    let bytes = msgpack::to_vec(&snapshot).unwrap();
+    survives_corruption(&bytes, msgpack::read);
+    let err = msgpack::read(b"\x82\xafmemsnap_msgpack\x01").unwrap_err();
+    assert!(err.to_string().contains("\"snapshot\""), "{err}");
+}
+
+#[test]
+fn msgpack_reports_dangling_ids_with_their_path() {
+    let (mut snapshot, _) = generate(&TrainingRun {
+        steps: 1,
+        ..TrainingRun::default()
+    });
+    let stacks = snapshot.stacks.len() as u32;
+    // A writer refuses a snapshot whose ids dangle...
+    snapshot.device_traces.as_mut().unwrap()[0][5].frames = Some(memsnap_format::StackId(stacks));
+    let err = msgpack::to_vec(&snapshot).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("device_traces[0][5].frames: stack id"),
+        "{err}"
+    );
+    assert!(json::to_vec(&snapshot).is_err());
+    // The reader's side is a unit test in `msgpack.rs`, which can write dangling ids.
+}

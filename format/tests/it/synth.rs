@@ -1,1 +1,348 @@
-//! (to be written)
+//! The synthetic generator: valid output, a consistent allocator state, a faithful ring buffer
+//! and ground truth that matches the trace.
+
+use std::collections::HashMap;
+
+use memsnap_format::synth::{generate, GroundTruth, TrainingRun};
+use memsnap_format::{validate, Action, BlockState, Snapshot};
+
+fn configs() -> Vec<TrainingRun> {
+    let base = TrainingRun::default();
+    let mut runs = vec![base.clone()];
+    for seed in 0..6u64 {
+        runs.push(TrainingRun {
+            devices: 1 + (seed as usize % 3),
+            steps: 2 + seed as usize,
+            layers: 1 + seed as usize,
+            activations_per_layer: 1 + (seed as usize * 2) % 7,
+            activation_bytes: [300, 64 << 10, 900 << 10, 3 << 20, 24 << 20, 100 << 20]
+                [seed as usize],
+            param_bytes_per_layer: [0, 1000, 2 << 20, 12 << 20, 40 << 20, 7][seed as usize],
+            optimizer: seed % 2 == 0,
+            leak_bytes_per_step: [0, 4, 1 << 20, 0, 70_000, 12 << 20][seed as usize],
+            max_entries: [None, Some(1), Some(37), None, Some(200), Some(5000)][seed as usize],
+            with_time: seed != 3,
+            with_annotations: seed != 4,
+            stack_pool: [1, 8, 30, 100, 300, 48][seed as usize],
+            seed,
+            ..base.clone()
+        });
+    }
+    runs
+}
+
+#[test]
+fn generated_snapshots_validate_clean() {
+    for run in configs() {
+        let (snapshot, _) = generate(&run);
+        let violations = validate(&snapshot);
+        assert!(violations.is_empty(), "{run:?}: {violations:?}");
+    }
+}
+
+#[test]
+fn generation_is_deterministic_and_seeded() {
+    let run = TrainingRun::default();
+    let (a, truth_a) = generate(&run);
+    let (b, truth_b) = generate(&run);
+    assert_eq!(a.device_traces, b.device_traces);
+    assert_eq!(a.segments, b.segments);
+    assert_eq!(truth_a, truth_b);
+    let (c, _) = generate(&TrainingRun { seed: 1, ..run });
+    assert_ne!(a.device_traces, c.device_traces);
+}
+
+/// Replays each device trace from the window's starting bytes and checks every step answer.
+fn check_truth(snapshot: &Snapshot, truth: &GroundTruth) {
+    assert_eq!(truth.devices.len(), snapshot.traces().len());
+    for (device, (trace, dev)) in snapshot.traces().iter().zip(&truth.devices).enumerate() {
+        let mut live = dev.before_window_bytes;
+        let after: Vec<u64> = trace
+            .iter()
+            .map(|e| {
+                match e.action {
+                    Action::Alloc => live += e.size,
+                    Action::FreeCompleted => live -= e.size,
+                    _ => {}
+                }
+                live
+            })
+            .collect();
+        let mut previous_end = None;
+        for (i, step) in dev.steps.iter().enumerate() {
+            let place = format!("device {device} step {i}");
+            assert!(step.start_event <= step.peak_event, "{place}");
+            assert!(step.peak_event <= step.end_event, "{place}");
+            assert!(step.end_event < trace.len(), "{place}");
+            if let Some(end) = previous_end {
+                assert!(step.start_event > end, "{place} overlaps the previous step");
+            }
+            previous_end = Some(step.end_event);
+            assert_eq!(after[step.start_event], step.start_bytes, "{place} start");
+            assert_eq!(after[step.end_event], step.end_bytes, "{place} end");
+            assert_eq!(after[step.peak_event], step.peak_bytes, "{place} peak");
+            let max = after[step.start_event..=step.end_event]
+                .iter()
+                .max()
+                .copied();
+            assert_eq!(max, Some(step.peak_bytes), "{place} peak is the maximum");
+            assert!(step.peak_bytes > step.start_bytes, "{place} rises");
+            assert!(step.end_bytes < step.peak_bytes, "{place} falls");
+        }
+    }
+}
+
+#[test]
+fn ground_truth_matches_the_trace() {
+    for run in configs() {
+        let (snapshot, truth) = generate(&run);
+        check_truth(&snapshot, &truth);
+    }
+}
+
+#[test]
+fn leak_shows_as_step_over_step_growth() {
+    let leak = 3 << 20;
+    let run = TrainingRun {
+        steps: 6,
+        leak_bytes_per_step: leak,
+        ..TrainingRun::default()
+    };
+    let (snapshot, truth) = generate(&run);
+    check_truth(&snapshot, &truth);
+    let steps = &truth.devices[0].steps;
+    assert_eq!(steps.len(), 6);
+    assert_eq!(truth.devices[0].leak_bytes_per_step, leak);
+    // After the first step (which also creates the optimizer state) each step ends `leak` higher.
+    for pair in steps[1..].windows(2) {
+        assert_eq!(pair[1].end_bytes - pair[0].end_bytes, leak);
+    }
+    let (no_leak, truth) = generate(&TrainingRun {
+        leak_bytes_per_step: 0,
+        ..run
+    });
+    check_truth(&no_leak, &truth);
+    let steps = &truth.devices[0].steps;
+    assert!(steps[1..]
+        .windows(2)
+        .all(|p| p[0].end_bytes == p[1].end_bytes));
+}
+
+#[test]
+fn ring_buffer_keeps_the_newest_entries() {
+    let full_run = TrainingRun {
+        devices: 2,
+        steps: 5,
+        leak_bytes_per_step: 1 << 20,
+        ..TrainingRun::default()
+    };
+    let (full, full_truth) = generate(&full_run);
+    // Start the window at the peak of the second-to-last step, in the middle of the step.
+    let steps = &full_truth.devices[0].steps;
+    let max = full.traces()[0].len() - steps[steps.len() - 2].peak_event;
+    let (cut, truth) = generate(&TrainingRun {
+        max_entries: Some(max),
+        ..full_run
+    });
+    assert!(validate(&cut).is_empty());
+    check_truth(&cut, &truth);
+    for device in 0..2 {
+        let whole = &full.traces()[device];
+        let window = &cut.traces()[device];
+        assert_eq!(window.len(), max);
+        assert_eq!(&whole[whole.len() - max..], &window[..]);
+        let dropped = (whole.len() - max) as u64;
+        assert_eq!(truth.devices[device].dropped_entries, dropped);
+        assert_eq!(
+            cut.recorder_info.as_ref().unwrap().dropped_entries[device],
+            dropped
+        );
+        assert!(truth.devices[device].before_window_bytes > 0);
+        // The steps that survive are the last ones of the full run, shifted.
+        let kept = &truth.devices[device].steps;
+        let all = &full_truth.devices[device].steps;
+        assert!(!kept.is_empty() && kept.len() < all.len());
+        for (k, f) in kept.iter().rev().zip(all.iter().rev()) {
+            assert_eq!(k.start_event as u64 + dropped, f.start_event as u64);
+            assert_eq!(k.peak_bytes, f.peak_bytes);
+        }
+    }
+    assert_eq!(
+        full.segments, cut.segments,
+        "the ring buffer does not change the state"
+    );
+    // The window starts mid-run: some frees have no alloc in it, and parameters have none.
+    let window = &cut.traces()[0];
+    let mut allocated = std::collections::HashSet::new();
+    let mut orphan_frees = 0;
+    for e in window {
+        match e.action {
+            Action::Alloc => {
+                allocated.insert(e.addr);
+            }
+            Action::FreeCompleted if !allocated.remove(&e.addr) => orphan_frees += 1,
+            _ => {}
+        }
+    }
+    assert!(orphan_frees > 0);
+}
+
+#[test]
+fn segments_match_the_live_allocations() {
+    for run in configs() {
+        if run.max_entries.is_some() {
+            continue;
+        }
+        let (snapshot, _) = generate(&run);
+        for (device, trace) in snapshot.traces().iter().enumerate() {
+            // addr -> (requested size, completed?)
+            let mut live: HashMap<u64, (u64, bool)> = HashMap::new();
+            let mut segment_allocs = 0;
+            for e in trace {
+                match e.action {
+                    Action::Alloc => {
+                        live.insert(e.addr, (e.size, false));
+                    }
+                    Action::FreeRequested => {
+                        live.get_mut(&e.addr).expect("freed block is live").1 = true;
+                    }
+                    Action::FreeCompleted => {
+                        live.remove(&e.addr).expect("freed block is live");
+                    }
+                    Action::SegmentAlloc => segment_allocs += 1,
+                    _ => {}
+                }
+            }
+            let segments: Vec<_> = snapshot
+                .segments
+                .iter()
+                .filter(|s| s.device == device as i64)
+                .collect();
+            assert_eq!(segments.len(), segment_allocs, "{run:?}");
+            assert!(segments.windows(2).all(|p| p[0].address < p[1].address));
+            let mut active = HashMap::new();
+            for seg in &segments {
+                for (addr, block) in seg.block_addresses() {
+                    assert_eq!(block.size % 512, 0);
+                    if block.state.is_active() {
+                        let requested = block.requested_size.unwrap();
+                        // Large blocks are not split when less than 1 MiB would be left.
+                        assert!(requested <= block.size);
+                        assert!(block.size - requested < (1 << 20) + 512);
+                        let pending = block.state == BlockState::ActivePendingFree;
+                        active.insert(addr, (requested, pending));
+                    }
+                }
+            }
+            assert_eq!(active, live, "{run:?}");
+        }
+    }
+}
+
+#[test]
+fn entries_look_like_pytorch_2_10() {
+    let (snapshot, _) = generate(&TrainingRun {
+        devices: 2,
+        leak_bytes_per_step: 1000,
+        ..TrainingRun::default()
+    });
+    let trace = &snapshot.traces()[0];
+    let count = |action| trace.iter().filter(|e| e.action == action).count();
+    assert!(count(Action::SegmentAlloc) > 0);
+    assert!(count(Action::FreeRequested) > count(Action::Alloc) / 2);
+    // Some frees complete later, not right after their request.
+    assert!(trace
+        .windows(2)
+        .any(|p| p[0].action == Action::FreeRequested
+            && (p[1].action != Action::FreeCompleted || p[1].addr != p[0].addr)));
+    assert!(trace
+        .iter()
+        .any(|e| e.action == Action::Alloc && e.size < 1 << 20));
+    assert!(trace
+        .iter()
+        .any(|e| e.action == Action::Alloc && e.size > 1 << 20));
+    assert!(trace
+        .iter()
+        .any(|e| e.action == Action::Alloc && e.size % 512 != 0));
+    assert!(trace.windows(2).all(|p| p[0].time_us < p[1].time_us));
+    for e in trace {
+        assert_eq!(snapshot.str(e.compile_context.unwrap()), "N/A");
+        assert_eq!(snapshot.str(e.user_metadata.unwrap()), "");
+        let depth = snapshot.stack_frames(e.frames.unwrap()).len();
+        assert!((10..=30).contains(&depth), "stack depth {depth}");
+    }
+    let frames: Vec<String> = snapshot
+        .frames
+        .iter()
+        .map(|f| format!("{}:{} {}", f.basename(), f.line, f.name))
+        .collect();
+    for expected in [
+        "model.py:54 forward",
+        "linear.py:125 forward",
+        "train.py:88 train_step",
+    ] {
+        assert!(frames.iter().any(|f| f == expected), "no frame {expected}");
+    }
+    assert!(snapshot
+        .segments
+        .iter()
+        .any(|s| s.segment_type == Some(memsnap_format::SegmentType::Small)));
+    assert!(snapshot
+        .segments
+        .iter()
+        .any(|s| s.segment_type == Some(memsnap_format::SegmentType::Large)));
+    assert!(snapshot.segments.iter().any(|s| s.device == 1));
+
+    let settings = snapshot.allocator_settings.as_ref().unwrap();
+    assert_eq!(settings.max_split_size, Some(-1));
+    assert_eq!(
+        settings.roundup_power2_divisions.as_ref().unwrap().len(),
+        16
+    );
+    let annotations = snapshot.external_annotations.as_ref().unwrap();
+    let names: Vec<_> = annotations.iter().filter_map(|a| a.name()).collect();
+    assert!(names.contains(&"ProfilerStep#0"));
+    assert!(names.contains(&"Optimizer.step#Adam.step"));
+    assert!(annotations.windows(2).all(|p| p[0].time_us <= p[1].time_us));
+}
+
+#[test]
+fn without_time_is_a_2_1_era_file() {
+    let (snapshot, _) = generate(&TrainingRun {
+        with_time: false,
+        ..TrainingRun::default()
+    });
+    let trace = &snapshot.traces()[0];
+    assert!(trace
+        .iter()
+        .all(|e| e.time_us.is_none() && e.compile_context.is_none() && e.user_metadata.is_none()));
+    assert!(snapshot.allocator_settings.is_none());
+    assert!(snapshot.external_annotations.is_none());
+}
+
+#[test]
+fn stack_pool_sets_the_number_of_call_sites() {
+    for pool in [8, 48, 200] {
+        let (snapshot, _) = generate(&TrainingRun {
+            stack_pool: pool,
+            ..TrainingRun::default()
+        });
+        // The interned stacks include the empty one of cached blocks.
+        let stacks = snapshot.stacks.len() - 1;
+        assert!(stacks <= pool + 8 && stacks >= pool / 2, "{pool}: {stacks}");
+    }
+}
+
+#[test]
+fn target_entries_scales_the_run() {
+    let (snapshot, truth) = generate(&TrainingRun {
+        target_entries: Some(20_000),
+        devices: 2,
+        ..TrainingRun::default()
+    });
+    for trace in snapshot.traces() {
+        assert!((20_000..22_000).contains(&trace.len()), "{}", trace.len());
+    }
+    assert!(truth.devices[0].steps.len() > 10);
+    assert!(validate(&snapshot).is_empty());
+}

@@ -1,0 +1,173 @@
+//! Benchmarks of the analysis on a large history, each printed next to its reference as a
+//! ratio:
+//!
+//! * `summary / load`: loading a snapshot plus summarising it, against loading alone (target:
+//!   at most 2x, i.e. the analysis costs at most as much as the load);
+//! * `DeviceTimeline::build` (the viewer's one-time precomputation; budget 1 s) and one
+//!   screen of layout at 1920 px for several zoom levels (budget 16 ms a frame);
+//! * `ranks`: summarising N files on all cores against one core.
+//!
+//! ```text
+//! cargo bench -p memsnap-analysis --bench timeline
+//! MEMSNAP_BENCH_SNAPSHOT=/tmp/big.pickle cargo bench -p memsnap-analysis --bench timeline
+//! MEMSNAP_BENCH_ENTRIES=200000 MEMSNAP_BENCH_RANK_FILES=16 cargo bench ...
+//! ```
+//! Without `MEMSNAP_BENCH_SNAPSHOT` a synthetic run of `MEMSNAP_BENCH_ENTRIES` (default
+//! 1,000,000) entries is generated and written as a pickle to a temporary file first.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use memsnap_analysis::{summarize, Axis, DeviceTimeline, LayoutRequest, Lifetime, SummaryOptions};
+use memsnap_format::synth::{generate, TrainingRun};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Best of `runs` timings.
+fn best<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
+    let mut best = Duration::MAX;
+    let mut last = None;
+    for _ in 0..runs {
+        let start = Instant::now();
+        let out = f();
+        best = best.min(start.elapsed());
+        last = Some(out);
+    }
+    (best, last.expect("runs > 0"))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn load(path: &Path) -> memsnap_format::Snapshot {
+    memsnap_format::read_path(path).expect("read snapshot").0
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs this with no such flag and
+    // must stay fast.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("timeline bench: run with `cargo bench` to measure");
+        return;
+    }
+    let entries = env_usize("MEMSNAP_BENCH_ENTRIES", 1_000_000);
+    let tmp = std::env::temp_dir().join(format!("memsnap-bench-{}.pickle", std::process::id()));
+    let path: PathBuf = match std::env::var_os("MEMSNAP_BENCH_SNAPSHOT") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let run = TrainingRun {
+                target_entries: Some(entries),
+                layers: 24,
+                activations_per_layer: 8,
+                with_annotations: false,
+                seed: 1,
+                ..Default::default()
+            };
+            let (snapshot, _) = generate(&run);
+            memsnap_format::write_path(&tmp, &snapshot, None).expect("write snapshot");
+            tmp.clone()
+        }
+    };
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "snapshot {} ({:.1} MiB)",
+        path.display(),
+        size as f64 / (1 << 20) as f64
+    );
+
+    // 1. summary end to end vs load alone.
+    let (load_time, snapshot) = best(3, || load(&path));
+    let options = SummaryOptions::default();
+    let (end_to_end, summary) = best(3, || {
+        let s = load(&path);
+        summarize(&s, &options).expect("summary")
+    });
+    let device = summary.busiest().map_or(0, |d| d.device);
+    println!(
+        "entries {}, steps {}, peak {} bytes",
+        snapshot.entry_count(),
+        summary.busiest().map_or(0, |d| d.steps.len()),
+        summary.busiest().map_or(0, |d| d.peak.bytes)
+    );
+    println!(
+        "load {:.0} ms | load + summary {:.0} ms | ratio {:.2}x (target <= 2x)",
+        ms(load_time),
+        ms(end_to_end),
+        end_to_end.as_secs_f64() / load_time.as_secs_f64()
+    );
+
+    // 2. The viewer's precomputation and per-frame layout.
+    let (build, timeline) = best(3, || {
+        DeviceTimeline::build(&snapshot, device).expect("build")
+    });
+    println!(
+        "DeviceTimeline::build {:.0} ms | budget 1000 ms | ratio {:.2}x of budget",
+        ms(build),
+        build.as_secs_f64()
+    );
+    let n = f64::from(timeline.replay().axis_len());
+    for (label, start, end, max_bands) in [
+        ("whole trace, 15000 bands", 0.0, n, 15_000),
+        ("whole trace, 2000 bands", 0.0, n, 2_000),
+        ("10% zoom", n * 0.45, n * 0.55, 15_000),
+        ("1% zoom", n * 0.5, n * 0.51, 15_000),
+        ("500 events", n * 0.5, n * 0.5 + 500.0, 15_000),
+    ] {
+        let req = LayoutRequest {
+            axis: Axis::Event,
+            start,
+            end,
+            width_px: 1920,
+            min_size: 0,
+            max_bands,
+            lifetime: Lifetime::Active,
+        };
+        let (t, layout) = best(10, || timeline.layout(&req).expect("layout"));
+        let (hit, _) = best(10, || {
+            let c = &layout.columns[960];
+            layout.hit_test((c.x0 + c.x1) / 2.0, c.total_bytes / 2)
+        });
+        println!(
+            "layout 1920 px, {label}: {:.2} ms ({} bands) | budget 16 ms | ratio {:.3}x of budget | hit test {:.3} ms",
+            ms(t),
+            layout.bands.len(),
+            ms(t) / 16.0,
+            ms(hit)
+        );
+    }
+    drop(timeline);
+
+    // 3. ranks: N files summarised on all cores vs one.
+    let files = env_usize("MEMSNAP_BENCH_RANK_FILES", 4);
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let summarize_all = |threads: usize| {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < files {
+                        let snap = load(&path);
+                        summarize(&snap, &options).expect("summary");
+                    }
+                });
+            }
+        });
+    };
+    drop(snapshot);
+    let (one, _) = best(1, || summarize_all(1));
+    let (all, _) = best(1, || summarize_all(cores));
+    println!(
+        "ranks over {files} files: 1 thread {:.0} ms | {cores} threads {:.0} ms | speedup {:.2}x (ideal {}x)",
+        ms(one),
+        ms(all),
+        one.as_secs_f64() / all.as_secs_f64(),
+        cores.min(files)
+    );
+    let _ = std::fs::remove_file(&tmp);
+}

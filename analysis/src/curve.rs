@@ -1,0 +1,314 @@
+//! Memory curves over the event axis, the time axis, and range min/max queries for drawing
+//! them at any zoom.
+
+use memsnap_format::{Action, Snapshot};
+use serde::Serialize;
+
+use crate::replay::{Lifetime, Replay};
+
+/// Which curve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum CurveKind {
+    /// Requested bytes from `alloc` to `free_requested` (the trace's sizes).
+    Allocated,
+    /// Requested bytes from `alloc` to `free_completed` (includes pending frees).
+    Active,
+    /// Segment bytes (`segment_alloc`/`map` minus `segment_free`/`unmap`).
+    Reserved,
+}
+
+/// A step function over the event axis: `initial` before event 0, `after[i]` after event `i`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Curve {
+    pub initial: u64,
+    pub after: Vec<u64>,
+}
+
+impl Curve {
+    /// The value after event `event` (`initial` when the trace is empty; the last value past
+    /// the end).
+    pub fn at(&self, event: u32) -> u64 {
+        match self.after.get(event as usize) {
+            Some(&v) => v,
+            None => self.after.last().copied().unwrap_or(self.initial),
+        }
+    }
+
+    /// The highest value and the first event reaching it. The state before event 0 counts
+    /// too (memory from before the window that the first events free): then the event is
+    /// `None`, as it is for an empty trace.
+    pub fn max(&self) -> (u64, Option<u32>) {
+        let mut best = (self.initial, None);
+        for (i, &v) in self.after.iter().enumerate() {
+            if v > best.0 || (best.1.is_none() && v == best.0) {
+                best = (v, Some(i as u32));
+            }
+        }
+        best
+    }
+
+    /// Builds a curve from per-event signed deltas and an initial value; values are clamped to
+    /// `0..=u64::MAX` so inconsistent input cannot wrap.
+    pub fn from_deltas(initial: u64, deltas: &[i128]) -> Curve {
+        let mut value = i128::from(initial);
+        let after = deltas
+            .iter()
+            .map(|d| {
+                value += d;
+                clamp_u64(value)
+            })
+            .collect();
+        Curve { initial, after }
+    }
+}
+
+pub(crate) fn clamp_u64(v: i128) -> u64 {
+    u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+}
+
+/// The three curves of a device.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Curves {
+    pub allocated: Curve,
+    pub active: Curve,
+    pub reserved: Curve,
+}
+
+impl Curves {
+    /// Computes the curves from a replay and the trace's segment events.
+    pub fn build(snapshot: &Snapshot, replay: &Replay) -> Curves {
+        let n = replay.trace_len as usize;
+        let mut allocated = vec![0i128; n];
+        let mut active = vec![0i128; n];
+        let mut initial: u64 = 0;
+        for a in &replay.allocations {
+            let size = i128::from(a.size);
+            match a.alloc_event {
+                Some(e) => {
+                    allocated[e as usize] += size;
+                    active[e as usize] += size;
+                }
+                None => initial = initial.saturating_add(a.size),
+            }
+            if let Some(f) = a.free_requested.or(a.free_completed) {
+                allocated[f as usize] -= size;
+            }
+            if let Some(f) = a.free_completed {
+                active[f as usize] -= size;
+            }
+        }
+        let mut reserved = vec![0i128; n];
+        if let Ok(d) = usize::try_from(replay.device) {
+            if let Some(trace) = snapshot.traces().get(d) {
+                for (i, e) in trace.iter().enumerate() {
+                    match e.action {
+                        Action::SegmentAlloc | Action::SegmentMap => {
+                            reserved[i] += i128::from(e.size)
+                        }
+                        Action::SegmentFree | Action::SegmentUnmap => {
+                            reserved[i] -= i128::from(e.size)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Curves {
+            allocated: Curve::from_deltas(initial, &allocated),
+            active: Curve::from_deltas(initial, &active),
+            reserved: Curve::from_deltas(replay.reserved_before_window, &reserved),
+        }
+    }
+
+    pub fn get(&self, kind: CurveKind) -> &Curve {
+        match kind {
+            CurveKind::Allocated => &self.allocated,
+            CurveKind::Active => &self.active,
+            CurveKind::Reserved => &self.reserved,
+        }
+    }
+
+    /// The curve whose value is the sum of the live set for this lifetime.
+    pub fn for_lifetime(&self, lifetime: Lifetime) -> &Curve {
+        match lifetime {
+            Lifetime::Allocated => &self.allocated,
+            Lifetime::Active => &self.active,
+        }
+    }
+}
+
+/// The time axis: `time_us` per event, when the trace has times.
+///
+/// Entries without a time take the previous entry's (the first ones the first known time),
+/// and a time earlier than the one before it is raised to it, so the axis is monotonic and
+/// can be searched.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TimeAxis {
+    times: Option<Vec<i64>>,
+}
+
+impl TimeAxis {
+    pub fn build(snapshot: &Snapshot, device: i64) -> TimeAxis {
+        let trace = usize::try_from(device)
+            .ok()
+            .and_then(|d| snapshot.traces().get(d));
+        let Some(trace) = trace else {
+            return TimeAxis { times: None };
+        };
+        let Some(first) = trace.iter().find_map(|e| e.time_us) else {
+            return TimeAxis { times: None };
+        };
+        let mut last = first;
+        let times = trace
+            .iter()
+            .map(|e| {
+                last = e.time_us.unwrap_or(last).max(last);
+                last
+            })
+            .collect();
+        TimeAxis { times: Some(times) }
+    }
+
+    /// Whether the trace has times.
+    pub fn has_time(&self) -> bool {
+        self.times.is_some()
+    }
+
+    /// The time of event `event` (clamped to the trace).
+    pub fn time_of(&self, event: u32) -> Option<i64> {
+        let t = self.times.as_ref()?;
+        t.get(event as usize).or(t.last()).copied()
+    }
+
+    /// The time at a fractional event position (linear between events).
+    pub fn time_at(&self, x: f64) -> Option<f64> {
+        let t = self.times.as_ref()?;
+        if t.is_empty() || !x.is_finite() {
+            return None;
+        }
+        let x = x.clamp(0.0, (t.len() - 1) as f64);
+        let i = x.floor() as usize;
+        let frac = x - i as f64;
+        let a = t[i] as f64;
+        let b = t.get(i + 1).map_or(a, |&b| b as f64);
+        Some(a + (b - a) * frac)
+    }
+
+    /// The fractional event position of a time: the inverse of [`TimeAxis::time_at`]
+    /// (clamped to the trace).
+    pub fn event_at(&self, time_us: f64) -> Option<f64> {
+        let t = self.times.as_ref()?;
+        if t.is_empty() || !time_us.is_finite() {
+            return None;
+        }
+        // First event whose time is > time_us.
+        let upper = t.partition_point(|&v| (v as f64) <= time_us);
+        if upper == 0 {
+            return Some(0.0);
+        }
+        let i = upper - 1;
+        let Some(&next) = t.get(i + 1) else {
+            return Some(i as f64);
+        };
+        let (a, b) = (t[i] as f64, next as f64);
+        Some(if b > a {
+            i as f64 + (time_us - a) / (b - a)
+        } else {
+            i as f64
+        })
+    }
+
+    /// The first event at or after `time_us` (for named ranges and step boundaries).
+    pub fn first_event_at_or_after(&self, time_us: i64) -> Option<u32> {
+        let t = self.times.as_ref()?;
+        Some(t.partition_point(|&v| v < time_us) as u32)
+    }
+
+    /// The last event at or before `time_us` (`None` if every event is later).
+    pub fn last_event_at_or_before(&self, time_us: i64) -> Option<u32> {
+        let t = self.times.as_ref()?;
+        (t.partition_point(|&v| v <= time_us) as u32).checked_sub(1)
+    }
+
+    /// The per-event times.
+    pub fn times(&self) -> Option<&[i64]> {
+        self.times.as_deref()
+    }
+}
+
+/// Min and max of a value slice over any index range, in O(1) after an O(n) build: a block
+/// decomposition (64 values per block) with a sparse table over the blocks.
+#[derive(Clone, Debug, Default)]
+pub struct RangeMinMax {
+    values: Vec<u64>,
+    /// `levels[k][b]` = (min, max) over blocks `b .. b + 2^k`.
+    levels: Vec<Vec<(u64, u64)>>,
+}
+
+const BLOCK: usize = 64;
+
+impl RangeMinMax {
+    pub fn build(values: &[u64]) -> RangeMinMax {
+        let blocks: Vec<(u64, u64)> = values
+            .chunks(BLOCK)
+            .map(|c| {
+                c.iter()
+                    .fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+            })
+            .collect();
+        let mut levels = vec![blocks];
+        let mut width = 1;
+        while width * 2 <= levels[0].len() {
+            let prev = &levels[levels.len() - 1];
+            let next: Vec<(u64, u64)> = (0..prev.len() - width)
+                .map(|b| {
+                    let (a, c) = (prev[b], prev[b + width]);
+                    (a.0.min(c.0), a.1.max(c.1))
+                })
+                .collect();
+            levels.push(next);
+            width *= 2;
+        }
+        RangeMinMax {
+            values: values.to_vec(),
+            levels,
+        }
+    }
+
+    /// (min, max) over `values[lo..hi]`; `None` for an empty range.
+    pub fn query(&self, lo: usize, hi: usize) -> Option<(u64, u64)> {
+        let hi = hi.min(self.values.len());
+        if lo >= hi {
+            return None;
+        }
+        let scan = |a: usize, b: usize| {
+            self.values[a..b]
+                .iter()
+                .fold((u64::MAX, 0u64), |(l, h), &v| (l.min(v), h.max(v)))
+        };
+        let (first_block, last_block) = (lo.div_ceil(BLOCK), hi / BLOCK);
+        if first_block >= last_block {
+            return Some(scan(lo, hi));
+        }
+        let mut acc = scan(lo, first_block * BLOCK);
+        let tail = scan(last_block * BLOCK, hi);
+        let count = last_block - first_block;
+        let k = usize::BITS as usize - 1 - count.leading_zeros() as usize;
+        let level = &self.levels[k];
+        let a = level[first_block];
+        let b = level[last_block - (1 << k)];
+        acc = (
+            acc.0.min(a.0).min(b.0).min(tail.0),
+            acc.1.max(a.1).max(b.1).max(tail.1),
+        );
+        Some(acc)
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}

@@ -1,0 +1,330 @@
+//! The stacked "active memory" layout: one band per allocation, stacked in allocation order,
+//! each moving down when something below it is freed; allocations below a size threshold fold
+//! into one residual band on top, so the stack's total is the curve's value whatever the
+//! threshold.
+//!
+//! **Level of detail.** A layout is computed for a range and a pixel width. The range is cut
+//! into `width_px` columns; each column is sampled at one event (the event at its left edge),
+//! and the layout is exact at those samples: bands never overlap and drawn bands plus the
+//! residual equal the curve there. Between samples a band keeps its position, so a band
+//! steps at most once per column. At most `max_bands` bands are drawn (the largest ones live
+//! at some sample); everything else is residual. Each column also carries the min and max of
+//! the curve over all events it covers, so short spikes stay visible as an envelope.
+//!
+//! Cost: O(bands × columns) in the worst case, independent of the trace length, after the
+//! one-time precomputation in [`crate::DeviceTimeline::build`].
+
+use serde::Serialize;
+
+use crate::error::{AnalysisError, Result};
+use crate::replay::{AllocId, Lifetime};
+use crate::DeviceTimeline;
+
+/// The horizontal axis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Axis {
+    /// Trace entry index (PyTorch's viewer uses this).
+    #[default]
+    Event,
+    /// `time_us` (only for traces with times).
+    Time,
+}
+
+/// What to lay out.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LayoutRequest {
+    pub axis: Axis,
+    /// Range start and end in axis units (events, or microseconds since the epoch).
+    pub start: f64,
+    pub end: f64,
+    /// Number of columns (one per pixel).
+    pub width_px: u32,
+    /// Allocations smaller than this fold into the residual band.
+    pub min_size: u64,
+    /// At most this many bands are drawn (the largest).
+    pub max_bands: usize,
+    pub lifetime: Lifetime,
+}
+
+impl LayoutRequest {
+    /// The whole trace on the event axis.
+    pub fn whole(timeline: &DeviceTimeline, width_px: u32) -> LayoutRequest {
+        LayoutRequest {
+            axis: Axis::Event,
+            start: 0.0,
+            end: f64::from(timeline.replay().axis_len()),
+            width_px,
+            min_size: 0,
+            max_bands: 15_000,
+            lifetime: Lifetime::Active,
+        }
+    }
+}
+
+/// One column (pixel) of a layout.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Column {
+    /// Left and right edge in axis units.
+    pub x0: f64,
+    pub x1: f64,
+    /// The event the column is sampled at.
+    pub event: u32,
+    /// Bytes of the bands drawn in this column (the residual band's bottom).
+    pub drawn_bytes: u64,
+    /// The curve at the sample (the residual band's top).
+    pub total_bytes: u64,
+    /// Min and max of the curve over the events the column covers.
+    pub total_min: u64,
+    pub total_max: u64,
+}
+
+/// Where a band's bottom moves: from column `column` on, its bottom is `bottom`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BandStep {
+    pub column: u32,
+    /// The column's left edge in axis units.
+    pub x: f64,
+    pub bottom: u64,
+}
+
+/// One allocation's band: a polygon with a flat top at `bottom + size`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Band {
+    pub alloc: AllocId,
+    pub size: u64,
+    /// First and last column (inclusive) where the allocation is live at the sample.
+    pub first_column: u32,
+    pub last_column: u32,
+    /// Left edge of the first column and right edge of the last, in axis units.
+    pub x_start: f64,
+    pub x_end: f64,
+    /// Bottom over columns: `steps[0].column == first_column`; each step holds until the next.
+    pub steps: Vec<BandStep>,
+}
+
+impl Band {
+    /// The band's bottom in column `column` (`None` outside its columns).
+    pub fn bottom_at(&self, column: u32) -> Option<u64> {
+        if column < self.first_column || column > self.last_column {
+            return None;
+        }
+        let i = self.steps.partition_point(|s| s.column <= column);
+        i.checked_sub(1).map(|i| self.steps[i].bottom)
+    }
+}
+
+/// What is under a point of the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Hit {
+    Band(AllocId),
+    /// The residual band (allocations below the threshold or beyond `max_bands`).
+    Residual {
+        column: u32,
+    },
+}
+
+/// A computed layout.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Layout {
+    pub request: LayoutRequest,
+    pub columns: Vec<Column>,
+    /// Bands in stacking order (bottom first).
+    pub bands: Vec<Band>,
+    /// Smallest drawn band's size (the effective threshold when `max_bands` cut; else the
+    /// requested `min_size`).
+    pub drawn_min_size: u64,
+    /// Whether `max_bands` cut bands that were above `min_size`.
+    pub capped: bool,
+    /// Highest `total_max` over the columns (for the y axis).
+    pub y_max: u64,
+}
+
+impl Layout {
+    /// The column containing `x` (axis units).
+    pub fn column_at(&self, x: f64) -> Option<u32> {
+        let i = self.columns.partition_point(|c| c.x1 <= x);
+        (i < self.columns.len() && self.columns[i].x0 <= x).then_some(i as u32)
+    }
+
+    /// What is drawn at `(x, bytes)`.
+    pub fn hit_test(&self, x: f64, bytes: u64) -> Option<Hit> {
+        let column = self.column_at(x)?;
+        for band in &self.bands {
+            if let Some(bottom) = band.bottom_at(column) {
+                if bottom <= bytes && bytes < bottom.saturating_add(band.size) {
+                    return Some(Hit::Band(band.alloc));
+                }
+            }
+        }
+        let c = &self.columns[column as usize];
+        (c.drawn_bytes <= bytes && bytes < c.total_bytes).then_some(Hit::Residual { column })
+    }
+}
+
+pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<Layout> {
+    let invalid = |what: &str| AnalysisError::InvalidRequest { what: what.into() };
+    if req.width_px == 0 || req.width_px > 1 << 20 {
+        return Err(invalid("width_px must be between 1 and 2^20"));
+    }
+    if !(req.start.is_finite() && req.end.is_finite() && req.start < req.end) {
+        return Err(invalid("the range must be finite with start < end"));
+    }
+    let replay = timeline.replay();
+    let axis_len = replay.axis_len();
+    let last_event = axis_len - 1;
+    let width = req.width_px as usize;
+
+    // Column edges in axis units and the event each column samples.
+    let edge = |c: usize| req.start + (req.end - req.start) * c as f64 / width as f64;
+    let to_event = |x: f64| -> Result<f64> {
+        match req.axis {
+            Axis::Event => Ok(x),
+            Axis::Time => timeline
+                .time()
+                .event_at(x)
+                .ok_or_else(|| invalid("the time axis needs a trace with time_us")),
+        }
+    };
+    let mut event_edges = Vec::with_capacity(width + 1);
+    for c in 0..=width {
+        event_edges.push(to_event(edge(c))?);
+    }
+    let clamp_event = |p: f64| (p.floor().max(0.0) as u64).min(u64::from(last_event)) as u32;
+    let samples: Vec<u32> = event_edges[..width]
+        .iter()
+        .map(|&p| clamp_event(p))
+        .collect();
+
+    let curve = timeline.curves().for_lifetime(req.lifetime);
+    let minmax = timeline.minmax(req.lifetime);
+    let mut columns: Vec<Column> = (0..width)
+        .map(|c| {
+            let s = samples[c];
+            let hi = clamp_event(event_edges[c + 1].ceil()).max(s) as usize + 1;
+            let (lo_v, hi_v) = minmax
+                .query(s as usize, hi)
+                .unwrap_or((curve.at(s), curve.at(s)));
+            Column {
+                x0: edge(c),
+                x1: edge(c + 1),
+                event: s,
+                drawn_bytes: 0,
+                total_bytes: curve.at(s),
+                total_min: lo_v.min(curve.at(s)),
+                total_max: hi_v.max(curve.at(s)),
+            }
+        })
+        .collect();
+
+    // Samples are non-decreasing; an allocation is drawn if live at some sample.
+    let live_at_some_sample = |start: u32, end: u32| {
+        let i = samples.partition_point(|&s| s < start);
+        i < samples.len() && samples[i] < end
+    };
+    let mut chosen: Vec<AllocId> = Vec::new();
+    let mut capped = false;
+    for &id in timeline.by_size_desc() {
+        let a = &replay.allocations[id.0 as usize];
+        if a.size < req.min_size {
+            break;
+        }
+        if live_at_some_sample(a.start(), a.end(req.lifetime, axis_len)) {
+            if chosen.len() == req.max_bands {
+                capped = true;
+                break;
+            }
+            chosen.push(id);
+        }
+    }
+    let drawn_min_size = if capped {
+        chosen
+            .iter()
+            .map(|id| replay.allocations[id.0 as usize].size)
+            .min()
+            .unwrap_or(req.min_size)
+    } else {
+        req.min_size
+    };
+    chosen.sort_unstable();
+
+    // Sweep the columns; `live` holds indices into `chosen`, in stacking order.
+    let mut bands: Vec<Band> = chosen
+        .iter()
+        .map(|&id| Band {
+            alloc: id,
+            size: replay.allocations[id.0 as usize].size,
+            first_column: 0,
+            last_column: 0,
+            x_start: 0.0,
+            x_end: 0.0,
+            steps: Vec::new(),
+        })
+        .collect();
+    let ends: Vec<u32> = chosen
+        .iter()
+        .map(|id| replay.allocations[id.0 as usize].end(req.lifetime, axis_len))
+        .collect();
+    let starts: Vec<u32> = chosen
+        .iter()
+        .map(|id| replay.allocations[id.0 as usize].start())
+        .collect();
+    let mut live: Vec<usize> = Vec::new();
+    let mut next = 0usize;
+    let mut min_end = u32::MAX;
+    let mut drawn = 0u64;
+    for (c, &s) in samples.iter().enumerate() {
+        let mut changed = false;
+        if min_end <= s {
+            live.retain(|&b| {
+                let keep = ends[b] > s;
+                if !keep {
+                    bands[b].last_column = c as u32 - 1;
+                    bands[b].x_end = columns[c - 1].x1;
+                }
+                keep
+            });
+            changed = true;
+        }
+        while next < chosen.len() && starts[next] <= s {
+            if ends[next] > s {
+                bands[next].first_column = c as u32;
+                bands[next].x_start = columns[c].x0;
+                // Stacking order is start order, so a new band goes on top.
+                live.push(next);
+                changed = true;
+            }
+            next += 1;
+        }
+        if changed {
+            let mut bottom = 0u64;
+            min_end = u32::MAX;
+            for &b in &live {
+                if bands[b].steps.last().map(|st| st.bottom) != Some(bottom) {
+                    bands[b].steps.push(BandStep {
+                        column: c as u32,
+                        x: columns[c].x0,
+                        bottom,
+                    });
+                }
+                bottom = bottom.saturating_add(bands[b].size);
+                min_end = min_end.min(ends[b]);
+            }
+            drawn = bottom;
+        }
+        columns[c].drawn_bytes = drawn;
+    }
+    for &b in &live {
+        bands[b].last_column = (width - 1) as u32;
+        bands[b].x_end = columns[width - 1].x1;
+    }
+    bands.retain(|b| !b.steps.is_empty());
+    let y_max = columns.iter().map(|c| c.total_max).max().unwrap_or(0);
+    Ok(Layout {
+        request: *req,
+        columns,
+        bands,
+        drawn_min_size,
+        capped,
+        y_max,
+    })
+}

@@ -1,0 +1,522 @@
+//! Replay: a device trace turned into allocation intervals.
+//!
+//! Every `alloc` in the trace opens an [`Allocation`]; its `free_requested` and
+//! `free_completed` close it. A bounded (ring-buffer) history starts mid-run, so two kinds of
+//! memory existed before the window, and PyTorch's viewer counts both as "initially
+//! allocated" (`process_alloc_data`); so do we:
+//!
+//! * a free whose `alloc` is not in the trace ([`Origin::FreedBeforeAlloc`]): live from the
+//!   start of the window until that free;
+//! * an `active_allocated` block in the final segments that no traced allocation accounts
+//!   for ([`Origin::LiveInSegments`]): live for the whole window, sized by the block's
+//!   `requested_size`.
+//!
+//! Their sum is [`Replay::before_window_bytes`], the value of every curve before event 0.
+//!
+//! **Axes.** Event `i` is the `i`-th entry of the device trace. An allocation occupies the
+//! half-open event range `[start, end)`: `start` is its alloc event (0 when it predates the
+//! window), `end` its free event (the trace length when still live). "After event `i`" the
+//! live set is every allocation with `start <= i < end`.
+
+use std::collections::HashMap;
+
+use memsnap_format::{Action, BlockState, Snapshot, StackId};
+use serde::Serialize;
+
+use crate::error::{AnalysisError, Result};
+
+/// Index of an allocation in [`Replay::allocations`]. Allocations are in stacking order:
+/// memory from before the window first, then traced allocations in alloc order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct AllocId(pub u32);
+
+/// Where an allocation's start comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Origin {
+    /// Its `alloc` event is in the trace.
+    Traced,
+    /// Freed in the trace, allocated before the window (ring buffer dropped the alloc, or
+    /// recording started later).
+    FreedBeforeAlloc,
+    /// An `active_allocated` block of the final segments with no alloc in the trace.
+    LiveInSegments,
+}
+
+/// Which end of an allocation's life a query uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum Lifetime {
+    /// From `alloc` to `free_requested`: while the caller holds the tensor.
+    Allocated,
+    /// From `alloc` to `free_completed`: until the block returns to the cache (includes
+    /// frees pending on other streams). PyTorch's "Active Memory Timeline" uses this, and so
+    /// do peaks, steps and summaries.
+    #[default]
+    Active,
+}
+
+/// One allocation interval.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Allocation {
+    pub addr: u64,
+    /// Requested bytes (the trace's `size`; `requested_size` for blocks from the segments).
+    pub size: u64,
+    pub stream: i64,
+    /// Stack of the alloc (or of the free / block when the alloc is not in the trace).
+    pub stack: Option<StackId>,
+    pub origin: Origin,
+    /// Index of the `alloc` entry; `None` when it predates the window.
+    pub alloc_event: Option<u32>,
+    /// Index of the `free_requested` (or merged `free`) entry; `None` if never freed.
+    pub free_requested: Option<u32>,
+    /// Index of the `free_completed` (or merged `free`) entry; `None` if not returned.
+    pub free_completed: Option<u32>,
+}
+
+impl Allocation {
+    /// First event index at which the allocation is live (0 for memory from before the window).
+    pub fn start(&self) -> u32 {
+        self.alloc_event.unwrap_or(0)
+    }
+
+    /// One past the last event at which it is live: the free event, or `axis_len` (see
+    /// [`Replay::axis_len`]) when live at the end.
+    pub fn end(&self, lifetime: Lifetime, axis_len: u32) -> u32 {
+        let end = match lifetime {
+            Lifetime::Allocated => self.free_requested.or(self.free_completed),
+            Lifetime::Active => self.free_completed,
+        };
+        end.unwrap_or(axis_len).max(self.start())
+    }
+
+    /// Whether the allocation is live after event `event`.
+    pub fn is_live_at(&self, event: u32, lifetime: Lifetime, axis_len: u32) -> bool {
+        self.start() <= event && event < self.end(lifetime, axis_len)
+    }
+
+    /// Whether it existed before the trace window.
+    pub fn before_window(&self) -> bool {
+        self.alloc_event.is_none()
+    }
+}
+
+/// Counts of trace entries by action.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ActionCounts {
+    pub alloc: u64,
+    pub free_requested: u64,
+    pub free_completed: u64,
+    pub segment_alloc: u64,
+    pub segment_free: u64,
+    pub segment_map: u64,
+    pub segment_unmap: u64,
+    pub snapshot: u64,
+    pub oom: u64,
+    /// `annotate` and actions this version does not know.
+    pub other: u64,
+}
+
+/// A segment (or mapped range of an expandable segment) over the window.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SegmentInterval {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: i64,
+    /// Event of the `segment_alloc`/`segment_map`; `None` when it predates the window.
+    pub alloc_event: Option<u32>,
+    /// Event of the `segment_free`/`segment_unmap`; `None` when reserved at the end.
+    pub free_event: Option<u32>,
+}
+
+impl SegmentInterval {
+    pub fn start(&self) -> u32 {
+        self.alloc_event.unwrap_or(0)
+    }
+
+    pub fn end(&self, trace_len: u32) -> u32 {
+        self.free_event.unwrap_or(trace_len).max(self.start())
+    }
+}
+
+/// An allocation-event anomaly that was accounted for rather than trusted.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Anomaly {
+    pub event: u32,
+    pub what: String,
+}
+
+/// The replay of one device.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Replay {
+    pub device: i64,
+    /// Number of trace entries (the event axis is `0..trace_len`).
+    pub trace_len: u32,
+    /// All allocations in stacking order ([`AllocId`] indexes this).
+    pub allocations: Vec<Allocation>,
+    /// Bytes live before event 0 (frees without allocs plus untraced live blocks).
+    pub before_window_bytes: u64,
+    /// Number of allocations from before the window.
+    pub before_window_allocations: u64,
+    /// Of those, bytes and count only known from the final segments.
+    pub live_in_segments_bytes: u64,
+    pub live_in_segments_allocations: u64,
+    /// Entries the ring buffer dropped, when the file says (memsnap's recorder writes it;
+    /// PyTorch does not).
+    pub dropped_entries: Option<u64>,
+    /// Whether the history looks truncated: memory from before the window, or dropped entries.
+    pub truncated: bool,
+    pub actions: ActionCounts,
+    /// Event indices of `oom` entries.
+    pub oom_events: Vec<u32>,
+    /// Segments over the window.
+    pub segments: Vec<SegmentInterval>,
+    /// Reserved bytes before event 0: final reserved bytes minus the traced net change
+    /// (0 if that is negative, which a consistent file never gives).
+    pub reserved_before_window: u64,
+    /// Inconsistencies (double alloc of an address, ...), at most [`MAX_ANOMALIES`] kept.
+    pub anomalies: Vec<Anomaly>,
+    pub anomaly_count: u64,
+}
+
+/// How many anomalies a replay keeps (the count is exact).
+pub const MAX_ANOMALIES: usize = 100;
+
+impl Replay {
+    /// Replays the trace of `device` against its final segments.
+    pub fn build(snapshot: &Snapshot, device: i64) -> Result<Replay> {
+        let traces = snapshot.traces();
+        let has_segments = snapshot.segments.iter().any(|s| s.device == device);
+        let trace: &[memsnap_format::TraceEntry] = match usize::try_from(device) {
+            Ok(d) if d < traces.len() => &traces[d],
+            _ if has_segments => &[],
+            _ => {
+                return Err(AnalysisError::NoSuchDevice {
+                    device,
+                    available: snapshot.devices(),
+                })
+            }
+        };
+        let trace_len = u32::try_from(trace.len())
+            .ok()
+            .filter(|&n| n < u32::MAX)
+            .ok_or(AnalysisError::TooManyEntries {
+                device,
+                entries: trace.len(),
+                max: u32::MAX as usize - 1,
+            })?;
+
+        let mut replay = Replay {
+            device,
+            trace_len,
+            ..Default::default()
+        };
+        let mut traced: Vec<Allocation> = Vec::new();
+        let mut freed_before: Vec<Allocation> = Vec::new();
+        // Address -> index in `traced` or `freed_before` (tagged) of the allocation whose block
+        // has not returned to the cache yet.
+        let mut live: HashMap<u64, Slot> = HashMap::new();
+        let mut open_segments: std::collections::BTreeMap<u64, SegmentInterval> =
+            Default::default();
+        let mut reserved_delta: i128 = 0;
+
+        for (i, entry) in trace.iter().enumerate() {
+            let i = i as u32;
+            match entry.action {
+                Action::Alloc => {
+                    replay.actions.alloc += 1;
+                    if let Some(slot) = live.remove(&entry.addr) {
+                        // Alloc of an address nobody freed: the free was not recorded.
+                        let prev = slot.get_mut(&mut traced, &mut freed_before);
+                        prev.free_requested.get_or_insert(i);
+                        prev.free_completed = Some(i);
+                        replay.note(i, format!("alloc at {:#x}, which is still allocated; treating the earlier allocation as freed here", entry.addr));
+                    }
+                    live.insert(entry.addr, Slot::Traced(traced.len()));
+                    traced.push(Allocation {
+                        addr: entry.addr,
+                        size: entry.size,
+                        stream: entry.stream,
+                        stack: entry.frames,
+                        origin: Origin::Traced,
+                        alloc_event: Some(i),
+                        free_requested: None,
+                        free_completed: None,
+                    });
+                }
+                Action::FreeRequested => {
+                    replay.actions.free_requested += 1;
+                    match live.get(&entry.addr) {
+                        Some(slot) => {
+                            let a = slot.get_mut(&mut traced, &mut freed_before);
+                            a.free_requested.get_or_insert(i);
+                        }
+                        None => {
+                            live.insert(entry.addr, Slot::Before(freed_before.len()));
+                            freed_before.push(before_window(entry, Some(i), None));
+                        }
+                    }
+                }
+                Action::FreeCompleted | Action::Free => {
+                    if entry.action == Action::Free {
+                        replay.actions.free_requested += 1;
+                    }
+                    replay.actions.free_completed += 1;
+                    match live.remove(&entry.addr) {
+                        Some(slot) => {
+                            let a = slot.get_mut(&mut traced, &mut freed_before);
+                            a.free_requested.get_or_insert(i);
+                            a.free_completed = Some(i);
+                        }
+                        None => freed_before.push(before_window(entry, Some(i), Some(i))),
+                    }
+                }
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    if entry.action == Action::SegmentAlloc {
+                        replay.actions.segment_alloc += 1;
+                    } else {
+                        replay.actions.segment_map += 1;
+                    }
+                    reserved_delta += i128::from(entry.size);
+                    if let Some(prev) = open_segments.insert(
+                        entry.addr,
+                        SegmentInterval {
+                            addr: entry.addr,
+                            size: entry.size,
+                            stream: entry.stream,
+                            alloc_event: Some(i),
+                            free_event: None,
+                        },
+                    ) {
+                        let mut prev = prev;
+                        prev.free_event = Some(i);
+                        replay.segments.push(prev);
+                        replay.note(i, format!("segment at {:#x} mapped twice", entry.addr));
+                    }
+                }
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    if entry.action == Action::SegmentFree {
+                        replay.actions.segment_free += 1;
+                    } else {
+                        replay.actions.segment_unmap += 1;
+                    }
+                    reserved_delta -= i128::from(entry.size);
+                    close_range(
+                        &mut open_segments,
+                        &mut replay.segments,
+                        entry.addr,
+                        entry.size,
+                        entry.stream,
+                        i,
+                    );
+                }
+                Action::Snapshot => replay.actions.snapshot += 1,
+                Action::Oom => {
+                    replay.actions.oom += 1;
+                    replay.oom_events.push(i);
+                }
+                Action::Annotate | Action::Other(_) => replay.actions.other += 1,
+            }
+        }
+
+        // Blocks live in the final segments that the trace never allocated.
+        let traced_live: std::collections::HashSet<u64> = traced
+            .iter()
+            .filter(|a| a.free_requested.is_none() && a.free_completed.is_none())
+            .map(|a| a.addr)
+            .collect();
+        let mut ghosts = Vec::new();
+        let mut final_reserved: i128 = 0;
+        for seg in snapshot.segments.iter().filter(|s| s.device == device) {
+            final_reserved += i128::from(seg.total_size);
+            for (addr, block) in seg.block_addresses() {
+                if block.state == BlockState::ActiveAllocated && !traced_live.contains(&addr) {
+                    ghosts.push(Allocation {
+                        addr,
+                        size: block.requested_size.unwrap_or(block.size),
+                        stream: seg.stream,
+                        stack: block.frames,
+                        origin: Origin::LiveInSegments,
+                        alloc_event: None,
+                        free_requested: None,
+                        free_completed: None,
+                    });
+                }
+            }
+            // Segments the trace never allocated were reserved for the whole window.
+            let known = open_segments
+                .range(..=seg.address)
+                .next_back()
+                .is_some_and(|(&a, s)| a.saturating_add(s.size) > seg.address);
+            if !known {
+                replay.segments.push(SegmentInterval {
+                    addr: seg.address,
+                    size: seg.total_size,
+                    stream: seg.stream,
+                    alloc_event: None,
+                    free_event: None,
+                });
+            }
+        }
+        replay.segments.extend(open_segments.into_values());
+        replay
+            .segments
+            .sort_by_key(|s| (s.start(), s.addr, s.free_event));
+        replay.reserved_before_window =
+            u64::try_from((final_reserved - reserved_delta).max(0)).unwrap_or(u64::MAX);
+
+        // Stacking order: never-freed ghosts at the bottom, then frees without allocs with the
+        // latest-freed lowest (so earlier frees do not shift the bands above them), then the
+        // traced allocations in alloc order.
+        freed_before.sort_by_key(|a| {
+            std::cmp::Reverse(a.free_completed.or(a.free_requested).unwrap_or(u32::MAX))
+        });
+        replay.live_in_segments_allocations = ghosts.len() as u64;
+        replay.live_in_segments_bytes = ghosts.iter().fold(0u64, |s, a| s.saturating_add(a.size));
+        replay.before_window_allocations = (ghosts.len() + freed_before.len()) as u64;
+        replay.before_window_bytes = ghosts
+            .iter()
+            .chain(&freed_before)
+            .fold(0u64, |s, a| s.saturating_add(a.size));
+        replay.allocations = ghosts;
+        replay.allocations.append(&mut freed_before);
+        replay.allocations.append(&mut traced);
+
+        replay.dropped_entries = snapshot
+            .recorder_info
+            .as_ref()
+            .and_then(|r| {
+                usize::try_from(device)
+                    .ok()
+                    .and_then(|d| r.dropped_entries.get(d))
+            })
+            .copied();
+        replay.truncated =
+            replay.before_window_allocations > 0 || replay.dropped_entries.is_some_and(|d| d > 0);
+        Ok(replay)
+    }
+
+    /// Length of the event axis: the trace length, but at least 1, so that a snapshot without
+    /// a trace still shows its live blocks at event 0 (as PyTorch's viewer does).
+    pub fn axis_len(&self) -> u32 {
+        self.trace_len.max(1)
+    }
+
+    /// The allocation with this id.
+    pub fn get(&self, id: AllocId) -> Option<&Allocation> {
+        self.allocations.get(id.0 as usize)
+    }
+
+    /// Allocations live after `event`, in stacking order.
+    pub fn live_at(&self, event: u32, lifetime: Lifetime) -> Vec<AllocId> {
+        // Allocations are sorted by start, so only a prefix can be live.
+        let upto = self.allocations.partition_point(|a| a.start() <= event);
+        self.allocations[..upto]
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| event < a.end(lifetime, self.axis_len()))
+            .map(|(i, _)| AllocId(i as u32))
+            .collect()
+    }
+
+    fn note(&mut self, event: u32, what: String) {
+        self.anomaly_count += 1;
+        if self.anomalies.len() < MAX_ANOMALIES {
+            self.anomalies.push(Anomaly { event, what });
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Slot {
+    Traced(usize),
+    Before(usize),
+}
+
+impl Slot {
+    fn get_mut<'a>(
+        self,
+        traced: &'a mut [Allocation],
+        before: &'a mut [Allocation],
+    ) -> &'a mut Allocation {
+        match self {
+            Slot::Traced(i) => &mut traced[i],
+            Slot::Before(i) => &mut before[i],
+        }
+    }
+}
+
+fn before_window(
+    entry: &memsnap_format::TraceEntry,
+    free_requested: Option<u32>,
+    free_completed: Option<u32>,
+) -> Allocation {
+    Allocation {
+        addr: entry.addr,
+        size: entry.size,
+        stream: entry.stream,
+        stack: entry.frames,
+        origin: Origin::FreedBeforeAlloc,
+        alloc_event: None,
+        free_requested,
+        free_completed,
+    }
+}
+
+/// Closes the open segment ranges overlapping `[addr, addr + size)` at `event`; the parts
+/// outside the range stay open (an unmap can cover part of a mapped range). A range freed
+/// without being opened in the trace was reserved before the window.
+fn close_range(
+    open: &mut std::collections::BTreeMap<u64, SegmentInterval>,
+    closed: &mut Vec<SegmentInterval>,
+    addr: u64,
+    size: u64,
+    stream: i64,
+    event: u32,
+) {
+    let end = addr.saturating_add(size);
+    let overlapping: Vec<u64> = open
+        .range(..end)
+        .rev()
+        .take_while(|(&a, s)| a.saturating_add(s.size) > addr || a >= addr)
+        .filter(|(&a, s)| a.saturating_add(s.size) > addr)
+        .map(|(&a, _)| a)
+        .collect();
+    if overlapping.is_empty() {
+        closed.push(SegmentInterval {
+            addr,
+            size,
+            stream,
+            alloc_event: None,
+            free_event: Some(event),
+        });
+        return;
+    }
+    for a in overlapping {
+        let Some(mut seg) = open.remove(&a) else {
+            continue;
+        };
+        let seg_end = seg.addr.saturating_add(seg.size);
+        if seg.addr < addr {
+            open.insert(
+                seg.addr,
+                SegmentInterval {
+                    size: addr - seg.addr,
+                    alloc_event: Some(event),
+                    ..seg.clone()
+                },
+            );
+        }
+        if seg_end > end {
+            open.insert(
+                end,
+                SegmentInterval {
+                    addr: end,
+                    size: seg_end - end,
+                    alloc_event: Some(event),
+                    ..seg.clone()
+                },
+            );
+        }
+        seg.free_event = Some(event);
+        closed.push(seg);
+    }
+}

@@ -1,0 +1,407 @@
+//! Training steps, their slopes, and drift across steps.
+//!
+//! A training step's memory (the active curve) rises through the forward pass to a peak and
+//! falls through the backward pass. Steps come from annotations where the snapshot has them
+//! (`ProfilerStep#N` ranges, or the ends of optimizer-step ranges such as
+//! `Optimizer.step#AdamW.step`), otherwise from the curve's shape: the curve is split with
+//! hysteresis into "high" regions (above 60% of its range, the range's bottom taken after the
+//! initial ramp-up) separated by "low" valleys (below 30%); a step ends at the bottom of the last dip of the valley after its high region, the next starts
+//! on the following event, and a step's peak is the first maximum in it. A step is
+//! `[start_event, end_event]`, both inclusive, like the ground truth of
+//! `memsnap_format::synth`.
+//!
+//! **Drift** is the Theil–Sen slope (median of pairwise slopes, robust to a warm-up step that
+//! allocates optimizer state) of the step floor (bytes after the step's last event, the
+//! minimum it returns to) and of the step peak, in bytes per step. A rising floor is memory
+//! that outlives every step: a leak.
+
+use serde::Serialize;
+
+use crate::curve::{Curve, TimeAxis};
+use crate::ranges::NamedRange;
+use crate::replay::{Lifetime, Replay};
+
+/// Where step boundaries come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum StepSource {
+    /// Annotations when they give at least two steps, else the curve's shape.
+    #[default]
+    Auto,
+    Annotations,
+    CurveShape,
+}
+
+/// How steps were found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum StepMethod {
+    /// From annotation ranges with this name.
+    Annotations {
+        name: String,
+    },
+    CurveShape,
+    /// No repeating shape found.
+    None,
+}
+
+/// Options for [`find_steps`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepOptions {
+    pub source: StepSource,
+    /// Drift above this percentage is flagged: the step minimum's (or peak's) growth over all
+    /// recorded steps, relative to the highest step peak.
+    pub drift_tolerance_percent: f64,
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        StepOptions {
+            source: StepSource::Auto,
+            drift_tolerance_percent: 1.0,
+        }
+    }
+}
+
+/// Growth or release between two instants of a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Slope {
+    /// Bytes gained (forward) or released (backward); negative if the other way.
+    pub bytes: i64,
+    pub events: u32,
+    pub duration_us: Option<i64>,
+    /// `bytes` per second; `None` without times or for a zero duration.
+    pub bytes_per_s: Option<f64>,
+    /// `bytes` per event; 0 for zero events.
+    pub bytes_per_event: f64,
+}
+
+impl Slope {
+    fn between(bytes: i64, from: u32, to: u32, time: &TimeAxis) -> Slope {
+        let events = to.saturating_sub(from);
+        let duration_us = match (time.time_of(from), time.time_of(to)) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+        Slope {
+            bytes,
+            events,
+            duration_us,
+            bytes_per_s: duration_us
+                .filter(|&d| d > 0)
+                .map(|d| bytes as f64 / (d as f64 / 1e6)),
+            bytes_per_event: if events > 0 {
+                bytes as f64 / f64::from(events)
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// One training step on the allocated curve.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Step {
+    pub index: usize,
+    pub start_event: u32,
+    pub peak_event: u32,
+    pub end_event: u32,
+    /// Curve values after those events.
+    pub start_bytes: u64,
+    pub peak_bytes: u64,
+    pub end_bytes: u64,
+    /// Lowest value in the step.
+    pub min_bytes: u64,
+    pub start_time_us: Option<i64>,
+    pub peak_time_us: Option<i64>,
+    pub end_time_us: Option<i64>,
+    /// Start to peak.
+    pub forward: Slope,
+    /// Peak to end (`bytes` is the bytes released).
+    pub backward: Slope,
+    /// Allocations made in the step and still live after its end.
+    pub outliving_count: u64,
+    pub outliving_bytes: u64,
+}
+
+/// Drift across steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Drift {
+    /// Theil–Sen slope of the step floor (bytes after its last event, the minimum the step
+    /// returns to), bytes per step (0 with fewer than 2 steps).
+    pub min_bytes_per_step: f64,
+    /// Theil–Sen slope of the step peak, bytes per step.
+    pub peak_bytes_per_step: f64,
+    /// Minimum growth over all steps as a percentage of the highest step peak.
+    pub min_growth_percent: f64,
+    /// Peak growth over all steps as a percentage of the highest step peak.
+    pub peak_growth_percent: f64,
+    pub tolerance_percent: f64,
+    /// The minimum grows by more than the tolerance: memory leaks from step to step.
+    pub leak_suspected: bool,
+    /// The peak grows by more than the tolerance.
+    pub peak_growth_suspected: bool,
+}
+
+/// Steps and drift of one device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepAnalysis {
+    pub method: StepMethod,
+    pub steps: Vec<Step>,
+    pub drift: Drift,
+}
+
+/// Finds the steps of a device (see the module docs).
+pub fn find_steps(
+    curve: &Curve,
+    time: &TimeAxis,
+    ranges: &[NamedRange],
+    replay: &Replay,
+    options: &StepOptions,
+) -> StepAnalysis {
+    let from_annotations = || annotation_bounds(ranges, time, replay.truncated);
+    let (method, bounds) = match options.source {
+        StepSource::Annotations => from_annotations()
+            .map_or((StepMethod::None, Vec::new()), |(n, b)| {
+                (StepMethod::Annotations { name: n }, b)
+            }),
+        StepSource::CurveShape => (StepMethod::CurveShape, shape_bounds(&curve.after)),
+        StepSource::Auto => match from_annotations() {
+            Some((name, b)) if b.len() >= 2 => (StepMethod::Annotations { name }, b),
+            _ => (StepMethod::CurveShape, shape_bounds(&curve.after)),
+        },
+    };
+    let method = if bounds.is_empty() {
+        StepMethod::None
+    } else {
+        method
+    };
+    let steps: Vec<Step> = bounds
+        .iter()
+        .enumerate()
+        .map(|(index, &(start, end))| measure_step(index, start, end, curve, time, replay))
+        .collect();
+    let drift = drift(&steps, options.drift_tolerance_percent);
+    StepAnalysis {
+        method,
+        steps,
+        drift,
+    }
+}
+
+/// Step `(first event, last event)` pairs from annotations, with the range name used.
+fn annotation_bounds(
+    ranges: &[NamedRange],
+    time: &TimeAxis,
+    truncated: bool,
+) -> Option<(String, Vec<(u32, u32)>)> {
+    let first_time = time.time_of(0)?;
+    // A range that starts before the first event of a truncated trace may have lost events.
+    let complete = |r: &NamedRange| {
+        r.start_time_us
+            .is_some_and(|t| t > first_time || !truncated)
+    };
+    // ProfilerStep#N ranges are steps themselves.
+    let profiler: Vec<(u32, u32)> = ranges
+        .iter()
+        .filter(|r| r.name.starts_with("ProfilerStep#") && complete(r))
+        .filter_map(|r| Some((r.start_event?, r.end_event?)))
+        .filter(|(s, e)| e > s)
+        .collect();
+    if profiler.len() >= 2 {
+        return Some(("ProfilerStep#".to_string(), profiler));
+    }
+    // Otherwise a step ends where an optimizer step ends.
+    let is_optimizer = |name: &str| {
+        let lower = name.to_ascii_lowercase();
+        lower.contains("optimizer") && lower.contains("step")
+    };
+    let name = ranges.iter().find(|r| is_optimizer(&r.name))?.name.clone();
+    let mut ends: Vec<u32> = ranges
+        .iter()
+        .filter(|r| r.name == name)
+        .filter_map(|r| r.end_event)
+        .collect();
+    ends.sort_unstable();
+    ends.dedup();
+    let bounds: Vec<(u32, u32)> = ends.windows(2).map(|w| (w[0] + 1, w[1])).collect();
+    Some((name, bounds))
+}
+
+/// Step `(first event, last event)` pairs from the curve's shape (see the module docs).
+///
+/// A step ends at the bottom of the last dip of the valley after its high region; the next
+/// starts right after. The first step is reported only when the trace shows a fall before it (the
+/// end of the step before): in an untruncated trace the first forward pass rises straight
+/// from the parameters' allocation, and nothing in the curve tells where one ends and the
+/// other begins.
+pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
+    let Some((&first_lo, &hi)) = values.iter().min().zip(values.iter().max()) else {
+        return Vec::new();
+    };
+    // The low level is the minimum after the curve first reaches half its height: a run
+    // starts from nothing and ramps up through parameter allocation, far below the floor the
+    // steps return to.
+    let half = first_lo + (hi - first_lo) / 2;
+    let ramp_end = values.iter().position(|&v| v >= half).unwrap_or(0);
+    let lo = values[ramp_end..].iter().copied().min().unwrap_or(first_lo);
+    let amplitude = (hi - lo) as f64;
+    if values.len() < 4 || amplitude <= 0.0 {
+        return Vec::new();
+    }
+    let upper = lo as f64 + 0.6 * amplitude;
+    let lower = lo as f64 + 0.3 * amplitude;
+    // High regions as (enter, exit); a region still high at the end is dropped.
+    let mut regions: Vec<(usize, usize)> = Vec::new();
+    let mut high_since: Option<usize> = None;
+    for (i, &v) in values.iter().enumerate() {
+        let v = v as f64;
+        match high_since {
+            None if v >= upper => high_since = Some(i),
+            Some(enter) if v <= lower => {
+                regions.push((enter, i));
+                high_since = None;
+            }
+            _ => {}
+        }
+    }
+    // The bottom of the valley's last dip: scanning back from the rise into the next high
+    // region, the lowest point before the curve climbs more than 10% of its range again. (The
+    // valley's overall minimum can lie earlier: a first step allocates optimizer state after
+    // its backward pass, so its floor ends higher than it dipped.)
+    // Small differences (optimizer temporaries, tiny state) do not move the boundary back.
+    let last_dip = |from: usize, to: usize| -> usize {
+        let (climb, notable) = (0.1 * amplitude, 0.02 * amplitude);
+        let mut best = to.saturating_sub(1).max(from);
+        for i in (from..to).rev() {
+            let (v, b) = (values[i] as f64, values[best] as f64);
+            if v + notable < b || (v <= b && i + 1 == best) {
+                best = i;
+            } else if v > b + climb {
+                break;
+            }
+        }
+        best
+    };
+    // Step ends: the valley after each high region (the last valley runs to the trace end).
+    let mut ends = Vec::new();
+    if let Some(&(enter, _)) = regions.first() {
+        if enter > 0 {
+            let b = last_dip(0, enter);
+            let fell = values[..=b]
+                .iter()
+                .max()
+                .is_some_and(|&m| (m - values[b]) as f64 >= 0.3 * amplitude);
+            if fell {
+                ends.push(b);
+            }
+        }
+    }
+    for (k, &(_, exit)) in regions.iter().enumerate() {
+        let to = regions.get(k + 1).map_or(values.len(), |r| r.0);
+        ends.push(last_dip(exit, to));
+    }
+    ends.windows(2)
+        .filter(|w| w[1] > w[0] + 1)
+        .map(|w| ((w[0] + 1) as u32, w[1] as u32))
+        .collect()
+}
+
+fn measure_step(
+    index: usize,
+    start: u32,
+    end: u32,
+    curve: &Curve,
+    time: &TimeAxis,
+    replay: &Replay,
+) -> Step {
+    let (mut peak_event, mut peak_bytes, mut min_bytes) = (start, curve.at(start), curve.at(start));
+    for e in start..=end {
+        let v = curve.at(e);
+        if v > peak_bytes {
+            peak_bytes = v;
+            peak_event = e;
+        }
+        min_bytes = min_bytes.min(v);
+    }
+    let (start_bytes, end_bytes) = (curve.at(start), curve.at(end));
+    let diff = |a: u64, b: u64| i64::try_from(i128::from(a) - i128::from(b)).unwrap_or(0);
+    // Allocations made in (start, end] still live after end.
+    let axis = replay.axis_len();
+    let first = replay.allocations.partition_point(|a| a.start() <= start);
+    let (mut outliving_count, mut outliving_bytes) = (0u64, 0u64);
+    for a in replay.allocations[first..]
+        .iter()
+        .take_while(|a| a.start() <= end)
+    {
+        if a.end(Lifetime::Active, axis) > end {
+            outliving_count += 1;
+            outliving_bytes = outliving_bytes.saturating_add(a.size);
+        }
+    }
+    Step {
+        index,
+        start_event: start,
+        peak_event,
+        end_event: end,
+        start_bytes,
+        peak_bytes,
+        end_bytes,
+        min_bytes,
+        start_time_us: time.time_of(start),
+        peak_time_us: time.time_of(peak_event),
+        end_time_us: time.time_of(end),
+        forward: Slope::between(diff(peak_bytes, start_bytes), start, peak_event, time),
+        backward: Slope::between(diff(peak_bytes, end_bytes), peak_event, end, time),
+        outliving_count,
+        outliving_bytes,
+    }
+}
+
+/// Median of pairwise slopes (Theil–Sen) of `values` against their index.
+pub fn theil_sen(values: &[f64]) -> f64 {
+    // Long runs: subsample the pairs to keep this O(n) in practice.
+    let stride = (values.len() / 200).max(1);
+    let mut slopes = Vec::new();
+    for i in (0..values.len()).step_by(stride) {
+        for j in (i + 1..values.len()).step_by(stride) {
+            slopes.push((values[j] - values[i]) / (j - i) as f64);
+        }
+    }
+    if slopes.is_empty() {
+        return 0.0;
+    }
+    slopes.sort_unstable_by(f64::total_cmp);
+    let mid = slopes.len() / 2;
+    if slopes.len() % 2 == 1 {
+        slopes[mid]
+    } else {
+        (slopes[mid - 1] + slopes[mid]) / 2.0
+    }
+}
+
+fn drift(steps: &[Step], tolerance_percent: f64) -> Drift {
+    // The floor a step leaves behind; its minimum can lie before a warm-up step allocates
+    // optimizer state, which is not a leak.
+    let mins: Vec<f64> = steps.iter().map(|s| s.end_bytes as f64).collect();
+    let peaks: Vec<f64> = steps.iter().map(|s| s.peak_bytes as f64).collect();
+    let min_slope = theil_sen(&mins);
+    let peak_slope = theil_sen(&peaks);
+    let top = peaks.iter().copied().fold(0.0, f64::max);
+    let span = steps.len().saturating_sub(1) as f64;
+    let percent = |slope: f64| {
+        if top > 0.0 {
+            slope * span / top * 100.0
+        } else {
+            0.0
+        }
+    };
+    let (min_growth_percent, peak_growth_percent) = (percent(min_slope), percent(peak_slope));
+    Drift {
+        min_bytes_per_step: min_slope,
+        peak_bytes_per_step: peak_slope,
+        min_growth_percent,
+        peak_growth_percent,
+        tolerance_percent,
+        leak_suspected: min_growth_percent > tolerance_percent,
+        peak_growth_suspected: peak_growth_percent > tolerance_percent,
+    }
+}

@@ -1,0 +1,299 @@
+//! The per-file summary behind `memsnap summary`, `check`, `diff` and `ranks`, with its JSON
+//! schema.
+//!
+//! # JSON schema (`memsnap summary --json`, `"schema": "memsnap.summary/1"`)
+//!
+//! ```text
+//! {
+//!   "schema": "memsnap.summary/1",
+//!   "devices": [{
+//!     "device": 0,                      // CUDA ordinal
+//!     "entries": N,                     // trace entries
+//!     "has_time": bool,                 // the trace has time_us
+//!     "start_time_us": T|null,          // time of the first event
+//!     "allocations": N,                 // allocation intervals (incl. before the window)
+//!     "peak": {"bytes": N, "event": I, "time_us": T|null},   // active curve (alloc to free_completed)
+//!     "peak_allocated_bytes": N,        // frees counted at free_requested instead
+//!     "peak_reserved_bytes": N,
+//!     "final_bytes": N, "final_reserved_bytes": N,
+//!     "peak_top_sites": [{"site": "file:line:function", "bytes": N, "count": N}],
+//!     "step_method": "annotations:<name>" | "curve_shape" | "none",
+//!     "steps": [{"start_event", "peak_event", "end_event",
+//!                "start_bytes", "peak_bytes", "end_bytes", "min_bytes",
+//!                "start_time_us", "peak_time_us", "end_time_us",          // null without times
+//!                "forward_bytes", "forward_events", "forward_duration_us",
+//!                "forward_bytes_per_s", "forward_bytes_per_event",      // bytes_per_s: null without times
+//!                "backward_bytes", "backward_events", "backward_duration_us",
+//!                "backward_bytes_per_s", "backward_bytes_per_event",   // release rate, positive
+//!                "outliving_bytes", "outliving_count"}],
+//!     "step_duration_us": T|null,       // median step duration
+//!     "drift_bytes_per_step": D,        // Theil–Sen slope of the step minimum
+//!     "peak_drift_bytes_per_step": D,
+//!     "drift_percent": P,               // minimum growth over the steps, % of the top peak
+//!     "peak_drift_percent": P,
+//!     "leak_suspected": bool, "peak_growth_suspected": bool, "drift_tolerance_percent": P,
+//!     "before_window_bytes": B,         // live before event 0 (frees without alloc + untraced blocks)
+//!     "before_window_allocations": N,
+//!     "live_in_segments_bytes": B,      // of which: blocks only the final segments show
+//!     "dropped_entries": N|null,        // ring-buffer drops, when the file records them
+//!     "truncated": bool,
+//!     "oom_events": [I],
+//!     "notes": ["..."]                  // truncation and anomaly notes, human-readable
+//!   }]
+//! }
+//! ```
+//! Bytes are the trace's sizes (what callers requested), live from `alloc` to
+//! `free_completed` as in PyTorch's Active Memory Timeline, counting memory from before the
+//! window. Event indices are positions in the device trace; a step runs from its first event
+//! to its last (inclusive), and "bytes at an event" means right after it.
+
+use memsnap_format::Snapshot;
+use serde::Serialize;
+
+use crate::curve::CurveKind;
+use crate::error::Result;
+use crate::sites::GroupBy;
+use crate::steps::{StepMethod, StepOptions};
+use crate::timeline::{DeviceTimeline, Peak};
+
+/// Schema tag of [`Summary`].
+pub const SUMMARY_SCHEMA: &str = "memsnap.summary/1";
+
+/// Options for [`summarize`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SummaryOptions {
+    pub steps: StepOptions,
+    /// Number of sites listed at the peak.
+    pub top_sites: usize,
+    /// Grouping of those sites.
+    pub group_by: GroupBy,
+}
+
+impl Default for SummaryOptions {
+    fn default() -> Self {
+        SummaryOptions {
+            steps: StepOptions::default(),
+            top_sites: 10,
+            group_by: GroupBy::Frame,
+        }
+    }
+}
+
+/// A site at the peak.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SiteBytes {
+    pub site: String,
+    pub bytes: u64,
+    pub count: u64,
+}
+
+/// One step in the summary.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepSummary {
+    pub start_event: u32,
+    pub peak_event: u32,
+    pub end_event: u32,
+    pub start_bytes: u64,
+    pub peak_bytes: u64,
+    pub end_bytes: u64,
+    pub min_bytes: u64,
+    pub start_time_us: Option<i64>,
+    pub peak_time_us: Option<i64>,
+    pub end_time_us: Option<i64>,
+    pub forward_bytes: i64,
+    pub forward_events: u32,
+    pub forward_duration_us: Option<i64>,
+    pub forward_bytes_per_s: Option<f64>,
+    pub forward_bytes_per_event: f64,
+    pub backward_bytes: i64,
+    pub backward_events: u32,
+    pub backward_duration_us: Option<i64>,
+    pub backward_bytes_per_s: Option<f64>,
+    pub backward_bytes_per_event: f64,
+    pub outliving_bytes: u64,
+    pub outliving_count: u64,
+}
+
+/// The summary of one device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeviceSummary {
+    pub device: i64,
+    pub entries: u32,
+    pub has_time: bool,
+    /// `time_us` of the first event.
+    pub start_time_us: Option<i64>,
+    pub allocations: u64,
+    pub peak: Peak,
+    /// Peak of the allocated curve (frees counted at `free_requested`).
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub final_bytes: u64,
+    pub final_reserved_bytes: u64,
+    pub peak_top_sites: Vec<SiteBytes>,
+    pub step_method: String,
+    pub steps: Vec<StepSummary>,
+    pub step_duration_us: Option<i64>,
+    pub drift_bytes_per_step: f64,
+    pub peak_drift_bytes_per_step: f64,
+    pub drift_percent: f64,
+    pub peak_drift_percent: f64,
+    pub leak_suspected: bool,
+    pub peak_growth_suspected: bool,
+    pub drift_tolerance_percent: f64,
+    pub before_window_bytes: u64,
+    pub before_window_allocations: u64,
+    pub live_in_segments_bytes: u64,
+    pub dropped_entries: Option<u64>,
+    pub truncated: bool,
+    pub oom_events: Vec<u32>,
+    pub notes: Vec<String>,
+}
+
+/// The summary of a snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub schema: &'static str,
+    pub devices: Vec<DeviceSummary>,
+}
+
+impl Summary {
+    /// The device with the highest allocated peak.
+    pub fn busiest(&self) -> Option<&DeviceSummary> {
+        self.devices
+            .iter()
+            .max_by_key(|d| (d.peak.bytes, -d.device))
+    }
+}
+
+/// Summarises every device that has a trace or segments.
+pub fn summarize(snapshot: &Snapshot, options: &SummaryOptions) -> Result<Summary> {
+    let devices = DeviceTimeline::devices(snapshot)
+        .into_iter()
+        .map(|d| {
+            let timeline = DeviceTimeline::build(snapshot, d)?;
+            Ok(summarize_device(snapshot, &timeline, options))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Summary {
+        schema: SUMMARY_SCHEMA,
+        devices,
+    })
+}
+
+/// Summarises one device from its timeline.
+pub fn summarize_device(
+    snapshot: &Snapshot,
+    timeline: &DeviceTimeline,
+    options: &SummaryOptions,
+) -> DeviceSummary {
+    let replay = timeline.replay();
+    let curves = timeline.curves();
+    let peak = timeline.peak(CurveKind::Active);
+    let analysis = timeline.steps(&options.steps);
+    let peak_top_sites = timeline
+        .top_sites(snapshot, options.group_by)
+        .into_iter()
+        .filter(|s| s.bytes_at_peak > 0)
+        .take(options.top_sites)
+        .map(|s| SiteBytes {
+            site: s.key.label(snapshot),
+            bytes: s.bytes_at_peak,
+            count: s.count_at_peak,
+        })
+        .collect();
+    let steps: Vec<StepSummary> = analysis
+        .steps
+        .iter()
+        .map(|s| StepSummary {
+            start_event: s.start_event,
+            peak_event: s.peak_event,
+            end_event: s.end_event,
+            start_bytes: s.start_bytes,
+            peak_bytes: s.peak_bytes,
+            end_bytes: s.end_bytes,
+            min_bytes: s.min_bytes,
+            start_time_us: s.start_time_us,
+            peak_time_us: s.peak_time_us,
+            end_time_us: s.end_time_us,
+            forward_bytes: s.forward.bytes,
+            forward_events: s.forward.events,
+            forward_duration_us: s.forward.duration_us,
+            forward_bytes_per_s: s.forward.bytes_per_s,
+            forward_bytes_per_event: s.forward.bytes_per_event,
+            backward_bytes: s.backward.bytes,
+            backward_events: s.backward.events,
+            backward_duration_us: s.backward.duration_us,
+            backward_bytes_per_s: s.backward.bytes_per_s,
+            backward_bytes_per_event: s.backward.bytes_per_event,
+            outliving_bytes: s.outliving_bytes,
+            outliving_count: s.outliving_count,
+        })
+        .collect();
+    let mut durations: Vec<i64> = analysis
+        .steps
+        .iter()
+        .filter_map(|s| Some(s.end_time_us? - s.start_time_us?))
+        .collect();
+    durations.sort_unstable();
+    let step_duration_us = durations.get(durations.len() / 2).copied();
+
+    let mut notes = Vec::new();
+    if replay.before_window_allocations > 0 {
+        notes.push(format!(
+            "{} bytes in {} allocations existed before the trace window ({} bytes only known from the final segments)",
+            replay.before_window_bytes, replay.before_window_allocations, replay.live_in_segments_bytes
+        ));
+    }
+    if let Some(d) = replay.dropped_entries.filter(|&d| d > 0) {
+        notes.push(format!("the ring buffer dropped {d} older trace entries"));
+    }
+    if replay.trace_len == 0 {
+        notes.push("no trace entries: only the final segment state is known".into());
+    }
+    if replay.anomaly_count > 0 {
+        notes.push(format!(
+            "{} inconsistent trace entries were accounted for (first: event {}: {})",
+            replay.anomaly_count,
+            replay.anomalies.first().map_or(0, |a| a.event),
+            replay.anomalies.first().map_or("", |a| a.what.as_str())
+        ));
+    }
+    if analysis.steps.is_empty() && replay.trace_len > 0 {
+        notes.push("no repeating training steps found".into());
+    }
+    let step_method = match &analysis.method {
+        StepMethod::Annotations { name } => format!("annotations:{name}"),
+        StepMethod::CurveShape => "curve_shape".into(),
+        StepMethod::None => "none".into(),
+    };
+    DeviceSummary {
+        device: replay.device,
+        entries: replay.trace_len,
+        has_time: timeline.time().has_time(),
+        start_time_us: timeline.time().time_of(0),
+        allocations: replay.allocations.len() as u64,
+        peak,
+        peak_allocated_bytes: curves.allocated.max().0,
+        peak_reserved_bytes: curves.reserved.max().0,
+        final_bytes: curves.active.at(replay.axis_len() - 1),
+        final_reserved_bytes: curves.reserved.at(replay.axis_len() - 1),
+        peak_top_sites,
+        step_method,
+        steps,
+        step_duration_us,
+        drift_bytes_per_step: analysis.drift.min_bytes_per_step,
+        peak_drift_bytes_per_step: analysis.drift.peak_bytes_per_step,
+        drift_percent: analysis.drift.min_growth_percent,
+        peak_drift_percent: analysis.drift.peak_growth_percent,
+        leak_suspected: analysis.drift.leak_suspected,
+        peak_growth_suspected: analysis.drift.peak_growth_suspected,
+        drift_tolerance_percent: analysis.drift.tolerance_percent,
+        before_window_bytes: replay.before_window_bytes,
+        before_window_allocations: replay.before_window_allocations,
+        live_in_segments_bytes: replay.live_in_segments_bytes,
+        dropped_entries: replay.dropped_entries,
+        truncated: replay.truncated,
+        oom_events: replay.oom_events.clone(),
+        notes,
+    }
+}

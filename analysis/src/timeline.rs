@@ -1,0 +1,400 @@
+//! [`DeviceTimeline`]: everything derived from one device's history, computed once.
+
+use std::collections::HashMap;
+
+use memsnap_format::Snapshot;
+use serde::Serialize;
+
+use crate::curve::{CurveKind, Curves, RangeMinMax, TimeAxis};
+use crate::error::{AnalysisError, Result};
+use crate::layout::{Layout, LayoutRequest};
+use crate::ranges::{named_ranges, NamedRange};
+use crate::replay::{AllocId, Lifetime, Replay};
+use crate::sites::{GroupBy, SiteKey, SiteKeyer};
+use crate::steps::{find_steps, StepAnalysis, StepOptions};
+
+/// An instant of the history.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub enum Instant {
+    /// After this event.
+    Event(u32),
+    /// The first event at which the active curve (peak of the summary) peaks.
+    Peak,
+    /// The last event at or before this time (the first event if the time is earlier).
+    TimeUs(i64),
+}
+
+/// The highest point of a curve.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Peak {
+    pub bytes: u64,
+    /// The first event reaching it (0 when the trace is empty or the peak is the state
+    /// before the first event).
+    pub event: u32,
+    pub time_us: Option<i64>,
+}
+
+/// Allocations sharing a site, live at one instant.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LiveGroup {
+    pub key: SiteKey,
+    pub bytes: u64,
+    pub count: u64,
+    pub largest: u64,
+    /// Alloc event of the oldest member (`None` if one predates the window).
+    pub first_alloc_event: Option<u32>,
+    /// The members, largest first.
+    pub allocations: Vec<AllocId>,
+}
+
+/// One site over the whole run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SiteStats {
+    pub key: SiteKey,
+    /// Bytes of the site live at the peak.
+    pub bytes_at_peak: u64,
+    pub count_at_peak: u64,
+    /// Bytes of every allocation from this site (traced or from before the window).
+    pub total_bytes: u64,
+    pub count: u64,
+}
+
+/// Usage of one segment at an instant.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SegmentUsage {
+    pub addr: u64,
+    /// Reserved bytes.
+    pub size: u64,
+    pub stream: i64,
+    /// Requested bytes of the allocations live in it.
+    pub allocated_bytes: u64,
+    /// Those allocations' block sizes (requests rounded up to 512 bytes, the allocator's
+    /// minimum granularity; larger roundings are not known from the trace).
+    pub block_bytes: u64,
+    pub allocations: u64,
+    /// `size - block_bytes`.
+    pub free_bytes: u64,
+    /// The largest gap between blocks (including before the first and after the last).
+    pub largest_free_block: u64,
+}
+
+/// Everything derived from one device's history, computed once (O(n log n) in the trace
+/// length) and then queried. `Send + Sync`: build it on a worker thread.
+#[derive(Clone, Debug)]
+pub struct DeviceTimeline {
+    replay: Replay,
+    curves: Curves,
+    time: TimeAxis,
+    ranges: Vec<NamedRange>,
+    /// Allocation ids by size, largest first (ties in stacking order).
+    by_size_desc: Vec<AllocId>,
+    allocated_minmax: RangeMinMax,
+    active_minmax: RangeMinMax,
+    reserved_minmax: RangeMinMax,
+}
+
+impl DeviceTimeline {
+    /// Replays `device` and precomputes curves, the time axis, named ranges and the indexes
+    /// the layout uses.
+    pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceTimeline> {
+        let replay = Replay::build(snapshot, device)?;
+        let curves = Curves::build(snapshot, &replay);
+        let time = TimeAxis::build(snapshot, device);
+        let ranges = named_ranges(snapshot, device, &time);
+        let mut by_size_desc: Vec<AllocId> =
+            (0..replay.allocations.len() as u32).map(AllocId).collect();
+        by_size_desc.sort_by_key(|id| std::cmp::Reverse(replay.allocations[id.0 as usize].size));
+        let allocated_minmax = RangeMinMax::build(&curves.allocated.after);
+        let active_minmax = RangeMinMax::build(&curves.active.after);
+        let reserved_minmax = RangeMinMax::build(&curves.reserved.after);
+        Ok(DeviceTimeline {
+            replay,
+            curves,
+            time,
+            ranges,
+            by_size_desc,
+            allocated_minmax,
+            active_minmax,
+            reserved_minmax,
+        })
+    }
+
+    /// Devices worth showing: those with trace entries or segments, ascending.
+    pub fn devices(snapshot: &Snapshot) -> Vec<i64> {
+        snapshot
+            .devices()
+            .into_iter()
+            .filter(|&d| {
+                let traced = usize::try_from(d)
+                    .ok()
+                    .and_then(|i| snapshot.traces().get(i))
+                    .is_some_and(|t| !t.is_empty());
+                traced || snapshot.segments.iter().any(|s| s.device == d)
+            })
+            .collect()
+    }
+
+    pub fn device(&self) -> i64 {
+        self.replay.device
+    }
+
+    pub fn replay(&self) -> &Replay {
+        &self.replay
+    }
+
+    pub fn curves(&self) -> &Curves {
+        &self.curves
+    }
+
+    pub fn time(&self) -> &TimeAxis {
+        &self.time
+    }
+
+    /// `record_function` ranges of this device.
+    pub fn named_ranges(&self) -> &[NamedRange] {
+        &self.ranges
+    }
+
+    pub fn by_size_desc(&self) -> &[AllocId] {
+        &self.by_size_desc
+    }
+
+    pub(crate) fn minmax(&self, lifetime: Lifetime) -> &RangeMinMax {
+        match lifetime {
+            Lifetime::Allocated => &self.allocated_minmax,
+            Lifetime::Active => &self.active_minmax,
+        }
+    }
+
+    /// The peak of a curve.
+    pub fn peak(&self, kind: CurveKind) -> Peak {
+        let (bytes, event) = self.curves.get(kind).max();
+        let event = event.unwrap_or(0);
+        Peak {
+            bytes,
+            event,
+            time_us: self.time.time_of(event),
+        }
+    }
+
+    /// The event an instant refers to.
+    pub fn resolve(&self, at: Instant) -> u32 {
+        let last = self.replay.axis_len() - 1;
+        match at {
+            Instant::Event(e) => e.min(last),
+            Instant::Peak => self.peak(CurveKind::Active).event,
+            Instant::TimeUs(t) => match self.time.times() {
+                Some(times) => (times.partition_point(|&v| v <= t) as u32)
+                    .saturating_sub(1)
+                    .min(last),
+                None => 0,
+            },
+        }
+    }
+
+    /// Allocations live at an instant, in stacking order.
+    pub fn live_at(&self, at: Instant, lifetime: Lifetime) -> Vec<AllocId> {
+        self.replay.live_at(self.resolve(at), lifetime)
+    }
+
+    /// The live set at an instant grouped by site, biggest group first. Allocations smaller
+    /// than `min_size` are left out.
+    pub fn live_groups(
+        &self,
+        snapshot: &Snapshot,
+        at: Instant,
+        lifetime: Lifetime,
+        by: GroupBy,
+        min_size: u64,
+    ) -> Vec<LiveGroup> {
+        let mut keyer = SiteKeyer::new(snapshot, by);
+        let mut groups: HashMap<SiteKey, LiveGroup> = HashMap::new();
+        for id in self.live_at(at, lifetime) {
+            let a = &self.replay.allocations[id.0 as usize];
+            if a.size < min_size {
+                continue;
+            }
+            let key = keyer.key(a.stack);
+            let g = groups.entry(key.clone()).or_insert_with(|| LiveGroup {
+                key,
+                bytes: 0,
+                count: 0,
+                largest: 0,
+                first_alloc_event: a.alloc_event,
+                allocations: Vec::new(),
+            });
+            g.bytes = g.bytes.saturating_add(a.size);
+            g.count += 1;
+            g.largest = g.largest.max(a.size);
+            g.first_alloc_event = match (g.first_alloc_event, a.alloc_event) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                _ => None,
+            };
+            g.allocations.push(id);
+        }
+        let mut out: Vec<LiveGroup> = groups.into_values().collect();
+        for g in &mut out {
+            g.allocations
+                .sort_by_key(|id| std::cmp::Reverse(self.replay.allocations[id.0 as usize].size));
+        }
+        out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.key.cmp(&b.key)));
+        out
+    }
+
+    /// Allocation sites over the run, by bytes live at the peak (of the active curve), then
+    /// by total bytes allocated.
+    pub fn top_sites(&self, snapshot: &Snapshot, by: GroupBy) -> Vec<SiteStats> {
+        let peak = self.peak(CurveKind::Active).event;
+        let axis = self.replay.axis_len();
+        let mut keyer = SiteKeyer::new(snapshot, by);
+        let mut sites: HashMap<SiteKey, SiteStats> = HashMap::new();
+        for a in &self.replay.allocations {
+            let key = keyer.key(a.stack);
+            let s = sites.entry(key.clone()).or_insert_with(|| SiteStats {
+                key,
+                bytes_at_peak: 0,
+                count_at_peak: 0,
+                total_bytes: 0,
+                count: 0,
+            });
+            s.total_bytes = s.total_bytes.saturating_add(a.size);
+            s.count += 1;
+            if a.is_live_at(peak, Lifetime::Active, axis) {
+                s.bytes_at_peak = s.bytes_at_peak.saturating_add(a.size);
+                s.count_at_peak += 1;
+            }
+        }
+        let mut out: Vec<SiteStats> = sites.into_values().collect();
+        out.sort_by(|a, b| {
+            (b.bytes_at_peak, b.total_bytes)
+                .cmp(&(a.bytes_at_peak, a.total_bytes))
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        out
+    }
+
+    /// Bytes live at every event from allocations smaller than `min_size`: the residual band
+    /// of the size filter. The live allocations of at least `min_size` plus this curve equal
+    /// the lifetime's curve at every event.
+    pub fn residual_curve(&self, min_size: u64, lifetime: Lifetime) -> crate::curve::Curve {
+        let n = self.replay.trace_len as usize;
+        let mut deltas = vec![0i128; n];
+        let mut initial = 0u64;
+        for a in self.replay.allocations.iter().filter(|a| a.size < min_size) {
+            match a.alloc_event {
+                Some(e) => deltas[e as usize] += i128::from(a.size),
+                None => initial = initial.saturating_add(a.size),
+            }
+            let end = match lifetime {
+                Lifetime::Allocated => a.free_requested.or(a.free_completed),
+                Lifetime::Active => a.free_completed,
+            };
+            if let Some(f) = end {
+                deltas[f as usize] -= i128::from(a.size);
+            }
+        }
+        crate::curve::Curve::from_deltas(initial, &deltas)
+    }
+
+    /// Segment usage at an instant (segments reserved then, by address).
+    pub fn fragmentation(&self, at: Instant) -> Vec<SegmentUsage> {
+        let e = self.resolve(at);
+        let axis = self.replay.axis_len();
+        let mut segs: Vec<SegmentUsage> = self
+            .replay
+            .segments
+            .iter()
+            .filter(|s| s.start() <= e && e < s.end(axis))
+            .map(|s| SegmentUsage {
+                addr: s.addr,
+                size: s.size,
+                stream: s.stream,
+                allocated_bytes: 0,
+                block_bytes: 0,
+                allocations: 0,
+                free_bytes: 0,
+                largest_free_block: 0,
+            })
+            .collect();
+        segs.sort_by_key(|s| s.addr);
+        let mut blocks: Vec<Vec<(u64, u64)>> = vec![Vec::new(); segs.len()];
+        for id in self.replay.live_at(e, Lifetime::Active) {
+            let a = &self.replay.allocations[id.0 as usize];
+            let i = segs.partition_point(|s| s.addr <= a.addr);
+            if i == 0 || a.addr >= segs[i - 1].addr.saturating_add(segs[i - 1].size) {
+                continue;
+            }
+            let block = a.size.max(1).div_ceil(512).saturating_mul(512);
+            let seg = &mut segs[i - 1];
+            seg.allocated_bytes = seg.allocated_bytes.saturating_add(a.size);
+            seg.block_bytes = seg.block_bytes.saturating_add(block);
+            seg.allocations += 1;
+            blocks[i - 1].push((a.addr, block));
+        }
+        for (seg, mut blocks) in segs.iter_mut().zip(blocks) {
+            blocks.sort_unstable();
+            let mut cursor = seg.addr;
+            let mut largest = 0u64;
+            for (addr, len) in blocks {
+                largest = largest.max(addr.saturating_sub(cursor));
+                cursor = cursor.max(addr.saturating_add(len));
+            }
+            let end = seg.addr.saturating_add(seg.size);
+            largest = largest.max(end.saturating_sub(cursor));
+            seg.largest_free_block = largest;
+            seg.free_bytes = seg.size.saturating_sub(seg.block_bytes);
+        }
+        segs
+    }
+
+    /// Training steps and drift of the active curve.
+    pub fn steps(&self, options: &StepOptions) -> StepAnalysis {
+        find_steps(
+            &self.curves.active,
+            &self.time,
+            &self.ranges,
+            &self.replay,
+            options,
+        )
+    }
+
+    /// The stacked layout of a range at a pixel width (see [`crate::layout`]).
+    pub fn layout(&self, request: &LayoutRequest) -> Result<Layout> {
+        crate::layout::compute(self, request)
+    }
+
+    /// Min and max of a curve in each of `columns` equal slices of the event range
+    /// `[start, end)` (for drawing curves at any zoom).
+    pub fn curve_envelope(
+        &self,
+        kind: CurveKind,
+        start: u32,
+        end: u32,
+        columns: u32,
+    ) -> Result<Vec<(u64, u64)>> {
+        if columns == 0 || start >= end {
+            return Err(AnalysisError::InvalidRequest {
+                what: "curve_envelope needs columns > 0 and start < end".into(),
+            });
+        }
+        let curve = self.curves.get(kind);
+        let minmax = match kind {
+            CurveKind::Allocated => &self.allocated_minmax,
+            CurveKind::Active => &self.active_minmax,
+            CurveKind::Reserved => &self.reserved_minmax,
+        };
+        let span = f64::from(end - start);
+        Ok((0..columns)
+            .map(|c| {
+                let lo = start as usize + (span * f64::from(c) / f64::from(columns)) as usize;
+                let hi = (start as usize + (span * f64::from(c + 1) / f64::from(columns)) as usize)
+                    .max(lo + 1);
+                // Past the trace's end the curve keeps its last value.
+                minmax.query(lo, hi).unwrap_or_else(|| {
+                    let v = curve.at(lo as u32);
+                    (v, v)
+                })
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,9 @@
+//! Integration tests of memsnap-analysis: synthetic runs with known answers, real snapshots,
+//! the size filter's exactness, layout invariants, odd-but-valid histories.
+
+mod layout;
+mod odd_histories;
+mod real;
+mod size_filter;
+mod synth_truth;
+mod util;

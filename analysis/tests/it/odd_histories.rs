@@ -1,0 +1,176 @@
+//! Weird but valid histories never panic and are accounted for. Regression tests are named
+//! after what broke.
+
+use memsnap_analysis::{
+    summarize, CurveKind, DeviceTimeline, GroupBy, Instant, LayoutRequest, Lifetime, Origin,
+    StepOptions, SummaryOptions,
+};
+use memsnap_format::{Action, Block, BlockState, Segment, Snapshot, TraceEntry};
+
+use crate::util::snapshot_of;
+
+fn exercise(snapshot: &Snapshot) {
+    summarize(snapshot, &SummaryOptions::default()).expect("summary");
+    for device in DeviceTimeline::devices(snapshot) {
+        let t = DeviceTimeline::build(snapshot, device).expect("timeline");
+        let _ = t.steps(&StepOptions::default());
+        for at in [
+            Instant::Peak,
+            Instant::Event(0),
+            Instant::Event(u32::MAX),
+            Instant::TimeUs(0),
+        ] {
+            let _ = t.live_groups(snapshot, at, Lifetime::Active, GroupBy::File, 0);
+            let _ = t.fragmentation(at);
+        }
+        let _ = t.top_sites(snapshot, GroupBy::Stack);
+        t.layout(&LayoutRequest::whole(&t, 64)).expect("layout");
+        t.curve_envelope(CurveKind::Reserved, 0, t.replay().axis_len(), 7)
+            .expect("envelope");
+    }
+}
+
+#[test]
+fn empty_snapshot_and_empty_traces() {
+    exercise(&Snapshot::default());
+    exercise(&Snapshot::new(4));
+    let s = summarize(&Snapshot::new(2), &SummaryOptions::default()).unwrap();
+    assert!(s.devices.is_empty());
+    assert!(DeviceTimeline::build(&Snapshot::new(1), 5).is_err());
+}
+
+#[test]
+fn frees_without_allocs_count_from_the_start_of_the_window() {
+    let snapshot = snapshot_of(&[
+        (Action::FreeRequested, 0x10, 300),
+        (Action::Alloc, 0x20, 100),
+        (Action::FreeCompleted, 0x10, 300),
+        (Action::FreeCompleted, 0x30, 50),
+    ]);
+    exercise(&snapshot);
+    let t = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let replay = t.replay();
+    assert_eq!(replay.before_window_bytes, 350);
+    assert_eq!(replay.before_window_allocations, 2);
+    assert!(replay.truncated);
+    assert_eq!(t.curves().active.after, vec![350, 450, 150, 100]);
+    assert_eq!(t.curves().allocated.after, vec![50, 150, 150, 100]);
+}
+
+#[test]
+fn peak_counts_memory_from_before_the_window_that_the_first_event_frees() {
+    // Real file 08 has a single `free_completed`: the peak is the state before it.
+    let snapshot = snapshot_of(&[(Action::FreeCompleted, 0x10, 4096)]);
+    let t = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let peak = t.peak(CurveKind::Active);
+    assert_eq!((peak.bytes, peak.event), (4096, 0));
+}
+
+#[test]
+fn live_blocks_the_trace_never_allocated_come_from_the_segments() {
+    let mut snapshot = snapshot_of(&[(Action::Alloc, 0x1000, 700)]);
+    let mut seg = Segment::new(0, 0x1000, 4096, 0);
+    let block = |address, size, requested, state| Block {
+        address: Some(address),
+        size,
+        requested_size: Some(requested),
+        state,
+        frames: None,
+        forward_frames: None,
+        history: None,
+        extra: Vec::new(),
+    };
+    seg.blocks = vec![
+        block(0x1000, 1024, 700, BlockState::ActiveAllocated),
+        block(0x1400, 1024, 1000, BlockState::ActiveAllocated),
+        block(0x1800, 2048, 8, BlockState::Inactive),
+    ];
+    snapshot.segments.push(seg);
+    exercise(&snapshot);
+    let t = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let replay = t.replay();
+    assert_eq!(replay.live_in_segments_bytes, 1000);
+    assert_eq!(replay.allocations[0].origin, Origin::LiveInSegments);
+    assert_eq!(t.curves().active.after, vec![1700]);
+    assert_eq!(t.curves().reserved.after, vec![4096]);
+    let frag = t.fragmentation(Instant::Event(0));
+    assert_eq!(frag.len(), 1);
+    assert_eq!(frag[0].allocated_bytes, 1700);
+    assert_eq!(frag[0].largest_free_block, 2048);
+}
+
+#[test]
+fn state_only_snapshot_shows_its_live_blocks_at_event_zero() {
+    let mut snapshot = Snapshot::new(1);
+    let mut seg = Segment::new(0, 0x1000, 1024, 0);
+    seg.blocks = vec![Block {
+        address: None,
+        size: 1024,
+        requested_size: Some(1000),
+        state: BlockState::ActiveAllocated,
+        frames: None,
+        forward_frames: None,
+        history: None,
+        extra: Vec::new(),
+    }];
+    snapshot.segments.push(seg);
+    exercise(&snapshot);
+    let t = DeviceTimeline::build(&snapshot, 0).unwrap();
+    assert_eq!(t.peak(CurveKind::Active).bytes, 1000);
+    let layout = t.layout(&LayoutRequest::whole(&t, 10)).unwrap();
+    assert_eq!(layout.bands.len(), 1);
+}
+
+#[test]
+fn unknown_actions_zero_sizes_double_allocs_and_missing_times() {
+    let mut snapshot = snapshot_of(&[
+        (Action::Alloc, 0x10, 0),
+        (Action::Alloc, 0x20, 64),
+        (Action::Alloc, 0x20, 64), // never freed in between
+        (Action::SegmentFree, 0x9000, 2 << 20),
+        (Action::Oom, 0, 1 << 30),
+        (Action::Snapshot, 0, 0),
+        (Action::Annotate, 0x20, 0),
+        (Action::FreeCompleted, 0x20, 64),
+        (Action::Free, 0x10, 0),
+    ]);
+    let other = snapshot.strings.intern("mystery_action");
+    let trace = &mut snapshot.device_traces.as_mut().unwrap()[0];
+    let mut odd = TraceEntry::new(Action::Other(other), 0x40, 12, 0);
+    odd.time_us = Some(10);
+    trace.push(odd);
+    trace[1].time_us = Some(20); // backwards relative to the one after, absent elsewhere
+    exercise(&snapshot);
+    let t = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let replay = t.replay();
+    assert_eq!(replay.anomaly_count, 1);
+    assert_eq!(replay.oom_events, vec![4]);
+    assert_eq!(replay.actions.other, 2);
+    assert_eq!(t.curves().active.after.last(), Some(&0));
+    assert!(t.time().has_time());
+}
+
+#[test]
+fn hostile_sizes_saturate_instead_of_overflowing() {
+    let snapshot = snapshot_of(&[
+        (Action::Alloc, 0x10, u64::MAX),
+        (Action::Alloc, 0x20, u64::MAX),
+        (Action::FreeCompleted, 0x30, u64::MAX),
+        (Action::SegmentAlloc, 0x40, u64::MAX),
+        (Action::SegmentAlloc, 0x80, u64::MAX),
+    ]);
+    exercise(&snapshot);
+}
+
+#[test]
+fn first_step_floor_is_not_a_leak() {
+    // The warm-up step allocates optimizer state after its backward pass; its minimum lies
+    // below the later steps' floor, which once read as a leak of several MiB per step.
+    let run = memsnap_format::synth::TrainingRun::default();
+    let (snapshot, _) = memsnap_format::synth::generate(&run);
+    let t = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = t.steps(&StepOptions::default());
+    assert!(analysis.steps.len() >= 3);
+    assert_eq!(analysis.drift.min_bytes_per_step, 0.0);
+    assert!(!analysis.drift.leak_suspected);
+}

@@ -1,0 +1,228 @@
+//! Pickle codec benchmark, side by side with CPython in the same run.
+//!
+//! ```text
+//! cargo run --release -p memsnap-format --example bench_pickle -- --entries 1000000
+//! ```
+//!
+//! Generates a synthetic training-run snapshot (`memsnap_format::synth`) with about N trace
+//! entries and shared stacks, writes it with our writer, then measures on that file:
+//!
+//! * load: our `pickle::read` (file read included) vs `pickle.load` in `python3` (gc on);
+//! * peak RSS of a process that only loads the file: ours (this example re-run in child mode,
+//!   `VmHWM` from `/proc/self/status`) vs Python's (`ru_maxrss`);
+//! * write: our `pickle::to_vec` of the loaded snapshot vs `pickle.dumps` of the loaded object
+//!   (protocol 4), and the two output sizes.
+//!
+//! Each ratio is reference / ours, so larger is better for us.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_format::{io, pickle};
+
+const USAGE: &str = "\
+usage: bench_pickle [--entries N] [--runs N] [--keep PATH]
+
+  --entries N   about N trace entries (default 1000000)
+  --runs N      timed runs of our side, best kept (default 3)
+  --keep PATH   write the generated pickle here instead of a temporary file";
+
+const PYTHON: &str = r#"
+import json, pickle, resource, sys, time
+path = sys.argv[1]
+t = time.perf_counter()
+with open(path, "rb") as f:
+    obj = pickle.load(f)
+load_s = time.perf_counter() - t
+rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+out = pickle.dumps(obj, protocol=4)
+dump_s = time.perf_counter() - t
+print(json.dumps({"load_s": load_s, "rss_kib": rss_kib, "dump_s": dump_s, "dump_bytes": len(out)}))
+"#;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("bench_pickle: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct PythonResult {
+    load_s: f64,
+    rss_bytes: u64,
+    dump_s: f64,
+    dump_bytes: u64,
+}
+
+fn run() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let (mut entries, mut runs, mut keep) = (1_000_000usize, 3usize, None::<PathBuf>);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value\n\n{USAGE}"));
+        match arg.as_str() {
+            "--child-load" => return child_load(Path::new(&value()?)),
+            "--entries" => entries = value()?.parse().map_err(|e| format!("--entries: {e}"))?,
+            "--runs" => runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
+            "--keep" => keep = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
+        }
+    }
+    if cfg!(debug_assertions) {
+        eprintln!("warning: debug build; run with --release for meaningful numbers");
+    }
+
+    let t = Instant::now();
+    let (snapshot, _) = generate(&TrainingRun {
+        target_entries: Some(entries),
+        ..TrainingRun::default()
+    });
+    let bytes = pickle::to_vec(&snapshot);
+    let tmp = tempdir_path();
+    let path = keep.unwrap_or_else(|| tmp.join("bench.pickle"));
+    io::write_atomic(&path, &bytes).map_err(|e| e.to_string())?;
+    println!(
+        "snapshot: {} entries, {} stacks, {} frames, pickle {:.1} MB at {} (generated in {:.1} s)",
+        snapshot.entry_count(),
+        snapshot.stacks.len(),
+        snapshot.frames.len(),
+        bytes.len() as f64 / 1e6,
+        path.display(),
+        t.elapsed().as_secs_f64()
+    );
+    drop(snapshot);
+    drop(bytes);
+
+    // Ours: load (file read included) and write, best of `runs`.
+    let (mut load_s, mut write_s, mut our_size) = (f64::MAX, f64::MAX, 0);
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        let data = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let snap = pickle::read(&data).map_err(|e| e.to_string())?;
+        load_s = load_s.min(t.elapsed().as_secs_f64());
+        drop(data);
+        let t = Instant::now();
+        let out = pickle::to_vec(&snap);
+        write_s = write_s.min(t.elapsed().as_secs_f64());
+        our_size = out.len();
+    }
+    let our_rss = child_rss(&path)?;
+
+    let python = python_side(&path)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+
+    match python {
+        None => {
+            println!("load: ours {load_s:.3} s (python3 not found: no reference)");
+            println!("write: ours {write_s:.3} s, {our_size} bytes");
+            println!("peak RSS (load only): ours {:.1} MB", our_rss as f64 / 1e6);
+        }
+        Some(py) => {
+            let load_ratio = py.load_s / load_s;
+            let rss_ratio = py.rss_bytes as f64 / our_rss as f64;
+            let write_ratio = py.dump_s / write_s;
+            let size_ratio = py.dump_bytes as f64 / our_size as f64;
+            let verdict = |ok: bool| if ok { "meets" } else { "MISSES" };
+            println!(
+                "load: ours {load_s:.3} s, python {:.3} s, ratio {load_ratio:.1}x ({} target 10x)",
+                py.load_s,
+                verdict(load_ratio >= 10.0)
+            );
+            println!(
+                "peak RSS (load only): ours {:.1} MB, python {:.1} MB, ratio {rss_ratio:.2}x ({} target 3x)",
+                our_rss as f64 / 1e6,
+                py.rss_bytes as f64 / 1e6,
+                verdict(rss_ratio >= 3.0)
+            );
+            println!(
+                "write: ours {write_s:.3} s, python {:.3} s, ratio {write_ratio:.1}x ({} target 5x)",
+                py.dump_s,
+                verdict(write_ratio >= 5.0)
+            );
+            println!(
+                "size: ours {our_size} bytes, python {} bytes, ratio {size_ratio:.3}x ({} target >= 1x)",
+                py.dump_bytes,
+                verdict(size_ratio >= 1.0)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn tempdir_path() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memsnap-bench-pickle-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+/// Child mode: load the file once and print the peak RSS.
+fn child_load(path: &Path) -> Result<(), String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let snap = pickle::read(&data).map_err(|e| e.to_string())?;
+    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or("no VmHWM in /proc/self/status")?;
+    println!("{} {}", hwm_kib, snap.entry_count());
+    Ok(())
+}
+
+fn child_rss(path: &Path) -> Result<u64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new(exe)
+        .arg("--child-load")
+        .arg(path)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "child load failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let kib: u64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("child printed {text:?}"))?;
+    Ok(kib * 1024)
+}
+
+fn python_side(path: &Path) -> Result<Option<PythonResult>, String> {
+    let out = match Command::new("python3")
+        .arg("-c")
+        .arg(PYTHON)
+        .arg(path)
+        .output()
+    {
+        Ok(out) => out,
+        Err(_) => return Ok(None),
+    };
+    if !out.status.success() {
+        return Err(format!(
+            "python3 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("python3 output: {e}"))?;
+    let num = |k: &str| v[k].as_f64().ok_or_else(|| format!("python3 output lacks {k}"));
+    Ok(Some(PythonResult {
+        load_s: num("load_s")?,
+        rss_bytes: num("rss_kib")? as u64 * 1024,
+        dump_s: num("dump_s")?,
+        dump_bytes: num("dump_bytes")? as u64,
+    }))
+}

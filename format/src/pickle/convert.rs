@@ -1,0 +1,786 @@
+//! The conversion pass: object graph ([`Arena`]) to the typed, interned [`Snapshot`].
+//!
+//! Memo-shared frame lists and frame dicts are converted once: a per-node cache maps a list
+//! node to its [`StackId`] and a frame dict node to its [`FrameId`]. Everything else that is
+//! expanded (segments, blocks, entries, unknown keys as [`Value`]) is charged to a budget
+//! proportional to the input, so a memo bomb cannot make us allocate without bound.
+
+use std::fmt::Write as _;
+
+use crate::error::{FormatError, Result};
+use crate::intern::{Frame, FrameId, StackId};
+use crate::model::*;
+use crate::value::{Extras, Value};
+
+use super::vm::{long_to_u64, Arena, Kind, Val, NONE};
+
+/// Deepest nesting of unknown values we expand (and later drop) recursively; real snapshots
+/// nest a few levels, and 256 levels fit in a 2 MiB thread stack even in debug builds.
+pub(crate) const MAX_DEPTH: usize = 256;
+
+#[derive(Clone, Debug)]
+enum Seg {
+    Key(&'static str),
+    Name(String),
+    Index(usize),
+}
+
+pub(crate) struct Conv<'a, 'b> {
+    arena: &'b Arena<'a>,
+    snap: Snapshot,
+    stack_cache: Vec<u32>,
+    frame_cache: Vec<u32>,
+    frame_buf: Vec<FrameId>,
+    path: Vec<Seg>,
+    budget: u64,
+}
+
+/// Converts a whole arena.
+pub(crate) fn convert(arena: &Arena<'_>) -> Result<Snapshot> {
+    let n = arena.nodes.len();
+    let mut conv = Conv {
+        arena,
+        snap: Snapshot::default(),
+        stack_cache: vec![NONE; n],
+        frame_cache: vec![NONE; n],
+        frame_buf: Vec::new(),
+        path: Vec::new(),
+        budget: 4 * arena.input.len() as u64 + (1 << 16),
+    };
+    conv.top(arena.root)?;
+    Ok(conv.snap)
+}
+
+/// Keys of a dict in order, with their values.
+type Pairs = Vec<(Val, Val)>;
+
+impl<'a> Conv<'a, '_> {
+    fn path_string(&self) -> String {
+        let mut s = String::new();
+        for seg in &self.path {
+            match seg {
+                Seg::Key(k) => {
+                    if !s.is_empty() {
+                        s.push('.');
+                    }
+                    s.push_str(k);
+                }
+                Seg::Name(k) => {
+                    if !s.is_empty() {
+                        s.push('.');
+                    }
+                    s.push_str(k);
+                }
+                Seg::Index(i) => {
+                    let _ = write!(s, "[{i}]");
+                }
+            }
+        }
+        if s.is_empty() {
+            s.push_str("<top level>");
+        }
+        s
+    }
+
+    fn schema(&self, what: impl Into<String>) -> FormatError {
+        FormatError::schema(self.path_string(), what)
+    }
+
+    fn charge(&mut self, n: u64) -> Result<()> {
+        if self.budget < n {
+            return Err(self.schema(
+                "memo-shared containers expand to far more values than the input holds (memo bomb?)",
+            ));
+        }
+        self.budget -= n;
+        Ok(())
+    }
+
+    fn type_name(&self, v: Val) -> &'static str {
+        match v {
+            Val::None => "None",
+            Val::Bool(_) => "bool",
+            Val::Int(_) | Val::BigInt { .. } => "int",
+            Val::Float(_) => "float",
+            Val::Str { .. } => "str",
+            Val::Bytes { .. } => "bytes",
+            Val::Node(id) => match self.arena.node(id).kind {
+                Kind::List => "list",
+                Kind::Dict => "dict",
+                Kind::Tuple => "tuple",
+            },
+        }
+    }
+
+    fn expected(&self, what: &str, v: Val) -> FormatError {
+        self.schema(format!("expected {what}, found {}", self.type_name(v)))
+    }
+
+    fn key_bytes(&self, v: Val) -> Option<&'a [u8]> {
+        match v {
+            Val::Str { start, len } => Some(self.arena.bytes(start, len)),
+            _ => None,
+        }
+    }
+
+    fn str(&self, v: Val) -> Result<&'a str> {
+        match v {
+            Val::Str { start, len } => {
+                std::str::from_utf8(self.arena.bytes(start, len)).map_err(|e| FormatError::Pickle {
+                    offset: (start + e.valid_up_to()) as u64,
+                    what: format!("invalid UTF-8 in a string ({})", self.path_string()),
+                })
+            }
+            other => Err(self.expected("a str", other)),
+        }
+    }
+
+    fn i64(&self, v: Val) -> Result<i64> {
+        match v {
+            Val::Int(i) => Ok(i),
+            Val::BigInt { .. } => Err(self.schema("integer out of the 64-bit signed range")),
+            other => Err(self.expected("an int", other)),
+        }
+    }
+
+    fn u64(&self, v: Val) -> Result<u64> {
+        match v {
+            Val::Int(i) => u64::try_from(i).map_err(|_| self.schema(format!("negative value {i}"))),
+            Val::BigInt { start, len } => long_to_u64(self.arena.bytes(start, len))
+                .ok_or_else(|| self.schema("integer out of the 64-bit unsigned range")),
+            other => Err(self.expected("an int", other)),
+        }
+    }
+
+    fn bool(&self, v: Val) -> Result<bool> {
+        match v {
+            Val::Bool(b) => Ok(b),
+            other => Err(self.expected("a bool", other)),
+        }
+    }
+
+    fn node_of(&self, v: Val, kind: Kind, what: &str) -> Result<u32> {
+        match v {
+            Val::Node(id) if self.arena.node(id).kind == kind => Ok(id),
+            other => Err(self.expected(what, other)),
+        }
+    }
+
+    fn list(&self, v: Val) -> Result<u32> {
+        self.node_of(v, Kind::List, "a list")
+    }
+
+    fn dict_pairs(&self, v: Val) -> Result<Pairs> {
+        let id = self.node_of(v, Kind::Dict, "a dict")?;
+        let mut items = self.arena.items(id);
+        let mut out = Vec::with_capacity(self.arena.node(id).len as usize / 2);
+        while let (Some(k), Some(v)) = (items.next(), items.next()) {
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` with `seg` appended to the error path.
+    #[inline]
+    fn at<T>(&mut self, seg: Seg, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.path.push(seg);
+        let r = f(self)?;
+        self.path.pop();
+        Ok(r)
+    }
+
+    /// An unknown key's name (non-str keys of typed dicts are schema errors).
+    fn key_name(&self, k: Val) -> Result<String> {
+        match k {
+            Val::Str { .. } => Ok(self.str(k)?.to_owned()),
+            other => Err(self.schema(format!("dict key is a {}, expected str", self.type_name(other)))),
+        }
+    }
+
+    fn extra(&mut self, k: Val, v: Val, out: &mut Extras) -> Result<()> {
+        let name = self.key_name(k)?;
+        let value = self.at(Seg::Name(name.clone()), |c| c.value(v, 0))?;
+        out.push((name, value));
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- generic values
+
+    pub(crate) fn value(&mut self, v: Val, depth: usize) -> Result<Value> {
+        self.charge(1)?;
+        Ok(match v {
+            Val::None => Value::None,
+            Val::Bool(b) => Value::Bool(b),
+            Val::Int(i) => Value::Int(i),
+            Val::BigInt { start, len } => Value::BigInt(self.arena.bytes(start, len).to_vec()),
+            Val::Float(f) => Value::Float(f),
+            Val::Str { .. } => Value::Str(self.str(v)?.to_owned()),
+            Val::Bytes { start, len } => Value::Bytes(self.arena.bytes(start, len).to_vec()),
+            Val::Node(id) => {
+                if depth >= MAX_DEPTH {
+                    return Err(self.schema(format!(
+                        "containers nested deeper than {MAX_DEPTH} levels"
+                    )));
+                }
+                let node = *self.arena.node(id);
+                self.charge(node.len.into())?;
+                let items: Vec<Val> = self.arena.items(id).collect();
+                match node.kind {
+                    Kind::List | Kind::Tuple => {
+                        let mut out = Vec::with_capacity(items.len());
+                        for (i, item) in items.into_iter().enumerate() {
+                            out.push(self.at(Seg::Index(i), |c| c.value(item, depth + 1))?);
+                        }
+                        if node.kind == Kind::List {
+                            Value::List(out)
+                        } else {
+                            Value::Tuple(out)
+                        }
+                    }
+                    Kind::Dict => {
+                        let mut out = Vec::with_capacity(items.len() / 2);
+                        for pair in items.chunks_exact(2) {
+                            let key = self.value(pair[0], depth + 1)?;
+                            let seg = match &key {
+                                Value::Str(s) => Seg::Name(s.clone()),
+                                _ => Seg::Name(format!("<{} key>", key.type_name())),
+                            };
+                            let val = self.at(seg, |c| c.value(pair[1], depth + 1))?;
+                            out.push((key, val));
+                        }
+                        Value::Dict(out)
+                    }
+                }
+            }
+        })
+    }
+
+    fn string_list(&mut self, v: Val) -> Result<Vec<String>> {
+        let id = self.list(v)?;
+        self.charge(self.arena.node(id).len.into())?;
+        let items: Vec<Val> = self.arena.items(id).collect();
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            out.push(self.at(Seg::Index(i), |c| c.str(item).map(str::to_owned))?);
+        }
+        Ok(out)
+    }
+
+    // ---------------------------------------------------------------- frames and stacks
+
+    fn stack(&mut self, v: Val) -> Result<StackId> {
+        let id = self.list(v)?;
+        let cached = self.stack_cache[id as usize];
+        if cached != NONE {
+            return Ok(StackId(cached));
+        }
+        let mut buf = std::mem::take(&mut self.frame_buf);
+        buf.clear();
+        for (i, item) in self.arena.items(id).enumerate() {
+            let fid = self.at(Seg::Index(i), |c| c.frame(item))?;
+            buf.push(fid);
+        }
+        let sid = self.snap.stacks.intern(&buf);
+        self.frame_buf = buf;
+        self.stack_cache[id as usize] = sid.0;
+        Ok(sid)
+    }
+
+    fn frame(&mut self, v: Val) -> Result<FrameId> {
+        let id = self.node_of(v, Kind::Dict, "a frame dict")?;
+        let cached = self.frame_cache[id as usize];
+        if cached != NONE {
+            return Ok(FrameId(cached));
+        }
+        let (mut name, mut filename, mut line) = (None, None, None);
+        let mut extra = Extras::new();
+        for (k, v) in self.dict_pairs(v)? {
+            match self.key_bytes(k) {
+                Some(b"name") => name = Some(self.at(Seg::Key("name"), |c| c.str(v))?),
+                Some(b"filename") => {
+                    filename = Some(self.at(Seg::Key("filename"), |c| c.str(v))?)
+                }
+                Some(b"line") => line = Some(self.at(Seg::Key("line"), |c| c.i64(v))?),
+                _ => self.extra(k, v, &mut extra)?,
+            }
+        }
+        let (Some(name), Some(filename), Some(line)) = (name, filename, line) else {
+            return Err(self.schema("frame lacks one of the keys 'name', 'filename', 'line'"));
+        };
+        let frame = Frame {
+            name: name.to_owned(),
+            filename: filename.to_owned(),
+            line,
+            extra,
+        };
+        let fid = self.snap.frames.intern(frame);
+        self.frame_cache[id as usize] = fid.0;
+        Ok(fid)
+    }
+
+    // ---------------------------------------------------------------- top level
+
+    fn top(&mut self, root: Val) -> Result<()> {
+        match root {
+            Val::Node(id) if self.arena.node(id).kind == Kind::List => {
+                self.snap.shape = Shape::SegmentList;
+                self.snap.segments = self.segments(root)?;
+                Ok(())
+            }
+            Val::Node(id) if self.arena.node(id).kind == Kind::Dict => {
+                let mut segments = None;
+                for (k, v) in self.dict_pairs(root)? {
+                    match self.key_bytes(k) {
+                        Some(b"segments") => {
+                            segments = Some(self.at(Seg::Key("segments"), |c| c.segments(v))?)
+                        }
+                        Some(b"device_traces") => {
+                            let traces = self.at(Seg::Key("device_traces"), |c| c.traces(v))?;
+                            self.snap.device_traces = Some(traces);
+                        }
+                        Some(b"allocator_settings") => {
+                            let s = self.at(Seg::Key("allocator_settings"), |c| c.settings(v))?;
+                            self.snap.allocator_settings = Some(s);
+                        }
+                        Some(b"external_annotations") => {
+                            let a =
+                                self.at(Seg::Key("external_annotations"), |c| c.annotations(v))?;
+                            self.snap.external_annotations = Some(a);
+                        }
+                        Some(b"host_segments") => {
+                            let h = self.at(Seg::Key("host_segments"), |c| c.value(v, 0))?;
+                            self.snap.host_segments = Some(h);
+                        }
+                        Some(b"host_traces") => {
+                            let h = self.at(Seg::Key("host_traces"), |c| c.value(v, 0))?;
+                            self.snap.host_traces = Some(h);
+                        }
+                        Some(b"memsnap") => {
+                            let r = self.at(Seg::Key("memsnap"), |c| c.recorder_info(v))?;
+                            self.snap.recorder_info = Some(r);
+                        }
+                        _ => {
+                            let mut extra = std::mem::take(&mut self.snap.extra);
+                            self.extra(k, v, &mut extra)?;
+                            self.snap.extra = extra;
+                        }
+                    }
+                }
+                self.snap.segments =
+                    segments.ok_or_else(|| self.schema("the snapshot dict has no 'segments' key"))?;
+                Ok(())
+            }
+            other => Err(self.expected("a snapshot dict or a segment list", other)),
+        }
+    }
+
+    fn recorder_info(&mut self, v: Val) -> Result<RecorderInfo> {
+        let mut info = RecorderInfo::default();
+        let mut producer = None;
+        for (k, v) in self.dict_pairs(v)? {
+            match self.key_bytes(k) {
+                Some(b"producer") => {
+                    producer = Some(self.at(Seg::Key("producer"), |c| c.str(v))?.to_owned())
+                }
+                Some(b"dropped_entries") => {
+                    info.dropped_entries = self.at(Seg::Key("dropped_entries"), |c| {
+                        let id = c.list(v)?;
+                        c.charge(c.arena.node(id).len.into())?;
+                        let items: Vec<Val> = c.arena.items(id).collect();
+                        items
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, x)| c.at(Seg::Index(i), |c| c.u64(x)))
+                            .collect()
+                    })?
+                }
+                _ => self.extra(k, v, &mut info.extra)?,
+            }
+        }
+        info.producer = producer.ok_or_else(|| self.schema("missing key 'producer'"))?;
+        Ok(info)
+    }
+
+    // ---------------------------------------------------------------- segments and blocks
+
+    fn segments(&mut self, v: Val) -> Result<Vec<Segment>> {
+        let id = self.list(v)?;
+        self.charge(self.arena.node(id).len.into())?;
+        let items: Vec<Val> = self.arena.items(id).collect();
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            out.push(self.at(Seg::Index(i), |c| c.segment(item))?);
+        }
+        Ok(out)
+    }
+
+    fn segment(&mut self, v: Val) -> Result<Segment> {
+        let (mut device, mut address, mut total_size, mut stream) = (None, None, None, None);
+        let mut seg = Segment::new(0, 0, 0, 0);
+        seg.allocated_size = None;
+        seg.active_size = None;
+        seg.requested_size = None;
+        seg.segment_type = None;
+        seg.segment_pool_id = None;
+        seg.is_expandable = None;
+        let mut blocks = None;
+        for (k, v) in self.dict_pairs(v)? {
+            match self.key_bytes(k) {
+                Some(b"device") => device = Some(self.at(Seg::Key("device"), |c| c.i64(v))?),
+                Some(b"address") => address = Some(self.at(Seg::Key("address"), |c| c.u64(v))?),
+                Some(b"total_size") => {
+                    total_size = Some(self.at(Seg::Key("total_size"), |c| c.u64(v))?)
+                }
+                Some(b"allocated_size") => {
+                    seg.allocated_size = Some(self.at(Seg::Key("allocated_size"), |c| c.u64(v))?)
+                }
+                Some(b"active_size") => {
+                    seg.active_size = Some(self.at(Seg::Key("active_size"), |c| c.u64(v))?)
+                }
+                Some(b"requested_size") => {
+                    seg.requested_size = Some(self.at(Seg::Key("requested_size"), |c| c.u64(v))?)
+                }
+                Some(b"stream") => stream = Some(self.at(Seg::Key("stream"), |c| c.i64(v))?),
+                Some(b"segment_type") => {
+                    let t = self.at(Seg::Key("segment_type"), |c| c.str(v))?;
+                    seg.segment_type = Some(
+                        SegmentType::from_name(t)
+                            .unwrap_or_else(|| SegmentType::Other(self.snap.strings.intern(t))),
+                    );
+                }
+                Some(b"segment_pool_id") => {
+                    seg.segment_pool_id =
+                        Some(self.at(Seg::Key("segment_pool_id"), |c| c.pool_id(v))?)
+                }
+                Some(b"is_expandable") => {
+                    seg.is_expandable = Some(self.at(Seg::Key("is_expandable"), |c| c.bool(v))?)
+                }
+                Some(b"frames") => {
+                    seg.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
+                    seg.frames_after_blocks = blocks.is_some();
+                }
+                Some(b"blocks") => blocks = Some(self.at(Seg::Key("blocks"), |c| c.blocks(v))?),
+                _ => self.extra(k, v, &mut seg.extra)?,
+            }
+        }
+        let missing = |c: &Self, key: &str| c.schema(format!("segment lacks key '{key}'"));
+        seg.device = device.ok_or_else(|| missing(self, "device"))?;
+        seg.address = address.ok_or_else(|| missing(self, "address"))?;
+        seg.total_size = total_size.ok_or_else(|| missing(self, "total_size"))?;
+        seg.stream = stream.ok_or_else(|| missing(self, "stream"))?;
+        seg.blocks = blocks.ok_or_else(|| missing(self, "blocks"))?;
+        Ok(seg)
+    }
+
+    fn pool_id(&mut self, v: Val) -> Result<(i64, i64)> {
+        let id = self.node_of(v, Kind::Tuple, "a (int, int) tuple")?;
+        let items: Vec<Val> = self.arena.items(id).take(3).collect();
+        match items[..] {
+            [a, b] => Ok((self.i64(a)?, self.i64(b)?)),
+            _ => Err(self.schema(format!(
+                "expected a 2-tuple, found {} items",
+                self.arena.node(id).len
+            ))),
+        }
+    }
+
+    fn blocks(&mut self, v: Val) -> Result<Vec<Block>> {
+        let id = self.list(v)?;
+        self.charge(self.arena.node(id).len.into())?;
+        let items: Vec<Val> = self.arena.items(id).collect();
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            out.push(self.at(Seg::Index(i), |c| c.block(item))?);
+        }
+        Ok(out)
+    }
+
+    fn block(&mut self, v: Val) -> Result<Block> {
+        let mut b = Block {
+            address: None,
+            size: 0,
+            requested_size: None,
+            state: BlockState::Inactive,
+            frames: None,
+            forward_frames: None,
+            history: None,
+            extra: Extras::new(),
+        };
+        let (mut size, mut state) = (None, None);
+        for (k, v) in self.dict_pairs(v)? {
+            match self.key_bytes(k) {
+                Some(b"address") => b.address = Some(self.at(Seg::Key("address"), |c| c.u64(v))?),
+                Some(b"size") => size = Some(self.at(Seg::Key("size"), |c| c.u64(v))?),
+                Some(b"requested_size") => {
+                    b.requested_size = Some(self.at(Seg::Key("requested_size"), |c| c.u64(v))?)
+                }
+                Some(b"state") => {
+                    let s = self.at(Seg::Key("state"), |c| c.str(v))?;
+                    state = Some(
+                        BlockState::from_name(s)
+                            .unwrap_or_else(|| BlockState::Other(self.snap.strings.intern(s))),
+                    );
+                }
+                Some(b"frames") => b.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?),
+                Some(b"forward_frames") => {
+                    b.forward_frames =
+                        Some(self.at(Seg::Key("forward_frames"), |c| c.string_list(v))?)
+                }
+                Some(b"history") => b.history = Some(self.at(Seg::Key("history"), |c| c.history(v))?),
+                _ => self.extra(k, v, &mut b.extra)?,
+            }
+        }
+        b.size = size.ok_or_else(|| self.schema("block lacks key 'size'"))?;
+        b.state = state.ok_or_else(|| self.schema("block lacks key 'state'"))?;
+        Ok(b)
+    }
+
+    fn history(&mut self, v: Val) -> Result<Vec<HistoryItem>> {
+        let id = self.list(v)?;
+        self.charge(self.arena.node(id).len.into())?;
+        let items: Vec<Val> = self.arena.items(id).collect();
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            out.push(self.at(Seg::Index(i), |c| {
+                let mut h = HistoryItem {
+                    addr: 0,
+                    real_size: 0,
+                    frames: None,
+                    extra: Extras::new(),
+                };
+                let (mut addr, mut real_size) = (None, None);
+                for (k, v) in c.dict_pairs(item)? {
+                    match c.key_bytes(k) {
+                        Some(b"addr") => addr = Some(c.at(Seg::Key("addr"), |c| c.u64(v))?),
+                        Some(b"real_size") => {
+                            real_size = Some(c.at(Seg::Key("real_size"), |c| c.u64(v))?)
+                        }
+                        Some(b"frames") => h.frames = Some(c.at(Seg::Key("frames"), |c| c.stack(v))?),
+                        _ => c.extra(k, v, &mut h.extra)?,
+                    }
+                }
+                h.addr = addr.ok_or_else(|| c.schema("history item lacks key 'addr'"))?;
+                h.real_size =
+                    real_size.ok_or_else(|| c.schema("history item lacks key 'real_size'"))?;
+                Ok(h)
+            })?);
+        }
+        Ok(out)
+    }
+
+    // ---------------------------------------------------------------- traces
+
+    fn traces(&mut self, v: Val) -> Result<Vec<Vec<TraceEntry>>> {
+        let id = self.list(v)?;
+        let devices: Vec<Val> = self.arena.items(id).collect();
+        self.charge(devices.len() as u64)?;
+        let mut out = Vec::with_capacity(devices.len());
+        for (d, dev) in devices.into_iter().enumerate() {
+            out.push(self.at(Seg::Index(d), |c| {
+                let lid = c.list(dev)?;
+                c.charge(c.arena.node(lid).len.into())?;
+                let mut entries = Vec::with_capacity(c.arena.node(lid).len as usize);
+                for (i, item) in c.arena.items(lid).enumerate() {
+                    entries.push(c.at(Seg::Index(i), |c| c.entry(item))?);
+                }
+                Ok(entries)
+            })?);
+        }
+        Ok(out)
+    }
+
+    fn entry(&mut self, v: Val) -> Result<TraceEntry> {
+        let id = self.node_of(v, Kind::Dict, "a trace entry dict")?;
+        let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
+        let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
+        let mut rare: Option<Box<EntryRare>> = None;
+        let mut first = true;
+        let mut items = self.arena.items(id);
+        while let (Some(k), Some(v)) = (items.next(), items.next()) {
+            let key = self.key_bytes(k);
+            match key {
+                Some(b"action") => {
+                    let name = self.at(Seg::Key("action"), |c| c.str(v))?;
+                    action = Some(
+                        Action::from_name(name)
+                            .unwrap_or_else(|| Action::Other(self.snap.strings.intern(name))),
+                    );
+                }
+                Some(b"addr") => addr = Some(self.at(Seg::Key("addr"), |c| c.u64(v))?),
+                Some(b"size") => size = Some(self.at(Seg::Key("size"), |c| c.u64(v))?),
+                Some(b"stream") => stream = Some(self.at(Seg::Key("stream"), |c| c.i64(v))?),
+                Some(b"time_us") => e.time_us = Some(self.at(Seg::Key("time_us"), |c| c.i64(v))?),
+                Some(b"compile_context") => {
+                    let s = self.at(Seg::Key("compile_context"), |c| c.str(v))?;
+                    e.compile_context = Some(self.snap.strings.intern(s));
+                }
+                Some(b"user_metadata") => {
+                    let s = self.at(Seg::Key("user_metadata"), |c| c.str(v))?;
+                    e.user_metadata = Some(self.snap.strings.intern(s));
+                }
+                Some(b"frames") => {
+                    e.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
+                    if first {
+                        rare.get_or_insert_with(Default::default).legacy_frames_first = true;
+                    }
+                }
+                Some(b"device_free") => {
+                    let f = self.at(Seg::Key("device_free"), |c| c.u64(v))?;
+                    rare.get_or_insert_with(Default::default).device_free = Some(f);
+                }
+                Some(b"internal_metadata") => {
+                    let s = self.at(Seg::Key("internal_metadata"), |c| c.str(v))?;
+                    let s = self.snap.strings.intern(s);
+                    rare.get_or_insert_with(Default::default).internal_metadata = Some(s);
+                }
+                Some(b"forward_frames") => {
+                    let f = self.at(Seg::Key("forward_frames"), |c| c.string_list(v))?;
+                    rare.get_or_insert_with(Default::default).forward_frames = Some(f);
+                }
+                _ => {
+                    let r = rare.get_or_insert_with(Default::default);
+                    let mut extra = std::mem::take(&mut r.extra);
+                    self.extra(k, v, &mut extra)?;
+                    rare.as_mut().expect("just set").extra = extra;
+                }
+            }
+            first = false;
+        }
+        e.action = action.ok_or_else(|| self.schema("trace entry lacks key 'action'"))?;
+        e.size = size.ok_or_else(|| self.schema("trace entry lacks key 'size'"))?;
+        e.stream = stream.ok_or_else(|| self.schema("trace entry lacks key 'stream'"))?;
+        match addr {
+            Some(a) => e.addr = a,
+            None => rare.get_or_insert_with(Default::default).no_addr = true,
+        }
+        e.rare = rare;
+        Ok(e)
+    }
+
+    // ---------------------------------------------------------------- settings, annotations
+
+    fn settings(&mut self, v: Val) -> Result<AllocatorSettings> {
+        let mut s = AllocatorSettings::default();
+        for (k, v) in self.dict_pairs(v)? {
+            // A known key with an unexpected type is kept in `extra` rather than rejected.
+            let kept = match self.key_bytes(k) {
+                Some(b"PYTORCH_CUDA_ALLOC_CONF") if s.alloc_conf.is_none() => {
+                    if let Val::Str { .. } = v {
+                        s.alloc_conf = Some(self.str(v)?.to_owned());
+                    }
+                    s.alloc_conf.is_some()
+                }
+                Some(b"max_split_size") => set_int(&mut s.max_split_size, v),
+                Some(b"garbage_collection_threshold") => match v {
+                    Val::Float(f) if s.garbage_collection_threshold.is_none() => {
+                        s.garbage_collection_threshold = Some(f);
+                        true
+                    }
+                    _ => false,
+                },
+                Some(b"expandable_segments") => set_bool(&mut s.expandable_segments, v),
+                Some(b"pinned_num_register_threads") => {
+                    set_int(&mut s.pinned_num_register_threads, v)
+                }
+                Some(b"release_lock_on_cudamalloc") => {
+                    set_bool(&mut s.release_lock_on_cudamalloc, v)
+                }
+                Some(b"pinned_use_cuda_host_register") => {
+                    set_bool(&mut s.pinned_use_cuda_host_register, v)
+                }
+                Some(b"graph_capture_record_stream_reuse") => {
+                    set_bool(&mut s.graph_capture_record_stream_reuse, v)
+                }
+                Some(b"roundup_power2_divisions") if s.roundup_power2_divisions.is_none() => {
+                    match self.divisions(v)? {
+                        Some(d) => {
+                            s.roundup_power2_divisions = Some(d);
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                Some(b"max_round_threshold") => set_int(&mut s.max_round_threshold, v),
+                Some(b"max_cached_size") => set_int(&mut s.max_cached_size, v),
+                _ => false,
+            };
+            if !kept {
+                self.extra(k, v, &mut s.extra)?;
+            }
+        }
+        Ok(s)
+    }
+
+    /// `{'1': 0, '2': 0, ...}`, or `None` when it has another shape (then kept as a value).
+    fn divisions(&mut self, v: Val) -> Result<Option<Vec<(String, i64)>>> {
+        let Val::Node(id) = v else { return Ok(None) };
+        if self.arena.node(id).kind != Kind::Dict {
+            return Ok(None);
+        }
+        let pairs = self.dict_pairs(v)?;
+        self.charge(pairs.len() as u64)?;
+        let mut out = Vec::with_capacity(pairs.len());
+        for (k, v) in pairs {
+            match (k, v) {
+                (Val::Str { .. }, Val::Int(i)) => out.push((self.str(k)?.to_owned(), i)),
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn annotations(&mut self, v: Val) -> Result<Vec<Annotation>> {
+        let id = self.list(v)?;
+        self.charge(self.arena.node(id).len.into())?;
+        let items: Vec<Val> = self.arena.items(id).collect();
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            out.push(self.at(Seg::Index(i), |c| c.annotation(item))?);
+        }
+        Ok(out)
+    }
+
+    fn annotation(&mut self, v: Val) -> Result<Annotation> {
+        let (mut device, mut time_us) = (None, None);
+        let mut metadata = Vec::new();
+        let mut extra = Extras::new();
+        for (k, v) in self.dict_pairs(v)? {
+            match self.key_bytes(k) {
+                Some(b"device") if device.is_none() => {
+                    device = Some(self.at(Seg::Key("device"), |c| c.i64(v))?)
+                }
+                Some(b"time_us") if time_us.is_none() => {
+                    time_us = Some(self.at(Seg::Key("time_us"), |c| c.i64(v))?)
+                }
+                _ if device.is_none() && time_us.is_none() => self.extra(k, v, &mut metadata)?,
+                _ => self.extra(k, v, &mut extra)?,
+            }
+        }
+        Ok(Annotation {
+            metadata,
+            device: device.ok_or_else(|| self.schema("annotation lacks key 'device'"))?,
+            time_us: time_us.ok_or_else(|| self.schema("annotation lacks key 'time_us'"))?,
+            extra,
+        })
+    }
+}
+
+fn set_int(slot: &mut Option<i64>, v: Val) -> bool {
+    match v {
+        Val::Int(i) if slot.is_none() => {
+            *slot = Some(i);
+            true
+        }
+        _ => false,
+    }
+}
+
+fn set_bool(slot: &mut Option<bool>, v: Val) -> bool {
+    match v {
+        Val::Bool(b) if slot.is_none() => {
+            *slot = Some(b);
+            true
+        }
+        _ => false,
+    }
+}

@@ -1,1 +1,0 @@
-//! Synthetic training-run snapshots (to be written).

@@ -1,0 +1,244 @@
+//! Recording overhead per alloc+free pair on `SimulatedDevice`, side by side in one run:
+//!
+//! * `baseline-freelist`: a plain Vec-backed best-fit free-list allocator doing the same work
+//!   (best fit by size then address, split, merge with both neighbours, a pointer map);
+//! * `history-off`, `history` (ring buffer, no stacks), `history+stacks-fp` and
+//!   `history+stacks-backtrace` (a native stack captured at every malloc and free, ~30 frames
+//!   deep).
+//!
+//! ```text
+//! cargo bench -p memsnap-recorder --bench overhead
+//! RUSTFLAGS="-C force-frame-pointers=yes" cargo bench -p memsnap-recorder --bench overhead
+//! ```
+//!
+//! The frame-pointer walk only sees the whole stack when the build keeps frame pointers (the
+//! second command); otherwise the capture falls back to DWARF unwinding, and the bench says so.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::Instant;
+
+use memsnap_recorder::stacks::walk_frame_pointers;
+use memsnap_recorder::{
+    CachingAllocator, ContextMode, HistoryOptions, SimulatedDevice, StackMode, Stream, Unwinder,
+};
+
+const LIVE: usize = 64;
+const PAIRS: usize = 200_000;
+const STACK_PAIRS: usize = 40_000;
+const ROUNDS: usize = 5;
+/// Frames of recursion above the measured loop (the stack depth is about this plus the
+/// harness frames).
+const DEPTH: usize = 26;
+
+/// The request sizes, cycled (all small-pool sizes, so one segment serves the steady state).
+fn size_at(i: usize) -> u64 {
+    const SIZES: [u64; 8] = [512, 1000, 4096, 700, 16_384, 2048, 9000, 65_536];
+    SIZES[i % SIZES.len()] + (i % 5) as u64 * 512
+}
+
+trait PairAllocator {
+    fn alloc(&mut self, size: u64) -> u64;
+    fn free(&mut self, ptr: u64);
+}
+
+/// A Vec-backed free-list allocator with PyTorch's core steps and nothing else.
+struct FreeListBaseline {
+    /// Free blocks sorted by (size, address).
+    free_by_size: Vec<(u64, u64)>,
+    /// Free blocks sorted by address: (address, size).
+    free_by_addr: Vec<(u64, u64)>,
+    live: HashMap<u64, u64>,
+    next_segment: u64,
+}
+
+impl FreeListBaseline {
+    fn new() -> Self {
+        FreeListBaseline {
+            free_by_size: Vec::new(),
+            free_by_addr: Vec::new(),
+            live: HashMap::new(),
+            next_segment: 0x7f00_0000_0000,
+        }
+    }
+
+    fn insert_free(&mut self, addr: u64, size: u64) {
+        let i = self.free_by_size.partition_point(|&b| b < (size, addr));
+        self.free_by_size.insert(i, (size, addr));
+        let j = self.free_by_addr.partition_point(|&b| b.0 < addr);
+        self.free_by_addr.insert(j, (addr, size));
+    }
+
+    fn remove_free(&mut self, addr: u64, size: u64) {
+        let i = self.free_by_size.partition_point(|&b| b < (size, addr));
+        self.free_by_size.remove(i);
+        let j = self.free_by_addr.partition_point(|&b| b.0 < addr);
+        self.free_by_addr.remove(j);
+    }
+}
+
+impl PairAllocator for FreeListBaseline {
+    fn alloc(&mut self, size: u64) -> u64 {
+        let rounded = size.div_ceil(512) * 512;
+        let i = self.free_by_size.partition_point(|&b| b.0 < rounded);
+        let (block_size, addr) = match self.free_by_size.get(i) {
+            Some(&(s, a)) => {
+                self.remove_free(a, s);
+                (s, a)
+            }
+            None => {
+                let a = self.next_segment;
+                self.next_segment += 2 << 20;
+                (2 << 20, a)
+            }
+        };
+        if block_size - rounded >= 512 {
+            self.insert_free(addr + rounded, block_size - rounded);
+        }
+        let size = if block_size - rounded >= 512 { rounded } else { block_size };
+        self.live.insert(addr, size);
+        addr
+    }
+
+    fn free(&mut self, ptr: u64) {
+        let Some(mut size) = self.live.remove(&ptr) else {
+            return;
+        };
+        let mut addr = ptr;
+        let j = self.free_by_addr.partition_point(|&b| b.0 < addr);
+        if let Some(&(next_addr, next_size)) = self.free_by_addr.get(j) {
+            if next_addr == addr + size {
+                self.remove_free(next_addr, next_size);
+                size += next_size;
+            }
+        }
+        if j > 0 {
+            if let Some(&(prev_addr, prev_size)) = self.free_by_addr.get(j - 1) {
+                if prev_addr + prev_size == addr {
+                    self.remove_free(prev_addr, prev_size);
+                    addr = prev_addr;
+                    size += prev_size;
+                }
+            }
+        }
+        self.insert_free(addr, size);
+    }
+}
+
+struct Caching(CachingAllocator<SimulatedDevice>);
+
+impl PairAllocator for Caching {
+    fn alloc(&mut self, size: u64) -> u64 {
+        self.0.malloc(size, Stream(0)).unwrap_or(0)
+    }
+    fn free(&mut self, ptr: u64) {
+        let _ = self.0.free(ptr);
+    }
+}
+
+/// Steady state: `LIVE` blocks alive; each iteration frees the oldest and allocates a new one.
+#[inline(never)]
+fn run_pairs(a: &mut dyn PairAllocator, pairs: usize) -> f64 {
+    let mut ring: Vec<u64> = (0..LIVE).map(|i| a.alloc(size_at(i))).collect();
+    let start = Instant::now();
+    for i in 0..pairs {
+        let slot = i % LIVE;
+        a.free(ring[slot]);
+        ring[slot] = a.alloc(size_at(i + LIVE));
+    }
+    let ns = start.elapsed().as_nanos() as f64 / pairs as f64;
+    for p in ring {
+        a.free(p);
+    }
+    black_box(ns)
+}
+
+#[inline(never)]
+fn at_depth(depth: usize, a: &mut dyn PairAllocator, pairs: usize) -> f64 {
+    if depth == 0 {
+        run_pairs(a, pairs)
+    } else {
+        black_box(at_depth(black_box(depth - 1), a, pairs))
+    }
+}
+
+#[inline(never)]
+fn fp_depth_at(depth: usize) -> usize {
+    if depth == 0 {
+        let mut buf = [0usize; 128];
+        walk_frame_pointers(&mut buf)
+    } else {
+        black_box(fp_depth_at(black_box(depth - 1)))
+    }
+}
+
+fn caching(history: Option<HistoryOptions>) -> Caching {
+    let a = CachingAllocator::new(SimulatedDevice::new(80 << 30));
+    if let Some(options) = history {
+        a.record_memory_history(options);
+    }
+    Caching(a)
+}
+
+fn main() {
+    let history = HistoryOptions {
+        max_entries: 100_000,
+        ..HistoryOptions::without_stacks()
+    };
+    let stacks = |unwinder| HistoryOptions {
+        context: ContextMode::All,
+        stacks: StackMode::Native,
+        unwinder,
+        ..history
+    };
+    type Make = Box<dyn Fn() -> Box<dyn PairAllocator>>;
+    let configs: Vec<(&str, usize, Make)> = vec![
+        ("baseline-freelist", PAIRS, Box::new(|| Box::new(FreeListBaseline::new()))),
+        ("history-off", PAIRS, Box::new(|| Box::new(caching(None)))),
+        ("history", PAIRS, Box::new(move || Box::new(caching(Some(history))))),
+        (
+            "history+stacks-fp",
+            STACK_PAIRS,
+            Box::new(move || Box::new(caching(Some(stacks(Unwinder::FramePointers))))),
+        ),
+        (
+            "history+stacks-backtrace",
+            STACK_PAIRS / 4,
+            Box::new(move || Box::new(caching(Some(stacks(Unwinder::Backtrace))))),
+        ),
+    ];
+    // Best of ROUNDS, configurations interleaved so drift hits all of them alike.
+    let mut best = vec![f64::INFINITY; configs.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, pairs, make)) in configs.iter().enumerate() {
+            let mut a = make();
+            best[i] = best[i].min(at_depth(DEPTH, a.as_mut(), *pairs));
+        }
+    }
+    let off = best[1];
+    println!("baseline-freelist: {:.1} ns/pair", best[0]);
+    for (i, (name, _, _)) in configs.iter().enumerate().skip(1) {
+        println!("{name}: {:.1} ns/pair ({:.2} x history-off)", best[i], best[i] / off);
+    }
+    println!(
+        "history-off vs baseline-freelist: {:.2} x (target <= 2)",
+        off / best[0]
+    );
+    // Two stacks (malloc and free) are captured per pair.
+    for (i, name) in [(3, "fp"), (4, "backtrace")] {
+        println!(
+            "per captured stack ({name}): {:.0} ns",
+            (best[i] - best[2]).max(0.0) / 2.0
+        );
+    }
+    let depth = fp_depth_at(DEPTH);
+    if depth < DEPTH {
+        println!(
+            "note: the frame-pointer walk sees {depth} frames (expected > {DEPTH}): this build \
+             lacks frame pointers, so history+stacks-fp fell back to DWARF unwinding; rerun with \
+             RUSTFLAGS=\"-C force-frame-pointers=yes\""
+        );
+    } else {
+        println!("frame-pointer walk depth: {depth} frames");
+    }
+}

@@ -1,0 +1,298 @@
+//! The public caching allocator: one device, one lock, PyTorch's behaviour.
+
+mod snapshot;
+pub(crate) mod state;
+#[cfg(test)]
+mod tests;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use memsnap_format::Snapshot;
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::AllocatorConfig;
+use crate::device::{Device, Stream};
+use crate::error::{Error, OomInfo, Result};
+use crate::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
+use crate::stacks::{CapturedStack, Unwinder};
+use crate::stats::DeviceStats;
+use state::{MallocFailure, State};
+
+/// A callback run after an allocation finally failed, outside the allocator lock (so it may
+/// call [`CachingAllocator::dump_snapshot`]).
+pub type OomObserver = dyn Fn(&OomInfo) + Send + Sync;
+
+// Capture decisions are read before taking the lock, from one atomic byte.
+const FLAG_CONTEXT_MASK: u8 = 0b11;
+const FLAG_NATIVE: u8 = 0b100;
+const FLAG_FRAME_POINTERS: u8 = 0b1000;
+
+/// PyTorch's caching allocator over one [`Device`], recording its history.
+///
+/// All methods take `&self`; the allocator is `Send + Sync` (one lock per device, like
+/// PyTorch) and can live in a `static OnceLock`.
+pub struct CachingAllocator<D: Device> {
+    device: D,
+    device_index: i64,
+    state: Mutex<State>,
+    capture_flags: AtomicU8,
+    observers: RwLock<Vec<Arc<OomObserver>>>,
+}
+
+impl<D: Device> CachingAllocator<D> {
+    /// An allocator with PyTorch's default settings, device index 0, history off.
+    pub fn new(device: D) -> Self {
+        Self::with_config(device, AllocatorConfig::default())
+    }
+
+    /// An allocator with settings parsed from a `PYTORCH_CUDA_ALLOC_CONF`-style string.
+    pub fn with_conf(device: D, conf: &str) -> Result<Self> {
+        Ok(Self::with_config(device, AllocatorConfig::parse(conf)?))
+    }
+
+    /// An allocator with settings from `PYTORCH_CUDA_ALLOC_CONF` (see
+    /// [`AllocatorConfig::from_env`]).
+    pub fn from_env(device: D) -> Result<Self> {
+        Ok(Self::with_config(device, AllocatorConfig::from_env()?))
+    }
+
+    pub fn with_config(device: D, config: AllocatorConfig) -> Self {
+        let total = device.mem_info().map(|m| m.total).unwrap_or(u64::MAX);
+        let fraction = config.per_process_memory_fraction;
+        let mut state = State::new(0, config, total, device.supports_virtual_memory());
+        if let Some(f) = fraction {
+            state.set_memory_fraction(f, total);
+        }
+        CachingAllocator {
+            device,
+            device_index: 0,
+            state: Mutex::new(state),
+            capture_flags: AtomicU8::new(0),
+            observers: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Sets the device index written into snapshots and OOM reports.
+    pub fn with_device_index(mut self, index: i64) -> Self {
+        self.device_index = index;
+        self.state.get_mut().device_index = index;
+        self
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    pub fn device_index(&self) -> i64 {
+        self.device_index
+    }
+
+    /// The current settings.
+    pub fn config(&self) -> AllocatorConfig {
+        self.state.lock().config.clone()
+    }
+
+    /// Changes the settings at run time (`torch.cuda.memory._set_allocator_settings`).
+    pub fn set_allocator_settings(&self, conf: &str) -> Result<()> {
+        let config = AllocatorConfig::parse(conf)?;
+        let vm = self.device.supports_virtual_memory();
+        let mut st = self.state.lock();
+        st.expandable_active = config.expandable_segments && vm;
+        st.stats.max_split_size = config.max_split_size;
+        st.config = config;
+        Ok(())
+    }
+
+    /// `torch.cuda.memory._record_memory_history`: starts, changes or stops recording.
+    pub fn record_memory_history(&self, options: HistoryOptions) {
+        let mut st = self.state.lock();
+        st.history.configure(options);
+        let mut flags = 0;
+        if options.enabled != HistoryMode::Off && options.stacks == StackMode::Native {
+            flags = options.context as u8 & FLAG_CONTEXT_MASK;
+            flags |= FLAG_NATIVE;
+            if options.unwinder == Unwinder::FramePointers {
+                flags |= FLAG_FRAME_POINTERS;
+            }
+        }
+        self.capture_flags.store(flags, Ordering::Relaxed);
+    }
+
+    /// The history options in effect.
+    pub fn history_options(&self) -> HistoryOptions {
+        self.state.lock().history.options
+    }
+
+    /// Captures a stack when the context level is at least `level` (outside the lock, as
+    /// PyTorch does).
+    #[inline]
+    fn capture(&self, level: ContextMode) -> Option<CapturedStack> {
+        let flags = self.capture_flags.load(Ordering::Relaxed);
+        if flags & FLAG_NATIVE == 0 || flags & FLAG_CONTEXT_MASK < level as u8 {
+            return None;
+        }
+        let unwinder = if flags & FLAG_FRAME_POINTERS != 0 {
+            Unwinder::FramePointers
+        } else {
+            Unwinder::Backtrace
+        };
+        Some(CapturedStack::capture(unwinder))
+    }
+
+    /// Allocates `size` bytes for use on `stream`. `size == 0` returns the null pointer 0.
+    ///
+    /// Out of memory (after freeing cached blocks) records an `oom` trace entry, calls the OOM
+    /// observers after the lock is released, and returns [`Error::OutOfMemory`].
+    pub fn malloc(&self, size: u64, stream: Stream) -> Result<u64> {
+        if size == 0 {
+            return Ok(0);
+        }
+        let stack = self.capture(ContextMode::State);
+        let mut st = self.state.lock();
+        let ctx = st.intern(stack.as_ref().map(CapturedStack::as_slice));
+        match st.malloc(&self.device, size, stream, ctx) {
+            Ok(ptr) => Ok(ptr),
+            Err(MallocFailure::Device(source)) => Err(Error::Device {
+                device: self.device_index,
+                source,
+            }),
+            Err(MallocFailure::Oom(info)) => {
+                drop(st);
+                self.notify_oom(&info);
+                Err(Error::OutOfMemory(Box::new(info)))
+            }
+        }
+    }
+
+    /// Frees a pointer from [`CachingAllocator::malloc`]. Freeing 0 does nothing; an unknown
+    /// pointer is an error (and changes nothing).
+    pub fn free(&self, ptr: u64) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let stack = self.capture(ContextMode::All);
+        let mut st = self.state.lock();
+        let ctx = st.intern(stack.as_ref().map(CapturedStack::as_slice));
+        if st.free(&self.device, ptr, ctx) {
+            Ok(())
+        } else {
+            Err(Error::UnknownPointer {
+                device: self.device_index,
+                ptr,
+            })
+        }
+    }
+
+    /// `Tensor.record_stream`: the block is also used on `stream`, so its memory is reused
+    /// only after the work queued on `stream` when it is freed has completed. Pointers this
+    /// allocator does not hold are ignored, as in PyTorch.
+    pub fn record_stream(&self, ptr: u64, stream: Stream) {
+        self.state.lock().record_stream(ptr, stream);
+    }
+
+    /// `torch.cuda.empty_cache()`: waits for pending frees, then returns every free whole
+    /// segment to the device (and unmaps free expandable pages).
+    pub fn empty_cache(&self) -> Result<()> {
+        let stack = self.capture(ContextMode::All);
+        let mut st = self.state.lock();
+        let ctx = st.intern(stack.as_ref().map(CapturedStack::as_slice));
+        st.release_cached_blocks(&self.device, ctx)
+            .map_err(|source| Error::Device {
+                device: self.device_index,
+                source,
+            })
+    }
+
+    /// `set_per_process_memory_fraction`: new segments may not push the reserved memory past
+    /// `fraction × total`.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidFraction { fraction });
+        }
+        let total = self
+            .device
+            .mem_info()
+            .map_err(|source| Error::Device {
+                device: self.device_index,
+                source,
+            })?
+            .total;
+        self.state.lock().set_memory_fraction(fraction, total);
+        Ok(())
+    }
+
+    pub fn memory_fraction(&self) -> f64 {
+        self.state.lock().fraction
+    }
+
+    /// `torch.cuda.memory_stats()` of this device.
+    pub fn stats(&self) -> DeviceStats {
+        self.state.lock().stats.clone()
+    }
+
+    pub fn reset_peak_memory_stats(&self) {
+        self.state.lock().stats.reset_peak();
+    }
+
+    pub fn reset_accumulated_memory_stats(&self) {
+        self.state.lock().stats.reset_accumulated();
+    }
+
+    /// The size of the block behind an allocated pointer (rounded), if any.
+    pub fn block_size(&self, ptr: u64) -> Option<u64> {
+        let st = self.state.lock();
+        st.live.get(&ptr).map(|&i| st.blocks[i as usize].size)
+    }
+
+    /// Registers a callback for allocation failures (the hook to dump a snapshot on OOM).
+    pub fn add_oom_observer(&self, observer: impl Fn(&OomInfo) + Send + Sync + 'static) {
+        self.observers.write().push(Arc::new(observer));
+    }
+
+    fn notify_oom(&self, info: &OomInfo) {
+        let observers: Vec<Arc<OomObserver>> = self.observers.read().clone();
+        for observer in observers {
+            // An observer's panic must not unwind into the caller's allocation path.
+            let _ = catch_unwind(AssertUnwindSafe(|| observer(info)));
+        }
+    }
+
+    /// `torch.cuda.memory._snapshot()` of this device: segments with their blocks, the trace
+    /// (oldest first), allocator settings, and the entries the ring dropped. Appends a
+    /// `snapshot` entry to the trace after collecting it (it shows in the *next* snapshot).
+    pub fn snapshot(&self) -> Snapshot {
+        let raw = {
+            let mut st = self.state.lock();
+            snapshot::collect(&mut st)
+        };
+        snapshot::build(raw, self.device_index)
+    }
+
+    /// Writes [`CachingAllocator::snapshot`] atomically; the format follows the extension
+    /// (`.pickle`, `.json`, `.msgpack`, optionally `.gz`/`.zst`).
+    pub fn dump_snapshot(&self, path: impl AsRef<Path>) -> Result<()> {
+        let snapshot = self.snapshot();
+        memsnap_format::io::write_path(path.as_ref(), &snapshot, None)?;
+        Ok(())
+    }
+
+    /// Checks the allocator's invariants (blocks tile segments, no mergeable free neighbours,
+    /// reserved ≥ active ≥ allocated, stats equal a recomputation from the block lists).
+    /// Returns the violations; empty when sound. Costs a walk over every block.
+    pub fn check_invariants(&self) -> Vec<String> {
+        self.state.lock().check_invariants()
+    }
+
+    /// Number of distinct native stacks interned so far.
+    pub fn distinct_stacks(&self) -> usize {
+        self.state.lock().stacks.len()
+    }
+
+    /// Number of entries in the history ring.
+    pub fn history_len(&self) -> usize {
+        self.state.lock().history.len()
+    }
+}

@@ -1,0 +1,336 @@
+//! Configuration of the C ABI from the environment (`MEMSNAP_*`), for zero-code use.
+//!
+//! Parsing is pure (it takes a lookup function), so every rule is unit-tested without touching
+//! the process environment.
+
+use std::path::PathBuf;
+
+use crate::history::{ContextMode, HistoryMode};
+
+/// The device memory of a simulated or host backend when `MEMSNAP_DEVICE_MEMORY` is unset.
+pub const DEFAULT_DEVICE_MEMORY: u64 = 80 << 30;
+/// Ring-buffer size per device when `MEMSNAP_MAX_ENTRIES` is unset (PyTorch's default is
+/// unbounded; a million entries is about the largest file its viewer still opens).
+pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+
+/// A `MEMSNAP_*` variable holds a value we do not accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?} is not valid: expected {expected}")]
+pub struct ConfigError {
+    pub variable: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+/// Which device the allocator draws memory from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Cuda,
+    Hip,
+    /// Real host memory (`malloc`): the allocator runs on any machine.
+    Host,
+    /// Fake addresses, no memory behind them: for demos and tests.
+    Simulated,
+}
+
+impl BackendKind {
+    pub const EXPECTED: &'static str = "cuda, hip, host or simulated";
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text.trim().to_ascii_lowercase().as_str() {
+            "cuda" => BackendKind::Cuda,
+            "hip" | "rocm" => BackendKind::Hip,
+            "host" | "cpu" => BackendKind::Host,
+            "simulated" | "sim" => BackendKind::Simulated,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cuda => "cuda",
+            BackendKind::Hip => "hip",
+            BackendKind::Host => "host",
+            BackendKind::Simulated => "simulated",
+        }
+    }
+}
+
+/// Parses `enabled` of `_record_memory_history`: `off`, `state` or `all`.
+pub fn parse_history_mode(text: &str) -> Option<HistoryMode> {
+    Some(match text.trim().to_ascii_lowercase().as_str() {
+        "off" | "none" | "0" | "false" => HistoryMode::Off,
+        "state" => HistoryMode::State,
+        "all" | "1" | "true" | "on" => HistoryMode::All,
+        _ => return None,
+    })
+}
+
+pub const HISTORY_EXPECTED: &str = "off, state or all";
+
+/// Parses `context` of `_record_memory_history`: `never`, `state`, `alloc` or `all`.
+pub fn parse_context_mode(text: &str) -> Option<ContextMode> {
+    Some(match text.trim().to_ascii_lowercase().as_str() {
+        "never" | "none" | "off" => ContextMode::Never,
+        "state" => ContextMode::State,
+        "alloc" => ContextMode::Alloc,
+        "all" => ContextMode::All,
+        _ => return None,
+    })
+}
+
+pub const CONTEXT_EXPECTED: &str = "never, state, alloc or all";
+
+/// Which frames a stack holds (the core allocator's [`crate::StackMode`] plus Python frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackSelection {
+    None,
+    /// Native (Rust/C/C++) frames.
+    Native,
+    /// CPython frames only (when running inside a Python interpreter).
+    Python,
+    /// Native frames with the Python frames spliced in, as PyTorch's `stacks="all"`.
+    All,
+}
+
+impl StackSelection {
+    pub const EXPECTED: &'static str = "none, native, python or all";
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text.trim().to_ascii_lowercase().as_str() {
+            "none" | "off" => StackSelection::None,
+            "native" | "cpp" => StackSelection::Native,
+            "python" => StackSelection::Python,
+            "all" => StackSelection::All,
+            _ => return None,
+        })
+    }
+
+    pub fn wants_native(self) -> bool {
+        matches!(self, StackSelection::Native | StackSelection::All)
+    }
+
+    pub fn wants_python(self) -> bool {
+        matches!(self, StackSelection::Python | StackSelection::All)
+    }
+}
+
+/// Everything the environment configures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvConfig {
+    pub backend: BackendKind,
+    /// Capacity of each simulated or host device.
+    pub device_memory: u64,
+    pub history: HistoryMode,
+    pub context: ContextMode,
+    pub stacks: StackSelection,
+    pub max_entries: usize,
+    /// Written at exit and on out-of-memory.
+    pub dump_path: Option<PathBuf>,
+    pub dump_on_sigusr1: bool,
+    /// `PYTORCH_CUDA_ALLOC_CONF` syntax.
+    pub alloc_conf: Option<String>,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        EnvConfig {
+            backend: BackendKind::Cuda,
+            device_memory: DEFAULT_DEVICE_MEMORY,
+            history: HistoryMode::Off,
+            context: ContextMode::All,
+            stacks: StackSelection::Native,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            dump_path: None,
+            dump_on_sigusr1: false,
+            alloc_conf: None,
+        }
+    }
+}
+
+impl EnvConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the variables through `lookup` (empty values count as unset).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let mut config = EnvConfig::default();
+        if let Some(v) = get("MEMSNAP_BACKEND") {
+            config.backend = parse_with("MEMSNAP_BACKEND", &v, BackendKind::EXPECTED, BackendKind::parse)?;
+        }
+        if let Some(v) = get("MEMSNAP_DEVICE_MEMORY") {
+            config.device_memory = parse_with(
+                "MEMSNAP_DEVICE_MEMORY",
+                &v,
+                "a size such as 80GiB, 512MiB or 1073741824",
+                parse_size,
+            )?;
+        }
+        config.dump_path = get("MEMSNAP_DUMP").map(PathBuf::from);
+        // Asking for a dump file without naming a history mode means "record everything".
+        config.history = match get("MEMSNAP_HISTORY") {
+            Some(v) => parse_with("MEMSNAP_HISTORY", &v, HISTORY_EXPECTED, parse_history_mode)?,
+            None if config.dump_path.is_some() => HistoryMode::All,
+            None => HistoryMode::Off,
+        };
+        if let Some(v) = get("MEMSNAP_CONTEXT") {
+            config.context = parse_with("MEMSNAP_CONTEXT", &v, CONTEXT_EXPECTED, parse_context_mode)?;
+        }
+        if let Some(v) = get("MEMSNAP_STACKS") {
+            config.stacks = parse_with("MEMSNAP_STACKS", &v, StackSelection::EXPECTED, StackSelection::parse)?;
+        }
+        if let Some(v) = get("MEMSNAP_MAX_ENTRIES") {
+            config.max_entries = parse_with(
+                "MEMSNAP_MAX_ENTRIES",
+                &v,
+                "a positive integer",
+                |t| t.trim().replace('_', "").parse::<usize>().ok().filter(|n| *n > 0),
+            )?;
+        }
+        if let Some(v) = get("MEMSNAP_DUMP_ON_SIGUSR1") {
+            config.dump_on_sigusr1 = parse_with(
+                "MEMSNAP_DUMP_ON_SIGUSR1",
+                &v,
+                "1, 0, true or false",
+                parse_bool,
+            )?;
+        }
+        config.alloc_conf = get("MEMSNAP_ALLOC_CONF").or_else(|| get("PYTORCH_CUDA_ALLOC_CONF"));
+        Ok(config)
+    }
+}
+
+fn parse_with<T>(
+    variable: &'static str,
+    value: &str,
+    expected: &'static str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<T, ConfigError> {
+    parse(value).ok_or_else(|| ConfigError {
+        variable,
+        value: value.to_owned(),
+        expected,
+    })
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// `4096`, `512MiB`, `80GiB`, `2GB` (powers of 1000), `3g` (= GiB).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim().replace('_', "");
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: u64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return None,
+    };
+    num.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(vars: &[(&str, &str)]) -> Result<EnvConfig, ConfigError> {
+        let vars: Vec<(String, String)> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        EnvConfig::from_lookup(|name| {
+            vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn empty_environment_gives_cuda_with_history_off() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c, EnvConfig::default());
+        assert_eq!(c.backend, BackendKind::Cuda);
+        assert_eq!(c.history, HistoryMode::Off);
+    }
+
+    #[test]
+    fn dump_path_alone_turns_full_history_on() {
+        let c = config(&[("MEMSNAP_DUMP", "/tmp/x.pickle")]).unwrap();
+        assert_eq!(c.history, HistoryMode::All);
+        assert_eq!(c.dump_path, Some(PathBuf::from("/tmp/x.pickle")));
+        let c = config(&[("MEMSNAP_DUMP", "x.pickle"), ("MEMSNAP_HISTORY", "state")]).unwrap();
+        assert_eq!(c.history, HistoryMode::State);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = config(&[
+            ("MEMSNAP_BACKEND", "Simulated"),
+            ("MEMSNAP_DEVICE_MEMORY", "2GiB"),
+            ("MEMSNAP_HISTORY", "all"),
+            ("MEMSNAP_CONTEXT", "alloc"),
+            ("MEMSNAP_STACKS", "python"),
+            ("MEMSNAP_MAX_ENTRIES", "10_000"),
+            ("MEMSNAP_DUMP_ON_SIGUSR1", "1"),
+            ("MEMSNAP_ALLOC_CONF", "expandable_segments:True"),
+        ])
+        .unwrap();
+        assert_eq!(c.backend, BackendKind::Simulated);
+        assert_eq!(c.device_memory, 2 << 30);
+        assert_eq!(c.context, ContextMode::Alloc);
+        assert_eq!(c.stacks, StackSelection::Python);
+        assert_eq!(c.max_entries, 10_000);
+        assert!(c.dump_on_sigusr1);
+        assert_eq!(c.alloc_conf.as_deref(), Some("expandable_segments:True"));
+    }
+
+    #[test]
+    fn pytorch_alloc_conf_is_the_fallback() {
+        let c = config(&[("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")]).unwrap();
+        assert_eq!(c.alloc_conf.as_deref(), Some("max_split_size_mb:128"));
+        let c = config(&[
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"),
+            ("MEMSNAP_ALLOC_CONF", "expandable_segments:True"),
+        ])
+        .unwrap();
+        assert_eq!(c.alloc_conf.as_deref(), Some("expandable_segments:True"));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_the_choices() {
+        let err = config(&[("MEMSNAP_BACKEND", "tpu")]).unwrap_err();
+        assert_eq!(err.variable, "MEMSNAP_BACKEND");
+        assert!(err.to_string().contains("cuda, hip, host or simulated"), "{err}");
+        assert!(config(&[("MEMSNAP_MAX_ENTRIES", "0")]).is_err());
+        assert!(config(&[("MEMSNAP_MAX_ENTRIES", "-5")]).is_err());
+        assert!(config(&[("MEMSNAP_STACKS", "cpp++")]).is_err());
+        assert!(config(&[("MEMSNAP_DEVICE_MEMORY", "lots")]).is_err());
+        assert!(config(&[("MEMSNAP_DUMP_ON_SIGUSR1", "maybe")]).is_err());
+    }
+
+    #[test]
+    fn empty_values_count_as_unset() {
+        assert_eq!(config(&[("MEMSNAP_BACKEND", "  ")]).unwrap().backend, BackendKind::Cuda);
+    }
+
+    #[test]
+    fn sizes_parse_and_overflow_is_refused() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("80GiB"), Some(80 << 30));
+        assert_eq!(parse_size("2GB"), Some(2_000_000_000));
+        assert_eq!(parse_size("99999999999T"), None);
+        assert_eq!(parse_size("1.5G"), None);
+    }
+}

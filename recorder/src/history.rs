@@ -1,0 +1,325 @@
+//! Memory history: the options of `_record_memory_history`, the per-device ring buffer of
+//! trace entries and the clock.
+
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::stacks::{RawStackId, Unwinder};
+
+/// `enabled` of `_record_memory_history`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HistoryMode {
+    /// No recording; turning it off clears the buffer.
+    Off,
+    /// Stacks of live blocks; the trace keeps only the newest entry.
+    State,
+    /// Stacks and the event history (up to `max_entries`).
+    #[default]
+    All,
+}
+
+/// `context` of `_record_memory_history`: which events get a stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ContextMode {
+    /// No stacks anywhere.
+    Never,
+    /// Stacks on live blocks only (captured at malloc).
+    State,
+    /// Also on trace entries; frees reuse the allocation stack.
+    Alloc,
+    /// Also the stack of the free and `empty_cache` call sites.
+    #[default]
+    All,
+}
+
+/// `stacks` of `_record_memory_history`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StackMode {
+    /// Record no frames even where the context level asks for them.
+    None,
+    /// The native (Rust/C/C++) call stack of the caller.
+    #[default]
+    Native,
+}
+
+/// Options of [`crate::CachingAllocator::record_memory_history`], with PyTorch's meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryOptions {
+    pub enabled: HistoryMode,
+    pub context: ContextMode,
+    pub stacks: StackMode,
+    /// Ring-buffer size per device (clamped to at least 1; `State` forces 1).
+    pub max_entries: usize,
+    /// How native stacks are walked.
+    pub unwinder: Unwinder,
+    /// Empty the buffer when (re)enabling.
+    pub clear_history: bool,
+}
+
+impl Default for HistoryOptions {
+    /// PyTorch's defaults: `enabled="all", context="all", stacks="all", max_entries=maxsize`.
+    fn default() -> Self {
+        HistoryOptions {
+            enabled: HistoryMode::All,
+            context: ContextMode::All,
+            stacks: StackMode::Native,
+            max_entries: usize::MAX,
+            unwinder: Unwinder::default(),
+            clear_history: false,
+        }
+    }
+}
+
+impl HistoryOptions {
+    /// Recording off (`enabled=None`).
+    pub fn off() -> Self {
+        HistoryOptions {
+            enabled: HistoryMode::Off,
+            ..Default::default()
+        }
+    }
+
+    /// Full history without stacks.
+    pub fn without_stacks() -> Self {
+        HistoryOptions {
+            stacks: StackMode::None,
+            context: ContextMode::Never,
+            ..Default::default()
+        }
+    }
+}
+
+/// Trace actions the recorder emits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RawAction {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+}
+
+impl RawAction {
+    pub fn to_format(self) -> memsnap_format::Action {
+        use memsnap_format::Action;
+        match self {
+            RawAction::Alloc => Action::Alloc,
+            RawAction::FreeRequested => Action::FreeRequested,
+            RawAction::FreeCompleted => Action::FreeCompleted,
+            RawAction::SegmentAlloc => Action::SegmentAlloc,
+            RawAction::SegmentFree => Action::SegmentFree,
+            RawAction::SegmentMap => Action::SegmentMap,
+            RawAction::SegmentUnmap => Action::SegmentUnmap,
+            RawAction::Snapshot => Action::Snapshot,
+            RawAction::Oom => Action::Oom,
+        }
+    }
+}
+
+/// A trace entry as stored in the ring: 40 bytes, stack as an id into the device's stack table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawEntry {
+    pub action: RawAction,
+    /// Address, or `device_free` for `oom`.
+    pub addr: u64,
+    pub size: u64,
+    pub stream: i64,
+    /// Nanoseconds since the process clock anchor (see [`epoch_micros`]).
+    pub time_ns: u64,
+    pub stack: RawStackId,
+}
+
+/// Nanoseconds since the process anchor: a monotonic clock read (vDSO, no syscall).
+#[inline]
+pub fn now_ns() -> u64 {
+    let (anchor, _) = anchor();
+    anchor.elapsed().as_nanos() as u64
+}
+
+/// Converts a [`now_ns`] reading to microseconds since the Unix epoch.
+pub fn epoch_micros(time_ns: u64) -> i64 {
+    let (_, epoch_us) = anchor();
+    epoch_us + (time_ns / 1000) as i64
+}
+
+fn anchor() -> (Instant, i64) {
+    static ANCHOR: OnceLock<(Instant, i64)> = OnceLock::new();
+    *ANCHOR.get_or_init(|| {
+        let epoch_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        (Instant::now(), epoch_us)
+    })
+}
+
+/// The ring buffer of one device.
+#[derive(Debug)]
+pub(crate) struct History {
+    pub options: HistoryOptions,
+    /// Effective capacity (1 under `State`).
+    capacity: usize,
+    entries: Vec<RawEntry>,
+    /// Slot the next entry overwrites once the buffer is full.
+    next: usize,
+    /// Entries overwritten (or not stored for lack of host memory) since recording began.
+    pub dropped: u64,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            options: HistoryOptions::off(),
+            capacity: 1,
+            entries: Vec::new(),
+            next: 0,
+            dropped: 0,
+        }
+    }
+}
+
+impl History {
+    pub fn enabled(&self) -> bool {
+        self.options.enabled != HistoryMode::Off
+    }
+
+    pub fn configure(&mut self, options: HistoryOptions) {
+        if options.enabled == HistoryMode::Off {
+            *self = History::default();
+            return;
+        }
+        let capacity = match options.enabled {
+            HistoryMode::State => 1,
+            _ => options.max_entries.max(1),
+        };
+        let mut kept = if options.clear_history {
+            self.dropped = 0;
+            Vec::new()
+        } else {
+            self.ordered()
+        };
+        if kept.len() > capacity {
+            let excess = kept.len() - capacity;
+            kept.drain(..excess);
+            self.dropped += excess as u64;
+        }
+        self.entries = kept;
+        self.next = 0;
+        self.capacity = capacity;
+        self.options = options;
+    }
+
+    #[inline]
+    pub fn push(&mut self, entry: RawEntry) {
+        if !self.enabled() {
+            return;
+        }
+        if self.entries.len() < self.capacity {
+            // Growing the buffer must not abort the host process when memory is short.
+            if self.entries.len() == self.entries.capacity() && self.entries.try_reserve(1).is_err()
+            {
+                self.dropped += 1;
+                return;
+            }
+            self.entries.push(entry);
+        } else if let Some(slot) = self.entries.get_mut(self.next) {
+            *slot = entry;
+            self.next += 1;
+            if self.next >= self.capacity {
+                self.next = 0;
+            }
+            self.dropped += 1;
+        }
+    }
+
+    /// The entries, oldest first.
+    pub fn ordered(&self) -> Vec<RawEntry> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        out.extend_from_slice(&self.entries[self.next.min(self.entries.len())..]);
+        out.extend_from_slice(&self.entries[..self.next.min(self.entries.len())]);
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stacks::NO_STACK;
+
+    fn entry(i: u64) -> RawEntry {
+        RawEntry {
+            action: RawAction::Alloc,
+            addr: i,
+            size: i,
+            stream: 0,
+            time_ns: i,
+            stack: NO_STACK,
+        }
+    }
+
+    fn all(max_entries: usize) -> HistoryOptions {
+        HistoryOptions {
+            max_entries,
+            ..HistoryOptions::without_stacks()
+        }
+    }
+
+    #[test]
+    fn ring_wraps_and_reads_oldest_first() {
+        let mut h = History::default();
+        h.configure(all(3));
+        for i in 0..7 {
+            h.push(entry(i));
+        }
+        let addrs: Vec<u64> = h.ordered().iter().map(|e| e.addr).collect();
+        assert_eq!(addrs, vec![4, 5, 6]);
+        assert_eq!(h.dropped, 4);
+    }
+
+    #[test]
+    fn state_mode_keeps_one_entry() {
+        let mut h = History::default();
+        h.configure(HistoryOptions {
+            enabled: HistoryMode::State,
+            ..all(1000)
+        });
+        for i in 0..5 {
+            h.push(entry(i));
+        }
+        assert_eq!(h.ordered(), vec![entry(4)]);
+    }
+
+    #[test]
+    fn disabling_clears_the_buffer() {
+        let mut h = History::default();
+        h.configure(all(10));
+        h.push(entry(1));
+        h.configure(HistoryOptions::off());
+        assert_eq!(h.len(), 0);
+        assert_eq!(h.dropped, 0);
+        h.push(entry(2));
+        h.configure(all(10));
+        assert_eq!(h.len(), 0, "entries pushed while off must not be kept");
+    }
+
+    #[test]
+    fn shrinking_keeps_the_newest() {
+        let mut h = History::default();
+        h.configure(all(10));
+        for i in 0..6 {
+            h.push(entry(i));
+        }
+        h.configure(all(2));
+        let addrs: Vec<u64> = h.ordered().iter().map(|e| e.addr).collect();
+        assert_eq!(addrs, vec![4, 5]);
+        assert_eq!(h.dropped, 4);
+    }
+}

@@ -1,0 +1,11 @@
+//! The recorder's integration tests (one binary, shared helpers in `common`).
+
+mod common;
+mod deps;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod gpu;
+mod model;
+mod snapshot;
+mod stress;
+
+mod ffi;

@@ -1,0 +1,161 @@
+//! `stats`: `segsum()`, the page map of every segment of at least 20 MiB and the totals.
+
+use std::fmt::Write;
+
+use memsnap_format::{BlockState, Snapshot};
+
+use super::blocks::block_extra;
+use super::pyfmt::{format_size, size};
+use super::ReferenceFailure;
+
+/// One character of the page map stands for this many bytes.
+const PAGE_SIZE: i128 = 20 * 1024 * 1024;
+
+/// The text `print(segsum(data))` writes, final newline included.
+pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
+    let mut out = String::new();
+    let _ = writeln!(out, "Summary of segments >= {} in size", size(PAGE_SIZE));
+
+    // Python's `sorted` is stable, like `sort_by_key`.
+    let mut order: Vec<usize> = (0..snapshot.segments.len()).collect();
+    order.sort_by_key(|&i| {
+        let seg = &snapshot.segments[i];
+        let active: u128 = seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| u128::from(b.size))
+            .sum();
+        (seg.total_size, active)
+    });
+
+    let (mut total_reserved, mut total_allocated) = (0i128, 0i128);
+    let (mut free_external, mut free_internal) = (0i128, 0i128);
+    for si in order {
+        let seg = &snapshot.segments[si];
+        let total_size = i128::from(seg.total_size);
+        total_reserved += total_size;
+
+        let (mut seg_free_external, mut seg_free_internal, mut seg_allocated) = (0i128, 0i128, 0i128);
+        // (offset, requested bytes) of each allocated block.
+        let mut ranges: Vec<(i128, i128)> = Vec::new();
+        let mut offset = 0i128;
+        for (bi, block) in seg.blocks.iter().enumerate() {
+            if block.state == BlockState::ActiveAllocated {
+                let (_, requested) = block_extra(block, &format!("segments[{si}].blocks[{bi}]"))?;
+                let requested = i128::from(requested);
+                ranges.push((offset, requested));
+                seg_allocated += requested;
+                seg_free_internal += i128::from(block.size) - requested;
+            } else {
+                seg_free_external += i128::from(block.size);
+            }
+            offset += i128::from(block.size);
+        }
+        total_allocated += seg_allocated;
+        free_external += seg_free_external;
+        free_internal += seg_free_internal;
+
+        let body = page_map(total_size, &ranges).map_err(|what| {
+            ReferenceFailure::new(
+                "IndexError: list index out of range",
+                format!("segments[{si}]: {what}"),
+            )
+        })?;
+        if seg_free_external + seg_free_internal + seg_allocated != total_size {
+            return Err(ReferenceFailure::new(
+                format!(
+                    "AssertionError: Segment size mismatch: {seg_free_external} + {seg_free_internal} + {seg_allocated} != {total_size}"
+                ),
+                format!("segments[{si}]: its blocks do not add up to total_size"),
+            ));
+        }
+        if total_size >= PAGE_SIZE {
+            out.push('[');
+            out.push_str(&body);
+            out.push_str("] ");
+            format_size(&mut out, total_size);
+            out.push_str(" allocated, ");
+            report_free(&mut out, seg_free_external, seg_free_internal);
+            out.push_str(" free");
+            if seg.stream != 0 {
+                let _ = write!(out, " stream_{}", seg.stream);
+            }
+            out.push('\n');
+        }
+    }
+    let _ = writeln!(out, "segments: {}", snapshot.segments.len());
+    let _ = writeln!(out, "total_reserved: {}", size(total_reserved));
+    let _ = writeln!(out, "total_allocated: {}", size(total_allocated));
+    out.push_str("total_free: ");
+    report_free(&mut out, free_external, free_internal);
+    out.push('\n');
+    write_legend(&mut out);
+    if free_internal + free_external + total_allocated != total_reserved {
+        return Err(ReferenceFailure::new(
+            format!(
+                "AssertionError: Memory accounting error: {free_internal} + {free_external} + {total_allocated} != {total_reserved}"
+            ),
+            "the segments' blocks do not add up to the reserved bytes".to_string(),
+        ));
+    }
+    // `print` adds the final newline.
+    out.push('\n');
+    Ok(out)
+}
+
+/// One character per 20 MiB page: the letter of the single allocation in it, a digit for the
+/// tenths filled by several, `*` when full, space when empty. The fractions are summed in
+/// floating point in Python's order, so the digits match.
+fn page_map(total_size: i128, ranges: &[(i128, i128)]) -> Result<String, String> {
+    let pages = (total_size - 1).div_euclid(PAGE_SIZE) + 1;
+    let pages = usize::try_from(pages).unwrap_or(0);
+    let mut occupied = vec![b' '; pages];
+    let mut frac = vec![0.0f64; pages];
+    for (i, &(start_, size)) in ranges.iter().enumerate() {
+        let finish_ = start_ + size;
+        let start = start_.div_euclid(PAGE_SIZE);
+        let finish = (finish_ - 1).div_euclid(PAGE_SIZE) + 1;
+        let letter = b'a' + (i % 26) as u8;
+        for j in start..finish {
+            let page = usize::try_from(j)
+                .ok()
+                .filter(|&p| p < pages)
+                .ok_or_else(|| format!("an allocation reaches page {j} of a {pages}-page segment"))?;
+            let s = start_.max(j * PAGE_SIZE);
+            let e = finish_.min((j + 1) * PAGE_SIZE);
+            frac[page] += (e - s) as f64 / PAGE_SIZE as f64;
+            if occupied[page] != b' ' {
+                let tenths = (frac[page] * 10.0) as i64;
+                occupied[page] = *b"0123456789*"
+                    .get(usize::try_from(tenths).map_err(|_| "a page is filled below zero".to_string())?)
+                    .ok_or_else(|| "a page is filled past 110%".to_string())?;
+            } else {
+                occupied[page] = letter;
+            }
+        }
+    }
+    Ok(occupied.into_iter().map(char::from).collect())
+}
+
+/// `_report_free`: `X` or `X (Y% internal)` when anything is free.
+fn report_free(out: &mut String, free_external: i128, free_internal: i128) {
+    let total = free_external + free_internal;
+    format_size(out, total);
+    if total != 0 {
+        let pct = (free_internal as f64 / total as f64) * 100.0;
+        let _ = write!(out, " ({pct:.1}% internal)");
+    }
+}
+
+fn write_legend(out: &mut String) {
+    out.push_str("\nLegend:\n    [a     ] - a segment in the allocator\n");
+    let _ = writeln!(out, "     ^-- a page {} of memory in the segment", size(PAGE_SIZE));
+    out.push_str(concat!(
+        "    a-z: pages filled with a single block's content\n",
+        "    ' ': page is completely free\n",
+        "    *: page if completely full with multiple blocks\n",
+        "    0-9: page is partially full with tensors of multiple blocks (9 == 90% full)\n",
+        "    (X% internal) - of the free memory, X% is free because we rounded the size of the allocation.\n",
+    ));
+}

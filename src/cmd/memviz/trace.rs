@@ -1,0 +1,381 @@
+//! `trace`: every trace event as a line of pseudo-Python (`a = seg_3[0:2.0MiB]`, `del a`, ...).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+
+use memsnap_format::{Action, Segment, Snapshot, TraceEntry};
+
+use super::pyfmt::{format_size, stack_repr, str_list_repr, DictWriter};
+use super::ReferenceFailure;
+
+/// The text `print(trace(data))` writes, final newline included.
+pub fn trace(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
+    let traces = snapshot.device_traces.as_ref().ok_or_else(|| {
+        let why = match snapshot.shape {
+            memsnap_format::Shape::SegmentList => {
+                "this file is a bare segment list (what torch.cuda.memory_snapshot() returns): it has segments but no allocation history. `stats`, `segments` and `memory` work on it; for `trace`, save the snapshot with torch.cuda.memory._dump_snapshot()"
+            }
+            memsnap_format::Shape::Dict => "this snapshot has no device_traces (allocation history)",
+        };
+        ReferenceFailure::key_error("device_traces", why.to_string())
+    })?;
+    let mut out = String::new();
+    let static_segments = StaticSegments::new(&snapshot.segments);
+    for (device, entries) in traces.iter().enumerate() {
+        if !entries.is_empty() {
+            let _ = writeln!(out, "Device {device} ----------------");
+            format_device(&mut out, snapshot, &static_segments, device, entries)?;
+        }
+    }
+    out.push('\n');
+    Ok(out)
+}
+
+/// The per-device `format(entries)` of `trace()`.
+fn format_device(
+    out: &mut String,
+    snapshot: &Snapshot,
+    static_segments: &StaticSegments,
+    device: usize,
+    entries: &[TraceEntry],
+) -> Result<(), ReferenceFailure> {
+    let _ = writeln!(out, "{} entries", entries.len());
+    // Python keys both maps by address but tests `name in map` with the name, which never
+    // matches: names are never recycled and entries are never removed. We keep that.
+    let mut allocation_names: HashMap<u64, u64> = HashMap::new();
+    let mut segment_names: HashMap<u64, u64> = HashMap::new();
+    let mut segment_intervals = SegmentIntervals::default();
+    let mut next_name = 0u64;
+    // Python reuses the loop counter as the byte total, so only the last entry's index and
+    // size reach `TOTAL MEM`; we reproduce that number.
+    let mut count: i128 = 0;
+    for (i, e) in entries.iter().enumerate() {
+        count = i as i128;
+        let place = || format!("device_traces[{device}][{i}]");
+        match e.action {
+            Action::Alloc => {
+                let addr = entry_addr(e, &place)?;
+                let name = next_name;
+                next_name += 1;
+                write_name(out, name);
+                out.push_str(" = ");
+                match segment_intervals
+                    .find(addr)
+                    .map(|(name, saddr)| (SegName::Traced(name), saddr))
+                    .or_else(|| static_segments.find(addr, &snapshot.segments))
+                {
+                    Some(found) => {
+                        match found.0 {
+                            SegName::Traced(n) => write_name(out, n),
+                            SegName::Snapshot(si) => {
+                                let _ = write!(out, "seg_{si}");
+                            }
+                        }
+                        let _ = write!(out, "[{}:", addr - found.1);
+                    }
+                    None => {
+                        let missing = static_segments.missing_allocated_size;
+                        if let Some(si) = missing {
+                            return Err(ReferenceFailure::key_error(
+                                "allocated_size",
+                                format!("segments[{si}] has no allocated_size, which `trace` reads to place {}", place()),
+                            ));
+                        }
+                        let _ = write!(out, "MEM[{addr}:");
+                    }
+                }
+                format_size(out, i128::from(e.size));
+                out.push_str("]\n");
+                allocation_names.insert(addr, name);
+                count += i128::from(e.size);
+            }
+            Action::FreeRequested => {
+                let addr = entry_addr(e, &place)?;
+                out.push_str("del ");
+                write_name_or_addr(out, allocation_names.get(&addr).copied(), addr);
+                out.push_str(" # ");
+                format_size(out, i128::from(e.size));
+                out.push('\n');
+            }
+            Action::FreeCompleted => {
+                let addr = entry_addr(e, &place)?;
+                count -= i128::from(e.size);
+                out.push_str("# free completed for ");
+                write_name_or_addr(out, allocation_names.get(&addr).copied(), addr);
+                out.push(' ');
+                format_size(out, i128::from(e.size));
+                out.push('\n');
+            }
+            Action::SegmentAlloc => {
+                let addr = entry_addr(e, &place)?;
+                let name = next_name;
+                next_name += 1;
+                write_name(out, name);
+                let _ = write!(out, " = cudaMalloc({addr}, ");
+                format_size(out, i128::from(e.size));
+                out.push_str(")\n");
+                segment_intervals.insert(name, addr, e.size);
+                segment_names.insert(addr, name);
+            }
+            Action::SegmentFree => {
+                let addr = entry_addr(e, &place)?;
+                out.push_str("cudaFree(");
+                write_name_or_addr(out, segment_names.get(&addr).copied(), addr);
+                out.push_str(") # ");
+                format_size(out, i128::from(e.size));
+                out.push('\n');
+            }
+            Action::Oom => {
+                let free = e.device_free().ok_or_else(|| {
+                    ReferenceFailure::key_error("device_free", format!("{} is an oom entry without device_free", place()))
+                })?;
+                out.push_str("raise OutOfMemoryError # ");
+                format_size(out, i128::from(e.size));
+                out.push_str(" requested, ");
+                format_size(out, i128::from(free));
+                out.push_str(" free in CUDA\n");
+            }
+            Action::Annotate => {
+                let addr = entry_addr(e, &place)?;
+                let meta = e.user_metadata.ok_or_else(|| {
+                    ReferenceFailure::key_error(
+                        "user_metadata",
+                        format!("{} is an annotate entry without user_metadata", place()),
+                    )
+                })?;
+                out.push_str("# annotate ");
+                write_name_or_addr(out, allocation_names.get(&addr).copied(), addr);
+                let _ = writeln!(out, ": {}", snapshot.str(meta));
+            }
+            _ => {
+                entry_repr(out, snapshot, e);
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str("TOTAL MEM: ");
+    format_size(out, count);
+    Ok(())
+}
+
+fn entry_addr(e: &TraceEntry, place: &dyn Fn() -> String) -> Result<u64, ReferenceFailure> {
+    if e.has_addr() {
+        Ok(e.addr)
+    } else {
+        Err(ReferenceFailure::key_error("addr", format!("{} has no addr", place())))
+    }
+}
+
+/// `_name()`: `a` .. `z`, then `a1` .. `z1`, `a2`, ...
+fn write_name(out: &mut String, n: u64) {
+    out.push(char::from(b'a' + (n % 26) as u8));
+    let round = n / 26;
+    if round != 0 {
+        let _ = write!(out, "{round}");
+    }
+}
+
+/// A known name, else the address itself (Python's `dict.get(addr, addr)`).
+fn write_name_or_addr(out: &mut String, name: Option<u64>, addr: u64) {
+    match name {
+        Some(n) => write_name(out, n),
+        None => {
+            let _ = write!(out, "{addr}");
+        }
+    }
+}
+
+enum SegName {
+    /// A `segment_alloc` of this trace, by name number.
+    Traced(u64),
+    /// `seg_<index>` into the snapshot's segments (all devices).
+    Snapshot(usize),
+}
+
+/// The snapshot's segments as `find_segment` scans them: `[address, address +
+/// allocated_size)`, first match in list order.
+struct StaticSegments {
+    /// Sorted by start, non-empty ranges only: `(start, end, index)`.
+    sorted: Vec<(u128, u128, usize)>,
+    /// Whether ranges overlap (then the first match in list order needs a scan).
+    overlapping: bool,
+    /// A segment without `allocated_size`: Python fails when it reaches it.
+    missing_allocated_size: Option<usize>,
+}
+
+impl StaticSegments {
+    fn new(segments: &[Segment]) -> Self {
+        let missing_allocated_size = segments.iter().position(|s| s.allocated_size.is_none());
+        let limit = missing_allocated_size.unwrap_or(segments.len());
+        let mut sorted: Vec<(u128, u128, usize)> = segments[..limit]
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let start = u128::from(s.address);
+                let end = start + u128::from(s.allocated_size.unwrap_or(0));
+                (end > start).then_some((start, end, i))
+            })
+            .collect();
+        sorted.sort_unstable();
+        let overlapping = sorted.windows(2).any(|w| w[1].0 < w[0].1);
+        StaticSegments {
+            sorted,
+            overlapping,
+            missing_allocated_size,
+        }
+    }
+
+    /// The first segment (in list order, before any without `allocated_size`) holding `addr`.
+    fn find(&self, addr: u64, segments: &[Segment]) -> Option<(SegName, u64)> {
+        let a = u128::from(addr);
+        let hit = if self.overlapping {
+            self.sorted
+                .iter()
+                .filter(|(s, e, _)| *s <= a && a < *e)
+                .min_by_key(|(_, _, i)| *i)
+                .copied()
+        } else {
+            let pos = self.sorted.partition_point(|(s, _, _)| *s <= a);
+            pos.checked_sub(1)
+                .map(|p| self.sorted[p])
+                .filter(|(_, e, _)| a < *e)
+        };
+        hit.map(|(_, _, i)| (SegName::Snapshot(i), segments[i].address))
+    }
+}
+
+/// The `segment_alloc` ranges seen so far. Python scans them in order and never removes one,
+/// so an address maps to the first range that ever covered it. We keep only the visible
+/// (first-covering) pieces, disjoint, keyed by start: `start -> (end, name, segment base)`.
+#[derive(Default)]
+struct SegmentIntervals {
+    pieces: BTreeMap<u128, (u128, u64, u64)>,
+}
+
+impl SegmentIntervals {
+    fn insert(&mut self, name: u64, addr: u64, size: u64) {
+        let start = u128::from(addr);
+        let end = start + u128::from(size);
+        // Walk the existing pieces overlapping [start, end) and fill the gaps between them.
+        let mut cursor = start;
+        let mut gaps = Vec::new();
+        let first = self
+            .pieces
+            .range(..=start)
+            .next_back()
+            .filter(|(_, (e, _, _))| *e > start)
+            .map(|(s, v)| (*s, *v));
+        let overlapping = first
+            .into_iter()
+            .chain(self.pieces.range(start + 1..end).map(|(s, v)| (*s, *v)));
+        for (s, (e, _, _)) in overlapping {
+            if s > cursor {
+                gaps.push((cursor, s));
+            }
+            cursor = cursor.max(e);
+        }
+        if cursor < end {
+            gaps.push((cursor, end));
+        }
+        for (s, e) in gaps {
+            self.pieces.insert(s, (e, name, addr));
+        }
+    }
+
+    fn find(&self, addr: u64) -> Option<(u64, u64)> {
+        let a = u128::from(addr);
+        self.pieces
+            .range(..=a)
+            .next_back()
+            .filter(|(_, (e, _, _))| a < *e)
+            .map(|(_, (_, name, base))| (*name, *base))
+    }
+}
+
+/// `repr(entry)`: the entry dict with its keys in the order PyTorch wrote them.
+fn entry_repr(out: &mut String, snapshot: &Snapshot, e: &TraceEntry) {
+    let rare = e.rare.as_deref();
+    let legacy_first = rare.is_some_and(|r| r.legacy_frames_first);
+    let extras = rare.map(|r| r.extra.as_slice()).unwrap_or_default();
+    let mut dict = DictWriter::open(out);
+    if legacy_first {
+        // ≤2.0 entries: frames (and cpp_frames) came first.
+        if let Some(frames) = e.frames {
+            stack_repr(dict.key("frames"), snapshot, frames);
+        }
+        for (k, v) in extras.iter().filter(|(k, _)| k == "cpp_frames") {
+            dict.value(k, v);
+        }
+    }
+    dict.str("action", e.action.name(&snapshot.strings));
+    if e.has_addr() {
+        dict.int("addr", e.addr);
+    }
+    if let Some(free) = e.device_free() {
+        dict.int("device_free", free);
+    }
+    dict.int("size", e.size);
+    dict.int("stream", e.stream);
+    if let Some(t) = e.time_us {
+        dict.int("time_us", t);
+    }
+    if let Some(c) = e.compile_context {
+        dict.str("compile_context", snapshot.str(c));
+    }
+    if let Some(m) = e.user_metadata {
+        dict.str("user_metadata", snapshot.str(m));
+    }
+    if let Some(m) = rare.and_then(|r| r.internal_metadata) {
+        dict.str("internal_metadata", snapshot.str(m));
+    }
+    if !legacy_first {
+        if let Some(frames) = e.frames {
+            stack_repr(dict.key("frames"), snapshot, frames);
+        }
+    }
+    if let Some(ff) = rare.and_then(|r| r.forward_frames.as_deref()) {
+        str_list_repr(dict.key("forward_frames"), ff);
+    }
+    for (k, v) in extras {
+        if !(legacy_first && k == "cpp_frames") {
+            dict.value(k, v);
+        }
+    }
+    dict.close();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_go_a_to_z_then_count_rounds() {
+        let name = |n| {
+            let mut s = String::new();
+            write_name(&mut s, n);
+            s
+        };
+        assert_eq!(name(0), "a");
+        assert_eq!(name(25), "z");
+        assert_eq!(name(26), "a1");
+        assert_eq!(name(27 * 26), "a27");
+    }
+
+    #[test]
+    fn first_segment_range_that_covered_an_address_wins() {
+        let mut iv = SegmentIntervals::default();
+        iv.insert(0, 100, 50); // [100, 150) is a
+        iv.insert(1, 100, 50); // same range again: still a
+        iv.insert(2, 140, 40); // [150, 180) is visible as c
+        assert_eq!(iv.find(100), Some((0, 100)));
+        assert_eq!(iv.find(149), Some((0, 100)));
+        assert_eq!(iv.find(150), Some((2, 140)));
+        assert_eq!(iv.find(179), Some((2, 140)));
+        assert_eq!(iv.find(180), None);
+        assert_eq!(iv.find(99), None);
+        iv.insert(3, 50, 200); // covers [50, 250): visible in the gaps only
+        assert_eq!(iv.find(60), Some((3, 50)));
+        assert_eq!(iv.find(120), Some((0, 100)));
+        assert_eq!(iv.find(200), Some((3, 50)));
+    }
+}

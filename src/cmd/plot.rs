@@ -1,0 +1,101 @@
+//! `memsnap plot`: the active-memory timeline as a PNG or SVG picture, without a display.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use memsnap_plot::{render_png, render_svg, PlotOptions};
+
+use super::common::{load, parse_size};
+
+/// Draw the active-memory timeline to a PNG or SVG file (headless).
+///
+/// The picture is the viewer's main chart: one band per allocation coloured by its stack,
+/// memory from before the recorded window in grey-blue, allocations below --min-size folded
+/// into one band (the total stays exact), reserved memory as a dashed outline, and each
+/// detected training step's forward (green) and backward (red) slope.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  \
+    memsnap plot snapshot.pickle -o timeline.png\n  \
+    memsnap plot snapshot.pickle -o timeline.svg --min-size 1MiB --range 1000..5000\n  \
+    memsnap plot rank3.pickle -o r3.png --device 3 --width 2400 --height 1200 --dark")]
+pub struct Args {
+    /// Snapshot file (pickle, msgpack or JSON; gzip/zstd allowed).
+    pub file: PathBuf,
+    /// Output picture; the extension picks the format (.png or .svg).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Device to draw (default: the one with the longest trace).
+    #[arg(long)]
+    pub device: Option<i64>,
+    /// Fold allocations smaller than this into one band (e.g. 1MiB, 4096).
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    pub min_size: u64,
+    /// Event range START..END to draw (default: the whole trace).
+    #[arg(long, value_parser = parse_range)]
+    pub range: Option<(f64, f64)>,
+    /// Picture width in pixels.
+    #[arg(long, default_value_t = 1600)]
+    pub width: u32,
+    /// Picture height in pixels.
+    #[arg(long, default_value_t = 900)]
+    pub height: u32,
+    /// Don't mark training steps.
+    #[arg(long)]
+    pub no_steps: bool,
+    /// Dark background.
+    #[arg(long)]
+    pub dark: bool,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let ext = args
+        .output
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let png = match ext.as_deref() {
+        Some("png") => true,
+        Some("svg") => false,
+        _ => bail!(
+            "cannot tell the picture format of {}: use a .png or .svg file name",
+            args.output.display()
+        ),
+    };
+    let (snapshot, _) = load(&args.file)?;
+    let options = PlotOptions {
+        device: args.device,
+        width: args.width,
+        height: args.height,
+        range: args.range,
+        min_size: args.min_size,
+        show_steps: !args.no_steps,
+        dark: args.dark,
+        ..PlotOptions::default()
+    };
+    let bytes = if png {
+        render_png(&snapshot, &options)?
+    } else {
+        render_svg(&snapshot, &options)?.into_bytes()
+    };
+    memsnap_format::io::write_atomic(&args.output, &bytes)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    eprintln!("wrote {}", args.output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_range(text: &str) -> Result<(f64, f64), String> {
+    let (a, b) = text
+        .split_once("..")
+        .ok_or_else(|| format!("`{text}` is not a range: use START..END, e.g. 1000..5000"))?;
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("`{s}` in `{text}` is not a number"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if !(a < b) {
+        return Err(format!("range `{text}` is empty: START must be below END"));
+    }
+    Ok((a, b))
+}

@@ -1,0 +1,205 @@
+//! `memsnap summary`: per device the peak, the top sites at the peak, the training steps with
+//! their slopes, the leak verdict and what the trace window misses.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use memsnap_analysis::summary::{DeviceSummary, Summary, SummaryOptions};
+use memsnap_analysis::{GroupBy, StepOptions};
+
+use crate::cmd::common::{format_size, load};
+
+/// Summarise a snapshot: peak, top sites, training steps and slopes, drift (leaks).
+///
+/// Bytes are the requested sizes of the trace, live from `alloc` to `free_completed` (as in
+/// PyTorch's Active Memory Timeline), counting memory allocated before a truncated history's
+/// window. `--json` prints one object with the schema documented in
+/// `memsnap_analysis::summary` (`"schema": "memsnap.summary/1"`).
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  memsnap summary run.pickle\n  memsnap summary run.pickle --json | jq '.devices[0].peak'"
+)]
+pub struct Args {
+    /// Snapshot file (pickle, msgpack or JSON, optionally .gz/.zst; `-` for stdin).
+    pub file: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Sites listed at the peak.
+    #[arg(long, default_value_t = 5)]
+    pub top: usize,
+    /// Floor or peak growth over all steps above this percentage of the peak is flagged.
+    #[arg(long, default_value_t = 1.0, value_name = "PCT")]
+    pub drift_tolerance: f64,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let summary = summarize_file(&args.file, args.top, args.drift_tolerance)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", render(&args.file.display().to_string(), &summary));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads and summarises a file.
+pub fn summarize_file(path: &std::path::Path, top: usize, tolerance: f64) -> Result<Summary> {
+    let (snapshot, _) = load(path)?;
+    let options = SummaryOptions {
+        steps: StepOptions {
+            drift_tolerance_percent: tolerance,
+            ..Default::default()
+        },
+        top_sites: top,
+        group_by: GroupBy::Frame,
+    };
+    memsnap_analysis::summarize(&snapshot, &options)
+        .with_context(|| format!("cannot analyse {}", path.display()))
+}
+
+/// Signed bytes in binary units: `+1.5 MiB`, `-512 B`.
+pub fn format_delta(bytes: i64) -> String {
+    let sign = if bytes < 0 { "-" } else { "+" };
+    format!("{sign}{}", format_size(bytes.unsigned_abs()))
+}
+
+/// A rate in binary units per second.
+pub fn format_rate(bytes_per_s: Option<f64>) -> String {
+    match bytes_per_s {
+        Some(r) if r.is_finite() => format!("{}/s", format_size(r.abs() as u64)),
+        _ => "-".into(),
+    }
+}
+
+/// Microseconds as `12.3 ms` / `4.56 s`.
+pub fn format_duration_us(us: i64) -> String {
+    let abs = us.unsigned_abs() as f64;
+    let sign = if us < 0 { "-" } else { "" };
+    if abs >= 1e6 {
+        format!("{sign}{:.2} s", abs / 1e6)
+    } else if abs >= 1e3 {
+        format!("{sign}{:.1} ms", abs / 1e3)
+    } else {
+        format!("{sign}{abs} us")
+    }
+}
+
+/// Where an event is: `event 213 (t+12.3 ms)`.
+fn when(d: &DeviceSummary, event: u32, time_us: Option<i64>) -> String {
+    match (time_us, d.start_time_us) {
+        (Some(t), Some(t0)) => format!("event {event} (t+{})", format_duration_us(t - t0)),
+        _ => format!("event {event}"),
+    }
+}
+
+fn render(name: &str, summary: &Summary) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if summary.devices.is_empty() {
+        let _ = writeln!(out, "{name}: no device has a trace or segments");
+    }
+    for d in &summary.devices {
+        let _ = writeln!(
+            out,
+            "{name}: device {}: {} trace entries{}, {} allocations",
+            d.device,
+            d.entries,
+            if d.has_time { "" } else { " (no time_us)" },
+            d.allocations
+        );
+        let _ = writeln!(
+            out,
+            "  peak {} at {}; reserved peak {}",
+            format_size(d.peak.bytes),
+            when(d, d.peak.event, d.peak.time_us),
+            format_size(d.peak_reserved_bytes)
+        );
+        if !d.peak_top_sites.is_empty() {
+            let _ = writeln!(out, "  top sites at the peak:");
+            for s in &d.peak_top_sites {
+                let _ = writeln!(
+                    out,
+                    "    {:>10}  {:>6}x  {}",
+                    format_size(s.bytes),
+                    s.count,
+                    s.site
+                );
+            }
+        }
+        if d.steps.is_empty() {
+            let _ = writeln!(out, "  steps: none found");
+        } else {
+            let _ = writeln!(out, "  steps ({}, {}):", d.steps.len(), d.step_method);
+            let _ = writeln!(
+                out,
+                "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}",
+                "#",
+                "start",
+                "peak",
+                "end",
+                "start",
+                "peak",
+                "end",
+                "forward",
+                "backward",
+                "outliving"
+            );
+            for (i, s) in d.steps.iter().enumerate() {
+                let fwd = match s.forward_bytes_per_s {
+                    Some(_) => format_rate(s.forward_bytes_per_s),
+                    None => format!(
+                        "{}/ev",
+                        format_size(s.forward_bytes_per_event.max(0.0) as u64)
+                    ),
+                };
+                let bwd = match s.backward_bytes_per_s {
+                    Some(_) => format_rate(s.backward_bytes_per_s),
+                    None => format!(
+                        "{}/ev",
+                        format_size(s.backward_bytes_per_event.max(0.0) as u64)
+                    ),
+                };
+                let _ = writeln!(
+                    out,
+                    "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}",
+                    i,
+                    s.start_event,
+                    s.peak_event,
+                    s.end_event,
+                    format_size(s.start_bytes),
+                    format_size(s.peak_bytes),
+                    format_size(s.end_bytes),
+                    fwd,
+                    bwd,
+                    format_size(s.outliving_bytes)
+                );
+            }
+            if let Some(us) = d.step_duration_us {
+                let _ = writeln!(out, "  median step time {}", format_duration_us(us));
+            }
+            let verdict = if d.leak_suspected {
+                "LEAK SUSPECTED: the floor grows from step to step"
+            } else {
+                "no leak"
+            };
+            let _ = writeln!(
+                out,
+                "  drift: floor {}/step ({:+.2}% of the peak over the steps), peak {}/step ({:+.2}%): {verdict}{}",
+                format_delta(d.drift_bytes_per_step.round() as i64),
+                d.drift_percent,
+                format_delta(d.peak_drift_bytes_per_step.round() as i64),
+                d.peak_drift_percent,
+                if d.peak_growth_suspected { "; the peak grows" } else { "" }
+            );
+        }
+        if !d.oom_events.is_empty() {
+            let _ = writeln!(out, "  out of memory at events {:?}", d.oom_events);
+        }
+        for note in &d.notes {
+            let _ = writeln!(out, "  note: {note}");
+        }
+    }
+    out
+}

@@ -1,0 +1,129 @@
+//! `memsnap demo`: the simulated training run writes a valid snapshot that looks like training.
+
+use std::process::Command;
+
+use memsnap_format::{validate, Action, Snapshot, TraceEntry};
+
+/// A small, fast model: the shape of the run matters here, not its size.
+const SMALL: [&str; 8] = ["--layers", "2", "--batch", "2", "--seq-len", "128", "--hidden", "128"];
+
+fn demo(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .arg("demo")
+        .args(SMALL)
+        .args(extra)
+        .current_dir(dir)
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .output()
+        .expect("run memsnap demo")
+}
+
+fn frame_names(snapshot: &Snapshot, entry: &TraceEntry) -> Vec<String> {
+    entry
+        .frames
+        .map(|id| snapshot.stack_frames(id).map(|f| f.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The training phase an allocation belongs to, from the model function in its stack.
+fn phase(names: &[String]) -> Option<&'static str> {
+    let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
+    if has("::adam_step") || has("::adam_init_state") {
+        Some("optimizer")
+    } else if names.iter().any(|n| n.contains("::demo::") && n.ends_with("_backward")) {
+        Some("backward")
+    } else if names.iter().any(|n| n.contains("::demo::") && n.ends_with("_forward")) {
+        Some("forward")
+    } else {
+        None
+    }
+}
+
+#[test]
+fn demo_writes_a_valid_snapshot_with_forward_backward_optimizer_per_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.pickle");
+    let run = demo(dir.path(), &["--no-view", "--steps", "3", "--out", out.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "memsnap demo failed:\n{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("trained 3 steps"), "{stdout}");
+
+    let (snapshot, _) = memsnap_format::read_path(&out).expect("the demo snapshot reads back");
+    assert_eq!(validate(&snapshot), vec![], "the demo snapshot breaks an invariant");
+    let trace = &snapshot.traces()[0];
+
+    // Native stacks come from the model's functions.
+    let all_names: Vec<String> = trace.iter().flat_map(|e| frame_names(&snapshot, e)).collect();
+    for function in ["embedding_forward", "attention_forward", "mlp_forward", "mlp_backward", "attention_backward", "adam_step"] {
+        assert!(
+            all_names.iter().any(|n| n.ends_with(function)),
+            "no {function} frame in the trace"
+        );
+    }
+
+    // Each step: forward allocations, then backward, then the optimizer.
+    let mut phases: Vec<&str> = Vec::new();
+    let mut live: i64 = 0;
+    let mut live_at_phase_start: Vec<i64> = Vec::new();
+    for entry in trace {
+        match entry.action {
+            Action::Alloc => {
+                if let Some(p) = phase(&frame_names(&snapshot, entry)) {
+                    if phases.last() != Some(&p) {
+                        phases.push(p);
+                        live_at_phase_start.push(live);
+                    }
+                }
+                live += entry.size as i64;
+            }
+            Action::FreeCompleted => live -= entry.size as i64,
+            _ => {}
+        }
+    }
+    assert_eq!(phases, ["forward", "backward", "optimizer"].repeat(3));
+    for step in 0..3 {
+        let (forward, backward, optimizer) = (
+            live_at_phase_start[3 * step],
+            live_at_phase_start[3 * step + 1],
+            live_at_phase_start[3 * step + 2],
+        );
+        assert!(backward > forward, "step {step}: forward kept its activations (up-slope)");
+        assert!(optimizer < backward, "step {step}: backward freed them (down-slope)");
+    }
+}
+
+#[test]
+fn demo_writes_memsnap_demo_pickle_in_the_current_directory_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = demo(dir.path(), &["--no-view", "--steps", "1"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let (snapshot, _) = memsnap_format::read_path(&dir.path().join("memsnap-demo.pickle")).unwrap();
+    assert!(snapshot.entry_count() > 0);
+}
+
+#[test]
+fn demo_oom_at_step_records_the_oom_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("oom.pickle");
+    let run = demo(
+        dir.path(),
+        &["--no-view", "--steps", "4", "--oom-at-step", "2", "--device-memory", "4GiB", "--out", out.to_str().unwrap()],
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("step 2: out of memory in attention_forward"), "{stdout}");
+
+    let (snapshot, _) = memsnap_format::read_path(&out).unwrap();
+    assert_eq!(validate(&snapshot), vec![]);
+    let trace = &snapshot.traces()[0];
+    let oom = trace.iter().position(|e| e.action == Action::Oom).expect("an oom entry");
+    // The run stopped at the OOM: no optimizer step after it.
+    assert!(!trace[oom..]
+        .iter()
+        .any(|e| e.action == Action::Alloc && phase(&frame_names(&snapshot, e)) == Some("optimizer")));
+}

@@ -1,0 +1,635 @@
+//! The application: open files, loading jobs, messages, and the frame layout that calls each
+//! panel's `*_ui` function. Everything here is reachable without a window, so kittest drives
+//! the real app.
+
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+
+use egui::{Color32, ColorImage, RichText};
+
+use crate::document::Document;
+use crate::export;
+use crate::loader::{LoadJob, Source};
+use crate::settings::{Settings, STORAGE_KEY};
+use crate::shortcuts::{self, Command};
+use crate::units::format_bytes;
+
+/// The main area's view.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MainView {
+    /// Active memory over time, with steps, size filter and details.
+    #[default]
+    Timeline,
+    /// The live set and the segments at one instant.
+    Instant,
+    /// Every open file (rank) on a shared time axis.
+    Ranks,
+    /// Two snapshots side by side.
+    Diff,
+}
+
+impl MainView {
+    pub const ALL: [MainView; 4] = [
+        MainView::Timeline,
+        MainView::Instant,
+        MainView::Ranks,
+        MainView::Diff,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            MainView::Timeline => "Timeline",
+            MainView::Instant => "At an instant",
+            MainView::Ranks => "Ranks",
+            MainView::Diff => "Diff",
+        }
+    }
+
+    pub fn tooltip(self) -> &'static str {
+        match self {
+            MainView::Timeline => "Active memory over time, stacked by allocation, with training steps",
+            MainView::Instant => "What is live at the cursor (or the peak) and how the segments are filled",
+            MainView::Ranks => "All open files as small multiples on one time axis, plus their totals overlaid",
+            MainView::Diff => "Two snapshots side by side, with the change per call site",
+        }
+    }
+}
+
+/// A message shown in the status area until dismissed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub is_error: bool,
+    pub text: String,
+}
+
+/// The whole viewer state.
+pub struct ViewerApp {
+    pub settings: Settings,
+    pub documents: Vec<Document>,
+    /// Index into `documents` of the file shown.
+    pub active: usize,
+    pub jobs: Vec<LoadJob<Document>>,
+    pub notices: Vec<Notice>,
+    pub view: MainView,
+    pub show_help: bool,
+    /// The two documents the diff view compares (indices into `documents`).
+    pub diff_pair: (usize, usize),
+    pub ranks: crate::ranks_ui::RanksState,
+    /// Sources waiting for the first frame (they need the egui context to wake the UI).
+    pending: Vec<Source>,
+    next_id: u64,
+    screenshot: Option<(PathBuf, mpsc::Receiver<Arc<ColorImage>>)>,
+    /// Applied theme, to notice when the setting changes.
+    applied_theme: Option<crate::settings::ThemeChoice>,
+}
+
+impl Default for ViewerApp {
+    fn default() -> Self {
+        ViewerApp::new(Settings::default())
+    }
+}
+
+impl ViewerApp {
+    pub fn new(settings: Settings) -> Self {
+        ViewerApp {
+            settings,
+            documents: Vec::new(),
+            active: 0,
+            jobs: Vec::new(),
+            notices: Vec::new(),
+            view: MainView::Timeline,
+            show_help: false,
+            diff_pair: (0, 1),
+            ranks: Default::default(),
+            pending: Vec::new(),
+            next_id: 1,
+            screenshot: None,
+            applied_theme: None,
+        }
+    }
+
+    /// The app eframe starts: settings from storage, `files` queued for loading.
+    pub fn from_creation_context(cc: &eframe::CreationContext<'_>, files: Vec<PathBuf>) -> Self {
+        let settings = cc
+            .storage
+            .and_then(|s| eframe::get_value::<Settings>(s, STORAGE_KEY))
+            .unwrap_or_default();
+        let mut app = ViewerApp::new(settings);
+        for file in files {
+            app.open(Source::Path(file));
+        }
+        app
+    }
+
+    /// Queues a file; loading starts on the next frame, in the background.
+    pub fn open(&mut self, source: Source) {
+        self.pending.push(source);
+    }
+
+    /// The document shown, if any file is open.
+    pub fn active_document(&self) -> Option<&Document> {
+        self.documents.get(self.active)
+    }
+
+    pub fn active_document_mut(&mut self) -> Option<&mut Document> {
+        self.documents.get_mut(self.active)
+    }
+
+    /// Whether files are queued or loading.
+    pub fn is_loading(&self) -> bool {
+        !self.pending.is_empty() || !self.jobs.is_empty()
+    }
+
+    /// Blocks until every queued and running load is done (tests, benchmarks, screenshots).
+    pub fn finish_loading(&mut self) {
+        self.start_pending(None);
+        for job in std::mem::take(&mut self.jobs) {
+            let result = job.wait();
+            self.accept(result);
+        }
+    }
+
+    fn start_pending(&mut self, ctx: Option<&egui::Context>) {
+        for source in std::mem::take(&mut self.pending) {
+            let id = self.next_id;
+            self.next_id += 1;
+            let ctx = ctx.cloned();
+            let wake = move || {
+                if let Some(ctx) = &ctx {
+                    ctx.request_repaint();
+                }
+            };
+            self.jobs
+                .push(LoadJob::spawn(id, source, wake, move |loaded, progress| {
+                    Document::prepare(id, loaded, progress)
+                }));
+        }
+    }
+
+    fn poll_jobs(&mut self) {
+        let mut i = 0;
+        while i < self.jobs.len() {
+            if let Some(result) = self.jobs[i].poll() {
+                self.jobs.remove(i);
+                self.accept(result);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn accept(&mut self, result: Result<Document, crate::loader::LoadError>) {
+        match result {
+            Ok(document) => {
+                if let Some(path) = &document.path {
+                    self.settings.remember(path);
+                }
+                self.documents.push(document);
+                self.active = self.documents.len() - 1;
+                if self.documents.len() >= 2 {
+                    self.diff_pair = (self.documents.len() - 2, self.documents.len() - 1);
+                }
+            }
+            Err(crate::loader::LoadError::Cancelled { name }) => self.notices.push(Notice {
+                is_error: false,
+                text: format!("Loading {name} was cancelled."),
+            }),
+            Err(err) => self.notices.push(Notice {
+                is_error: true,
+                text: err.to_string(),
+            }),
+        }
+    }
+
+    /// Closes the document at `index`.
+    pub fn close(&mut self, index: usize) {
+        if index < self.documents.len() {
+            self.documents.remove(index);
+            self.active = self.active.min(self.documents.len().saturating_sub(1));
+            let last = self.documents.len().saturating_sub(1);
+            self.diff_pair = (self.diff_pair.0.min(last), self.diff_pair.1.min(last));
+        }
+    }
+
+    /// Shows the whole UI for one frame.
+    pub fn ui(&mut self, ui: &mut egui::Ui) {
+        let ctx = ui.ctx().clone();
+        self.apply_theme(&ctx);
+        self.start_pending(Some(&ctx));
+        self.poll_jobs();
+        self.take_dropped_files(&ctx);
+        self.poll_screenshot();
+        for command in shortcuts::pressed(&ctx) {
+            self.run_command(&ctx, command);
+        }
+
+        egui::Panel::top("menu_bar").show(ui, |ui| self.menu_bar_ui(ui));
+        egui::Panel::top("file_bar").show(ui, |ui| self.file_bar_ui(ui));
+        if !self.jobs.is_empty() || !self.notices.is_empty() {
+            egui::Panel::bottom("status").show(ui, |ui| self.status_ui(ui));
+        }
+        egui::CentralPanel::default().show(ui, |ui| self.main_ui(ui));
+
+        crate::help::help_overlay_ui(ui, &mut self.show_help);
+        file_drop_overlay_ui(&ctx);
+        if !self.jobs.is_empty() {
+            // Progress bars move without input events.
+            ctx.request_repaint_after(std::time::Duration::from_millis(100));
+        }
+    }
+
+    fn apply_theme(&mut self, ctx: &egui::Context) {
+        if self.applied_theme != Some(self.settings.theme) {
+            ctx.set_theme(self.settings.theme.egui_theme());
+            self.applied_theme = Some(self.settings.theme);
+        }
+    }
+
+    fn take_dropped_files(&mut self, ctx: &egui::Context) {
+        let dropped = ctx.input(|i| i.raw.dropped_files.clone());
+        for file in dropped {
+            self.open(Source::Dropped(file));
+        }
+        // Start them now, not a frame later.
+        self.start_pending(Some(ctx));
+    }
+
+    fn run_command(&mut self, ctx: &egui::Context, command: Command) {
+        match command {
+            Command::Open => self.open_dialog(),
+            Command::CloseFile => self.close(self.active),
+            Command::NextFile => {
+                if !self.documents.is_empty() {
+                    self.active = (self.active + 1) % self.documents.len();
+                }
+            }
+            Command::ToggleTheme => self.settings.theme = self.settings.theme.toggled(),
+            Command::ToggleHelp => self.show_help = !self.show_help,
+            Command::ExportPng => self.export_png(ctx),
+            Command::ExportSvg => self.export_svg(),
+            Command::Unpin if self.show_help => self.show_help = false,
+            other => {
+                let view = self.view;
+                if let Some(doc) = self.active_document_mut() {
+                    doc.run_command(other, view);
+                }
+            }
+        }
+    }
+
+    fn open_dialog(&mut self) {
+        // Without an xdg-desktop-portal this returns None at once; drag and drop and the
+        // command line still work, and the notice says so.
+        let picked = rfd::FileDialog::new()
+            .set_title("Open memory snapshots")
+            .add_filter(
+                "Memory snapshots",
+                &["pickle", "pkl", "pck", "msgpack", "mpk", "memsnap", "json", "gz", "zst"],
+            )
+            .add_filter("All files", &["*"])
+            .pick_files();
+        match picked {
+            Some(files) => {
+                for file in files {
+                    self.open(Source::Path(file));
+                }
+            }
+            None => self.notices.push(Notice {
+                is_error: false,
+                text: "No file chosen. (Without a desktop file chooser, drop files on the window or pass them on the command line.)".into(),
+            }),
+        }
+    }
+
+    fn export_png(&mut self, ctx: &egui::Context) {
+        let name = self
+            .active_document()
+            .map_or("viewer".to_owned(), |d| d.name.clone());
+        let path = export::default_export_path(&name, "png");
+        let (sender, receiver) = mpsc::channel();
+        let wake = ctx.clone();
+        ctx.request_screenshot(move |image| {
+            let _ = sender.send(image);
+            wake.request_repaint();
+        });
+        self.screenshot = Some((path, receiver));
+    }
+
+    fn poll_screenshot(&mut self) {
+        let Some((path, receiver)) = &self.screenshot else {
+            return;
+        };
+        match receiver.try_recv() {
+            Ok(image) => {
+                let notice = match export::write_png(&image, path) {
+                    Ok(()) => Notice {
+                        is_error: false,
+                        text: format!("Saved {}", path.display()),
+                    },
+                    Err(e) => Notice {
+                        is_error: true,
+                        text: e.to_string(),
+                    },
+                };
+                self.notices.push(notice);
+                self.screenshot = None;
+            }
+            Err(mpsc::TryRecvError::Empty) => {}
+            Err(mpsc::TryRecvError::Disconnected) => {
+                self.notices.push(Notice {
+                    is_error: true,
+                    text: "The renderer did not deliver a screenshot.".into(),
+                });
+                self.screenshot = None;
+            }
+        }
+    }
+
+    fn export_svg(&mut self) {
+        let Some(doc) = self.active_document() else {
+            return;
+        };
+        let path = export::default_export_path(&doc.name, "svg");
+        let notice = match doc.timeline_svg() {
+            Some(svg) => match std::fs::write(&path, svg) {
+                Ok(()) => Notice {
+                    is_error: false,
+                    text: format!("Saved {}", path.display()),
+                },
+                Err(e) => Notice {
+                    is_error: true,
+                    text: format!("cannot write {}: {e}", path.display()),
+                },
+            },
+            None => Notice {
+                is_error: true,
+                text: "Nothing to export yet: show the timeline first.".into(),
+            },
+        };
+        self.notices.push(notice);
+    }
+
+    fn menu_bar_ui(&mut self, ui: &mut egui::Ui) {
+        egui::MenuBar::new().ui(ui, |ui| {
+            ui.menu_button("File", |ui| {
+                let ctx = ui.ctx().clone();
+                if ui
+                    .add(
+                        egui::Button::new("Open…")
+                            .shortcut_text(shortcuts::shortcut_text(&ctx, Command::Open)),
+                    )
+                    .on_hover_text("Open one or more snapshot files (pickle, msgpack, JSON; gzip or zstd)")
+                    .clicked()
+                {
+                    self.open_dialog();
+                }
+                ui.menu_button("Open recent", |ui| {
+                    if self.settings.recent_files.is_empty() {
+                        ui.label("No recent files");
+                    }
+                    for path in self.settings.recent_files.clone() {
+                        if ui
+                            .button(path.display().to_string())
+                            .on_hover_text("Open this file again")
+                            .clicked()
+                        {
+                            self.open(Source::Path(path));
+                        }
+                    }
+                });
+                ui.separator();
+                if ui
+                    .add_enabled(
+                        !self.documents.is_empty(),
+                        egui::Button::new("Export PNG")
+                            .shortcut_text(shortcuts::shortcut_text(&ctx, Command::ExportPng)),
+                    )
+                    .on_hover_text("Save a picture of the window in the current folder")
+                    .clicked()
+                {
+                    self.export_png(&ctx);
+                }
+                if ui
+                    .add_enabled(
+                        !self.documents.is_empty(),
+                        egui::Button::new("Export SVG")
+                            .shortcut_text(shortcuts::shortcut_text(&ctx, Command::ExportSvg)),
+                    )
+                    .on_hover_text("Save the timeline as a vector drawing in the current folder")
+                    .clicked()
+                {
+                    self.export_svg();
+                }
+                ui.separator();
+                if ui
+                    .add_enabled(
+                        !self.documents.is_empty(),
+                        egui::Button::new("Close file")
+                            .shortcut_text(shortcuts::shortcut_text(&ctx, Command::CloseFile)),
+                    )
+                    .on_hover_text("Close the file shown")
+                    .clicked()
+                {
+                    self.close(self.active);
+                }
+                if ui.button("Quit").on_hover_text("Quit the viewer").clicked() {
+                    ui.send_viewport_cmd(egui::ViewportCommand::Close);
+                }
+            });
+            ui.menu_button("View", |ui| {
+                for view in MainView::ALL {
+                    if ui
+                        .selectable_label(self.view == view, view.label())
+                        .on_hover_text(view.tooltip())
+                        .clicked()
+                    {
+                        self.view = view;
+                    }
+                }
+                ui.separator();
+                ui.checkbox(&mut self.settings.wall_time_axis, "Wall-time axis")
+                    .on_hover_text("Plot against recorded time instead of the event index (when the trace has times)");
+                let dark = self.settings.theme == crate::settings::ThemeChoice::Dark;
+                if ui
+                    .button(if dark { "Light theme" } else { "Dark theme" })
+                    .on_hover_text("Switch the colour theme")
+                    .clicked()
+                {
+                    self.settings.theme = self.settings.theme.toggled();
+                }
+            });
+            ui.menu_button("Help", |ui| {
+                if ui
+                    .button("Keyboard shortcuts")
+                    .on_hover_text("List every key and mouse gesture")
+                    .clicked()
+                {
+                    self.show_help = true;
+                }
+            });
+        });
+    }
+
+    fn file_bar_ui(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal_wrapped(|ui| {
+            for view in MainView::ALL {
+                let enabled = match view {
+                    MainView::Timeline | MainView::Instant => !self.documents.is_empty(),
+                    MainView::Ranks => !self.documents.is_empty(),
+                    MainView::Diff => self.documents.len() >= 2,
+                };
+                let response = ui
+                    .add_enabled(enabled, egui::Button::selectable(self.view == view, view.label()))
+                    .on_hover_text(view.tooltip())
+                    .on_disabled_hover_text("Open two files to compare them");
+                if response.clicked() {
+                    self.view = view;
+                }
+            }
+            ui.separator();
+            let mut close = None;
+            for (i, doc) in self.documents.iter().enumerate() {
+                let response = ui
+                    .add(egui::Button::selectable(i == self.active, &doc.name))
+                    .on_hover_text(doc.summary());
+                if response.clicked() {
+                    self.active = i;
+                }
+                if response.middle_clicked() {
+                    close = Some(i);
+                }
+            }
+            if let Some(i) = close {
+                self.close(i);
+            }
+            if self.documents.is_empty() && self.jobs.is_empty() {
+                ui.label("No file open");
+            }
+        });
+    }
+
+    fn status_ui(&mut self, ui: &mut egui::Ui) {
+        let mut cancel = None;
+        for job in &self.jobs {
+            ui.horizontal(|ui| {
+                let progress = job.progress();
+                let text = format!("{} – {}", job.name, progress.stage().label());
+                let bar = match progress.fraction() {
+                    Some(f) => egui::ProgressBar::new(f).show_percentage(),
+                    None => egui::ProgressBar::new(0.0).animate(true),
+                };
+                ui.add_sized([260.0, 18.0], bar.text(text))
+                    .on_hover_text("Loading in the background; the window stays usable");
+                if ui
+                    .add_enabled(!job.is_cancelled(), egui::Button::new("Cancel"))
+                    .on_hover_text("Stop loading this file")
+                    .clicked()
+                {
+                    cancel = Some(job.id);
+                }
+            });
+        }
+        if let Some(id) = cancel {
+            if let Some(job) = self.jobs.iter().find(|j| j.id == id) {
+                job.cancel();
+            }
+        }
+        let mut dismiss = None;
+        for (i, notice) in self.notices.iter().enumerate() {
+            ui.horizontal(|ui| {
+                if ui.small_button("×").on_hover_text("Dismiss this message").clicked() {
+                    dismiss = Some(i);
+                }
+                let color = if notice.is_error {
+                    ui.visuals().error_fg_color
+                } else {
+                    ui.visuals().text_color()
+                };
+                let prefix = if notice.is_error { "Error: " } else { "" };
+                ui.label(RichText::new(format!("{prefix}{}", notice.text)).color(color));
+            });
+        }
+        if let Some(i) = dismiss {
+            self.notices.remove(i);
+        }
+    }
+
+    fn main_ui(&mut self, ui: &mut egui::Ui) {
+        if self.documents.is_empty() {
+            welcome_ui(ui, &self.jobs.is_empty());
+            return;
+        }
+        match self.view {
+            MainView::Timeline => {
+                let active = self.active;
+                self.documents[active].timeline_page_ui(ui);
+            }
+            MainView::Instant => {
+                let active = self.active;
+                self.documents[active].instant_page_ui(ui);
+            }
+            MainView::Ranks => crate::ranks_ui::ranks_ui(ui, &self.documents, &mut self.active, &mut self.ranks),
+            MainView::Diff => {
+                crate::diff_ui::diff_ui(ui, &self.documents, &mut self.diff_pair);
+            }
+        }
+    }
+}
+
+fn welcome_ui(ui: &mut egui::Ui, idle: &bool) {
+    ui.vertical_centered(|ui| {
+        ui.add_space(ui.available_height() / 3.0);
+        ui.heading("memsnap viewer");
+        ui.add_space(8.0);
+        if *idle {
+            ui.label("Drop PyTorch memory snapshots here (pickle, msgpack or JSON, optionally gzip/zstd),");
+            ui.label("or use File > Open. Several files open as ranks. Press F1 for shortcuts.");
+        } else {
+            ui.label("Loading…");
+        }
+    });
+}
+
+/// Darkens the window and says what will happen while files are dragged over it.
+fn file_drop_overlay_ui(ctx: &egui::Context) {
+    let hovered = ctx.input(|i| i.raw.hovered_files.len());
+    if hovered == 0 {
+        return;
+    }
+    let painter = ctx.layer_painter(egui::LayerId::new(
+        egui::Order::Foreground,
+        egui::Id::unique("file_drop_overlay"),
+    ));
+    let rect = ctx.content_rect();
+    painter.rect_filled(rect, 0.0, Color32::from_black_alpha(180));
+    let text = if hovered == 1 {
+        "Drop to open this snapshot".to_owned()
+    } else {
+        format!("Drop to open {hovered} snapshots as ranks")
+    };
+    painter.text(
+        rect.center(),
+        egui::Align2::CENTER_CENTER,
+        text,
+        egui::FontId::proportional(24.0),
+        Color32::WHITE,
+    );
+}
+
+impl eframe::App for ViewerApp {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        ViewerApp::ui(self, ui);
+    }
+
+    fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        eframe::set_value(storage, STORAGE_KEY, &self.settings);
+    }
+}
+
+/// A one-line description of a loaded file for tooltips.
+pub fn file_summary(name: &str, bytes: u64, entries: usize, devices: usize) -> String {
+    format!(
+        "{name}: {} on disk, {entries} trace entries, {devices} device(s)",
+        format_bytes(bytes)
+    )
+}

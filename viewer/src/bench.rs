@@ -1,0 +1,201 @@
+//! `memsnap-viewer --bench-frames N`: measures what the quality bar asks for without a window.
+//!
+//! It generates a training-run snapshot of about a million entries (or loads a file), builds
+//! the analysis (open to first picture, after parsing), then runs the real timeline panel in a
+//! headless egui context for N frames while zooming in and panning, timing each frame's UI pass
+//! (layout, geometry) plus egui's tessellation. GPU upload and drawing are not included.
+
+use std::fmt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_format::Snapshot;
+
+use crate::document::DeviceModel;
+use crate::timeline_ui::{timeline_ui, TimelineModel, TimelineState};
+
+/// Errors a benchmark run can meet.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Read(#[from] memsnap_format::FormatError),
+    #[error("analysis: {0}")]
+    Analysis(String),
+    #[error("the snapshot has no device to draw")]
+    NoDevice,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    pub entries: usize,
+    pub allocations: usize,
+    pub parse: Option<Duration>,
+    /// `DeviceTimeline::build` plus steps and profile.
+    pub analysis: Duration,
+    /// The first frame: layout of the whole run, geometry and tessellation.
+    pub first_frame: Duration,
+    /// Later frames, sorted.
+    pub frames: Vec<Duration>,
+    pub bands_first_frame: usize,
+    pub triangles_first_frame: usize,
+    pub width_px: f32,
+}
+
+impl BenchReport {
+    fn percentile(&self, p: f64) -> Duration {
+        if self.frames.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((self.frames.len() - 1) as f64 * p).round() as usize;
+        self.frames[i]
+    }
+}
+
+impl fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        writeln!(f, "entries:            {}", self.entries)?;
+        writeln!(f, "allocations:        {}", self.allocations)?;
+        if let Some(parse) = self.parse {
+            writeln!(f, "parse:              {:.1} ms", ms(parse))?;
+        }
+        writeln!(f, "analysis build:     {:.1} ms", ms(self.analysis))?;
+        writeln!(
+            f,
+            "first frame:        {:.1} ms ({} bands, {} triangles, {} px wide)",
+            ms(self.first_frame),
+            self.bands_first_frame,
+            self.triangles_first_frame,
+            self.width_px
+        )?;
+        writeln!(
+            f,
+            "open to first picture (after parsing): {:.1} ms",
+            ms(self.analysis + self.first_frame)
+        )?;
+        writeln!(
+            f,
+            "zoom/pan frames:    {} frames, p50 {:.2} ms, p95 {:.2} ms, max {:.2} ms",
+            self.frames.len(),
+            ms(self.percentile(0.5)),
+            ms(self.percentile(0.95)),
+            ms(self.frames.last().copied().unwrap_or_default())
+        )?;
+        write!(
+            f,
+            "60 fps budget (16.7 ms) met by p95: {}",
+            if ms(self.percentile(0.95)) <= 16.7 { "yes" } else { "no" }
+        )
+    }
+}
+
+/// Benchmarks a generated run of about `entries` trace entries.
+pub fn bench_generated(entries: usize, frames: usize) -> Result<BenchReport, BenchError> {
+    let run = TrainingRun {
+        target_entries: Some(entries),
+        layers: 24,
+        activations_per_layer: 6,
+        stack_pool: 400,
+        leak_bytes_per_step: 1 << 20,
+        ..TrainingRun::default()
+    };
+    let (snapshot, _) = generate(&run);
+    bench_snapshot(&snapshot, None, frames)
+}
+
+/// Benchmarks a snapshot file.
+pub fn bench_file(path: &Path, frames: usize) -> Result<BenchReport, BenchError> {
+    let started = Instant::now();
+    let (snapshot, _) = memsnap_format::read_path(path)?;
+    bench_snapshot(&snapshot, Some(started.elapsed()), frames)
+}
+
+/// Times the analysis build, the first frame and `frames` zoom/pan frames.
+pub fn bench_snapshot(
+    snapshot: &Snapshot,
+    parse: Option<Duration>,
+    frames: usize,
+) -> Result<BenchReport, BenchError> {
+    let device = memsnap_analysis::DeviceTimeline::devices(snapshot)
+        .into_iter()
+        .max_by_key(|&d| {
+            usize::try_from(d)
+                .ok()
+                .and_then(|i| snapshot.traces().get(i))
+                .map_or(0, Vec::len)
+        })
+        .ok_or(BenchError::NoDevice)?;
+    let started = Instant::now();
+    let model = DeviceModel::build(snapshot, device).map_err(BenchError::Analysis)?;
+    let analysis = started.elapsed();
+    let mut state = TimelineState::new(&model.timeline);
+    let timeline_model = TimelineModel {
+        snapshot,
+        timeline: &model.timeline,
+        steps: &model.steps,
+    };
+
+    let ctx = egui::Context::default();
+    let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, egui::vec2(1600.0, 900.0));
+    let mut frame_index = 0u32;
+    let mut frame = |state: &mut TimelineState| -> (Duration, usize) {
+        frame_index += 1;
+        let input = egui::RawInput {
+            screen_rect: Some(screen),
+            // 60 frames per second of input time, so the view counts as moving while zooming.
+            time: Some(f64::from(frame_index) / 60.0),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let mut output = ctx.run_ui(input, |ui| {
+            egui::CentralPanel::default().show(ui, |ui| {
+                timeline_ui(ui, &timeline_model, state);
+            });
+        });
+        // No renderer takes the font texture here.
+        output.textures_delta.clear();
+        let primitives = ctx.tessellate(output.shapes, output.pixels_per_point);
+        let triangles = primitives
+            .iter()
+            .map(|p| match &p.primitive {
+                egui::epaint::Primitive::Mesh(m) => m.indices.len() / 3,
+                egui::epaint::Primitive::Callback(_) => 0,
+            })
+            .sum();
+        (started.elapsed(), triangles)
+    };
+    // egui lays out fonts on the first pass; that is start-up, not drawing.
+    let _ = frame(&mut state);
+    state.window.reset();
+    let (first_frame, triangles_first_frame) = {
+        // Force a fresh layout for the measured first frame.
+        state.min_size = 1;
+        frame(&mut state)
+    };
+    let bands_first_frame = state.cached_layout().map_or(0, |l| l.bands.len());
+    let mut times = Vec::with_capacity(frames);
+    for i in 0..frames {
+        // Zoom in towards the middle for the first half, then pan, then zoom back out.
+        let center = (state.window.start + state.window.end) / 2.0;
+        match (i * 3) / frames.max(1) {
+            0 => state.window.zoom_at(center, 0.92),
+            1 => state.window.pan_by_fraction(0.03),
+            _ => state.window.zoom_at(center, 1.0 / 0.92),
+        }
+        times.push(frame(&mut state).0);
+    }
+    times.sort_unstable();
+    Ok(BenchReport {
+        entries: snapshot.entry_count(),
+        allocations: model.timeline.replay().allocations.len(),
+        parse,
+        analysis,
+        first_frame,
+        frames: times,
+        bands_first_frame,
+        triangles_first_frame,
+        width_px: screen.width(),
+    })
+}

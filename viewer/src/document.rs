@@ -1,0 +1,292 @@
+//! One open file: the decoded snapshot, the analysis model of each device (built on the
+//! loader thread), and each device's view state. The page functions lay out the panels; the
+//! panels themselves live in their own modules.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant as WallInstant};
+
+use memsnap_analysis::{DeviceTimeline, StepAnalysis, StepOptions};
+use memsnap_format::io::Detected;
+use memsnap_format::Snapshot;
+
+use crate::app::MainView;
+use crate::loader::{LoadProgress, LoadedSnapshot};
+use crate::shortcuts::Command;
+use crate::units::format_bytes;
+
+/// The analysis model of one device: built once, read by every panel.
+pub struct DeviceModel {
+    pub device: i64,
+    pub timeline: DeviceTimeline,
+    pub steps: StepAnalysis,
+    /// Summary and per-site bytes, for the ranks table and the diff.
+    pub profile: memsnap_analysis::compare::DeviceProfile,
+}
+
+impl DeviceModel {
+    pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceModel, String> {
+        let timeline = DeviceTimeline::build(snapshot, device).map_err(|e| e.to_string())?;
+        let steps = timeline.steps(&StepOptions::default());
+        let profile = crate::analysis_ext::device_profile(snapshot, &timeline);
+        Ok(DeviceModel {
+            device,
+            timeline,
+            steps,
+            profile,
+        })
+    }
+}
+
+/// Everything the user changed about how one device is shown.
+pub struct DeviceState {
+    pub timeline: crate::timeline_ui::TimelineState,
+    pub steps: crate::steps_ui::StepsState,
+    pub instant: crate::instant_ui::InstantState,
+}
+
+impl DeviceState {
+    pub fn new(model: &DeviceModel) -> Self {
+        DeviceState {
+            timeline: crate::timeline_ui::TimelineState::new(&model.timeline),
+            steps: crate::steps_ui::StepsState::default(),
+            instant: crate::instant_ui::InstantState::default(),
+        }
+    }
+}
+
+/// An open snapshot file.
+pub struct Document {
+    pub id: u64,
+    pub name: String,
+    pub path: Option<PathBuf>,
+    pub detected: Detected,
+    pub file_bytes: u64,
+    pub decode_time: Duration,
+    pub analysis_time: Duration,
+    pub snapshot: Arc<Snapshot>,
+    /// Devices with a trace or segments, ascending.
+    pub devices: Vec<DeviceModel>,
+    pub states: Vec<DeviceState>,
+    /// Index into `devices` of the device shown.
+    pub device_index: usize,
+    /// Devices that could not be analysed (the others still show).
+    pub device_errors: Vec<String>,
+}
+
+impl Document {
+    /// Builds the analysis of every device; runs on the loader thread.
+    pub fn prepare(
+        id: u64,
+        loaded: LoadedSnapshot,
+        _progress: &LoadProgress,
+    ) -> Result<Document, String> {
+        let started = WallInstant::now();
+        let snapshot = loaded.snapshot;
+        let mut devices = Vec::new();
+        let mut device_errors = Vec::new();
+        for device in DeviceTimeline::devices(&snapshot) {
+            match DeviceModel::build(&snapshot, device) {
+                Ok(model) => devices.push(model),
+                Err(e) => device_errors.push(format!("device {device}: {e}")),
+            }
+        }
+        if devices.is_empty() {
+            return Err(match device_errors.first() {
+                Some(e) => format!("no device could be analysed ({e})"),
+                None => "the snapshot has no trace entries and no segments".into(),
+            });
+        }
+        // PyTorch's viewer starts on the device with the longest trace; so do we.
+        let device_index = devices
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, d)| (d.timeline.replay().trace_len, std::cmp::Reverse(*i)))
+            .map_or(0, |(i, _)| i);
+        let states = devices.iter().map(DeviceState::new).collect();
+        Ok(Document {
+            id,
+            name: loaded.name,
+            path: loaded.path,
+            detected: loaded.detected,
+            file_bytes: loaded.file_bytes,
+            decode_time: loaded.decode_time,
+            analysis_time: started.elapsed(),
+            snapshot: Arc::new(snapshot),
+            devices,
+            states,
+            device_index,
+            device_errors,
+        })
+    }
+
+    pub fn device(&self) -> &DeviceModel {
+        &self.devices[self.device_index]
+    }
+
+    pub fn state(&self) -> &DeviceState {
+        &self.states[self.device_index]
+    }
+
+    pub fn state_mut(&mut self) -> &mut DeviceState {
+        &mut self.states[self.device_index]
+    }
+
+    /// A tooltip line about the file.
+    pub fn summary(&self) -> String {
+        let entries = self.snapshot.entry_count();
+        format!(
+            "{}\n{} {}{} on disk, {} trace entries, {} device(s)\ndecoded in {:.2} s, analysed in {:.2} s",
+            self.path
+                .as_ref()
+                .map_or(self.name.clone(), |p| p.display().to_string()),
+            self.detected.format.name(),
+            format_bytes(self.file_bytes),
+            match self.detected.compression {
+                memsnap_format::Compression::None => "",
+                memsnap_format::Compression::Gzip => " (gzip)",
+                memsnap_format::Compression::Zstd => " (zstd)",
+            },
+            entries,
+            self.devices.len(),
+            self.decode_time.as_secs_f64(),
+            self.analysis_time.as_secs_f64(),
+        )
+    }
+
+    /// Applies a keyboard command meant for the document shown.
+    pub fn run_command(&mut self, command: Command, view: MainView) {
+        let i = self.device_index;
+        let model = &self.devices[i];
+        let state = &mut self.states[i];
+        match command {
+            Command::PreviousStep | Command::NextStep => {
+                let forward = command == Command::NextStep;
+                if let Some(step) = state.steps.step_after(&model.steps, forward) {
+                    state.steps.selected = Some(step);
+                    state.timeline.zoom_to_step(&model.timeline, &model.steps.steps[step]);
+                }
+            }
+            Command::JumpToPeak => {
+                state.timeline.cursor = Some(model.timeline.resolve(memsnap_analysis::Instant::Peak));
+            }
+            Command::Unpin => state.timeline.pinned = None,
+            other if view == MainView::Timeline => state.timeline.run_command(other),
+            _ => {}
+        }
+    }
+
+    /// The timeline last drawn, as SVG.
+    pub fn timeline_svg(&self) -> Option<String> {
+        self.state().timeline.last_svg()
+    }
+
+    /// The timeline page: controls, the plot with its overview, the steps table and details.
+    pub fn timeline_page_ui(&mut self, ui: &mut egui::Ui) {
+        self.device_bar_ui(ui);
+        let i = self.device_index;
+        let model = &self.devices[i];
+        let state = &mut self.states[i];
+        let snapshot = &self.snapshot;
+        let timeline_model = crate::timeline_ui::TimelineModel {
+            snapshot,
+            timeline: &model.timeline,
+            steps: &model.steps,
+        };
+        crate::timeline_ui::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
+        crate::steps_ui::drift_banner_ui(ui, &model.steps);
+
+        egui::Panel::right("details_panel")
+            .resizable(true)
+            .default_size(340.0)
+            .show(ui, |ui| {
+                crate::details_ui::details_ui(ui, &timeline_model, &mut state.timeline);
+            });
+        egui::Panel::bottom("steps_panel")
+            .resizable(true)
+            .default_size(190.0)
+            .show(ui, |ui| {
+                if let Some(step) = crate::steps_ui::steps_ui(ui, &model.steps, &mut state.steps) {
+                    state
+                        .timeline
+                        .zoom_to_step(&model.timeline, &model.steps.steps[step]);
+                }
+            });
+        egui::CentralPanel::default().show(ui, |ui| {
+            crate::timeline_ui::legend_ui(ui, &timeline_model, &state.timeline);
+            crate::timeline_ui::timeline_ui(ui, &timeline_model, &mut state.timeline);
+        });
+    }
+
+    /// The "at an instant" page: the live set and the segments at the cursor (or the peak).
+    pub fn instant_page_ui(&mut self, ui: &mut egui::Ui) {
+        self.device_bar_ui(ui);
+        let i = self.device_index;
+        let model = &self.devices[i];
+        let state = &mut self.states[i];
+        let at = match state.timeline.cursor {
+            Some(event) => memsnap_analysis::Instant::Event(event),
+            None => memsnap_analysis::Instant::Peak,
+        };
+        let instant_model = crate::instant_ui::InstantModel {
+            snapshot: &self.snapshot,
+            timeline: &model.timeline,
+            at,
+            min_size: state.timeline.min_size,
+        };
+        crate::instant_ui::instant_ui(ui, &instant_model, &mut state.instant);
+    }
+
+    /// Device selector plus what the file says about truncation and errors.
+    fn device_bar_ui(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal(|ui| {
+            if self.devices.len() > 1 {
+                let current = self.devices[self.device_index].device;
+                egui::ComboBox::from_id_salt(("device", self.id))
+                    .selected_text(format!("cuda:{current}"))
+                    .show_ui(ui, |ui| {
+                        for (i, d) in self.devices.iter().enumerate() {
+                            ui.selectable_value(
+                                &mut self.device_index,
+                                i,
+                                format!(
+                                    "cuda:{} ({} entries)",
+                                    d.device,
+                                    d.timeline.replay().trace_len
+                                ),
+                            );
+                        }
+                    })
+                    .response
+                    .on_hover_text("Which GPU of this file to show");
+            } else {
+                ui.label(format!("cuda:{}", self.device().device))
+                    .on_hover_text("The only device in this file");
+            }
+            let replay = self.device().timeline.replay();
+            if replay.truncated {
+                let mut text = format!(
+                    "History starts mid-run: {} in {} allocations from before the recorded window",
+                    format_bytes(replay.before_window_bytes),
+                    replay.before_window_allocations
+                );
+                if let Some(dropped) = replay.dropped_entries {
+                    text.push_str(&format!(", {dropped} entries dropped by the ring buffer"));
+                }
+                ui.label(egui::RichText::new("history truncated").color(crate::palette::WARNING))
+                    .on_hover_text(text);
+            }
+            if replay.anomaly_count > 0 {
+                let mut text = format!("{} inconsistent events were accounted for:", replay.anomaly_count);
+                for a in replay.anomalies.iter().take(10) {
+                    text.push_str(&format!("\nevent {}: {}", a.event, a.what));
+                }
+                ui.label(format!("{} anomalies", replay.anomaly_count))
+                    .on_hover_text(text);
+            }
+            for e in &self.device_errors {
+                ui.label(egui::RichText::new(e).color(ui.visuals().error_fg_color));
+            }
+        });
+    }
+}

@@ -1,0 +1,323 @@
+//! "At an instant": the live set at the cursor (or the peak) grouped by stack, frame or file,
+//! as a table and a flame graph; and the segments with their blocks and fragmentation.
+
+use egui::{Color32, Pos2, Rect, Sense, Stroke};
+use egui_extras::{Column, TableBuilder};
+use memsnap_analysis::{DeviceTimeline, GroupBy, Instant, LiveGroup, Lifetime, SegmentUsage};
+use memsnap_format::Snapshot;
+
+use crate::analysis_ext::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
+use crate::palette;
+use crate::units::{format_bytes, format_duration_us};
+
+/// What the page reads.
+pub struct InstantModel<'a> {
+    pub snapshot: &'a Snapshot,
+    pub timeline: &'a DeviceTimeline,
+    pub at: Instant,
+    /// The size filter of the timeline: smaller allocations are left out of the live set.
+    pub min_size: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LiveSetTab {
+    #[default]
+    Table,
+    FlameGraph,
+}
+
+/// The page's state, with the derived data cached for the instant it was computed at.
+#[derive(Default)]
+pub struct InstantState {
+    pub group_by: GroupBy,
+    pub tab: LiveSetTab,
+    cache: Option<InstantCache>,
+}
+
+struct InstantCache {
+    key: (u32, GroupBy, u64),
+    groups: Vec<LiveGroup>,
+    flame: FlameNode,
+    segments: Vec<SegmentBlocks>,
+    usage: Vec<SegmentUsage>,
+}
+
+impl InstantState {
+    fn data(&mut self, model: &InstantModel<'_>) -> &InstantCache {
+        let event = model.timeline.resolve(model.at);
+        let key = (event, self.group_by, model.min_size);
+        if self.cache.as_ref().is_none_or(|c| c.key != key) {
+            let at = Instant::Event(event);
+            self.cache = Some(InstantCache {
+                key,
+                groups: model.timeline.live_groups(
+                    model.snapshot,
+                    at,
+                    Lifetime::Active,
+                    self.group_by,
+                    model.min_size,
+                ),
+                flame: flame_tree(model.snapshot, model.timeline, at, Lifetime::Active, model.min_size),
+                segments: segment_blocks(model.timeline, at),
+                usage: model.timeline.fragmentation(at),
+            });
+        }
+        self.cache.as_ref().expect("filled above")
+    }
+}
+
+/// The whole page.
+pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut InstantState) {
+    let event = model.timeline.resolve(model.at);
+    let when = match model.timeline.time().time_of(event).zip(model.timeline.time().time_of(0)) {
+        Some((t, t0)) => format!("event {event}, {} after start", format_duration_us(t - t0)),
+        None => format!("event {event}"),
+    };
+    let what = if matches!(model.at, Instant::Peak) {
+        "At the peak"
+    } else {
+        "At the cursor"
+    };
+    ui.horizontal(|ui| {
+        ui.heading(format!("{what}: {when}"));
+        ui.weak("(click the timeline to move the cursor, P for the peak)");
+    });
+    let group_by_before = state.group_by;
+    let tab_before = state.tab;
+    ui.horizontal(|ui| {
+        ui.label("Group by");
+        for (g, label, tip) in [
+            (GroupBy::Stack, "stack", "One row per distinct stack"),
+            (GroupBy::Frame, "frame", "One row per allocating frame (the innermost user frame)"),
+            (GroupBy::File, "file", "One row per source file of the allocating frame"),
+        ] {
+            ui.selectable_value(&mut state.group_by, g, label).on_hover_text(tip);
+        }
+        ui.separator();
+        ui.selectable_value(&mut state.tab, LiveSetTab::Table, "table")
+            .on_hover_text("The live set as a table, biggest group first");
+        ui.selectable_value(&mut state.tab, LiveSetTab::FlameGraph, "flame graph")
+            .on_hover_text("The live set as a flame graph: outermost frame at the top, width = bytes");
+    });
+    let _ = (group_by_before, tab_before);
+    let tab = state.tab;
+    let data = state.data(model);
+    let total: u64 = data.groups.iter().map(|g| g.bytes).sum();
+    egui::Panel::right("segments_panel")
+        .resizable(true)
+        .default_size(ui.available_width() * 0.45)
+        .show(ui, |ui| segments_ui(ui, model, &data.segments, &data.usage));
+    egui::CentralPanel::default().show(ui, |ui| {
+        ui.label(format!(
+            "{} live in {} groups{}",
+            format_bytes(total),
+            data.groups.len(),
+            if model.min_size > 0 {
+                format!(" (allocations smaller than {} left out)", format_bytes(model.min_size))
+            } else {
+                String::new()
+            }
+        ));
+        match tab {
+            LiveSetTab::Table => live_table_ui(ui, model, &data.groups, total),
+            LiveSetTab::FlameGraph => flame_graph_ui(ui, model.snapshot, &data.flame),
+        }
+    });
+}
+
+fn live_table_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, groups: &[LiveGroup], total: u64) {
+    let row_height = ui.text_style_height(&egui::TextStyle::Body) + 4.0;
+    TableBuilder::new(ui)
+        .id_salt("live_set_table")
+        .striped(true)
+        .column(Column::remainder().at_least(200.0).clip(true))
+        .column(Column::auto().at_least(80.0))
+        .column(Column::auto().at_least(50.0))
+        .column(Column::auto().at_least(80.0))
+        .column(Column::auto().at_least(50.0))
+        .header(row_height, |mut header| {
+            for (title, tip) in [
+                ("site", "Where the allocations were made"),
+                ("bytes", "Bytes live at this instant"),
+                ("count", "Allocations live at this instant"),
+                ("largest", "The largest of them"),
+                ("share", "Share of the live bytes"),
+            ] {
+                header.col(|ui| {
+                    ui.strong(title).on_hover_text(tip);
+                });
+            }
+        })
+        .body(|body| {
+            body.rows(row_height, groups.len(), |mut row| {
+                let g = &groups[row.index()];
+                row.col(|ui| {
+                    let label = g.key.label(model.snapshot);
+                    let response = ui.add(egui::Label::new(egui::RichText::new(&label).monospace()).truncate());
+                    if let memsnap_analysis::SiteKey::Stack(stack) = g.key {
+                        response.on_hover_ui(|ui| {
+                            ui.monospace(crate::details_ui::stack_text(model.snapshot, Some(stack), false));
+                        });
+                    } else {
+                        response.on_hover_text(label);
+                    }
+                });
+                row.col(|ui| {
+                    ui.label(format_bytes(g.bytes));
+                });
+                row.col(|ui| {
+                    ui.label(g.count.to_string());
+                });
+                row.col(|ui| {
+                    ui.label(format_bytes(g.largest));
+                });
+                row.col(|ui| {
+                    ui.label(format!("{:.1}%", g.bytes as f64 * 100.0 / total.max(1) as f64));
+                });
+            });
+        });
+}
+
+/// An icicle-style flame graph: the root on top, children below, width proportional to bytes.
+pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) {
+    let row = 18.0;
+    let depth = flame_depth(root).min(60);
+    let width = ui.available_width();
+    let (rect, response) = ui.allocate_exact_size(
+        egui::vec2(width, (depth as f32 + 1.0) * row),
+        Sense::hover(),
+    );
+    let painter = ui.painter_at(rect);
+    let font = egui::FontId::monospace(11.0);
+    let mut hovered: Option<(String, u64, u64)> = None;
+    let pointer = response.hover_pos();
+    let mut stack: Vec<(&FlameNode, f32, f32, usize)> = vec![(root, rect.left(), width, 0)];
+    while let Some((node, x, w, level)) = stack.pop() {
+        if w < 1.0 || level > 60 {
+            continue;
+        }
+        let r = Rect::from_min_size(Pos2::new(x, rect.top() + level as f32 * row), egui::vec2(w, row - 1.0));
+        let (label, color) = match node.frame {
+            Some(f) => {
+                let frame = snapshot.frames.get(f);
+                (
+                    format!("{}:{}:{}", frame.basename(), frame.line, frame.name),
+                    palette::stack_color(Some(memsnap_format::StackId(f.0))),
+                )
+            }
+            None => ("all live memory".to_owned(), Color32::GRAY),
+        };
+        painter.rect_filled(r, 1.0, color);
+        if w > 40.0 {
+            painter.with_clip_rect(r).text(
+                r.left_center() + egui::vec2(3.0, 0.0),
+                egui::Align2::LEFT_CENTER,
+                &label,
+                font.clone(),
+                Color32::BLACK,
+            );
+        }
+        if pointer.is_some_and(|p| r.contains(p)) {
+            hovered = Some((label, node.bytes, node.count));
+            painter.rect_stroke(r, 1.0, Stroke::new(1.5, palette::HIGHLIGHT), egui::StrokeKind::Inside);
+        }
+        let mut cx = x;
+        for child in &node.children {
+            let cw = w * (child.bytes as f64 / node.bytes.max(1) as f64) as f32;
+            stack.push((child, cx, cw, level + 1));
+            cx += cw;
+        }
+    }
+    response.widget_info(|| {
+        egui::WidgetInfo::labeled(
+            egui::Role::Image,
+            true,
+            format!("Flame graph of {} live", format_bytes(root.bytes)),
+        )
+    });
+    if let Some((label, bytes, count)) = hovered {
+        response.on_hover_ui_at_pointer(|ui| {
+            ui.monospace(label);
+            ui.label(format!("{} in {count} allocations", format_bytes(bytes)));
+        });
+    }
+}
+
+fn flame_depth(node: &FlameNode) -> usize {
+    1 + node.children.iter().map(flame_depth).max().unwrap_or(0)
+}
+
+/// Each segment as a bar of its blocks: allocated (coloured by stack), pending free (red) and
+/// free (background), with fragmentation numbers.
+fn segments_ui(
+    ui: &mut egui::Ui,
+    model: &InstantModel<'_>,
+    segments: &[SegmentBlocks],
+    usage: &[SegmentUsage],
+) {
+    let reserved: u64 = usage.iter().map(|u| u.size).sum();
+    let allocated: u64 = usage.iter().map(|u| u.allocated_bytes).sum();
+    let free: u64 = usage.iter().map(|u| u.free_bytes).sum();
+    let largest_free = usage.iter().map(|u| u.largest_free_block).max().unwrap_or(0);
+    ui.heading(format!("Segments: {}", usage.len()));
+    ui.label(format!(
+        "{} reserved, {} allocated, {} free; largest free block {}",
+        format_bytes(reserved),
+        format_bytes(allocated),
+        format_bytes(free),
+        format_bytes(largest_free)
+    ));
+    let fragmentation = if free > 0 {
+        100.0 * (1.0 - largest_free as f64 / free as f64)
+    } else {
+        0.0
+    };
+    ui.label(format!("fragmentation {fragmentation:.1}% (1 − largest free block ÷ free)"))
+        .on_hover_text("0% when all free memory is one block; near 100% when it is scattered in small gaps");
+    ui.horizontal(|ui| {
+        legend(ui, Color32::from_rgb(31, 119, 180), "allocated");
+        legend(ui, palette::WARNING, "pending free");
+        legend(ui, ui.visuals().extreme_bg_color, "free (cached)");
+    });
+    ui.separator();
+    let largest = segments.iter().map(|s| s.size).max().unwrap_or(1).max(1);
+    egui::ScrollArea::vertical().show(ui, |ui| {
+        for (segment, use_) in segments.iter().zip(usage) {
+            let width = ui.available_width();
+            let w = (width * (segment.size as f64 / largest as f64) as f32).max(4.0);
+            let (rect, response) = ui.allocate_exact_size(egui::vec2(width, 14.0), Sense::hover());
+            let bar = Rect::from_min_size(rect.min, egui::vec2(w, 12.0));
+            let painter = ui.painter_at(rect);
+            painter.rect_filled(bar, 0.0, ui.visuals().extreme_bg_color);
+            let scale = f64::from(w) / segment.size.max(1) as f64;
+            for block in &segment.blocks {
+                let x0 = bar.left() + ((block.addr - segment.addr) as f64 * scale) as f32;
+                let x1 = x0 + ((block.size as f64 * scale) as f32).max(1.0);
+                let color = match block.kind {
+                    BlockKind::Allocated => palette::stack_color(
+                        model.timeline.replay().get(block.alloc).and_then(|a| a.stack),
+                    ),
+                    BlockKind::PendingFree => palette::WARNING,
+                };
+                painter.rect_filled(Rect::from_x_y_ranges(x0..=x1.min(bar.right()), bar.y_range()), 0.0, color);
+            }
+            painter.rect_stroke(bar, 0.0, Stroke::new(0.5, ui.visuals().weak_text_color()), egui::StrokeKind::Inside);
+            response.on_hover_text(format!(
+                "segment {:#x}: {} reserved, {} allocated in {} blocks, {} free, largest free block {} (stream {})",
+                segment.addr,
+                format_bytes(segment.size),
+                format_bytes(use_.allocated_bytes),
+                use_.allocations,
+                format_bytes(use_.free_bytes),
+                format_bytes(use_.largest_free_block),
+                segment.stream
+            ));
+        }
+    });
+}
+
+fn legend(ui: &mut egui::Ui, color: Color32, label: &str) {
+    let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), Sense::hover());
+    ui.painter().rect_filled(rect, 2.0, color);
+    ui.label(label);
+}

@@ -1,0 +1,63 @@
+//! # memsnap-viewer
+//!
+//! The desktop viewer for GPU memory snapshots, an eframe (egui) app over the
+//! `memsnap-analysis` model.
+//!
+//! The app logic lives in this library so the binary, `memsnap view` and the kittest UI tests
+//! share it. Each panel is a function `x_ui(ui, &model, &mut state)` over a UI-free model from
+//! `memsnap-analysis` and its own small state; derived numbers (curves, steps, live sets,
+//! layouts) come from the analysis crate, never from UI code.
+//!
+//! * [`app`]: files, loading, messages and the frame layout.
+//! * [`loader`]: background reading and decoding with progress and cancel.
+//! * [`document`]: one open file, its analysis and its view state.
+//! * [`timeline_ui`], [`steps_ui`], [`details_ui`], [`instant_ui`], [`ranks_ui`],
+//!   [`diff_ui`]: the panels.
+//! * [`view`]: zoom and pan arithmetic. [`units`]: human sizes. [`export`]: PNG and SVG.
+
+pub mod analysis_ext;
+pub mod app;
+pub mod bench;
+pub mod details_ui;
+pub mod diff_ui;
+pub mod document;
+pub mod export;
+pub mod help;
+pub mod instant_ui;
+pub mod loader;
+pub mod palette;
+pub mod ranks_ui;
+pub mod settings;
+pub mod shortcuts;
+pub mod steps_ui;
+pub mod timeline_ui;
+pub mod units;
+pub mod view;
+
+use std::path::PathBuf;
+
+pub use app::ViewerApp;
+
+/// Opens the viewer window on `files` (and the demo run with `demo`) and returns when it is
+/// closed.
+pub fn run_native(files: Vec<PathBuf>, demo: bool) -> Result<(), eframe::Error> {
+    let options = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_title("memsnap viewer")
+            .with_inner_size([1280.0, 800.0])
+            .with_min_inner_size([480.0, 320.0])
+            .with_drag_and_drop(true),
+        ..Default::default()
+    };
+    eframe::run_native(
+        "memsnap-viewer",
+        options,
+        Box::new(move |cc| {
+            let mut app = ViewerApp::from_creation_context(cc, files);
+            if demo {
+                app.open(loader::Source::Demo);
+            }
+            Ok(Box::new(app))
+        }),
+    )
+}

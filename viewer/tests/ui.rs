@@ -1,0 +1,347 @@
+//! UI tests: the real app driven through its accessibility tree with egui_kittest, plus image
+//! snapshots of the main views on a generated training run.
+//!
+//! Image snapshots render with wgpu's software adapter (lavapipe, or llvmpipe GL with
+//! `WGPU_BACKEND=gl`). Record them with `UPDATE_SNAPSHOTS=1 cargo test -p memsnap-viewer`;
+//! the tolerance is in `viewer/kittest.toml`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egui::accesskit::Role;
+use egui_kittest::kittest::{NodeT, Queryable};
+use egui_kittest::Harness;
+use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_format::Format;
+use memsnap_viewer::app::MainView;
+use memsnap_viewer::loader::Source;
+use memsnap_viewer::settings::{Settings, ThemeChoice};
+use memsnap_viewer::ViewerApp;
+
+/// A file dropped on the window, as egui-winit hands it over.
+#[derive(Debug)]
+struct DroppedBytes {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl egui::DroppedFile for DroppedBytes {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn bytes(&self) -> Result<Vec<u8>, String> {
+        Ok(self.bytes.clone())
+    }
+}
+
+/// A small training run with a leak, as a pickle.
+fn training_pickle(seed: u64, leak: u64) -> Vec<u8> {
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 5,
+        layers: 4,
+        activations_per_layer: 3,
+        leak_bytes_per_step: leak,
+        seed,
+        ..TrainingRun::default()
+    });
+    memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode")
+}
+
+/// A run whose ring buffer kept only the newest entries, so it starts mid-run.
+fn truncated_pickle() -> Vec<u8> {
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 6,
+        layers: 4,
+        activations_per_layer: 3,
+        max_entries: Some(500),
+        seed: 16,
+        ..TrainingRun::default()
+    });
+    memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode")
+}
+
+fn harness(settings: Settings) -> Harness<'static, ViewerApp> {
+    Harness::builder()
+        .with_size([1280.0, 800.0])
+        .build_ui_state(|ui, app: &mut ViewerApp| app.ui(ui), ViewerApp::new(settings))
+}
+
+fn drop_file(h: &mut Harness<'_, ViewerApp>, name: &str, bytes: Vec<u8>) {
+    h.input_mut().dropped_files.push(Arc::new(DroppedBytes {
+        // No such file on disk: the loader falls back to the dropped bytes.
+        path: PathBuf::from(format!("/nonexistent/{name}")),
+        bytes,
+    }));
+}
+
+/// Steps frames until the background loads are done.
+fn run_until_loaded(h: &mut Harness<'_, ViewerApp>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    h.step();
+    while h.state().is_loading() {
+        assert!(Instant::now() < deadline, "loading did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+        h.step();
+    }
+    h.run_steps(4);
+}
+
+fn loaded_app(files: &[(&str, Vec<u8>)], settings: Settings) -> Harness<'static, ViewerApp> {
+    let mut h = harness(settings);
+    for (name, bytes) in files {
+        drop_file(&mut h, name, bytes.clone());
+    }
+    run_until_loaded(&mut h);
+    h
+}
+
+#[test]
+fn dropping_a_snapshot_opens_its_timeline() {
+    let mut h = harness(Settings::default());
+    h.get_by_label_contains("Drop PyTorch memory snapshots here");
+    drop_file(&mut h, "run.pickle", training_pickle(1, 0));
+    run_until_loaded(&mut h);
+    assert_eq!(h.state().documents.len(), 1);
+    assert!(h.state().notices.is_empty(), "{:?}", h.state().notices);
+    h.get_by_role_and_label(Role::Button, "run.pickle");
+    let plot = h.get_by_label_contains("Active memory timeline");
+    assert_eq!(plot.accesskit_node().role(), Role::Image);
+    h.get_by_label_contains("Training steps: ");
+}
+
+#[test]
+fn a_bad_file_shows_an_error_and_the_good_one_stays_open() {
+    let mut h = loaded_app(
+        &[
+            ("good.pickle", training_pickle(2, 0)),
+            ("junk.pickle", b"\x80\x04this is not a pickle".to_vec()),
+        ],
+        Settings::default(),
+    );
+    assert_eq!(h.state().documents.len(), 1);
+    // The error names the file, what failed and where (a byte offset).
+    let text = h.state().notices[0].text.clone();
+    assert!(text.starts_with("junk.pickle: pickle: "), "{text}");
+    assert!(text.contains(" at byte "), "{text}");
+    h.get_by_label(&format!("Error: {text}"));
+    h.get_by_label_contains("Active memory timeline");
+    // Dismissing the error keeps the app running.
+    h.get_by_label("×").click();
+    h.run();
+    assert!(h.state().notices.is_empty());
+    assert!(h.query_by_label_contains("junk.pickle: ").is_none());
+}
+
+#[test]
+fn moving_the_size_slider_folds_small_allocations_into_one_band() {
+    let mut h = loaded_app(&[("run.pickle", training_pickle(3, 0))], Settings::default());
+    let bands_before = drawn_bands(&h);
+    h.get_by_label("everything shown");
+    // Slider positions are log2 of bytes: 22 = 4 MiB.
+    h.get_by_role(Role::Slider).set_value_accesskit(22.0);
+    h.run();
+    let state = &h.state().active_document().expect("open").state().timeline;
+    assert_eq!(state.min_size, 4 << 20);
+    // The slider's text and the legend's residual band both say it.
+    assert_eq!(h.query_all_by_label("smaller than 4.0 MiB").count(), 2);
+    let bands_after = drawn_bands(&h);
+    assert!(
+        bands_after < bands_before,
+        "fewer bands after filtering: {bands_after} vs {bands_before}"
+    );
+    let layout = h
+        .state()
+        .active_document()
+        .expect("open")
+        .state()
+        .timeline
+        .cached_layout()
+        .expect("drawn");
+    // Every column still adds up: drawn bands plus the residual equal the curve.
+    assert!(layout.columns.iter().all(|c| c.drawn_bytes <= c.total_bytes));
+    assert!(layout.columns.iter().any(|c| c.total_bytes > c.drawn_bytes));
+}
+
+fn drawn_bands(h: &Harness<'_, ViewerApp>) -> usize {
+    h.state()
+        .active_document()
+        .and_then(|d| d.state().timeline.cached_layout())
+        .map_or(0, |l| l.bands.len())
+}
+
+#[test]
+fn clicking_a_step_row_zooms_the_timeline_to_that_step() {
+    let mut h = loaded_app(&[("run.pickle", training_pickle(4, 0))], Settings::default());
+    let steps = h.state().active_document().expect("open").device().steps.steps.clone();
+    assert!(steps.len() >= 3, "the generated run has steps: {}", steps.len());
+    h.get_by_label("step 2").click();
+    h.run();
+    let doc = h.state().active_document().expect("open");
+    let window = doc.state().timeline.window;
+    let step = &steps[2];
+    assert!(window.is_zoomed());
+    assert!(window.start <= f64::from(step.start_event) && window.end >= f64::from(step.end_event));
+    assert!(window.span() < 1.5 * f64::from(step.end_event - step.start_event + 1));
+    assert_eq!(doc.state().steps.selected, Some(2));
+}
+
+#[test]
+fn clicking_a_band_pins_it_and_shows_its_full_stack() {
+    let mut h = loaded_app(&[("run.pickle", training_pickle(15, 0))], Settings::default());
+    let plot = h.get_by_label_contains("Active memory timeline").rect();
+    // The bottom band (a parameter, live from its allocation to the end) spans the right half.
+    let pos = egui::pos2(plot.left() + plot.width() * 0.75, plot.bottom() - 2.0);
+    h.hover_at(pos);
+    h.run();
+    assert!(matches!(
+        h.state().active_document().expect("open").state().timeline.hovered,
+        Some(memsnap_analysis::Hit::Band(_))
+    ));
+    h.get_by_label("Allocation");
+    h.event(egui::Event::PointerButton {
+        pos,
+        button: egui::PointerButton::Primary,
+        pressed: true,
+        modifiers: egui::Modifiers::NONE,
+    });
+    h.event(egui::Event::PointerButton {
+        pos,
+        button: egui::PointerButton::Primary,
+        pressed: false,
+        modifiers: egui::Modifiers::NONE,
+    });
+    h.run();
+    let timeline = &h.state().active_document().expect("open").state().timeline;
+    assert!(timeline.pinned.is_some());
+    assert!(timeline.cursor.is_some(), "the click also moves the instant cursor");
+    h.get_by_label("Pinned allocation");
+    h.get_by_role_and_label(Role::Button, "Copy");
+    // The SVG export draws the same picture.
+    let svg = h
+        .state()
+        .active_document()
+        .expect("open")
+        .timeline_svg()
+        .expect("drawn");
+    assert!(svg.starts_with("<svg") && svg.contains("<rect") && svg.contains("<polyline"));
+    h.key_press(egui::Key::Escape);
+    h.run();
+    assert!(h.state().active_document().expect("open").state().timeline.pinned.is_none());
+}
+
+#[test]
+fn a_leaking_run_is_flagged() {
+    let h = loaded_app(&[("leaky.pickle", training_pickle(5, 8 << 20))], Settings::default());
+    h.get_by_label_contains("Leak suspected");
+}
+
+#[test]
+fn searching_keeps_only_matching_stacks() {
+    let mut h = loaded_app(&[("run.pickle", training_pickle(6, 0))], Settings::default());
+    let search = h.get_by_role(Role::TextInput);
+    search.focus();
+    search.type_text("no_such_function_anywhere");
+    h.run();
+    h.get_by_label("0 matching stacks");
+}
+
+#[test]
+fn keyboard_zoom_and_reset() {
+    let mut h = loaded_app(&[("run.pickle", training_pickle(7, 0))], Settings::default());
+    h.key_press(egui::Key::Plus);
+    h.run();
+    assert!(h.state().active_document().expect("open").state().timeline.window.is_zoomed());
+    h.key_press(egui::Key::Num0);
+    h.run();
+    assert!(!h.state().active_document().expect("open").state().timeline.window.is_zoomed());
+    h.key_press(egui::Key::F1);
+    h.run();
+    h.get_by_label_contains("Zoom to the next training step");
+}
+
+#[test]
+fn two_files_become_ranks_and_can_be_diffed() {
+    let mut h = loaded_app(
+        &[
+            ("rank0.pickle", training_pickle(8, 0)),
+            ("rank1.pickle", training_pickle(9, 2 << 20)),
+        ],
+        Settings::default(),
+    );
+    h.get_by_role_and_label(Role::Button, "Ranks").click();
+    h.run();
+    h.get_by_label_contains("Totals of 2 ranks overlaid");
+    h.get_by_role_and_label(Role::Button, "Diff").click();
+    h.run();
+    h.get_by_label_contains("Total memory of rank0.pickle");
+    h.get_by_label_contains("Total memory of rank1.pickle");
+}
+
+#[test]
+fn files_from_the_command_line_open_and_enter_the_recent_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cli.pickle");
+    std::fs::write(&path, training_pickle(10, 0)).expect("write");
+    let mut app = ViewerApp::new(Settings::default());
+    app.open(Source::Path(path.clone()));
+    app.finish_loading();
+    assert_eq!(app.documents.len(), 1);
+    assert_eq!(app.documents[0].path.as_deref(), Some(path.as_path()));
+    let canonical = std::fs::canonicalize(&path).expect("canonical");
+    assert_eq!(app.settings.recent_files.first(), Some(&canonical));
+}
+
+// ---- image snapshots -----------------------------------------------------------------
+
+fn snapshot_app(files: &[(&str, Vec<u8>)], theme: ThemeChoice) -> Harness<'static, ViewerApp> {
+    let mut h = loaded_app(
+        files,
+        Settings {
+            theme,
+            ..Settings::default()
+        },
+    );
+    // Move the pointer away so no hover card is in the picture.
+    h.remove_cursor();
+    h.run();
+    h
+}
+
+#[test]
+fn snapshot_timeline_dark() {
+    let mut h = snapshot_app(&[("run.pickle", training_pickle(11, 1 << 20))], ThemeChoice::Dark);
+    h.snapshot("timeline_dark");
+}
+
+#[test]
+fn snapshot_timeline_light_filtered() {
+    let mut h = snapshot_app(&[("truncated.pickle", truncated_pickle())], ThemeChoice::Light);
+    h.get_by_label_contains("before the recording");
+    h.get_by_role(Role::Slider).set_value_accesskit(20.0);
+    h.run();
+    h.snapshot("timeline_light_filtered");
+}
+
+#[test]
+fn snapshot_at_an_instant() {
+    let mut h = snapshot_app(&[("run.pickle", training_pickle(12, 0))], ThemeChoice::Dark);
+    h.state_mut().view = MainView::Instant;
+    h.run();
+    h.snapshot("at_an_instant");
+}
+
+#[test]
+fn snapshot_ranks() {
+    let mut h = snapshot_app(
+        &[
+            ("rank0.pickle", training_pickle(13, 0)),
+            ("rank1.pickle", training_pickle(14, 0)),
+        ],
+        ThemeChoice::Dark,
+    );
+    h.state_mut().view = MainView::Ranks;
+    h.run();
+    h.snapshot("ranks");
+}
