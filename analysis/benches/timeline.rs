@@ -12,6 +12,7 @@
 //! MEMSNAP_BENCH_SNAPSHOT=/tmp/big.pickle cargo bench -p memsnap-analysis --bench timeline
 //! MEMSNAP_BENCH_ENTRIES=200000 MEMSNAP_BENCH_RANK_FILES=16 cargo bench ...
 //! ```
+//! `MEMSNAP_BENCH_PARTS=summary,layout,ranks` picks parts (default: all).
 //! Without `MEMSNAP_BENCH_SNAPSHOT` a synthetic run of `MEMSNAP_BENCH_ENTRIES` (default
 //! 1,000,000) entries is generated and written as a pickle to a temporary file first.
 
@@ -28,17 +29,31 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Best of `runs` timings.
-fn best<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
-    let mut best = Duration::MAX;
+/// CPU time of the calling thread (Linux `schedstat`, nanoseconds on CPU), so numbers stay
+/// meaningful on a machine shared with other builds; `None` elsewhere.
+fn thread_cpu_time() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// Best of `runs` timings: (wall, CPU of this thread when known, else wall).
+fn best<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, Duration, T) {
+    let (mut wall, mut cpu) = (Duration::MAX, Duration::MAX);
     let mut last = None;
     for _ in 0..runs {
-        let start = Instant::now();
+        let (start, cpu_start) = (Instant::now(), thread_cpu_time());
         let out = f();
-        best = best.min(start.elapsed());
+        let elapsed = start.elapsed();
+        wall = wall.min(elapsed);
+        let used = match (cpu_start, thread_cpu_time()) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => elapsed,
+        };
+        cpu = cpu.min(used);
         last = Some(out);
     }
-    (best, last.expect("runs > 0"))
+    (wall, cpu, last.expect("runs > 0"))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -81,13 +96,14 @@ fn main() {
         size as f64 / (1 << 20) as f64
     );
 
+    let parts =
+        std::env::var("MEMSNAP_BENCH_PARTS").unwrap_or_else(|_| "summary,layout,ranks".into());
+    let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
+
     // 1. summary end to end vs load alone.
-    let (load_time, snapshot) = best(3, || load(&path));
     let options = SummaryOptions::default();
-    let (end_to_end, summary) = best(3, || {
-        let s = load(&path);
-        summarize(&s, &options).expect("summary")
-    });
+    let (load_wall, load_cpu, snapshot) = best(if part("summary") { 3 } else { 1 }, || load(&path));
+    let summary = summarize(&snapshot, &options).expect("summary");
     let device = summary.busiest().map_or(0, |d| d.device);
     println!(
         "entries {}, steps {}, peak {} bytes",
@@ -95,30 +111,45 @@ fn main() {
         summary.busiest().map_or(0, |d| d.steps.len()),
         summary.busiest().map_or(0, |d| d.peak.bytes)
     );
-    println!(
-        "load {:.0} ms | load + summary {:.0} ms | ratio {:.2}x (target <= 2x)",
-        ms(load_time),
-        ms(end_to_end),
-        end_to_end.as_secs_f64() / load_time.as_secs_f64()
-    );
+    if part("summary") {
+        let (e2e_wall, e2e_cpu, _) = best(3, || {
+            let s = load(&path);
+            summarize(&s, &options).expect("summary")
+        });
+        println!(
+            "load {:.0} ms CPU ({:.0} ms wall) | load + summary {:.0} ms CPU ({:.0} ms wall) | ratio {:.2}x CPU, {:.2}x wall (target <= 2x)",
+            ms(load_cpu),
+            ms(load_wall),
+            ms(e2e_cpu),
+            ms(e2e_wall),
+            e2e_cpu.as_secs_f64() / load_cpu.as_secs_f64(),
+            e2e_wall.as_secs_f64() / load_wall.as_secs_f64()
+        );
+    }
 
     // 2. The viewer's precomputation and per-frame layout.
-    let (build, timeline) = best(3, || {
+    let (build_wall, build_cpu, timeline) = best(3, || {
         DeviceTimeline::build(&snapshot, device).expect("build")
     });
     println!(
-        "DeviceTimeline::build {:.0} ms | budget 1000 ms | ratio {:.2}x of budget",
-        ms(build),
-        build.as_secs_f64()
+        "DeviceTimeline::build {:.0} ms CPU ({:.0} ms wall) | budget 1000 ms | ratio {:.2}x of budget",
+        ms(build_cpu),
+        ms(build_wall),
+        build_cpu.as_secs_f64()
     );
     let n = f64::from(timeline.replay().axis_len());
-    for (label, start, end, max_bands) in [
-        ("whole trace, 15000 bands", 0.0, n, 15_000),
-        ("whole trace, 2000 bands", 0.0, n, 2_000),
-        ("10% zoom", n * 0.45, n * 0.55, 15_000),
-        ("1% zoom", n * 0.5, n * 0.51, 15_000),
-        ("500 events", n * 0.5, n * 0.5 + 500.0, 15_000),
-    ] {
+    let layouts = if part("layout") {
+        vec![
+            ("whole trace, 15000 bands", 0.0, n, 15_000),
+            ("whole trace, 2000 bands", 0.0, n, 2_000),
+            ("10% zoom", n * 0.45, n * 0.55, 15_000),
+            ("1% zoom", n * 0.5, n * 0.51, 15_000),
+            ("500 events", n * 0.5, n * 0.5 + 500.0, 15_000),
+        ]
+    } else {
+        Vec::new()
+    };
+    for (label, start, end, max_bands) in layouts {
         let req = LayoutRequest {
             axis: Axis::Event,
             start,
@@ -128,14 +159,15 @@ fn main() {
             max_bands,
             lifetime: Lifetime::Active,
         };
-        let (t, layout) = best(10, || timeline.layout(&req).expect("layout"));
-        let (hit, _) = best(10, || {
+        let (wall, t, layout) = best(10, || timeline.layout(&req).expect("layout"));
+        let (_, hit, _) = best(10, || {
             let c = &layout.columns[960];
             layout.hit_test((c.x0 + c.x1) / 2.0, c.total_bytes / 2)
         });
         println!(
-            "layout 1920 px, {label}: {:.2} ms ({} bands) | budget 16 ms | ratio {:.3}x of budget | hit test {:.3} ms",
+            "layout 1920 px, {label}: {:.2} ms CPU ({:.2} ms wall, {} bands) | budget 16 ms | ratio {:.3}x of budget | hit test {:.3} ms",
             ms(t),
+            ms(wall),
             layout.bands.len(),
             ms(t) / 16.0,
             ms(hit)
@@ -144,6 +176,9 @@ fn main() {
     drop(timeline);
 
     // 3. ranks: N files summarised on all cores vs one.
+    if !part("ranks") {
+        return;
+    }
     let files = env_usize("MEMSNAP_BENCH_RANK_FILES", 4);
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let summarize_all = |threads: usize| {
@@ -160,8 +195,9 @@ fn main() {
         });
     };
     drop(snapshot);
-    let (one, _) = best(1, || summarize_all(1));
-    let (all, _) = best(1, || summarize_all(cores));
+    // Wall time: the point is how the work spreads over the cores.
+    let (one, _, _) = best(1, || summarize_all(1));
+    let (all, _, _) = best(1, || summarize_all(cores));
     println!(
         "ranks over {files} files: 1 thread {:.0} ms | {cores} threads {:.0} ms | speedup {:.2}x (ideal {}x)",
         ms(one),

@@ -221,20 +221,23 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
         let i = samples.partition_point(|&s| s < start);
         i < samples.len() && samples[i] < end
     };
+    let (first_sample, last_sample) = (samples[0], samples[width - 1]);
     let mut chosen: Vec<AllocId> = Vec::new();
     let mut capped = false;
-    for &id in timeline.by_size_desc() {
-        let a = &replay.allocations[id.0 as usize];
-        if a.size < req.min_size {
+    for o in timeline.by_size_desc() {
+        if o.size < req.min_size {
             break;
         }
-        if live_at_some_sample(a.start(), a.end(req.lifetime, axis_len)) {
-            if chosen.len() == req.max_bands {
-                capped = true;
-                break;
-            }
-            chosen.push(id);
+        let end = o.end(req.lifetime);
+        // Cheap rejection of everything outside the range before the per-sample search.
+        if o.start > last_sample || end <= first_sample || !live_at_some_sample(o.start, end) {
+            continue;
         }
+        if chosen.len() == req.max_bands {
+            capped = true;
+            break;
+        }
+        chosen.push(o.id);
     }
     let drawn_min_size = if capped {
         chosen

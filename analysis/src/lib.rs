@@ -67,7 +67,9 @@ pub use replay::{AllocId, Allocation, Lifetime, Origin, Replay, SegmentInterval}
 pub use sites::{GroupBy, SiteKey};
 pub use steps::{Drift, Slope, Step, StepAnalysis, StepMethod, StepOptions, StepSource};
 pub use summary::{summarize, DeviceSummary, Summary, SummaryOptions};
-pub use timeline::{DeviceTimeline, Instant, LiveGroup, Peak, SegmentUsage, SiteStats};
+pub use timeline::{
+    DeviceTimeline, Instant, LiveGroup, Peak, SegmentUsage, SiteStats, SizeOrdered,
+};
 
 #[cfg(test)]
 mod send_sync {

@@ -163,10 +163,10 @@ pub fn find_steps(
             .map_or((StepMethod::None, Vec::new()), |(n, b)| {
                 (StepMethod::Annotations { name: n }, b)
             }),
-        StepSource::CurveShape => (StepMethod::CurveShape, shape_bounds(&curve.after)),
+        StepSource::CurveShape => (StepMethod::CurveShape, shape_steps(curve, replay)),
         StepSource::Auto => match from_annotations() {
             Some((name, b)) if b.len() >= 2 => (StepMethod::Annotations { name }, b),
-            _ => (StepMethod::CurveShape, shape_bounds(&curve.after)),
+            _ => (StepMethod::CurveShape, shape_steps(curve, replay)),
         },
     };
     let method = if bounds.is_empty() {
@@ -226,13 +226,64 @@ fn annotation_bounds(
     Some((name, bounds))
 }
 
+/// [`shape_bounds`], plus the first step of an untruncated trace, found by its call site:
+/// a training loop's steps begin with an allocation from the same stack, so the earliest
+/// allocation before the first found step with the stack (and size) that begins the next
+/// step begins the first one (with the `segment_alloc`s right before it, which it caused).
+fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
+    let mut bounds = shape_bounds(&curve.after);
+    let Some(&(first_start, _)) = bounds.first() else {
+        return bounds;
+    };
+    if replay.truncated {
+        return bounds;
+    }
+    // Allocations are in start order; traced ones follow those from before the window.
+    let traced = &replay.allocations[replay.before_window_allocations as usize..];
+    let opener = traced
+        .iter()
+        .skip_while(|a| a.start() < first_start)
+        .take_while(|a| a.start() <= bounds[0].1)
+        .find(|a| a.alloc_event.is_some());
+    let Some(opener) = opener else {
+        return bounds;
+    };
+    let earlier = traced
+        .iter()
+        .take_while(|a| a.start() < first_start)
+        .find(|a| a.stack.is_some() && a.stack == opener.stack && a.size == opener.size);
+    if let Some(a) = earlier {
+        let mut start = a.start();
+        let segment_alloc_at = |e: u32| {
+            replay
+                .segments
+                .iter()
+                .any(|s| s.alloc_event == Some(e))
+        };
+        while start > 0 && segment_alloc_at(start - 1) {
+            start -= 1;
+        }
+        // Only a real step: it must reach the high region like the others do.
+        let low_peak = bounds
+            .iter()
+            .map(|&(s, e)| (s..=e).map(|i| curve.at(i)).max().unwrap_or(0))
+            .min()
+            .unwrap_or(0);
+        let this_peak = (start..first_start).map(|i| curve.at(i)).max().unwrap_or(0);
+        if start + 1 < first_start && this_peak as f64 >= 0.5 * low_peak as f64 {
+            bounds.insert(0, (start, first_start - 1));
+        }
+    }
+    bounds
+}
+
 /// Step `(first event, last event)` pairs from the curve's shape (see the module docs).
 ///
 /// A step ends at the bottom of the last dip of the valley after its high region; the next
 /// starts right after. The first step is reported only when the trace shows a fall before it (the
 /// end of the step before): in an untruncated trace the first forward pass rises straight
 /// from the parameters' allocation, and nothing in the curve tells where one ends and the
-/// other begins.
+/// other begins ([`find_steps`] then finds it by its call site).
 pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
     let Some((&first_lo, &hi)) = values.iter().min().zip(values.iter().max()) else {
         return Vec::new();

@@ -78,6 +78,25 @@ pub struct SegmentUsage {
     pub largest_free_block: u64,
 }
 
+/// An allocation's size and extents, in [`DeviceTimeline::by_size_desc`] order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SizeOrdered {
+    pub id: AllocId,
+    pub start: u32,
+    pub end_allocated: u32,
+    pub end_active: u32,
+    pub size: u64,
+}
+
+impl SizeOrdered {
+    pub fn end(&self, lifetime: Lifetime) -> u32 {
+        match lifetime {
+            Lifetime::Allocated => self.end_allocated,
+            Lifetime::Active => self.end_active,
+        }
+    }
+}
+
 /// Everything derived from one device's history, computed once (O(n log n) in the trace
 /// length) and then queried. `Send + Sync`: build it on a worker thread.
 #[derive(Clone, Debug)]
@@ -86,8 +105,9 @@ pub struct DeviceTimeline {
     curves: Curves,
     time: TimeAxis,
     ranges: Vec<NamedRange>,
-    /// Allocation ids by size, largest first (ties in stacking order).
-    by_size_desc: Vec<AllocId>,
+    /// Allocations by size, largest first (ties in stacking order), with their extents
+    /// inline so the layout scans them sequentially instead of jumping through `allocations`.
+    by_size_desc: Vec<SizeOrdered>,
     allocated_minmax: RangeMinMax,
     active_minmax: RangeMinMax,
     reserved_minmax: RangeMinMax,
@@ -101,9 +121,21 @@ impl DeviceTimeline {
         let curves = Curves::build(snapshot, &replay);
         let time = TimeAxis::build(snapshot, device);
         let ranges = named_ranges(snapshot, device, &time);
-        let mut by_size_desc: Vec<AllocId> =
-            (0..replay.allocations.len() as u32).map(AllocId).collect();
-        by_size_desc.sort_by_key(|id| std::cmp::Reverse(replay.allocations[id.0 as usize].size));
+        let axis = replay.axis_len();
+        let mut by_size_desc: Vec<SizeOrdered> = replay
+            .allocations
+            .iter()
+            .enumerate()
+            .map(|(i, a)| SizeOrdered {
+                id: AllocId(i as u32),
+                start: a.start(),
+                end_allocated: a.end(Lifetime::Allocated, axis),
+                end_active: a.end(Lifetime::Active, axis),
+                size: a.size,
+            })
+            .collect();
+        // Stable: ties stay in stacking order.
+        by_size_desc.sort_by_key(|o| std::cmp::Reverse(o.size));
         let allocated_minmax = RangeMinMax::build(&curves.allocated.after);
         let active_minmax = RangeMinMax::build(&curves.active.after);
         let reserved_minmax = RangeMinMax::build(&curves.reserved.after);
@@ -155,7 +187,8 @@ impl DeviceTimeline {
         &self.ranges
     }
 
-    pub fn by_size_desc(&self) -> &[AllocId] {
+    /// Allocations by size, largest first.
+    pub fn by_size_desc(&self) -> &[SizeOrdered] {
         &self.by_size_desc
     }
 

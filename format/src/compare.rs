@@ -91,6 +91,67 @@ pub fn check_ids(snapshot: &Snapshot) -> Result<()> {
     Ok(())
 }
 
+/// How deeply the values under unknown keys nest (a scalar is 1, a list of scalars 2), for
+/// writers that must not write what their reader would refuse.
+pub(crate) fn deepest_value(snapshot: &Snapshot) -> usize {
+    fn depth(v: &Value) -> usize {
+        // Iterative, so a deep value cannot overflow the stack here.
+        let mut deepest = 0;
+        let mut todo = vec![(v, 1usize)];
+        while let Some((v, d)) = todo.pop() {
+            deepest = deepest.max(d);
+            match v {
+                Value::List(items) | Value::Tuple(items) => {
+                    todo.extend(items.iter().map(|i| (i, d + 1)));
+                }
+                Value::Dict(pairs) => {
+                    for (k, v) in pairs {
+                        todo.push((k, d + 1));
+                        todo.push((v, d + 1));
+                    }
+                }
+                _ => {}
+            }
+        }
+        deepest
+    }
+    let extras = |e: &Extras| e.iter().map(|(_, v)| depth(v)).max().unwrap_or(0);
+    let mut deepest = extras(&snapshot.extra);
+    for v in [&snapshot.host_segments, &snapshot.host_traces]
+        .into_iter()
+        .flatten()
+    {
+        deepest = deepest.max(depth(v));
+    }
+    for f in snapshot.frames.iter() {
+        deepest = deepest.max(extras(&f.extra));
+    }
+    for seg in &snapshot.segments {
+        deepest = deepest.max(extras(&seg.extra));
+        for b in &seg.blocks {
+            deepest = deepest.max(extras(&b.extra));
+            for h in b.history.iter().flatten() {
+                deepest = deepest.max(extras(&h.extra));
+            }
+        }
+    }
+    for e in snapshot.traces().iter().flatten() {
+        if let Some(rare) = &e.rare {
+            deepest = deepest.max(extras(&rare.extra));
+        }
+    }
+    if let Some(s) = &snapshot.allocator_settings {
+        deepest = deepest.max(extras(&s.extra));
+    }
+    for a in snapshot.external_annotations.iter().flatten() {
+        deepest = deepest.max(extras(&a.metadata)).max(extras(&a.extra));
+    }
+    if let Some(info) = &snapshot.recorder_info {
+        deepest = deepest.max(extras(&info.extra));
+    }
+    deepest
+}
+
 struct IdCheck {
     stacks: usize,
     strings: usize,

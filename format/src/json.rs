@@ -39,10 +39,19 @@ const DICT_TAG: &str = "$dict";
 
 // ================================================================================== writing
 
-/// Encodes a snapshot as JSON. Fails only on a snapshot whose ids do not resolve, or on an
-/// integer too long to write.
+/// Encodes a snapshot as JSON. Fails only on a snapshot whose ids do not resolve, or on a
+/// value under an unknown key that [`read`] would refuse (an integer over
+/// [`MAX_INT_DIGITS`] digits, nesting near [`MAX_DEPTH`]).
 pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
     crate::compare::check_ids(snapshot)?;
+    // A tagged tuple or dict takes up to three JSON levels; the schema around values about 8.
+    let deepest = crate::compare::deepest_value(snapshot);
+    if 3 * deepest + 8 > MAX_DEPTH {
+        return Err(FormatError::schema(
+            "(an unknown key's value)",
+            format!("nested {deepest} levels deep, more than JSON reading accepts"),
+        ));
+    }
     let mut w = Writer {
         out: Vec::with_capacity(256 + snapshot.entry_count() * 160),
         snap: snapshot,
@@ -1780,5 +1789,24 @@ mod tests {
         let bytes = to_vec(&snap).unwrap();
         let back = read(&bytes).unwrap();
         assert_eq!(crate::compare::diff(&snap, &back), None);
+    }
+
+    #[test]
+    fn values_too_deep_to_read_back_are_refused_when_writing() {
+        let mut v = Value::Int(1);
+        for _ in 0..150 {
+            v = Value::List(vec![v]);
+        }
+        let mut snap = Snapshot::new(0);
+        snap.extra.push(("deep".into(), v));
+        assert_eq!(
+            crate::compare::diff(&snap, &read(&to_vec(&snap).unwrap()).unwrap()),
+            None
+        );
+        for _ in 0..20 {
+            snap.extra[0].1 = Value::List(vec![snap.extra[0].1.clone()]);
+        }
+        let err = to_vec(&snap).unwrap_err();
+        assert!(err.to_string().contains("nested 171 levels"), "{err}");
     }
 }

@@ -35,9 +35,12 @@ use crate::value::{Extras, Value};
 /// The version this code writes and the only one it reads.
 pub const FORMAT_VERSION: u8 = 1;
 
-/// Deepest msgpack nesting accepted (the snapshot's own structure needs under ten levels; the
-/// rest is for values under unknown keys).
-pub const MAX_DEPTH: usize = 200;
+/// Deepest msgpack nesting accepted by the structure check (the snapshot's own structure needs
+/// under ten levels; the rest is for values under unknown keys).
+pub const MAX_DEPTH: usize = DECODER_DEPTH;
+
+/// rmp-serde's own nesting limit.
+const DECODER_DEPTH: usize = 1024;
 
 const MAGIC: &[u8] = b"memsnap_msgpack";
 const BODY_KEY: &[u8] = b"snapshot";
@@ -87,9 +90,19 @@ fn msgpack_error(what: impl Into<String>) -> FormatError {
     FormatError::Msgpack { what: what.into() }
 }
 
-/// Encodes a snapshot. Fails only on a snapshot whose ids do not resolve.
+/// Encodes a snapshot. Fails only on a snapshot whose ids do not resolve, or whose values under
+/// unknown keys nest deeper than [`read`] accepts.
 pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
     crate::compare::check_ids(snapshot)?;
+    // Each value level takes up to three msgpack levels (variant map, list, pair); the
+    // decoder allows 1024 in all.
+    let deepest = crate::compare::deepest_value(snapshot);
+    if 3 * deepest + 10 > DECODER_DEPTH {
+        return Err(FormatError::schema(
+            "(an unknown key's value)",
+            format!("nested {deepest} levels deep, more than msgpack reading accepts"),
+        ));
+    }
     let strings = &snapshot.strings;
     let body = BodyRef {
         strings: (0..strings.len() as u32)
@@ -406,6 +419,24 @@ mod tests {
             Err(FormatError::Schema { path, .. }) => assert_eq!(path, "strings[1]"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn deep_values_round_trip() {
+        let mut v = Value::Int(1);
+        for _ in 0..300 {
+            v = Value::List(vec![v]);
+        }
+        let mut snap = Snapshot::new(0);
+        snap.extra.push(("deep".into(), v));
+        let back = read(&to_vec(&snap).unwrap()).unwrap();
+        assert_eq!(crate::compare::diff(&snap, &back), None);
+        // Deeper than the reader accepts: refused when writing, not discovered when reading.
+        for _ in 0..100 {
+            snap.extra[0].1 = Value::Tuple(vec![snap.extra[0].1.clone()]);
+        }
+        let err = to_vec(&snap).unwrap_err();
+        assert!(err.to_string().contains("nested 401 levels"), "{err}");
     }
 
     #[test]

@@ -95,7 +95,11 @@ impl PairAllocator for FreeListBaseline {
         if block_size - rounded >= 512 {
             self.insert_free(addr + rounded, block_size - rounded);
         }
-        let size = if block_size - rounded >= 512 { rounded } else { block_size };
+        let size = if block_size - rounded >= 512 {
+            rounded
+        } else {
+            block_size
+        };
         self.live.insert(addr, size);
         addr
     }
@@ -185,7 +189,7 @@ fn main() {
         max_entries: 100_000,
         ..HistoryOptions::without_stacks()
     };
-    let stacks = |unwinder| HistoryOptions {
+    let stacks = move |unwinder| HistoryOptions {
         context: ContextMode::All,
         stacks: StackMode::Native,
         unwinder,
@@ -193,9 +197,17 @@ fn main() {
     };
     type Make = Box<dyn Fn() -> Box<dyn PairAllocator>>;
     let configs: Vec<(&str, usize, Make)> = vec![
-        ("baseline-freelist", PAIRS, Box::new(|| Box::new(FreeListBaseline::new()))),
+        (
+            "baseline-freelist",
+            PAIRS,
+            Box::new(|| Box::new(FreeListBaseline::new())),
+        ),
         ("history-off", PAIRS, Box::new(|| Box::new(caching(None)))),
-        ("history", PAIRS, Box::new(move || Box::new(caching(Some(history))))),
+        (
+            "history",
+            PAIRS,
+            Box::new(move || Box::new(caching(Some(history)))),
+        ),
         (
             "history+stacks-fp",
             STACK_PAIRS,
@@ -218,7 +230,11 @@ fn main() {
     let off = best[1];
     println!("baseline-freelist: {:.1} ns/pair", best[0]);
     for (i, (name, _, _)) in configs.iter().enumerate().skip(1) {
-        println!("{name}: {:.1} ns/pair ({:.2} x history-off)", best[i], best[i] / off);
+        println!(
+            "{name}: {:.1} ns/pair ({:.2} x history-off)",
+            best[i],
+            best[i] / off
+        );
     }
     println!(
         "history-off vs baseline-freelist: {:.2} x (target <= 2)",

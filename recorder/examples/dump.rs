@@ -96,7 +96,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         .ok_or("usage: dump OUT.pickle (or .json, .msgpack, .gz/.zst)")?;
     let alloc = CachingAllocator::new(SimulatedDevice::new(80 * GIB).with_manual_events());
     alloc.record_memory_history(HistoryOptions::default());
-    alloc.add_oom_observer(|oom| eprintln!("OOM observer: device {} free {}", oom.device, oom.device_free));
+    alloc.add_oom_observer(|oom| {
+        eprintln!(
+            "OOM observer: device {} free {}",
+            oom.device, oom.device_free
+        )
+    });
 
     let weights = load_weights(&alloc)?;
     for step in 0..3 {

@@ -128,7 +128,7 @@ impl AllocatorConfig {
             }
             "large_segment_size_mb" => {
                 let (value, mb) = p.number(key)?;
-                if mb < 2.0 || mb.fract() != 0.0 || (mb as u64) % 2 != 0 {
+                if mb < 2.0 || mb.fract() != 0.0 || !(mb as u64).is_multiple_of(2) {
                     return Err(bad(key, &value, "must be an even number of MB, at least 2"));
                 }
                 self.large_segment_size = mb_to_bytes(mb);
@@ -186,7 +186,11 @@ impl AllocatorConfig {
         if p.peek() != Some("[") {
             let (value, n) = p.number(KEY)?;
             let n = whole_power_of_two(n).ok_or_else(|| {
-                bad(KEY, &value, "the number of divisions must be a power of two")
+                bad(
+                    KEY,
+                    &value,
+                    "the number of divisions must be a power of two",
+                )
             })?;
             self.roundup_power2_divisions = [n; ROUNDUP_BUCKETS];
             return Ok(());
@@ -199,10 +203,18 @@ impl AllocatorConfig {
             p.expect(":")?;
             let (value, n) = p.number(KEY)?;
             let divisions = whole_power_of_two(n).ok_or_else(|| {
-                bad(KEY, &value, "the number of divisions must be a power of two")
+                bad(
+                    KEY,
+                    &value,
+                    "the number of divisions must be a power of two",
+                )
             })?;
             if size_token == ">" {
-                for slot in self.roundup_power2_divisions.iter_mut().skip(last_index + 1) {
+                for slot in self
+                    .roundup_power2_divisions
+                    .iter_mut()
+                    .skip(last_index + 1)
+                {
                     *slot = divisions;
                 }
             } else {
@@ -478,7 +490,9 @@ mod tests {
     #[test]
     fn parse_errors_name_the_key_and_value() {
         let e = AllocatorConfig::parse("max_split_size_mb:10").unwrap_err();
-        assert!(matches!(e, ConfigError::BadValue { ref key, ref value, .. } if key == "max_split_size_mb" && value == "10"));
+        assert!(
+            matches!(e, ConfigError::BadValue { ref key, ref value, .. } if key == "max_split_size_mb" && value == "10")
+        );
         let e = AllocatorConfig::parse("no_such_key:1").unwrap_err();
         assert!(matches!(e, ConfigError::UnknownKey { ref key, .. } if key == "no_such_key"));
         assert!(e.to_string().contains("no_such_key"));

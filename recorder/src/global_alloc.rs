@@ -31,9 +31,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use memsnap_format::{Block, BlockState, RecorderInfo, Segment, SegmentType, Snapshot, StackId, TraceEntry};
+use memsnap_format::{
+    Block, BlockState, RecorderInfo, Segment, SegmentType, Snapshot, StackId, TraceEntry,
+};
 
-use crate::history::{epoch_micros, now_ns, History, HistoryMode, HistoryOptions, RawAction, RawEntry};
+use crate::history::{
+    epoch_micros, now_ns, History, HistoryMode, HistoryOptions, RawAction, RawEntry,
+};
 use crate::stacks::{symbolize, CapturedStack, RawStackId, StackInterner, Unwinder, NO_STACK};
 
 /// A [`GlobalAlloc`] that forwards to `A` (the system allocator by default) and records every
@@ -157,7 +161,9 @@ impl ReentrancyGuard {
     /// `None` when the thread is already inside the recorder (or is being torn down).
     fn enter() -> Option<ReentrancyGuard> {
         IN_RECORDER
-            .try_with(|inside| (!inside.replace(true)).then_some(ReentrancyGuard))
+            // `then`, not `then_some`: an eagerly built guard would be dropped on the "already
+            // inside" path and clear the flag.
+            .try_with(|inside| (!inside.replace(true)).then(|| ReentrancyGuard))
             .ok()
             .flatten()
     }
@@ -171,7 +177,9 @@ impl Drop for ReentrancyGuard {
 
 fn lock_state() -> MutexGuard<'static, Option<HeapState>> {
     // A panic while recording leaves consistent data (every update is a single push/insert).
-    STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    STATE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn record_alloc(addr: u64, size: u64) {
@@ -260,7 +268,10 @@ pub fn start(options: HeapHistoryOptions) {
         live: HashMap::new(),
     });
     MIN_STACK_SIZE.store(options.min_stack_size as u64, Ordering::Relaxed);
-    FRAME_POINTERS.store(options.unwinder == Unwinder::FramePointers, Ordering::Relaxed);
+    FRAME_POINTERS.store(
+        options.unwinder == Unwinder::FramePointers,
+        Ordering::Relaxed,
+    );
     RECORDING.store(true, Ordering::Release);
 }
 
@@ -288,12 +299,20 @@ pub fn snapshot() -> Option<Snapshot> {
         let state = lock_state();
         let state = state.as_ref()?;
         let entries = state.history.ordered();
-        let live: Vec<(u64, u64, RawStackId)> =
-            state.live.iter().map(|(&addr, &(size, stack))| (addr, size, stack)).collect();
+        let live: Vec<(u64, u64, RawStackId)> = state
+            .live
+            .iter()
+            .map(|(&addr, &(size, stack))| (addr, size, stack))
+            .collect();
         let mut stack_ips: HashMap<RawStackId, Vec<usize>> = HashMap::new();
-        let used = entries.iter().map(|e| e.stack).chain(live.iter().map(|l| l.2));
+        let used = entries
+            .iter()
+            .map(|e| e.stack)
+            .chain(live.iter().map(|l| l.2));
         for id in used.filter(|&id| id != NO_STACK) {
-            stack_ips.entry(id).or_insert_with(|| state.stacks.get(id).to_vec());
+            stack_ips
+                .entry(id)
+                .or_insert_with(|| state.stacks.get(id).to_vec());
         }
         (entries, live, stack_ips, state.history.dropped)
     };
@@ -307,7 +326,8 @@ pub fn snapshot() -> Option<Snapshot> {
         if let Some(&sid) = stack_ids.get(&id) {
             return Some(sid);
         }
-        let frames = trim_allocator_frames(symbolize(stack_ips.get(&id).map_or(&[][..], Vec::as_slice)));
+        let frames =
+            trim_allocator_frames(symbolize(stack_ips.get(&id).map_or(&[][..], Vec::as_slice)));
         let sid = snapshot.intern_stack(frames);
         stack_ids.insert(id, sid);
         Some(sid)
@@ -387,7 +407,10 @@ impl HeapRecording {
 impl Drop for HeapRecording {
     fn drop(&mut self) {
         if let Err(err) = dump(&self.path) {
-            eprintln!("memsnap: cannot write the heap snapshot {}: {err}", self.path.display());
+            eprintln!(
+                "memsnap: cannot write the heap snapshot {}: {err}",
+                self.path.display()
+            );
         }
         stop();
     }
@@ -409,4 +432,38 @@ fn trim_allocator_frames(mut frames: Vec<memsnap_format::Frame>) -> Vec<memsnap_
     let n = frames.iter().take_while(|f| shim(&f.name)).count();
     frames.drain(..n);
     frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nested_guard_is_refused_and_leaves_the_flag_set() {
+        let outer = ReentrancyGuard::enter().expect("not inside yet");
+        assert!(ReentrancyGuard::enter().is_none());
+        assert!(
+            ReentrancyGuard::enter().is_none(),
+            "the refused attempt must not clear the flag"
+        );
+        drop(outer);
+        assert!(ReentrancyGuard::enter().is_some());
+    }
+
+    #[test]
+    fn allocator_shims_are_trimmed_from_the_top_only() {
+        let frames = [
+            "__rustc::__rust_alloc",
+            "alloc::alloc::alloc",
+            "my_app::load",
+            "alloc::alloc::alloc",
+        ]
+        .map(|n| memsnap_format::Frame::new(n, "", 0))
+        .to_vec();
+        let names: Vec<String> = trim_allocator_frames(frames)
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(names, ["my_app::load", "alloc::alloc::alloc"]);
+    }
 }

@@ -231,7 +231,15 @@ mod tests {
         s.decrease(12);
         s.update(-1);
         s.update(4);
-        assert_eq!(s, Stat { current: 6, peak: 15, allocated: 19, freed: 13 });
+        assert_eq!(
+            s,
+            Stat {
+                current: 6,
+                peak: 15,
+                allocated: 19,
+                freed: 13
+            }
+        );
     }
 
     #[test]

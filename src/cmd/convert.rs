@@ -60,7 +60,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (snapshot, detected) = common::load(&args.input)?;
     let written = memsnap_format::write_path(&args.output, &snapshot, Some(format))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
-    let bytes = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
+    let bytes = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
     println!(
         "{} ({}) -> {} ({}, {})",
         args.input.display(),

@@ -44,7 +44,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     }
-    Ok(if failed { ExitCode::from(2) } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn summarise(path: &Path) -> Result<String> {
@@ -102,9 +106,10 @@ fn summarise(path: &Path) -> Result<String> {
             .unwrap_or(0);
         let _ = writeln!(
             out,
-            "    device {device}: {} segments, {}; {entries} trace entries",
-            mem.segments,
-            mem.describe()
+            "    device {device}: {}, {}; {}",
+            count(mem.segments, "segment"),
+            mem.describe(),
+            count(entries, "trace entry")
         );
     }
 
@@ -117,7 +122,10 @@ fn summarise(path: &Path) -> Result<String> {
             if let Some(span) = time_span(&snapshot) {
                 let _ = writeln!(out, "  time span:   {span}");
             } else if snapshot.entry_count() > 0 {
-                let _ = writeln!(out, "  time span:   unknown (entries have no time_us, PyTorch ≤2.1)");
+                let _ = writeln!(
+                    out,
+                    "  time span:   unknown (entries have no time_us, PyTorch ≤2.1)"
+                );
             }
             let _ = writeln!(out, "  history:     {}", truncation(&snapshot));
         }
@@ -140,6 +148,17 @@ fn summarise(path: &Path) -> Result<String> {
         snapshot.frames.len()
     );
     Ok(out)
+}
+
+/// `1 segment`, `3 segments`, `2 trace entries`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else if let Some(stem) = noun.strip_suffix('y') {
+        format!("{n} {stem}ies")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 /// Bytes held per device, from the segments.
@@ -269,7 +288,8 @@ fn truncation(snapshot: &Snapshot) -> String {
     let mut reasons = Vec::new();
     if orphan_frees > 0 {
         reasons.push(format!(
-            "{orphan_frees} frees of allocations not in the trace"
+            "{} of allocations not in the trace",
+            count(orphan_frees, "free")
         ));
     }
     if dropped > 0 {
@@ -339,7 +359,8 @@ impl Era {
         if rare().any(|r| r.forward_frames.is_some()) {
             at_least(11, "forward_frames");
         }
-        if settings.is_some_and(|a| a.max_round_threshold.is_some() || a.max_cached_size.is_some()) {
+        if settings.is_some_and(|a| a.max_round_threshold.is_some() || a.max_cached_size.is_some())
+        {
             at_least(13, "max_round_threshold");
         }
         if s.host_segments.is_some() || s.host_traces.is_some() {
@@ -436,7 +457,14 @@ impl Era {
             );
         }
         let range = if low == high {
-            format!("PyTorch {}", if low == 0 { "≤2.0".to_string() } else { version(low) })
+            format!(
+                "PyTorch {}",
+                if low == 0 {
+                    "≤2.0".to_string()
+                } else {
+                    version(low)
+                }
+            )
         } else if low == 0 {
             format!("PyTorch ≤{}", version(high))
         } else if high == NEWEST_MINOR && why_high.is_empty() {
@@ -463,7 +491,10 @@ mod tests {
             format_utc(1_757_253_255_215_904),
             "2025-09-07 13:54:15.215 UTC"
         );
-        assert_eq!(format_utc(951_782_400_000_000), "2000-02-29 00:00:00.000 UTC");
+        assert_eq!(
+            format_utc(951_782_400_000_000),
+            "2000-02-29 00:00:00.000 UTC"
+        );
     }
 
     #[test]
@@ -472,7 +503,10 @@ mod tests {
         s.allocator_settings = Some(AllocatorSettings::default());
         s.external_annotations = Some(Vec::new());
         // allocator_settings without graph_capture_record_stream_reuse: at most 2.8.
-        assert_eq!(Era::infer(&s).describe(), "PyTorch 2.5–2.8 (has external_annotations, no graph_capture_record_stream_reuse)");
+        assert_eq!(
+            Era::infer(&s).describe(),
+            "PyTorch 2.5–2.8 (has external_annotations, no graph_capture_record_stream_reuse)"
+        );
 
         let mut e = TraceEntry::new(Action::Alloc, 0x1000, 512, 0);
         e.time_us = Some(1);
@@ -500,7 +534,7 @@ mod tests {
         ]]);
         assert_eq!(
             truncation(&s),
-            "looks truncated: 1 frees of allocations not in the trace (the oldest events are missing)"
+            "looks truncated: 1 free of allocations not in the trace (the oldest events are missing)"
         );
     }
 }

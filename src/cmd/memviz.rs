@@ -99,14 +99,20 @@ impl ReferenceFailure {
 
 impl fmt::Display for ReferenceFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (PyTorch's _memory_viz.py fails here too: {})", self.why, self.python)
+        write!(
+            f,
+            "{} (PyTorch's _memory_viz.py fails here too: {})",
+            self.why, self.python
+        )
     }
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let (input, output) = match &args.command {
         Report::Stats { input } | Report::Trace { input } => (input, None),
-        Report::Segments { input, output } | Report::Memory { input, output } => (input, output.as_deref()),
+        Report::Segments { input, output } | Report::Memory { input, output } => {
+            (input, output.as_deref())
+        }
     };
     let bytes = common::read_input(input)?;
     let snapshot = match args.command {
@@ -151,7 +157,10 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
 /// Writes to stdout; a closed pipe (`| head`) is not an error.
 fn write_stdout(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("cannot write to stdout"),
     }

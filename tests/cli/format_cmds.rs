@@ -16,15 +16,28 @@ fn real_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("read MEMSNAP_REAL_SNAPSHOTS")
         .map(|e| e.expect("dir entry").path())
-        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("pickle" | "pkl")))
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("pickle" | "pkl")
+            )
+        })
         .collect();
     files.sort();
-    assert_eq!(files.len(), 15, "expected the 15 real snapshots in {}", dir.display());
+    assert_eq!(
+        files.len(),
+        15,
+        "expected the 15 real snapshots in {}",
+        dir.display()
+    );
     files
 }
 
 fn stem(path: &Path) -> String {
-    path.file_stem().and_then(|s| s.to_str()).expect("utf-8 name").to_string()
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .expect("utf-8 name")
+        .to_string()
 }
 
 fn golden_dir(dir: &Path) -> PathBuf {
@@ -48,7 +61,8 @@ fn golden(dir: &Path, stem: &str, cmd: &str) -> Vec<u8> {
 
 /// The exit code `_memory_viz.py` had, from `exit_codes.txt` (`<file> <cmd> rc=<n>`).
 fn golden_exit_code(dir: &Path, file_name: &str, cmd: &str) -> i32 {
-    let codes = std::fs::read_to_string(golden_dir(dir).join("exit_codes.txt")).expect("exit_codes.txt");
+    let codes =
+        std::fs::read_to_string(golden_dir(dir).join("exit_codes.txt")).expect("exit_codes.txt");
     codes
         .lines()
         .find_map(|line| {
@@ -73,59 +87,92 @@ fn stdout(out: &Output) -> String {
 
 /// Where two outputs first differ, for a readable failure.
 fn first_difference(ours: &[u8], python: &[u8]) -> String {
-    let (o, p) = (String::from_utf8_lossy(ours), String::from_utf8_lossy(python));
+    let (o, p) = (
+        String::from_utf8_lossy(ours),
+        String::from_utf8_lossy(python),
+    );
     for (i, (a, b)) in o.split('\n').zip(p.split('\n')).enumerate() {
         if a != b {
             return format!("line {}:\n  ours:   {a:.300}\n  python: {b:.300}", i + 1);
         }
     }
-    format!("lengths differ: ours {} bytes, python {} bytes", ours.len(), python.len())
+    format!(
+        "lengths differ: ours {} bytes, python {} bytes",
+        ours.len(),
+        python.len()
+    )
 }
 
 #[test]
 fn memviz_matches_every_golden_file_byte_for_byte() {
-    let Some(dir) = real_snapshots_dir() else { return };
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
     let mut failures = Vec::new();
     let mut compared = 0;
     for file in real_files(&dir) {
-        let name = file.file_name().and_then(|n| n.to_str()).expect("name").to_string();
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")
+            .to_string();
         for cmd in MEMVIZ_COMMANDS {
             let out = memsnap(&["memviz", cmd, str_arg(&file)]);
             let want_code = golden_exit_code(&dir, &name, cmd);
             let code = out.status.code().unwrap_or(-1);
             if code != want_code {
-                failures.push(format!("{name} {cmd}: exit {code}, python {want_code}: {}", stderr(&out)));
+                failures.push(format!(
+                    "{name} {cmd}: exit {code}, python {want_code}: {}",
+                    stderr(&out)
+                ));
                 continue;
             }
             let want = golden(&dir, &stem(&file), cmd);
             if out.stdout != want {
-                failures.push(format!("{name} {cmd}: {}", first_difference(&out.stdout, &want)));
+                failures.push(format!(
+                    "{name} {cmd}: {}",
+                    first_difference(&out.stdout, &want)
+                ));
             }
             compared += 1;
         }
     }
-    assert!(failures.is_empty(), "{} of 60 differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of 60 differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert_eq!(compared, 60);
 }
 
 #[test]
 fn memviz_trace_of_a_bare_segment_list_fails_like_python() {
-    let Some(dir) = real_snapshots_dir() else { return };
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
     let file = dir.join("06_muduard_legacy_segment_list.pkl");
     let out = memsnap(&["memviz", "trace", str_arg(&file)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
     let err = stderr(&out);
-    let python = std::fs::read_to_string(golden_dir(&dir).join("06_muduard_legacy_segment_list.trace.stderr.txt"))
-        .expect("stderr golden");
+    let python = std::fs::read_to_string(
+        golden_dir(&dir).join("06_muduard_legacy_segment_list.trace.stderr.txt"),
+    )
+    .expect("stderr golden");
     let python_error = python.lines().last().expect("last line");
-    assert!(err.contains(python_error), "{err} should quote {python_error}");
+    assert!(
+        err.contains(python_error),
+        "{err} should quote {python_error}"
+    );
     assert!(err.contains("bare segment list"), "{err}");
 }
 
 #[test]
 fn memviz_writes_the_collapsed_text_with_dash_o() {
-    let Some(dir) = real_snapshots_dir() else { return };
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
     let tmp = tempfile::tempdir().expect("tempdir");
     let file = dir.join("04_charran78_small_state.pickle");
     for cmd in ["segments", "memory"] {
@@ -140,20 +187,35 @@ fn memviz_writes_the_collapsed_text_with_dash_o() {
 
 #[test]
 fn info_summarises_every_real_file() {
-    let Some(dir) = real_snapshots_dir() else { return };
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
     for file in real_files(&dir) {
         let out = memsnap(&["info", str_arg(&file)]);
         assert!(out.status.success(), "{}: {}", file.display(), stderr(&out));
         let text = stdout(&out);
-        for field in ["format:      pickle", "era:", "devices:", "segments:", "memory:", "stacks:"] {
-            assert!(text.contains(field), "{}: no `{field}` in\n{text}", file.display());
+        for field in [
+            "format:      pickle",
+            "era:",
+            "devices:",
+            "segments:",
+            "memory:",
+            "stacks:",
+        ] {
+            assert!(
+                text.contains(field),
+                "{}: no `{field}` in\n{text}",
+                file.display()
+            );
         }
     }
     let info = |name: &str| stdout(&memsnap(&["info", str_arg(&dir.join(name))]));
     assert!(info("01_sunnysood80_empty_4dev.pickle").contains("era:         PyTorch 2.5–2.8"));
     assert!(info("01_sunnysood80_empty_4dev.pickle").contains("devices:     4"));
     assert!(info("06_muduard_legacy_segment_list.pkl").contains("bare segment list"));
-    assert!(info("10_maphsge4_v21era_traces_no_time_us.pickle").contains("era:         PyTorch 2.1 "));
+    assert!(
+        info("10_maphsge4_v21era_traces_no_time_us.pickle").contains("era:         PyTorch 2.1 ")
+    );
     assert!(info("14_constructorsun_expandable_oom_4dev.pickle").contains("expandable"));
     // The README notes a free whose alloc is not in the trace.
     assert!(info("15_kkaitlyn_2p7b_compile_annotations.pickle").contains("looks truncated"));
@@ -162,13 +224,27 @@ fn info_summarises_every_real_file() {
 
 #[test]
 fn validate_passes_every_real_file() {
-    let Some(dir) = real_snapshots_dir() else { return };
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
     let files = real_files(&dir);
     let mut args = vec!["validate"];
     args.extend(files.iter().map(|f| str_arg(f)));
     let out = memsnap(&args);
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
-    assert_eq!(stdout(&out).lines().filter(|l| l.contains(": ok (")).count(), 15);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(
+        stdout(&out)
+            .lines()
+            .filter(|l| l.contains(": ok ("))
+            .count(),
+        15
+    );
 }
 
 /// A snapshot whose segment sums disagree with its blocks and whose trace frees the wrong size.
@@ -218,19 +294,35 @@ fn validate_reports_each_violation_with_its_place() {
     let out = memsnap(&["validate", str_arg(&path)]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("segments[0]: allocated_size is 1024 but its blocks sum to 2048"), "{text}");
-    assert!(text.contains("device_traces[0][1]: frees 1000 bytes"), "{text}");
+    assert!(
+        text.contains("segments[0]: allocated_size is 1024 but its blocks sum to 2048"),
+        "{text}"
+    );
+    assert!(
+        text.contains("device_traces[0][1]: frees 1000 bytes"),
+        "{text}"
+    );
     assert!(!text.contains(": ok ("), "{text}");
 }
 
 #[test]
 fn convert_round_trips_through_every_format() {
-    let Some(dir) = real_snapshots_dir() else { return };
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
     let tmp = tempfile::tempdir().expect("tempdir");
-    for name in ["13_bcrafton_new_cpp_frames_annotations.pickle", "06_muduard_legacy_segment_list.pkl"] {
+    for name in [
+        "13_bcrafton_new_cpp_frames_annotations.pickle",
+        "06_muduard_legacy_segment_list.pkl",
+    ] {
         let original = dir.join(name);
         let stem = stem(&original);
-        for (via, flag) in [("json", None), ("msgpack.zst", None), ("json.gz", None), ("bin", Some("msgpack"))] {
+        for (via, flag) in [
+            ("json", None),
+            ("msgpack.zst", None),
+            ("json.gz", None),
+            ("bin", Some("msgpack")),
+        ] {
             let middle = tmp.path().join(format!("{stem}.{via}"));
             let back = tmp.path().join(format!("{stem}.from-{via}.pickle"));
             let mut args = vec!["convert", str_arg(&original), "-o", str_arg(&middle)];
@@ -244,14 +336,20 @@ fn convert_round_trips_through_every_format() {
             // The pickle that went through another format prints exactly what Python printed.
             for cmd in ["stats", "segments"] {
                 let out = memsnap(&["memviz", cmd, str_arg(&back)]);
-                assert!(out.stdout == golden(&dir, &stem, cmd), "{name} via {via}: {cmd} differs");
+                assert!(
+                    out.stdout == golden(&dir, &stem, cmd),
+                    "{name} via {via}: {cmd} differs"
+                );
             }
         }
         // pickle -> pickle gives PyTorch's bytes back.
         let copy = tmp.path().join(format!("{stem}.copy.pickle"));
         let out = memsnap(&["convert", str_arg(&original), "-o", str_arg(&copy)]);
         assert!(out.status.success(), "{}", stderr(&out));
-        assert!(std::fs::read(&copy).expect("copy") == std::fs::read(&original).expect("original"), "{name}: pickle round trip changed bytes");
+        assert!(
+            std::fs::read(&copy).expect("copy") == std::fs::read(&original).expect("original"),
+            "{name}: pickle round trip changed bytes"
+        );
     }
 }
 
@@ -260,7 +358,12 @@ fn convert_needs_a_known_output_format() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let input = tmp.path().join("in.pickle");
     memsnap_format::write_path(&input, &broken_snapshot(), None).expect("write");
-    let out = memsnap(&["convert", str_arg(&input), "-o", str_arg(&tmp.path().join("out.bin"))]);
+    let out = memsnap(&[
+        "convert",
+        str_arg(&input),
+        "-o",
+        str_arg(&tmp.path().join("out.bin")),
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--to"), "{}", stderr(&out));
     assert!(!tmp.path().join("out.bin").exists());
@@ -300,7 +403,10 @@ fn bad_input_exits_2_and_names_the_problem() {
             let out = memsnap(&args);
             let err = stderr(&out);
             assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-            assert!(err.contains(problem), "{args:?}: `{err}` should mention `{problem}`");
+            assert!(
+                err.contains(problem),
+                "{args:?}: `{err}` should mention `{problem}`"
+            );
             assert!(err.contains(p), "{args:?}: `{err}` should name the file");
             assert!(!err.contains("panicked"), "{args:?}: {err}");
         }
@@ -313,8 +419,44 @@ fn help_teaches_with_examples() {
     for cmd in ["info", "convert", "validate", "memviz"] {
         let out = memsnap(&[cmd, "--help"]);
         assert!(out.status.success());
-        assert!(stdout(&out).contains("Examples:"), "{cmd} --help has no examples");
+        assert!(
+            stdout(&out).contains("Examples:"),
+            "{cmd} --help has no examples"
+        );
     }
     let memviz = stdout(&memsnap(&["memviz", "--help"]));
-    assert!(memviz.contains("flamegraph.pl"), "memviz --help should say it prints collapsed text");
+    assert!(
+        memviz.contains("flamegraph.pl"),
+        "memviz --help should say it prints collapsed text"
+    );
+}
+
+/// A gzipped pickle takes the full decoding path (the plain pickles above skip the trace for
+/// `stats`, `segments` and `memory`); both must print the same bytes.
+#[test]
+fn memviz_prints_the_same_for_a_compressed_snapshot() {
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in [
+        "14_constructorsun_expandable_oom_4dev",
+        "09_magma27_v211_windows_python_frames",
+    ] {
+        let raw = std::fs::read(dir.join(format!("{name}.pickle"))).expect("read");
+        let gz = tmp.path().join(format!("{name}.pickle.gz"));
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut enc, &raw).expect("gzip");
+        std::fs::write(&gz, enc.finish().expect("gzip")).expect("write");
+        for cmd in MEMVIZ_COMMANDS {
+            let out = memsnap(&["memviz", cmd, str_arg(&gz)]);
+            assert!(out.status.success(), "{name} {cmd}: {}", stderr(&out));
+            let want = golden(&dir, name, cmd);
+            assert!(
+                out.stdout == want,
+                "{name}.gz {cmd}: {}",
+                first_difference(&out.stdout, &want)
+            );
+        }
+    }
 }

@@ -556,7 +556,7 @@ impl ViewerApp {
 
     fn main_ui(&mut self, ui: &mut egui::Ui) {
         if self.documents.is_empty() {
-            welcome_ui(ui, &self.jobs.is_empty());
+            welcome_ui(ui, self.jobs.is_empty());
             return;
         }
         match self.view {
@@ -576,12 +576,12 @@ impl ViewerApp {
     }
 }
 
-fn welcome_ui(ui: &mut egui::Ui, idle: &bool) {
+fn welcome_ui(ui: &mut egui::Ui, idle: bool) {
     ui.vertical_centered(|ui| {
         ui.add_space(ui.available_height() / 3.0);
         ui.heading("memsnap viewer");
         ui.add_space(8.0);
-        if *idle {
+        if idle {
             ui.label("Drop PyTorch memory snapshots here (pickle, msgpack or JSON, optionally gzip/zstd),");
             ui.label("or use File > Open. Several files open as ranks. Press F1 for shortcuts.");
         } else {

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::Snapshot;
 
-use crate::document::DeviceModel;
 use crate::timeline_ui::{timeline_ui, TimelineModel, TimelineState};
 
 /// Errors a benchmark run can meet.
@@ -127,14 +126,18 @@ pub fn bench_snapshot(
                 .map_or(0, Vec::len)
         })
         .ok_or(BenchError::NoDevice)?;
+    // What `Document::prepare` does for a device: timeline, steps, profile.
     let started = Instant::now();
-    let model = DeviceModel::build(snapshot, device).map_err(BenchError::Analysis)?;
+    let timeline = memsnap_analysis::DeviceTimeline::build(snapshot, device)
+        .map_err(|e| BenchError::Analysis(e.to_string()))?;
+    let steps = timeline.steps(&memsnap_analysis::StepOptions::default());
+    let _profile = crate::analysis_ext::device_profile(snapshot, &timeline);
     let analysis = started.elapsed();
-    let mut state = TimelineState::new(&model.timeline);
+    let mut state = TimelineState::new(&timeline);
     let timeline_model = TimelineModel {
         snapshot,
-        timeline: &model.timeline,
-        steps: &model.steps,
+        timeline: &timeline,
+        steps: &steps,
     };
 
     let ctx = egui::Context::default();
@@ -189,7 +192,7 @@ pub fn bench_snapshot(
     times.sort_unstable();
     Ok(BenchReport {
         entries: snapshot.entry_count(),
-        allocations: model.timeline.replay().allocations.len(),
+        allocations: timeline.replay().allocations.len(),
         parse,
         analysis,
         first_frame,

@@ -29,7 +29,7 @@ pub enum Command {
 pub const COMMANDS: &[(Command, &[KeyboardShortcut], &str)] = &[
     (Command::Open, &[cmd(Key::O)], "Open snapshot files"),
     (Command::CloseFile, &[cmd(Key::W)], "Close the current file"),
-    (Command::NextFile, &[key(Key::Tab)], "Show the next open file"),
+    (Command::NextFile, &[cmd(Key::Tab)], "Show the next open file"),
     (
         Command::ZoomIn,
         &[key(Key::Plus), key(Key::Equals), key(Key::W)],

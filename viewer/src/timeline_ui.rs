@@ -70,8 +70,10 @@ pub struct TimelineState {
     overview: Option<Layout>,
     /// Screen position where a box-zoom drag started.
     box_start: Option<Pos2>,
-    /// What the last frame drew (for SVG export).
-    last_drawing: Option<Drawing>,
+    /// The band geometry, reused while nothing that shapes it changes.
+    band_cache: Option<BandCache>,
+    /// Axes, step marks and labels of the last frame (for SVG export).
+    last_overlay: Option<Drawing>,
     /// Milliseconds of the last layout computation (shown in the debug line and the bench).
     pub last_layout_ms: f64,
     /// Input time of the last zoom or pan, for the lighter layout while moving.
@@ -99,7 +101,8 @@ impl TimelineState {
             layout: None,
             overview: None,
             box_start: None,
-            last_drawing: None,
+            band_cache: None,
+            last_overlay: None,
             last_layout_ms: 0.0,
             last_move_time: None,
             drawn_window: None,
@@ -214,7 +217,9 @@ impl TimelineState {
 
     /// The last drawn timeline as SVG.
     pub fn last_svg(&self) -> Option<String> {
-        self.last_drawing.as_ref().map(Drawing::to_svg)
+        let overlay = self.last_overlay.as_ref()?;
+        let bands = &self.band_cache.as_ref()?.drawing;
+        Some(overlay.to_svg(&[bands, overlay]))
     }
 }
 
@@ -385,18 +390,21 @@ pub struct Drawing {
 }
 
 impl Drawing {
-    fn to_svg(&self) -> String {
+    /// SVG of `layers` drawn in order, framed by this drawing's size, origin and background.
+    fn to_svg(&self, layers: &[&Drawing]) -> String {
         let mut svg = Svg::new(self.size, self.background);
         let offset = self.origin.to_vec2();
-        for (rect, color) in &self.rects {
-            svg.rect(rect.translate(-offset), *color);
-        }
-        for (points, color, width) in &self.lines {
-            let points: Vec<Pos2> = points.iter().map(|p| *p - offset).collect();
-            svg.polyline(&points, *color, *width);
-        }
-        for (pos, text, color) in &self.texts {
-            svg.text(*pos - offset, text, *color, 11.0);
+        for layer in layers {
+            for (rect, color) in &layer.rects {
+                svg.rect(rect.translate(-offset), *color);
+            }
+            for (points, color, width) in &layer.lines {
+                let points: Vec<Pos2> = points.iter().map(|p| *p - offset).collect();
+                svg.polyline(&points, *color, *width);
+            }
+            for (pos, text, color) in &layer.texts {
+                svg.text(*pos - offset, text, *color, 11.0);
+            }
         }
         svg.finish()
     }
@@ -411,6 +419,24 @@ impl Drawing {
         }
         mesh
     }
+}
+
+/// What the band geometry depends on.
+#[derive(Clone, Debug, PartialEq)]
+struct BandKey {
+    request: LayoutRequest,
+    plot: Rect,
+    y_max_bits: u64,
+    dark: bool,
+    show_reserved: bool,
+    search: Option<String>,
+}
+
+/// Band geometry and its mesh, kept while the [`BandKey`] is unchanged.
+struct BandCache {
+    key: BandKey,
+    drawing: Drawing,
+    mesh: std::sync::Arc<Mesh>,
 }
 
 /// Maps layout values to the plot rectangle.
@@ -437,17 +463,29 @@ impl Transform {
     }
 }
 
+/// How a layout is drawn besides its geometry.
+#[derive(Clone, Copy)]
+pub struct DrawStyle<'a> {
+    /// Bands whose stack does not match are faded.
+    pub search: Option<&'a StackMatch>,
+    pub show_reserved: bool,
+    pub dark: bool,
+}
+
 /// Builds the drawing of a layout: bands, residual band, spike envelope and reserved outline.
 pub fn layout_drawing(
     layout: &Layout,
     model: &TimelineModel<'_>,
-    search: Option<&StackMatch>,
+    style: DrawStyle<'_>,
     plot: Rect,
     window: TimeWindow,
     y_max: f64,
-    show_reserved: bool,
-    dark: bool,
 ) -> Drawing {
+    let DrawStyle {
+        search,
+        show_reserved,
+        dark,
+    } = style;
     let t = Transform {
         plot,
         window,
@@ -667,18 +705,39 @@ pub fn timeline_ui(
 
     let painter = ui.painter_at(outer.union(overview_rect));
     painter.rect_filled(plot, 0.0, ui.visuals().extreme_bg_color);
-    let mut drawing = layout_drawing(&layout, model, search.as_ref(), plot, window, y_max, show_reserved, dark);
-    drawing.origin = available.min;
-    drawing.size = available.size();
-    drawing.background = ui.visuals().panel_fill;
-
-    axes_ui(&painter, ui, model, state.axis, &t, &mut drawing);
-    painter.add(Shape::mesh(drawing.mesh()));
-    for (points, color, width) in &drawing.lines {
-        painter.add(Shape::line(points.clone(), Stroke::new(*width, *color)));
+    let key = BandKey {
+        request: layout.request,
+        plot,
+        y_max_bits: y_max.to_bits(),
+        dark,
+        show_reserved,
+        search: search.as_ref().map(|m| m.query.clone()),
+    };
+    if state.band_cache.as_ref().is_none_or(|c| c.key != key) {
+        let style = DrawStyle {
+            search: search.as_ref(),
+            show_reserved,
+            dark,
+        };
+        let drawing = layout_drawing(&layout, model, style, plot, window, y_max);
+        let mesh = std::sync::Arc::new(drawing.mesh());
+        state.band_cache = Some(BandCache { key, drawing, mesh });
+    }
+    let mut overlay = Drawing {
+        origin: available.min,
+        size: available.size(),
+        background: ui.visuals().panel_fill,
+        ..Drawing::default()
+    };
+    axes_ui(&painter, ui, state.axis, &t, &mut overlay);
+    if let Some(cache) = &state.band_cache {
+        painter.add(Shape::mesh(cache.mesh.clone()));
+        for (points, color, width) in &cache.drawing.lines {
+            painter.add(Shape::line(points.clone(), Stroke::new(*width, *color)));
+        }
     }
     if state.show_steps {
-        steps_overlay(&painter, model, state.axis, &t, &mut drawing);
+        steps_overlay(&painter, model, state.axis, &t, &mut overlay);
     }
 
     // Highlight the pinned allocation.
@@ -740,10 +799,9 @@ pub fn timeline_ui(
     overview_ui(ui, model, state, overview_rect);
 
     let description = format!(
-        "Active memory timeline: {} bands drawn, peak in view {}, {} below {} folded",
+        "Active memory timeline: {} bands drawn, peak in view {}, allocations below {} folded",
         layout.bands.len(),
         format_bytes(layout.y_max),
-        if layout.capped { "allocations" } else { "allocations" },
         format_bytes(layout.drawn_min_size)
     );
     response.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Image, true, &description));
@@ -767,7 +825,7 @@ pub fn timeline_ui(
         response
     };
     let _ = response;
-    state.last_drawing = Some(drawing);
+    state.last_overlay = Some(overlay);
     state.layout = Some(layout);
     output
 }
@@ -826,7 +884,6 @@ fn handle_zoom_and_pan(
 fn axes_ui(
     painter: &egui::Painter,
     ui: &egui::Ui,
-    model: &TimelineModel<'_>,
     axis: Axis,
     t: &Transform,
     drawing: &mut Drawing,
@@ -863,7 +920,6 @@ fn axes_ui(
         font,
         ui.visuals().weak_text_color(),
     );
-    let _ = model;
 }
 
 /// Step boundaries, forward and backward slopes with their rates.
@@ -968,7 +1024,7 @@ fn overview_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut Timelin
 
 /// Round tick positions between `lo` and `hi`, about `count` of them.
 pub fn nice_ticks(lo: f64, hi: f64, count: usize) -> Vec<f64> {
-    if !(hi > lo) || count == 0 {
+    if hi.is_nan() || lo.is_nan() || hi <= lo || count == 0 {
         return Vec::new();
     }
     let raw = (hi - lo) / count as f64;
@@ -1034,14 +1090,24 @@ mod tests {
         let window = full_window(&timeline, Axis::Event);
         let y_max = layout.y_max as f64 * 1.05;
         let nothing = StackMatch::new(&snapshot, "no_such_function_anywhere");
-        let drawing = layout_drawing(&layout, &model, Some(&nothing), plot, window, y_max, false, true);
+        let style = DrawStyle {
+            search: Some(&nothing),
+            show_reserved: false,
+            dark: true,
+        };
+        let drawing = layout_drawing(&layout, &model, style, plot, window, y_max);
         let faded = palette::unmatched(true);
         let special = [faded, palette::residual(true), palette::envelope(true), palette::before_window(true)];
         assert!(drawing.rects.iter().all(|(_, c)| special.contains(c)));
         assert!(drawing.rects.iter().any(|(_, c)| *c == faded));
 
         // Without a search, bands keep their stack colours, and every rect lies in the plot.
-        let drawing = layout_drawing(&layout, &model, None, plot, window, y_max, true, true);
+        let style = DrawStyle {
+            search: None,
+            show_reserved: true,
+            dark: true,
+        };
+        let drawing = layout_drawing(&layout, &model, style, plot, window, y_max);
         assert!(drawing.rects.iter().any(|(_, c)| !special.contains(c)));
         let inside = plot.expand(1.0);
         assert!(drawing.rects.iter().all(|(r, _)| inside.contains_rect(*r)));

@@ -25,36 +25,67 @@ enum Seg {
     Index(usize),
 }
 
-pub(crate) struct Conv<'a, 'b> {
-    arena: &'b Arena<'a>,
+/// What the conversion keeps between calls: the snapshot being built (its interning tables),
+/// the per-node caches, the expansion budget, and the trace entries converted while reading.
+pub(crate) struct ConvState {
     snap: Snapshot,
+    /// List node -> StackId (`NONE` when not converted); grown on demand.
     stack_cache: Vec<u32>,
+    /// Frame dict node -> FrameId.
     frame_cache: Vec<u32>,
     frame_buf: Vec<FrameId>,
-    path: Vec<Seg>,
     budget: u64,
+    /// Trace entries converted by the VM, indexed by `Kind::Entry` nodes.
+    pub entries: Vec<TraceEntry>,
+    /// `entries` was moved out whole into one device trace.
+    entries_taken: bool,
+}
+
+impl ConvState {
+    pub fn new(input_len: usize) -> Self {
+        ConvState {
+            snap: Snapshot::default(),
+            stack_cache: Vec::new(),
+            frame_cache: Vec::new(),
+            frame_buf: Vec::new(),
+            budget: 4 * input_len as u64 + (1 << 16),
+            entries: Vec::new(),
+            entries_taken: false,
+        }
+    }
+
+    /// Whether a node was already read as a stack or a frame (so it must not change).
+    pub fn is_frozen(&self, id: u32) -> bool {
+        let cached = |cache: &[u32]| cache.get(id as usize).is_some_and(|&c| c != NONE);
+        cached(&self.stack_cache) || cached(&self.frame_cache)
+    }
+}
+
+pub(crate) struct Conv<'a, 'b> {
+    arena: &'b Arena<'a>,
+    st: &'b mut ConvState,
+    path: Vec<Seg>,
 }
 
 /// Converts a whole arena.
-pub(crate) fn convert(arena: &Arena<'_>) -> Result<Snapshot> {
-    let n = arena.nodes.len();
-    let mut conv = Conv {
-        arena,
-        snap: Snapshot::default(),
-        stack_cache: vec![NONE; n],
-        frame_cache: vec![NONE; n],
-        frame_buf: Vec::new(),
-        path: Vec::new(),
-        budget: 4 * arena.input.len() as u64 + (1 << 16),
-    };
+pub(crate) fn convert(arena: &Arena<'_>, mut state: ConvState) -> Result<Snapshot> {
+    let mut conv = Conv::new(arena, &mut state);
     conv.top(arena.root)?;
-    Ok(conv.snap)
+    Ok(state.snap)
 }
 
 /// Keys of a dict in order, with their values.
 type Pairs = Vec<(Val, Val)>;
 
-impl<'a> Conv<'a, '_> {
+impl<'a, 'b> Conv<'a, 'b> {
+    pub fn new(arena: &'b Arena<'a>, st: &'b mut ConvState) -> Self {
+        Conv {
+            arena,
+            st,
+            path: Vec::new(),
+        }
+    }
+
     fn path_string(&self) -> String {
         let mut s = String::new();
         for seg in &self.path {
@@ -87,12 +118,12 @@ impl<'a> Conv<'a, '_> {
     }
 
     fn charge(&mut self, n: u64) -> Result<()> {
-        if self.budget < n {
+        if self.st.budget < n {
             return Err(self.schema(
                 "memo-shared containers expand to far more values than the input holds (memo bomb?)",
             ));
         }
-        self.budget -= n;
+        self.st.budget -= n;
         Ok(())
     }
 
@@ -106,7 +137,7 @@ impl<'a> Conv<'a, '_> {
             Val::Bytes { .. } => "bytes",
             Val::Node(id) => match self.arena.node(id).kind {
                 Kind::List => "list",
-                Kind::Dict => "dict",
+                Kind::Dict | Kind::Entry => "dict",
                 Kind::Tuple => "tuple",
             },
         }
@@ -171,6 +202,11 @@ impl<'a> Conv<'a, '_> {
     }
 
     fn dict_pairs(&self, v: Val) -> Result<Pairs> {
+        if let Val::Node(id) = v {
+            if self.arena.entry_index(id).is_some() {
+                return Err(self.schema("expected a dict of another kind, found a trace entry"));
+            }
+        }
         let id = self.node_of(v, Kind::Dict, "a dict")?;
         let mut items = self.arena.items(id);
         let mut out = Vec::with_capacity(self.arena.node(id).len as usize / 2);
@@ -216,6 +252,16 @@ impl<'a> Conv<'a, '_> {
             Val::Float(f) => Value::Float(f),
             Val::Str { .. } => Value::Str(self.str(v)?.to_owned()),
             Val::Bytes { start, len } => Value::Bytes(self.arena.bytes(start, len).to_vec()),
+            Val::Node(id) if self.arena.entry_index(id).is_some() => {
+                let index = self.arena.entry_index(id).expect("checked");
+                let entry = self
+                    .st
+                    .entries
+                    .get(index)
+                    .cloned()
+                    .ok_or_else(|| self.schema("trace entry referenced after it was moved"))?;
+                self.entry_value(&entry)?
+            }
             Val::Node(id) => {
                 if depth >= MAX_DEPTH {
                     return Err(self.schema(format!(
@@ -226,6 +272,7 @@ impl<'a> Conv<'a, '_> {
                 self.charge(node.len.into())?;
                 let items: Vec<Val> = self.arena.items(id).collect();
                 match node.kind {
+                    Kind::Entry => unreachable!("handled above"),
                     Kind::List | Kind::Tuple => {
                         let mut out = Vec::with_capacity(items.len());
                         for (i, item) in items.into_iter().enumerate() {
@@ -270,25 +317,31 @@ impl<'a> Conv<'a, '_> {
 
     fn stack(&mut self, v: Val) -> Result<StackId> {
         let id = self.list(v)?;
-        let cached = self.stack_cache[id as usize];
+        if id as usize >= self.st.stack_cache.len() {
+            self.st.stack_cache.resize(self.arena.nodes.len(), NONE);
+        }
+        let cached = self.st.stack_cache[id as usize];
         if cached != NONE {
             return Ok(StackId(cached));
         }
-        let mut buf = std::mem::take(&mut self.frame_buf);
+        let mut buf = std::mem::take(&mut self.st.frame_buf);
         buf.clear();
         for (i, item) in self.arena.items(id).enumerate() {
             let fid = self.at(Seg::Index(i), |c| c.frame(item))?;
             buf.push(fid);
         }
-        let sid = self.snap.stacks.intern(&buf);
-        self.frame_buf = buf;
-        self.stack_cache[id as usize] = sid.0;
+        let sid = self.st.snap.stacks.intern(&buf);
+        self.st.frame_buf = buf;
+        self.st.stack_cache[id as usize] = sid.0;
         Ok(sid)
     }
 
     fn frame(&mut self, v: Val) -> Result<FrameId> {
         let id = self.node_of(v, Kind::Dict, "a frame dict")?;
-        let cached = self.frame_cache[id as usize];
+        if id as usize >= self.st.frame_cache.len() {
+            self.st.frame_cache.resize(self.arena.nodes.len(), NONE);
+        }
+        let cached = self.st.frame_cache[id as usize];
         if cached != NONE {
             return Ok(FrameId(cached));
         }
@@ -313,8 +366,8 @@ impl<'a> Conv<'a, '_> {
             line,
             extra,
         };
-        let fid = self.snap.frames.intern(frame);
-        self.frame_cache[id as usize] = fid.0;
+        let fid = self.st.snap.frames.intern(frame);
+        self.st.frame_cache[id as usize] = fid.0;
         Ok(fid)
     }
 
@@ -323,8 +376,8 @@ impl<'a> Conv<'a, '_> {
     fn top(&mut self, root: Val) -> Result<()> {
         match root {
             Val::Node(id) if self.arena.node(id).kind == Kind::List => {
-                self.snap.shape = Shape::SegmentList;
-                self.snap.segments = self.segments(root)?;
+                self.st.snap.shape = Shape::SegmentList;
+                self.st.snap.segments = self.segments(root)?;
                 Ok(())
             }
             Val::Node(id) if self.arena.node(id).kind == Kind::Dict => {
@@ -336,37 +389,37 @@ impl<'a> Conv<'a, '_> {
                         }
                         Some(b"device_traces") => {
                             let traces = self.at(Seg::Key("device_traces"), |c| c.traces(v))?;
-                            self.snap.device_traces = Some(traces);
+                            self.st.snap.device_traces = Some(traces);
                         }
                         Some(b"allocator_settings") => {
                             let s = self.at(Seg::Key("allocator_settings"), |c| c.settings(v))?;
-                            self.snap.allocator_settings = Some(s);
+                            self.st.snap.allocator_settings = Some(s);
                         }
                         Some(b"external_annotations") => {
                             let a =
                                 self.at(Seg::Key("external_annotations"), |c| c.annotations(v))?;
-                            self.snap.external_annotations = Some(a);
+                            self.st.snap.external_annotations = Some(a);
                         }
                         Some(b"host_segments") => {
                             let h = self.at(Seg::Key("host_segments"), |c| c.value(v, 0))?;
-                            self.snap.host_segments = Some(h);
+                            self.st.snap.host_segments = Some(h);
                         }
                         Some(b"host_traces") => {
                             let h = self.at(Seg::Key("host_traces"), |c| c.value(v, 0))?;
-                            self.snap.host_traces = Some(h);
+                            self.st.snap.host_traces = Some(h);
                         }
                         Some(b"memsnap") => {
                             let r = self.at(Seg::Key("memsnap"), |c| c.recorder_info(v))?;
-                            self.snap.recorder_info = Some(r);
+                            self.st.snap.recorder_info = Some(r);
                         }
                         _ => {
-                            let mut extra = std::mem::take(&mut self.snap.extra);
+                            let mut extra = std::mem::take(&mut self.st.snap.extra);
                             self.extra(k, v, &mut extra)?;
-                            self.snap.extra = extra;
+                            self.st.snap.extra = extra;
                         }
                     }
                 }
-                self.snap.segments =
+                self.st.snap.segments =
                     segments.ok_or_else(|| self.schema("the snapshot dict has no 'segments' key"))?;
                 Ok(())
             }
@@ -445,7 +498,7 @@ impl<'a> Conv<'a, '_> {
                     let t = self.at(Seg::Key("segment_type"), |c| c.str(v))?;
                     seg.segment_type = Some(
                         SegmentType::from_name(t)
-                            .unwrap_or_else(|| SegmentType::Other(self.snap.strings.intern(t))),
+                            .unwrap_or_else(|| SegmentType::Other(self.st.snap.strings.intern(t))),
                     );
                 }
                 Some(b"segment_pool_id") => {
@@ -518,7 +571,7 @@ impl<'a> Conv<'a, '_> {
                     let s = self.at(Seg::Key("state"), |c| c.str(v))?;
                     state = Some(
                         BlockState::from_name(s)
-                            .unwrap_or_else(|| BlockState::Other(self.snap.strings.intern(s))),
+                            .unwrap_or_else(|| BlockState::Other(self.st.snap.strings.intern(s))),
                     );
                 }
                 Some(b"frames") => b.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?),
@@ -576,76 +629,151 @@ impl<'a> Conv<'a, '_> {
         self.charge(devices.len() as u64)?;
         let mut out = Vec::with_capacity(devices.len());
         for (d, dev) in devices.into_iter().enumerate() {
-            out.push(self.at(Seg::Index(d), |c| {
-                let lid = c.list(dev)?;
-                c.charge(c.arena.node(lid).len.into())?;
-                let mut entries = Vec::with_capacity(c.arena.node(lid).len as usize);
-                for (i, item) in c.arena.items(lid).enumerate() {
-                    entries.push(c.at(Seg::Index(i), |c| c.entry(item))?);
-                }
-                Ok(entries)
-            })?);
+            out.push(self.at(Seg::Index(d), |c| c.trace(dev))?);
         }
         Ok(out)
     }
 
+    fn trace(&mut self, v: Val) -> Result<Vec<TraceEntry>> {
+        let lid = self.list(v)?;
+        let len = self.arena.node(lid).len as usize;
+        self.charge(len as u64)?;
+        if len > 0 && len == self.st.entries.len() && !self.st.entries_taken && self.holds_all_entries(lid) {
+            // The common case: one list holds every entry the VM converted, in order.
+            self.st.entries_taken = true;
+            return Ok(std::mem::take(&mut self.st.entries));
+        }
+        let mut entries = Vec::with_capacity(len);
+        for (i, item) in self.arena.items(lid).enumerate() {
+            entries.push(self.at(Seg::Index(i), |c| c.entry(item))?);
+        }
+        Ok(entries)
+    }
+
+    /// The list's items are exactly the packed entries `0..n`, in order, each referenced once.
+    fn holds_all_entries(&self, lid: u32) -> bool {
+        self.arena.items(lid).enumerate().all(|(i, item)| match item {
+            Val::Node(id) => {
+                self.arena.entry_index(id) == Some(i) && !self.arena.node(id).shared
+            }
+            _ => false,
+        })
+    }
+
     fn entry(&mut self, v: Val) -> Result<TraceEntry> {
-        let id = self.node_of(v, Kind::Dict, "a trace entry dict")?;
+        let id = self.node_of_dict(v, "a trace entry dict")?;
+        if let Some(index) = self.arena.entry_index(id) {
+            return self
+                .st
+                .entries
+                .get(index)
+                .cloned()
+                .ok_or_else(|| self.schema("trace entry referenced after it was moved"));
+        }
+        let items: Vec<Val> = self.arena.items(id).collect();
+        Ok(self.entry_from(&items)?.0)
+    }
+
+    fn node_of_dict(&self, v: Val, what: &str) -> Result<u32> {
+        match v {
+            Val::Node(id) if matches!(self.arena.node(id).kind, Kind::Dict | Kind::Entry) => Ok(id),
+            other => Err(self.expected(what, other)),
+        }
+    }
+
+    /// Converts a complete entry dict while reading, when it converts without error, has no
+    /// unknown keys and its keys are in the order the writer would write them back.
+    pub(crate) fn packed_entry(&mut self, pairs: &[Val]) -> Option<TraceEntry> {
+        match self.entry_from(pairs) {
+            Ok((entry, true)) => Some(entry),
+            _ => None,
+        }
+    }
+
+    /// A trace entry from its keys and values (interleaved); also says whether the dict is in
+    /// canonical form (known keys only, in the writer's order).
+    fn entry_from(&mut self, items: &[Val]) -> Result<(TraceEntry, bool)> {
         let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
         let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
         let mut rare: Option<Box<EntryRare>> = None;
-        let mut first = true;
-        let mut items = self.arena.items(id);
-        while let (Some(k), Some(v)) = (items.next(), items.next()) {
-            let key = self.key_bytes(k);
-            match key {
+        let mut legacy = false;
+        let (mut canonical, mut last_rank) = (true, -1i32);
+        for (i, pair) in items.chunks_exact(2).enumerate() {
+            let (k, v) = (pair[0], pair[1]);
+            let rank = match self.key_bytes(k) {
                 Some(b"action") => {
                     let name = self.at(Seg::Key("action"), |c| c.str(v))?;
                     action = Some(
                         Action::from_name(name)
-                            .unwrap_or_else(|| Action::Other(self.snap.strings.intern(name))),
+                            .unwrap_or_else(|| Action::Other(self.st.snap.strings.intern(name))),
                     );
+                    1
                 }
-                Some(b"addr") => addr = Some(self.at(Seg::Key("addr"), |c| c.u64(v))?),
-                Some(b"size") => size = Some(self.at(Seg::Key("size"), |c| c.u64(v))?),
-                Some(b"stream") => stream = Some(self.at(Seg::Key("stream"), |c| c.i64(v))?),
-                Some(b"time_us") => e.time_us = Some(self.at(Seg::Key("time_us"), |c| c.i64(v))?),
-                Some(b"compile_context") => {
-                    let s = self.at(Seg::Key("compile_context"), |c| c.str(v))?;
-                    e.compile_context = Some(self.snap.strings.intern(s));
-                }
-                Some(b"user_metadata") => {
-                    let s = self.at(Seg::Key("user_metadata"), |c| c.str(v))?;
-                    e.user_metadata = Some(self.snap.strings.intern(s));
-                }
-                Some(b"frames") => {
-                    e.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
-                    if first {
-                        rare.get_or_insert_with(Default::default).legacy_frames_first = true;
-                    }
+                Some(b"addr") => {
+                    addr = Some(self.at(Seg::Key("addr"), |c| c.u64(v))?);
+                    2
                 }
                 Some(b"device_free") => {
                     let f = self.at(Seg::Key("device_free"), |c| c.u64(v))?;
                     rare.get_or_insert_with(Default::default).device_free = Some(f);
+                    3
+                }
+                Some(b"size") => {
+                    size = Some(self.at(Seg::Key("size"), |c| c.u64(v))?);
+                    4
+                }
+                Some(b"stream") => {
+                    stream = Some(self.at(Seg::Key("stream"), |c| c.i64(v))?);
+                    5
+                }
+                Some(b"time_us") => {
+                    e.time_us = Some(self.at(Seg::Key("time_us"), |c| c.i64(v))?);
+                    6
+                }
+                Some(b"compile_context") => {
+                    let s = self.at(Seg::Key("compile_context"), |c| c.str(v))?;
+                    e.compile_context = Some(self.st.snap.strings.intern(s));
+                    7
+                }
+                Some(b"user_metadata") => {
+                    let s = self.at(Seg::Key("user_metadata"), |c| c.str(v))?;
+                    e.user_metadata = Some(self.st.snap.strings.intern(s));
+                    8
                 }
                 Some(b"internal_metadata") => {
                     let s = self.at(Seg::Key("internal_metadata"), |c| c.str(v))?;
-                    let s = self.snap.strings.intern(s);
+                    let s = self.st.snap.strings.intern(s);
                     rare.get_or_insert_with(Default::default).internal_metadata = Some(s);
+                    9
+                }
+                Some(b"frames") => {
+                    e.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
+                    if i == 0 {
+                        legacy = true;
+                        rare.get_or_insert_with(Default::default).legacy_frames_first = true;
+                        0
+                    } else {
+                        10
+                    }
                 }
                 Some(b"forward_frames") => {
                     let f = self.at(Seg::Key("forward_frames"), |c| c.string_list(v))?;
                     rare.get_or_insert_with(Default::default).forward_frames = Some(f);
+                    11
                 }
                 _ => {
                     let r = rare.get_or_insert_with(Default::default);
                     let mut extra = std::mem::take(&mut r.extra);
                     self.extra(k, v, &mut extra)?;
                     rare.as_mut().expect("just set").extra = extra;
+                    canonical = false;
+                    12
                 }
-            }
-            first = false;
+            };
+            canonical &= rank > last_rank;
+            last_rank = rank;
         }
+        let _ = legacy;
         e.action = action.ok_or_else(|| self.schema("trace entry lacks key 'action'"))?;
         e.size = size.ok_or_else(|| self.schema("trace entry lacks key 'size'"))?;
         e.stream = stream.ok_or_else(|| self.schema("trace entry lacks key 'stream'"))?;
@@ -654,7 +782,70 @@ impl<'a> Conv<'a, '_> {
             None => rare.get_or_insert_with(Default::default).no_addr = true,
         }
         e.rare = rare;
-        Ok(e)
+        Ok((e, canonical))
+    }
+
+    /// A packed entry back as a generic dict, keys in the writer's order.
+    fn entry_value(&mut self, e: &TraceEntry) -> Result<Value> {
+        self.charge(16)?;
+        let strings = &self.st.snap.strings;
+        let s = |k: &str| Value::Str(k.to_owned());
+        let mut d: Vec<(Value, Value)> = Vec::new();
+        let rare = e.rare.as_deref();
+        let legacy = rare.is_some_and(|r| r.legacy_frames_first);
+        let frames = e.frames.map(|f| self.stack_value(f));
+        if legacy {
+            if let Some(f) = &frames {
+                d.push((s("frames"), f.clone()));
+            }
+        }
+        d.push((s("action"), s(e.action.name(strings))));
+        if e.has_addr() {
+            d.push((s("addr"), uint_value(e.addr)));
+        }
+        if let Some(f) = e.device_free() {
+            d.push((s("device_free"), uint_value(f)));
+        }
+        d.push((s("size"), uint_value(e.size)));
+        d.push((s("stream"), Value::Int(e.stream)));
+        if let Some(t) = e.time_us {
+            d.push((s("time_us"), Value::Int(t)));
+        }
+        if let Some(c) = e.compile_context {
+            d.push((s("compile_context"), s(strings.get(c))));
+        }
+        if let Some(u) = e.user_metadata {
+            d.push((s("user_metadata"), s(strings.get(u))));
+        }
+        if let Some(m) = rare.and_then(|r| r.internal_metadata) {
+            d.push((s("internal_metadata"), s(strings.get(m))));
+        }
+        if !legacy {
+            if let Some(f) = frames {
+                d.push((s("frames"), f));
+            }
+        }
+        if let Some(ff) = rare.and_then(|r| r.forward_frames.as_ref()) {
+            d.push((s("forward_frames"), Value::List(ff.iter().map(|x| s(x)).collect())));
+        }
+        Ok(Value::Dict(d))
+    }
+
+    fn stack_value(&self, id: StackId) -> Value {
+        let snap = &self.st.snap;
+        Value::List(
+            snap.stack_frames(id)
+                .map(|f| {
+                    let mut d = vec![
+                        (Value::Str("name".into()), Value::Str(f.name.clone())),
+                        (Value::Str("filename".into()), Value::Str(f.filename.clone())),
+                        (Value::Str("line".into()), Value::Int(f.line)),
+                    ];
+                    d.extend(f.extra.iter().map(|(k, v)| (Value::Str(k.clone()), v.clone())));
+                    Value::Dict(d)
+                })
+                .collect(),
+        )
     }
 
     // ---------------------------------------------------------------- settings, annotations
@@ -782,5 +973,17 @@ fn set_bool(slot: &mut Option<bool>, v: Val) -> bool {
             true
         }
         _ => false,
+    }
+}
+
+fn uint_value(v: u64) -> Value {
+    match i64::try_from(v) {
+        Ok(i) => Value::Int(i),
+        // Minimal little-endian two's complement, as LONG1 writes it: 8 bytes and a 0 sign byte.
+        Err(_) => {
+            let mut bytes = v.to_le_bytes().to_vec();
+            bytes.push(0);
+            Value::BigInt(bytes)
+        }
     }
 }

@@ -40,8 +40,8 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot> {
 /// [`read`], calling `progress(bytes_done, bytes_total)` about every MiB of input; returns
 /// [`crate::FormatError::Cancelled`] when it returns `false`.
 pub fn read_with(bytes: &[u8], progress: Progress<'_>) -> Result<Snapshot> {
-    let arena = vm::run(bytes, progress)?;
-    convert::convert(&arena)
+    let (arena, state) = vm::run(bytes, progress)?;
+    convert::convert(&arena, state)
 }
 
 /// Encodes a snapshot as a protocol-4 pickle.

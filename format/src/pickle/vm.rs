@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use crate::error::{FormatError, Result};
 use crate::io::Progress;
 
+use super::convert::{Conv, ConvState};
+
 /// Highest protocol we read (`PROTO 5` is byte-identical to 4 for snapshot data).
 const MAX_PROTOCOL: u8 = 5;
 /// Call the progress callback about this often.
@@ -43,6 +45,9 @@ pub(crate) enum Kind {
     List,
     Dict,
     Tuple,
+    /// A dict already converted to a [`crate::TraceEntry`] while reading (see
+    /// [`super::convert::ConvState::entries`]); `first` is its index there.
+    Entry,
 }
 
 /// A container: its items are the chunks `first -> ... -> last`. A dict stores keys and
@@ -54,6 +59,8 @@ pub(crate) struct Node {
     last: u32,
     /// Number of items (a dict holds `len / 2` pairs).
     pub len: u32,
+    /// Pushed again through the memo or DUP, so it may be referenced more than once.
+    pub shared: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -73,6 +80,12 @@ pub(crate) struct Arena<'a> {
 }
 
 impl<'a> Arena<'a> {
+    /// The entry index of a node packed as a trace entry.
+    pub fn entry_index(&self, id: u32) -> Option<usize> {
+        let node = &self.nodes[id as usize];
+        (node.kind == Kind::Entry).then_some(node.first as usize)
+    }
+
     pub fn node(&self, id: u32) -> &Node {
         &self.nodes[id as usize]
     }
@@ -82,7 +95,7 @@ impl<'a> Arena<'a> {
         let node = self.nodes[id as usize];
         Items {
             arena: self,
-            chunk: node.first,
+            chunk: if node.kind == Kind::Entry { NONE } else { node.first },
             pos: 0,
         }
     }
@@ -256,14 +269,15 @@ struct Vm<'a, 'p> {
     memo: Vec<Option<Val>>,
     sparse_memo: HashMap<u64, Val>,
     memo_count: usize,
-    nodes: Vec<Node>,
-    chunks: Vec<Chunk>,
-    items: Vec<Val>,
+    arena: Arena<'a>,
+    state: ConvState,
     progress: Progress<'p>,
 }
 
-/// Runs the pickle in `input` and returns its object graph.
-pub(crate) fn run<'a>(input: &'a [u8], progress: Progress<'_>) -> Result<Arena<'a>> {
+/// Runs the pickle in `input` and returns its object graph, with trace entries already
+/// converted (they are most of a snapshot, and converting them as they complete keeps their
+/// keys and values out of the arena).
+pub(crate) fn run<'a>(input: &'a [u8], progress: Progress<'_>) -> Result<(Arena<'a>, ConvState)> {
     let mut vm = Vm {
         input,
         pos: 0,
@@ -273,19 +287,18 @@ pub(crate) fn run<'a>(input: &'a [u8], progress: Progress<'_>) -> Result<Arena<'
         memo: Vec::new(),
         sparse_memo: HashMap::new(),
         memo_count: 0,
-        nodes: Vec::new(),
-        chunks: Vec::new(),
-        items: Vec::new(),
+        arena: Arena {
+            input,
+            nodes: Vec::new(),
+            chunks: Vec::new(),
+            items: Vec::new(),
+            root: Val::None,
+        },
+        state: ConvState::new(input.len()),
         progress,
     };
-    let root = vm.run()?;
-    Ok(Arena {
-        input,
-        nodes: vm.nodes,
-        chunks: vm.chunks,
-        items: vm.items,
-        root,
-    })
+    vm.arena.root = vm.run()?;
+    Ok((vm.arena, vm.state))
 }
 
 impl<'a> Vm<'a, '_> {
@@ -390,15 +403,16 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn new_node(&mut self, kind: Kind) -> Result<u32> {
-        let id = u32::try_from(self.nodes.len())
+        let id = u32::try_from(self.arena.nodes.len())
             .ok()
             .filter(|&id| id != NONE)
             .ok_or_else(|| self.err("too many containers"))?;
-        self.nodes.push(Node {
+        self.arena.nodes.push(Node {
             kind,
             first: NONE,
             last: NONE,
             len: 0,
+            shared: false,
         });
         Ok(id)
     }
@@ -415,39 +429,39 @@ impl<'a> Vm<'a, '_> {
             what: "too many container items".into(),
         };
         let n32 = u32::try_from(n).map_err(|_| too_many())?;
-        let start = self.items.len();
+        let start = self.arena.items.len();
         if start + n >= NONE as usize {
             return Err(too_many());
         }
-        let nd = self.nodes[node as usize];
+        let nd = self.arena.nodes[node as usize];
         let new_len = nd.len.checked_add(n32).ok_or_else(too_many)?;
-        self.items.extend_from_slice(&self.stack[from..]);
+        self.arena.items.extend_from_slice(&self.stack[from..]);
         self.stack.truncate(from);
         let last = nd.last;
         if last != NONE {
-            let c = &mut self.chunks[last as usize];
+            let c = &mut self.arena.chunks[last as usize];
             if (c.start + c.len) as usize == start {
                 c.len += n32;
-                self.nodes[node as usize].len = new_len;
+                self.arena.nodes[node as usize].len = new_len;
                 return Ok(());
             }
         }
-        let cid = self.chunks.len() as u32;
+        let cid = self.arena.chunks.len() as u32;
         if cid == NONE {
             return Err(too_many());
         }
-        self.chunks.push(Chunk {
+        self.arena.chunks.push(Chunk {
             start: start as u32,
             len: n32,
             next: NONE,
         });
-        let nd = &mut self.nodes[node as usize];
+        let nd = &mut self.arena.nodes[node as usize];
         if last == NONE {
             nd.first = cid;
         } else {
-            self.chunks[last as usize].next = cid;
+            self.arena.chunks[last as usize].next = cid;
         }
-        let nd = &mut self.nodes[node as usize];
+        let nd = &mut self.arena.nodes[node as usize];
         nd.last = cid;
         nd.len = new_len;
         Ok(())
@@ -479,14 +493,22 @@ impl<'a> Vm<'a, '_> {
 
     /// The container `target` must be a mutable one of `kind`.
     fn check_target(&self, target: Val, kind: Kind, name: &str) -> Result<u32> {
+        if let Val::Node(id) = target {
+            let node = &self.arena.nodes[id as usize];
+            if node.kind == Kind::Entry || self.state.is_frozen(id) {
+                return Err(self.err(format!(
+                    "{name} modifies a dict or list after it was read as a trace entry, stack or frame (not supported)"
+                )));
+            }
+        }
         match target {
-            Val::Node(id) if self.nodes[id as usize].kind == kind => Ok(id),
+            Val::Node(id) if self.arena.nodes[id as usize].kind == kind => Ok(id),
             other => Err(self.err(format!(
                 "{name} on a {}, expected a {}",
                 self.describe(other),
                 match kind {
                     Kind::List => "list",
-                    Kind::Dict => "dict",
+                    Kind::Dict | Kind::Entry => "dict",
                     Kind::Tuple => "tuple",
                 }
             ))),
@@ -501,12 +523,36 @@ impl<'a> Vm<'a, '_> {
             Val::Float(_) => "float",
             Val::Str { .. } => "str",
             Val::Bytes { .. } => "bytes",
-            Val::Node(id) => match self.nodes[id as usize].kind {
+            Val::Node(id) => match self.arena.nodes[id as usize].kind {
                 Kind::List => "list",
-                Kind::Dict => "dict",
+                Kind::Dict | Kind::Entry => "dict",
                 Kind::Tuple => "tuple",
             },
         }
+    }
+
+    /// Converts a dict that is being filled in one batch to a trace entry now, when it has
+    /// the shape of one and converts losslessly; otherwise it stays a generic dict (and the
+    /// conversion pass reports any error with its path).
+    fn try_pack_entry(&mut self, id: u32, from: usize) -> bool {
+        let pairs = &self.stack[from..];
+        let looks_like_entry = pairs.len() >= 8
+            && pairs
+                .iter()
+                .step_by(2)
+                .take(2)
+                .any(|k| matches!(k, Val::Str { start, len: 6 } if &self.arena.input[*start..*start + 6] == b"action"));
+        if !looks_like_entry || self.state.entries.len() >= NONE as usize {
+            return false;
+        }
+        let Some(entry) = Conv::new(&self.arena, &mut self.state).packed_entry(pairs) else {
+            return false;
+        };
+        let node = &mut self.arena.nodes[id as usize];
+        node.kind = Kind::Entry;
+        node.first = self.state.entries.len() as u32;
+        self.state.entries.push(entry);
+        true
     }
 
     fn memo_put(&mut self, index: u64, v: Val) {
@@ -532,8 +578,16 @@ impl<'a> Vm<'a, '_> {
             .flatten()
             .or_else(|| self.sparse_memo.get(&index).copied())
             .ok_or_else(|| self.err(format!("memo index {index} was never stored")))?;
+        self.mark_shared(v);
         self.push(v);
         Ok(())
+    }
+
+    #[inline]
+    fn mark_shared(&mut self, v: Val) {
+        if let Val::Node(id) = v {
+            self.arena.nodes[id as usize].shared = true;
+        }
     }
 
     fn long(&mut self, len: u64, name: &str) -> Result<Val> {
@@ -653,6 +707,7 @@ impl<'a> Vm<'a, '_> {
                 }
                 op::DUP => {
                     let v = self.top("DUP")?;
+                    self.mark_shared(v);
                     self.push(v);
                 }
                 op::NONE => self.push(Val::None),
@@ -777,7 +832,11 @@ impl<'a> Vm<'a, '_> {
                         return Err(self.err("SETITEMS with an odd number of items"));
                     }
                     let id = self.check_target(self.stack[target_at], Kind::Dict, "SETITEMS")?;
-                    self.extend_from_stack(id, from)?;
+                    if self.arena.nodes[id as usize].len == 0 && self.try_pack_entry(id, from) {
+                        self.stack.truncate(from);
+                    } else {
+                        self.extend_from_stack(id, from)?;
+                    }
                 }
                 op::MEMOIZE => {
                     let v = self.top("MEMOIZE")?;

@@ -245,8 +245,8 @@ fn cut_window(
 /// Live requested bytes after an event.
 fn apply(live: u64, action: Action, size: u64) -> u64 {
     match action {
-        Action::Alloc => live + size,
-        Action::FreeCompleted => live - size,
+        Action::Alloc => live.saturating_add(size),
+        Action::FreeCompleted => live.saturating_sub(size),
         _ => live,
     }
 }
@@ -383,7 +383,7 @@ impl DeviceRun<'_> {
                             // Normalisation statistics and masks: small-pool sizes.
                             rng.range(2, (base / 64).clamp(2, 1 << 20))
                         } else {
-                            rng.range(base / 2, base + base / 2)
+                            rng.range(base / 2, base.saturating_add(base / 2))
                         };
                         let even = bytes.max(2) & !1;
                         if even % 512 == 0 {

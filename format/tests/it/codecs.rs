@@ -26,14 +26,14 @@ fn decode(bytes: &[u8], format: Format) -> Result<Snapshot, FormatError> {
     }
 }
 
+/// The six orders of the three codecs, each ending where it started
+/// (e.g. pickle → json → msgpack → pickle).
 fn permutations() -> Vec<Vec<Format>> {
     let mut out = Vec::new();
-    for a in 0..3 {
-        for b in 0..3 {
-            for c in 0..3 {
-                if a != b && b != c && a != c {
-                    out.push(vec![CODECS[a], CODECS[b], CODECS[c], CODECS[a]]);
-                }
+    for a in CODECS {
+        for b in CODECS.into_iter().filter(|&b| b != a) {
+            for c in CODECS.into_iter().filter(|&c| c != a && c != b) {
+                out.push(vec![a, b, c, a]);
             }
         }
     }

@@ -84,7 +84,11 @@ pub(super) fn collect(st: &mut State) -> RawSnapshot {
         .iter()
         .map(|e| e.stack)
         .chain(segments.iter().map(|s| s.stack))
-        .chain(segments.iter().flat_map(|s| s.blocks.iter().map(|b| b.stack)));
+        .chain(
+            segments
+                .iter()
+                .flat_map(|s| s.blocks.iter().map(|b| b.stack)),
+        );
     for id in referenced {
         if id != NO_STACK {
             stacks
@@ -117,7 +121,12 @@ fn settings(st: &State) -> AllocatorSettings {
         graph_capture_record_stream_reuse: Some(c.graph_capture_record_stream_reuse),
         roundup_power2_divisions: Some(
             (0..ROUNDUP_BUCKETS)
-                .map(|i| ((1u64 << i).to_string(), c.roundup_power2_divisions[i] as i64))
+                .map(|i| {
+                    (
+                        (1u64 << i).to_string(),
+                        c.roundup_power2_divisions[i] as i64,
+                    )
+                })
                 .collect(),
         ),
         max_round_threshold: None,
@@ -141,7 +150,11 @@ impl StackResolver {
         if let Some(&s) = self.done.get(&id) {
             return Some(s);
         }
-        let frames = self.raw.get(&id).map(|ips| symbolize(ips)).unwrap_or_default();
+        let frames = self
+            .raw
+            .get(&id)
+            .map(|ips| symbolize(ips))
+            .unwrap_or_default();
         let s = snap.intern_stack(frames);
         self.done.insert(id, s);
         Some(s)

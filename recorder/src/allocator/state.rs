@@ -300,7 +300,9 @@ impl State {
                 self.garbage_collect_cached_blocks(device, ctx)?;
             }
             found = self.alloc_block(device, rounded, alloc_size, small, stream, false, ctx)?;
-            if found.is_none() && self.release_available_cached_blocks(device, rounded, small, stream, ctx)? {
+            if found.is_none()
+                && self.release_available_cached_blocks(device, rounded, small, stream, ctx)?
+            {
                 found = self.alloc_block(device, rounded, alloc_size, small, stream, false, ctx)?;
             }
             if found.is_none() {
@@ -309,7 +311,9 @@ impl State {
             }
         }
         let Some(idx) = found else {
-            return Err(MallocFailure::Oom(self.oom(device, orig_size, rounded, alloc_size, stream, ctx)));
+            return Err(MallocFailure::Oom(
+                self.oom(device, orig_size, rounded, alloc_size, stream, ctx),
+            ));
         };
         Ok(self.alloc_found_block(idx, rounded, orig_size, ctx))
     }
@@ -387,7 +391,13 @@ impl State {
         }
     }
 
-    fn alloc_found_block(&mut self, idx: Idx, rounded: u64, orig_size: u64, ctx: RawStackId) -> u64 {
+    fn alloc_found_block(
+        &mut self,
+        idx: Idx,
+        rounded: u64,
+        orig_size: u64,
+        ctx: RawStackId,
+    ) -> u64 {
         let already_split = self.b(idx).is_split();
         let expandable = self.is_expandable(idx);
         let small = self.b(idx).small;
@@ -464,7 +474,9 @@ impl State {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if self.set_fraction && self.total_allocated_memory.saturating_add(alloc_size) > self.allowed_max {
+        if self.set_fraction
+            && self.total_allocated_memory.saturating_add(alloc_size) > self.allowed_max
+        {
             return Ok(None);
         }
         if self.expandable_active {
@@ -543,11 +555,12 @@ impl State {
                 break;
             }
             let ub = self.b(u);
-            let prev_free = if ub.prev != NIL && self.b(ub.prev).mapped && self.mergeable_free(ub.prev) {
-                self.b(ub.prev).size
-            } else {
-                0
-            };
+            let prev_free =
+                if ub.prev != NIL && self.b(ub.prev).mapped && self.mergeable_free(ub.prev) {
+                    self.b(ub.prev).size
+                } else {
+                    0
+                };
             let needed = rounded.saturating_sub(prev_free).next_multiple_of(page);
             if needed > 0 && needed <= ub.size {
                 candidate = Some((u, needed));
@@ -557,7 +570,10 @@ impl State {
         let (u, needed, fresh) = match candidate {
             Some((u, needed)) => (u, needed, false),
             None => {
-                let total = device.mem_info().map(|m| m.total).unwrap_or(self.allowed_max);
+                let total = device
+                    .mem_info()
+                    .map(|m| m.total)
+                    .unwrap_or(self.allowed_max);
                 let reserve = (total + total / 8).div_ceil(page).max(1) * page;
                 let needed = rounded.next_multiple_of(page);
                 if needed > reserve {
@@ -653,14 +669,21 @@ impl State {
         };
         let b = self.bm(idx);
         b.allocated = false;
-        let (small, size, requested, stream, stack) = (b.small, b.size, b.requested, b.stream, b.stack);
+        let (small, size, requested, stream, stack) =
+            (b.small, b.size, b.requested, b.stream, b.stack);
         self.stats.allocation.decrease(small, 1);
         self.stats.allocated_bytes.decrease(small, size);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
         let entry_stack = if ctx != NO_STACK { ctx } else { stack };
-        self.record(RawAction::FreeRequested, ptr, requested, stream, entry_stack);
+        self.record(
+            RawAction::FreeRequested,
+            ptr,
+            requested,
+            stream,
+            entry_stack,
+        );
         if !self.b(idx).stream_uses.is_empty() {
             self.insert_events(device, idx);
         }
@@ -677,7 +700,10 @@ impl State {
         for s in streams {
             if let Ok(event) = device.record_event(Stream(s)) {
                 self.bm(idx).event_count += 1;
-                self.stream_events.entry(s).or_default().push_back((event, idx));
+                self.stream_events
+                    .entry(s)
+                    .or_default()
+                    .push_back((event, idx));
             }
         }
     }
@@ -688,7 +714,13 @@ impl State {
         let (addr, size, requested, stream, small, stack) =
             (b.addr, b.size, b.requested, b.stream, b.small, b.stack);
         let entry_stack = if ctx != NO_STACK { ctx } else { stack };
-        self.record(RawAction::FreeCompleted, addr, requested, stream, entry_stack);
+        self.record(
+            RawAction::FreeCompleted,
+            addr,
+            requested,
+            stream,
+            entry_stack,
+        );
         self.bm(idx).stack = NO_STACK;
         let expandable = self.is_expandable(idx);
         let mut net_blocks: i64 = 0;
@@ -752,16 +784,17 @@ impl State {
     }
 
     /// `process_events`: frees blocks whose events have all completed.
-    fn process_events<D: Device>(&mut self, device: &D, ctx: RawStackId) -> Result<(), DeviceError> {
+    fn process_events<D: Device>(
+        &mut self,
+        device: &D,
+        ctx: RawStackId,
+    ) -> Result<(), DeviceError> {
         if self.stream_events.is_empty() {
             return Ok(());
         }
         let streams: Vec<i64> = self.stream_events.keys().copied().collect();
         for s in streams {
-            loop {
-                let Some(&(event, idx)) = self.stream_events.get(&s).and_then(|q| q.front()) else {
-                    break;
-                };
+            while let Some(&(event, idx)) = self.stream_events.get(&s).and_then(|q| q.front()) {
                 if !device.query_event(event)? {
                     break;
                 }
@@ -787,7 +820,11 @@ impl State {
     }
 
     /// `synchronize_and_free_events`.
-    fn synchronize_and_free_events<D: Device>(&mut self, device: &D, ctx: RawStackId) -> Result<(), DeviceError> {
+    fn synchronize_and_free_events<D: Device>(
+        &mut self,
+        device: &D,
+        ctx: RawStackId,
+    ) -> Result<(), DeviceError> {
         self.stats.num_sync_all_streams += 1;
         while let Some((s, mut queue)) = self.stream_events.pop_first() {
             while let Some((event, idx)) = queue.pop_front() {
@@ -807,14 +844,27 @@ impl State {
 
     /// `release_cached_blocks` (`empty_cache`): frees every whole free segment, large pool
     /// first, and unmaps free expandable pages.
-    pub fn release_cached_blocks<D: Device>(&mut self, device: &D, ctx: RawStackId) -> Result<(), DeviceError> {
+    pub fn release_cached_blocks<D: Device>(
+        &mut self,
+        device: &D,
+        ctx: RawStackId,
+    ) -> Result<(), DeviceError> {
         self.synchronize_and_free_events(device, ctx)?;
         self.release_blocks(device, false, ctx)?;
         self.release_blocks(device, true, ctx)
     }
 
-    fn release_blocks<D: Device>(&mut self, device: &D, small: bool, ctx: RawStackId) -> Result<(), DeviceError> {
-        let keys: Vec<Idx> = self.pools[pool_index(small)].blocks.iter().map(|k| k.3).collect();
+    fn release_blocks<D: Device>(
+        &mut self,
+        device: &D,
+        small: bool,
+        ctx: RawStackId,
+    ) -> Result<(), DeviceError> {
+        let keys: Vec<Idx> = self.pools[pool_index(small)]
+            .blocks
+            .iter()
+            .map(|k| k.3)
+            .collect();
         let mut to_unmap = Vec::new();
         for idx in keys {
             if self.is_expandable(idx) {
@@ -830,7 +880,12 @@ impl State {
     }
 
     /// `release_block`: `cudaFree` of a whole free segment.
-    fn release_block<D: Device>(&mut self, device: &D, idx: Idx, ctx: RawStackId) -> Result<(), DeviceError> {
+    fn release_block<D: Device>(
+        &mut self,
+        device: &D,
+        idx: Idx,
+        ctx: RawStackId,
+    ) -> Result<(), DeviceError> {
         let b = self.b(idx).clone();
         device.free(b.addr, b.size)?;
         self.pool_remove(idx);
@@ -850,7 +905,12 @@ impl State {
     }
 
     /// Unmaps the whole pages inside a free expandable block.
-    fn unmap_block<D: Device>(&mut self, device: &D, idx: Idx, ctx: RawStackId) -> Result<(), DeviceError> {
+    fn unmap_block<D: Device>(
+        &mut self,
+        device: &D,
+        idx: Idx,
+        ctx: RawStackId,
+    ) -> Result<(), DeviceError> {
         let b = self.b(idx).clone();
         let seg = self.segments[b.segment as usize].clone();
         let page = self.page_size(b.small);
@@ -969,7 +1029,11 @@ impl State {
 
     /// `garbage_collect_cached_blocks`: frees old whole free large-pool segments until usage
     /// falls below `threshold * allowed`.
-    fn garbage_collect_cached_blocks<D: Device>(&mut self, device: &D, ctx: RawStackId) -> Result<(), DeviceError> {
+    fn garbage_collect_cached_blocks<D: Device>(
+        &mut self,
+        device: &D,
+        ctx: RawStackId,
+    ) -> Result<(), DeviceError> {
         let threshold = (self.config.garbage_collection_threshold * self.allowed_max as f64) as u64;
         if self.total_allocated_memory <= threshold {
             return Ok(());
@@ -1079,7 +1143,10 @@ impl State {
                     err(format!("block {idx}: prev link {} != {prev_idx}", b.prev));
                 }
                 if b.addr != expected {
-                    err(format!("block {idx} at {:#x}, expected {expected:#x}", b.addr));
+                    err(format!(
+                        "block {idx} at {:#x}, expected {expected:#x}",
+                        b.addr
+                    ));
                 }
                 if b.segment != seg_idx || b.stream != seg.stream || b.small != seg.small {
                     err(format!("block {idx} disagrees with its segment {seg_idx}"));
@@ -1094,7 +1161,9 @@ impl State {
                 if free_here {
                     if let Some(prev_mapped) = prev_free_state {
                         if prev_mapped == b.mapped {
-                            err(format!("block {idx} and its predecessor are mergeable free neighbours"));
+                            err(format!(
+                                "block {idx} and its predecessor are mergeable free neighbours"
+                            ));
                         }
                     }
                     prev_free_state = Some(b.mapped);
@@ -1141,7 +1210,10 @@ impl State {
                 prev_idx = idx;
             }
             if total != seg.size {
-                err(format!("segment {seg_idx}: blocks sum to {total}, segment is {}", seg.size));
+                err(format!(
+                    "segment {seg_idx}: blocks sum to {total}, segment is {}",
+                    seg.size
+                ));
             }
             if !seg.expandable {
                 add(&mut segments, seg.small, 1);
@@ -1149,18 +1221,28 @@ impl State {
         }
         let live_blocks = self.blocks.iter().filter(|b| b.live).count();
         if live_blocks != seen_blocks {
-            err(format!("{live_blocks} live blocks but {seen_blocks} reachable from segments"));
+            err(format!(
+                "{live_blocks} live blocks but {seen_blocks} reachable from segments"
+            ));
         }
         let pooled: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
         if pooled != free_in_pools {
-            err(format!("{pooled} blocks in pools but {free_in_pools} free mapped blocks"));
+            err(format!(
+                "{pooled} blocks in pools but {free_in_pools} free mapped blocks"
+            ));
         }
         let unmapped: usize = self.pools.iter().map(|p| p.unmapped.len()).sum();
         if unmapped != unmapped_in_pools {
-            err(format!("{unmapped} unmapped entries but {unmapped_in_pools} unmapped blocks"));
+            err(format!(
+                "{unmapped} unmapped entries but {unmapped_in_pools} unmapped blocks"
+            ));
         }
         if self.live.len() as i64 != allocation[0] {
-            err(format!("pointer map holds {} entries, {} blocks allocated", self.live.len(), allocation[0]));
+            err(format!(
+                "pointer map holds {} entries, {} blocks allocated",
+                self.live.len(),
+                allocation[0]
+            ));
         }
         let s = &self.stats;
         let checks: [(&str, &crate::stats::StatArray, [i64; 3]); 9] = [
@@ -1172,12 +1254,19 @@ impl State {
             ("segment", &s.segment, segments),
             ("reserved_bytes", &s.reserved_bytes, reserved),
             ("inactive_split", &s.inactive_split, inactive_split),
-            ("inactive_split_bytes", &s.inactive_split_bytes, inactive_split_bytes),
+            (
+                "inactive_split_bytes",
+                &s.inactive_split_bytes,
+                inactive_split_bytes,
+            ),
         ];
         for (name, stat, recomputed) in checks {
             for (i, value) in recomputed.iter().enumerate() {
                 if stat.0[i].current != *value {
-                    err(format!("{name}[{i}].current is {} but recomputes to {value}", stat.0[i].current));
+                    err(format!(
+                        "{name}[{i}].current is {} but recomputes to {value}",
+                        stat.0[i].current
+                    ));
                 }
                 if stat.0[i].peak < stat.0[i].current {
                     err(format!("{name}[{i}].peak below current"));

@@ -84,9 +84,15 @@ fn small_pool_splits_when_512_bytes_remain() {
     let p = a.malloc(MIB, S0).unwrap();
     assert_eq!(a.block_size(p), Some(MIB));
     let stats = a.stats();
-    assert_eq!(stats.reserved_bytes.get(StatType::SmallPool).current, 2 * MIB as i64);
+    assert_eq!(
+        stats.reserved_bytes.get(StatType::SmallPool).current,
+        2 * MIB as i64
+    );
     assert_eq!(stats.inactive_split.get(StatType::SmallPool).current, 1);
-    assert_eq!(stats.inactive_split_bytes.get(StatType::All).current, MIB as i64);
+    assert_eq!(
+        stats.inactive_split_bytes.get(StatType::All).current,
+        MIB as i64
+    );
     sound(&a);
 }
 
@@ -164,7 +170,10 @@ fn record_stream_defers_free_completed_until_events_complete() {
     let n = names(&a);
     let completed = n.iter().position(|x| *x == Action::FreeCompleted).unwrap();
     let requested = n.iter().position(|x| *x == Action::FreeRequested).unwrap();
-    assert!(completed > requested + 2, "free_completed must come after the next alloc: {n:?}");
+    assert!(
+        completed > requested + 2,
+        "free_completed must come after the next alloc: {n:?}"
+    );
     sound(&a);
 }
 
@@ -196,7 +205,10 @@ fn freed_middle_block_absorbs_both_free_neighbours() {
     a.free(y).unwrap();
     let s = a.stats();
     assert_eq!(s.inactive_split.get(StatType::All).current, 2);
-    assert_eq!(s.inactive_split_bytes.get(StatType::All).current, 1536 + (2 * MIB as i64 - 2048));
+    assert_eq!(
+        s.inactive_split_bytes.get(StatType::All).current,
+        1536 + (2 * MIB as i64 - 2048)
+    );
     let snap = a.snapshot();
     let sizes: Vec<u64> = snap.segments[0].blocks.iter().map(|b| b.size).collect();
     assert_eq!(sizes, vec![1536, 512, 2 * MIB - 2048]);
@@ -291,7 +303,9 @@ fn snapshot_entry_is_appended_after_collecting_the_trace() {
     let p = a.malloc(3000, S0).unwrap();
     let q = a.malloc(100, S1).unwrap();
     let first = a.snapshot();
-    assert!(first.traces()[0].iter().all(|e| e.action != Action::Snapshot));
+    assert!(first.traces()[0]
+        .iter()
+        .all(|e| e.action != Action::Snapshot));
     let addrs: Vec<u64> = first.segments.iter().map(|s| s.address).collect();
     let mut sorted = addrs.clone();
     sorted.sort();
@@ -328,7 +342,10 @@ fn state_mode_keeps_only_the_newest_entry_and_counts_drops() {
     let snap = a.snapshot();
     assert_eq!(snap.traces()[0].len(), 1);
     assert_eq!(snap.traces()[0][0].action, Action::FreeCompleted);
-    assert_eq!(snap.recorder_info.as_ref().unwrap().dropped_entries, vec![3]);
+    assert_eq!(
+        snap.recorder_info.as_ref().unwrap().dropped_entries,
+        vec![3]
+    );
 }
 
 #[test]
@@ -347,10 +364,21 @@ fn ring_wraps_through_the_allocator() {
     // 1 segment_alloc + 15 more entries; the newest 4 remain, oldest first.
     assert_eq!(
         n,
-        vec![Action::FreeCompleted, Action::Alloc, Action::FreeRequested, Action::FreeCompleted]
+        vec![
+            Action::FreeCompleted,
+            Action::Alloc,
+            Action::FreeRequested,
+            Action::FreeCompleted
+        ]
     );
-    assert_eq!(snap.recorder_info.as_ref().unwrap().dropped_entries, vec![16 - 4]);
-    let times: Vec<i64> = snap.traces()[0].iter().map(|e| e.time_us.unwrap()).collect();
+    assert_eq!(
+        snap.recorder_info.as_ref().unwrap().dropped_entries,
+        vec![16 - 4]
+    );
+    let times: Vec<i64> = snap.traces()[0]
+        .iter()
+        .map(|e| e.time_us.unwrap())
+        .collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]));
 }
 
@@ -490,4 +518,49 @@ fn stats_reset_peak_and_accumulated() {
     let s = a.stats();
     assert_eq!(s.allocated_bytes.get(StatType::All).allocated, 0);
     assert_eq!(s.num_device_alloc, 0);
+}
+
+/// Found by the model test: mapping an unmapped middle page left the newly mapped range and
+/// a free mapped block after it as two mergeable neighbours.
+#[test]
+fn expandable_map_merges_with_the_free_block_after_the_mapped_range() {
+    let a = alloc_with(1 << 30, "expandable_segments:True");
+    let x = a.malloc(10 * MIB, S0).unwrap();
+    let y = a.malloc(40 * MIB, S0).unwrap();
+    let z = a.malloc(10 * MIB, S0).unwrap();
+    a.free(y).unwrap();
+    // Unmaps the whole page inside y, leaving mapped free pieces on both sides.
+    a.empty_cache().unwrap();
+    sound(&a);
+    assert_eq!(a.stats().reserved_bytes(), 40 * MIB);
+    let w = a.malloc(25 * MIB, S0).unwrap();
+    assert_eq!(w, y);
+    sound(&a);
+    for p in [x, z, w] {
+        a.free(p).unwrap();
+    }
+    sound(&a);
+}
+
+#[test]
+fn a_stack_seen_before_is_interned_once() {
+    let a = alloc();
+    a.record_memory_history(HistoryOptions {
+        unwinder: crate::Unwinder::Backtrace,
+        ..HistoryOptions::default()
+    });
+    for _ in 0..100 {
+        let p = a.malloc(4096, S0).unwrap();
+        a.free(p).unwrap();
+    }
+    // One stack for the malloc site and one for the free site.
+    assert_eq!(a.distinct_stacks(), 2);
+    assert_eq!(a.history_len(), 301);
+}
+
+#[test]
+fn allocator_is_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CachingAllocator<SimulatedDevice>>();
+    send_sync::<CachingAllocator<crate::HostDevice>>();
 }

@@ -37,7 +37,10 @@ fn driver_error(call: &'static str, e: DriverError) -> DeviceError {
 }
 
 /// Runs a driver call, turning cudarc's panics (missing library or symbol) into errors.
-fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, DeviceError> {
+fn guarded<T>(
+    call: &'static str,
+    f: impl FnOnce() -> Result<T, DriverError>,
+) -> Result<T, DeviceError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(driver_error(call, e)),
@@ -88,11 +91,15 @@ impl CudaDevice {
         })
         .map_err(unavailable)?;
         // SAFETY: `context` was just retained.
-        guarded("cuCtxSetCurrent", || unsafe { result::ctx::set_current(context) })
-            .map_err(unavailable)?;
+        guarded("cuCtxSetCurrent", || unsafe {
+            result::ctx::set_current(context)
+        })
+        .map_err(unavailable)?;
         // SAFETY: `dev` is a valid device handle.
-        let total = guarded("cuDeviceTotalMem", || unsafe { result::device::total_mem(dev) })
-            .map_err(unavailable)? as u64;
+        let total = guarded("cuDeviceTotalMem", || unsafe {
+            result::device::total_mem(dev)
+        })
+        .map_err(unavailable)? as u64;
         Ok(CudaDevice {
             ordinal,
             context: context as usize,
@@ -130,12 +137,15 @@ impl Device for CudaDevice {
 
     fn malloc(&self, size: u64) -> Result<u64, DeviceError> {
         self.make_current()?;
-        let bytes = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory { requested: size })?;
+        let bytes =
+            usize::try_from(size).map_err(|_| DeviceError::OutOfMemory { requested: size })?;
         // SAFETY: the context is current; the returned memory is owned by the allocator until
         // it calls `free`.
         match guarded("cuMemAlloc", || unsafe { result::malloc_sync(bytes) }) {
             Ok(ptr) => Ok(ptr),
-            Err(DeviceError::OutOfMemory { .. }) => Err(DeviceError::OutOfMemory { requested: size }),
+            Err(DeviceError::OutOfMemory { .. }) => {
+                Err(DeviceError::OutOfMemory { requested: size })
+            }
             Err(e) => Err(e),
         }
     }
@@ -158,7 +168,9 @@ impl Device for CudaDevice {
         });
         if let Err(e) = recorded {
             // SAFETY: `event` is valid and not used afterwards.
-            let _ = guarded("cuEventDestroy", || unsafe { result::event::destroy(event) });
+            let _ = guarded("cuEventDestroy", || unsafe {
+                result::event::destroy(event)
+            });
             return Err(e);
         }
         Ok(Event(event as usize as u64))
@@ -167,7 +179,8 @@ impl Device for CudaDevice {
     fn query_event(&self, event: Event) -> Result<bool, DeviceError> {
         self.make_current()?;
         // SAFETY: `event` was created by `record_event` and not destroyed yet.
-        let status = catch_unwind(|| unsafe { result::event::query(event.0 as usize as sys::CUevent) });
+        let status =
+            catch_unwind(|| unsafe { result::event::query(event.0 as usize as sys::CUevent) });
         match status {
             Ok(Ok(())) => Ok(true),
             Ok(Err(e)) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),

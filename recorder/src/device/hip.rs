@@ -166,7 +166,9 @@ fn error_string(api: &HipApi, code: c_int) -> String {
         return format!("HIP error {code}");
     }
     // SAFETY: non-null, NUL-terminated, static.
-    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 impl Device for HipDevice {
@@ -188,7 +190,8 @@ impl Device for HipDevice {
 
     fn malloc(&self, size: u64) -> Result<u64, DeviceError> {
         self.make_current()?;
-        let bytes = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory { requested: size })?;
+        let bytes =
+            usize::try_from(size).map_err(|_| DeviceError::OutOfMemory { requested: size })?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a live out-parameter.
         let rc = unsafe { (self.api.malloc)(&mut ptr, bytes) };
@@ -212,7 +215,8 @@ impl Device for HipDevice {
         self.make_current()?;
         let mut event: HipEvent = std::ptr::null_mut();
         // SAFETY: `event` is a live out-parameter.
-        let rc = unsafe { (self.api.event_create_with_flags)(&mut event, HIP_EVENT_DISABLE_TIMING) };
+        let rc =
+            unsafe { (self.api.event_create_with_flags)(&mut event, HIP_EVENT_DISABLE_TIMING) };
         self.check("hipEventCreateWithFlags", rc)?;
         // SAFETY: `event` was just created; `stream` is the caller's hipStream_t (0: null
         // stream).

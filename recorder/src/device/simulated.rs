@@ -87,10 +87,7 @@ impl SimulatedDevice {
 
     /// Completes every pending event recorded on `stream`.
     pub fn complete_stream(&self, stream: Stream) {
-        self.state
-            .lock()
-            .pending_events
-            .retain(|_, s| *s != stream);
+        self.state.lock().pending_events.retain(|_, s| *s != stream);
     }
 
     /// Completes every pending event.

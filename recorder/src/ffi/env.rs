@@ -159,7 +159,12 @@ impl EnvConfig {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let mut config = EnvConfig::default();
         if let Some(v) = get("MEMSNAP_BACKEND") {
-            config.backend = parse_with("MEMSNAP_BACKEND", &v, BackendKind::EXPECTED, BackendKind::parse)?;
+            config.backend = parse_with(
+                "MEMSNAP_BACKEND",
+                &v,
+                BackendKind::EXPECTED,
+                BackendKind::parse,
+            )?;
         }
         if let Some(v) = get("MEMSNAP_DEVICE_MEMORY") {
             config.device_memory = parse_with(
@@ -177,18 +182,26 @@ impl EnvConfig {
             None => HistoryMode::Off,
         };
         if let Some(v) = get("MEMSNAP_CONTEXT") {
-            config.context = parse_with("MEMSNAP_CONTEXT", &v, CONTEXT_EXPECTED, parse_context_mode)?;
+            config.context =
+                parse_with("MEMSNAP_CONTEXT", &v, CONTEXT_EXPECTED, parse_context_mode)?;
         }
         if let Some(v) = get("MEMSNAP_STACKS") {
-            config.stacks = parse_with("MEMSNAP_STACKS", &v, StackSelection::EXPECTED, StackSelection::parse)?;
+            config.stacks = parse_with(
+                "MEMSNAP_STACKS",
+                &v,
+                StackSelection::EXPECTED,
+                StackSelection::parse,
+            )?;
         }
         if let Some(v) = get("MEMSNAP_MAX_ENTRIES") {
-            config.max_entries = parse_with(
-                "MEMSNAP_MAX_ENTRIES",
-                &v,
-                "a positive integer",
-                |t| t.trim().replace('_', "").parse::<usize>().ok().filter(|n| *n > 0),
-            )?;
+            config.max_entries =
+                parse_with("MEMSNAP_MAX_ENTRIES", &v, "a positive integer", |t| {
+                    t.trim()
+                        .replace('_', "")
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                })?;
         }
         if let Some(v) = get("MEMSNAP_DUMP_ON_SIGUSR1") {
             config.dump_on_sigusr1 = parse_with(
@@ -250,11 +263,11 @@ mod tests {
     use super::*;
 
     fn config(vars: &[(&str, &str)]) -> Result<EnvConfig, ConfigError> {
-        let vars: Vec<(String, String)> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        EnvConfig::from_lookup(|name| {
-            vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-        })
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        EnvConfig::from_lookup(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
     }
 
     #[test]
@@ -312,7 +325,10 @@ mod tests {
     fn bad_values_name_the_variable_and_the_choices() {
         let err = config(&[("MEMSNAP_BACKEND", "tpu")]).unwrap_err();
         assert_eq!(err.variable, "MEMSNAP_BACKEND");
-        assert!(err.to_string().contains("cuda, hip, host or simulated"), "{err}");
+        assert!(
+            err.to_string().contains("cuda, hip, host or simulated"),
+            "{err}"
+        );
         assert!(config(&[("MEMSNAP_MAX_ENTRIES", "0")]).is_err());
         assert!(config(&[("MEMSNAP_MAX_ENTRIES", "-5")]).is_err());
         assert!(config(&[("MEMSNAP_STACKS", "cpp++")]).is_err());
@@ -322,7 +338,10 @@ mod tests {
 
     #[test]
     fn empty_values_count_as_unset() {
-        assert_eq!(config(&[("MEMSNAP_BACKEND", "  ")]).unwrap().backend, BackendKind::Cuda);
+        assert_eq!(
+            config(&[("MEMSNAP_BACKEND", "  ")]).unwrap().backend,
+            BackendKind::Cuda
+        );
     }
 
     #[test]

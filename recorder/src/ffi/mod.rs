@@ -30,8 +30,8 @@ use crate::error::Error;
 use crate::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
 use crate::CachingAllocator;
 use backend::AnyDevice;
-pub use host_tensor::HostTensor;
 use env::{BackendKind, EnvConfig, StackSelection};
+pub use host_tensor::HostTensor;
 use python_stacks::PythonStacks;
 
 /// Devices a process may use (CUDA ordinals 0..64).
@@ -178,7 +178,9 @@ fn init_runtime(backend: Option<BackendKind>) -> FfiResult<&'static Runtime> {
             }
         }
     } else if rt.config.dump_on_sigusr1 {
-        eprintln!("memsnap: MEMSNAP_DUMP_ON_SIGUSR1 is set but MEMSNAP_DUMP is not; no dump on SIGUSR1");
+        eprintln!(
+            "memsnap: MEMSNAP_DUMP_ON_SIGUSR1 is set but MEMSNAP_DUMP is not; no dump on SIGUSR1"
+        );
     }
     Ok(rt)
 }
@@ -189,7 +191,9 @@ impl Runtime {
         let index = usize::try_from(device)
             .ok()
             .filter(|&i| i < MAX_DEVICES)
-            .ok_or_else(|| FfiError::invalid(format!("device {device} is out of range 0..{MAX_DEVICES}")))?;
+            .ok_or_else(|| {
+                FfiError::invalid(format!("device {device} is out of range 0..{MAX_DEVICES}"))
+            })?;
         let slot = self.devices[index].get_or_init(|| self.open_device(index));
         slot.as_ref().map_err(|message| FfiError {
             code: MEMSNAP_ERR_BACKEND,
@@ -212,7 +216,9 @@ impl Runtime {
 
     /// Allocators created so far, by device index.
     fn open_devices(&self) -> impl Iterator<Item = &CachingAllocator<AnyDevice>> {
-        self.devices.iter().filter_map(|slot| slot.get()?.as_ref().ok())
+        self.devices
+            .iter()
+            .filter_map(|slot| slot.get()?.as_ref().ok())
     }
 
     fn set_recording(&self, options: HistoryOptions, stacks: StackSelection) {
@@ -234,7 +240,8 @@ impl Runtime {
             HistoryMode::State => 1,
             _ => options.max_entries,
         });
-        self.python_context.store(options.context as u8, Ordering::Relaxed);
+        self.python_context
+            .store(options.context as u8, Ordering::Relaxed);
         self.python_wanted.store(python, Ordering::Relaxed);
     }
 
@@ -268,7 +275,8 @@ impl Runtime {
                     match self.dump(&path) {
                         Ok(()) => eprintln!("memsnap: out of memory; wrote {}", path.display()),
                         Err(dump_err) => {
-                            failure.message = format!("{}; the OOM dump failed: {dump_err}", failure.message)
+                            failure.message =
+                                format!("{}; the OOM dump failed: {dump_err}", failure.message)
                         }
                     }
                 }
@@ -281,8 +289,7 @@ impl Runtime {
     fn free(&self, ptr: u64, device: c_int) -> FfiResult<()> {
         let allocator = self.device(device)?;
         if self.python_wanted.load(Ordering::Relaxed) {
-            let free_site =
-                (self.python_context() >= ContextMode::All as u8).then(python::capture);
+            let free_site = (self.python_context() >= ContextMode::All as u8).then(python::capture);
             let mut log = self.python_log.lock();
             allocator.free(ptr)?;
             log.record_free(device as usize, ptr, free_site);
@@ -296,7 +303,10 @@ impl Runtime {
     fn snapshot(&self) -> Snapshot {
         // Holding the log lock keeps the log and the allocators' traces in step.
         let log = self.python_log.lock();
-        let snapshots: Vec<Snapshot> = self.open_devices().map(CachingAllocator::snapshot).collect();
+        let snapshots: Vec<Snapshot> = self
+            .open_devices()
+            .map(CachingAllocator::snapshot)
+            .collect();
         let mut snapshot = merge_device_snapshots(snapshots);
         if self.python_wanted.load(Ordering::Relaxed) || log.has_events() {
             let blocks_too = self.python_context() >= ContextMode::State as u8;
@@ -335,7 +345,11 @@ pub fn merge_device_snapshots(snapshots: Vec<Snapshot>) -> Snapshot {
     let mut dropped = vec![0u64; devices];
     for source in snapshots {
         let restack = |out: &mut Snapshot, id: Option<memsnap_format::StackId>| {
-            id.map(|id| out.intern_stack(trim_to_entry_point(source.stack_frames(id).cloned().collect())))
+            id.map(|id| {
+                out.intern_stack(trim_to_entry_point(
+                    source.stack_frames(id).cloned().collect(),
+                ))
+            })
         };
         for segment in &source.segments {
             let mut segment = segment.clone();
@@ -353,8 +367,12 @@ pub fn merge_device_snapshots(snapshots: Vec<Snapshot>) -> Snapshot {
             for entry in trace {
                 let mut entry = entry.clone();
                 entry.frames = restack(&mut out, entry.frames);
-                entry.compile_context = entry.compile_context.map(|id| out.strings.intern(source.str(id)));
-                entry.user_metadata = entry.user_metadata.map(|id| out.strings.intern(source.str(id)));
+                entry.compile_context = entry
+                    .compile_context
+                    .map(|id| out.strings.intern(source.str(id)));
+                entry.user_metadata = entry
+                    .user_metadata
+                    .map(|id| out.strings.intern(source.str(id)));
                 entries.push(entry);
             }
             if let Some(slot) = out.device_traces.as_mut().and_then(|t| t.get_mut(device)) {
@@ -383,8 +401,16 @@ pub fn merge_device_snapshots(snapshots: Vec<Snapshot>) -> Snapshot {
 /// Drops the frames of the C ABI's own plumbing (`catch_unwind`, the runtime) from the top of
 /// a stack: it then starts at the exported function the program called (`memsnap_alloc`, ...).
 fn trim_to_entry_point(frames: Vec<memsnap_format::Frame>) -> Vec<memsnap_format::Frame> {
-    const ENTRY_POINTS: [&str; 4] = ["memsnap_alloc", "memsnap_free", "memsnap_empty_cache", "memsnap_reset_hook"];
-    match frames.iter().position(|f| ENTRY_POINTS.contains(&f.name.as_str())) {
+    const ENTRY_POINTS: [&str; 4] = [
+        "memsnap_alloc",
+        "memsnap_free",
+        "memsnap_empty_cache",
+        "memsnap_reset_hook",
+    ];
+    match frames
+        .iter()
+        .position(|f| ENTRY_POINTS.contains(&f.name.as_str()))
+    {
         Some(i) => frames.into_iter().skip(i).collect(),
         None => frames,
     }
@@ -418,7 +444,10 @@ extern "C" fn dump_at_exit() {
         };
         match rt.dump(path) {
             Ok(()) => eprintln!("memsnap: wrote {}", path.display()),
-            Err(err) => eprintln!("memsnap: exit-time dump to {} failed: {err}", path.display()),
+            Err(err) => eprintln!(
+                "memsnap: exit-time dump to {} failed: {err}",
+                path.display()
+            ),
         }
     });
 }
@@ -525,7 +554,12 @@ pub extern "C" fn memsnap_alloc(size: usize, device: c_int, stream: *mut c_void)
 }
 
 #[no_mangle]
-pub extern "C" fn memsnap_free(ptr: *mut c_void, _size: usize, device: c_int, _stream: *mut c_void) {
+pub extern "C" fn memsnap_free(
+    ptr: *mut c_void,
+    _size: usize,
+    device: c_int,
+    _stream: *mut c_void,
+) {
     status(|| {
         if ptr.is_null() {
             return Ok(());
@@ -591,8 +625,20 @@ pub unsafe extern "C" fn memsnap_record_history(
                 opt_str_arg(stacks, "stacks")?,
             )
         };
-        let enabled = parse_choice(enabled, HistoryMode::Off, env::parse_history_mode, "enabled", env::HISTORY_EXPECTED)?;
-        let context = parse_choice(context, ContextMode::All, env::parse_context_mode, "context", env::CONTEXT_EXPECTED)?;
+        let enabled = parse_choice(
+            enabled,
+            HistoryMode::Off,
+            env::parse_history_mode,
+            "enabled",
+            env::HISTORY_EXPECTED,
+        )?;
+        let context = parse_choice(
+            context,
+            ContextMode::All,
+            env::parse_context_mode,
+            "context",
+            env::CONTEXT_EXPECTED,
+        )?;
         let stacks = match stacks {
             None => StackSelection::Native,
             Some(v) => StackSelection::parse(v).ok_or_else(|| {
@@ -625,7 +671,9 @@ fn parse_choice<T>(
 ) -> FfiResult<T> {
     match value {
         None => Ok(default),
-        Some(v) => parse(v).ok_or_else(|| FfiError::invalid(format!("{what} {v:?} is not {expected}"))),
+        Some(v) => {
+            parse(v).ok_or_else(|| FfiError::invalid(format!("{what} {v:?} is not {expected}")))
+        }
     }
 }
 
@@ -671,7 +719,9 @@ pub extern "C" fn memsnap_empty_cache() -> c_int {
 pub extern "C" fn memsnap_set_memory_fraction(fraction: f64, device: c_int) -> c_int {
     status(|| {
         if !(fraction > 0.0 && fraction <= 1.0) {
-            return Err(FfiError::invalid(format!("memory fraction {fraction} is not in (0, 1]")));
+            return Err(FfiError::invalid(format!(
+                "memory fraction {fraction} is not in (0, 1]"
+            )));
         }
         Ok(runtime()?.device(device)?.set_memory_fraction(fraction)?)
     })
@@ -688,7 +738,9 @@ pub extern "C" fn memsnap_record_stream(ptr: *mut c_void, stream: *mut c_void) -
                 allocator.record_stream(ptr, stream_arg(stream));
                 Ok(())
             }
-            None => Err(FfiError::invalid(format!("pointer {ptr:#x} was not allocated by memsnap"))),
+            None => Err(FfiError::invalid(format!(
+                "pointer {ptr:#x} was not allocated by memsnap"
+            ))),
         }
     })
 }

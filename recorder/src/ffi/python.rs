@@ -93,8 +93,11 @@ pub fn capture() -> Vec<Frame> {
             return Vec::new();
         }
         // A pending exception must survive our attribute lookups untouched.
-        let (mut ty, mut value, mut traceback) =
-            (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+        let (mut ty, mut value, mut traceback) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
         (api.err_fetch)(&mut ty, &mut value, &mut traceback);
         let frames = walk_frames(api);
         (api.err_restore)(ty, value, traceback);
@@ -160,7 +163,9 @@ unsafe fn string_attr(api: &PythonApi, object: PyObject, attr: &CStr) -> String 
         "??".to_owned()
     } else {
         // SAFETY: a NUL-terminated buffer owned by `value`, copied before `value` is released.
-        unsafe { CStr::from_ptr(utf8) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(utf8) }
+            .to_string_lossy()
+            .into_owned()
     };
     // SAFETY: releases the reference PyObject_GetAttrString gave us.
     unsafe { (api.dec_ref)(value) };
@@ -169,8 +174,11 @@ unsafe fn string_attr(api: &PythonApi, object: PyObject, attr: &CStr) -> String 
 
 /// Drops an exception our own lookup raised.
 fn clear_error(api: &PythonApi) {
-    let (mut ty, mut value, mut traceback) =
-        (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut ty, mut value, mut traceback) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
     // SAFETY: GIL held by every caller; fetching takes the references, which we release.
     unsafe {
         (api.err_fetch)(&mut ty, &mut value, &mut traceback);
@@ -235,14 +243,25 @@ mod tests {
         let merged = merge_stacks(native, python);
         assert_eq!(
             names(&merged),
-            ["memsnap_alloc", "at::empty", "forward", "PyObject_Call", "train", "main", "<module>"]
+            [
+                "memsnap_alloc",
+                "at::empty",
+                "forward",
+                "PyObject_Call",
+                "train",
+                "main",
+                "<module>"
+            ]
         );
     }
 
     #[test]
     fn without_python_frames_the_native_stack_is_unchanged() {
         let native = vec![f("a"), f("_PyEval_EvalFrameDefault"), f("b")];
-        assert_eq!(names(&merge_stacks(native.clone(), Vec::new())), names(&native));
+        assert_eq!(
+            names(&merge_stacks(native.clone(), Vec::new())),
+            names(&native)
+        );
     }
 
     #[test]

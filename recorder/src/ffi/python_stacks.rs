@@ -255,7 +255,10 @@ mod tests {
         }
         snapshot.device_traces = Some(vec![entries]);
         let mut segment = Segment::new(0, 0x1000, 1024, 0);
-        for (addr, state) in [(0x1000, BlockState::Inactive), (0x1200, BlockState::ActiveAllocated)] {
+        for (addr, state) in [
+            (0x1000, BlockState::Inactive),
+            (0x1200, BlockState::ActiveAllocated),
+        ] {
             segment.blocks.push(Block {
                 address: Some(addr),
                 size: 512,
@@ -277,13 +280,31 @@ mod tests {
 
         let trace = &snapshot.traces()[0];
         assert_eq!(names(&snapshot, trace[0].frames), Vec::<String>::new());
-        assert_eq!(names(&snapshot, trace[1].frames), ["memsnap_alloc", "forward", "main"]);
-        assert_eq!(names(&snapshot, trace[2].frames), ["memsnap_alloc", "backward", "main"]);
-        assert_eq!(names(&snapshot, trace[3].frames), ["memsnap_alloc", "step", "main"]);
-        assert_eq!(names(&snapshot, trace[4].frames), ["memsnap_alloc", "step", "main"]);
+        assert_eq!(
+            names(&snapshot, trace[1].frames),
+            ["memsnap_alloc", "forward", "main"]
+        );
+        assert_eq!(
+            names(&snapshot, trace[2].frames),
+            ["memsnap_alloc", "backward", "main"]
+        );
+        assert_eq!(
+            names(&snapshot, trace[3].frames),
+            ["memsnap_alloc", "step", "main"]
+        );
+        assert_eq!(
+            names(&snapshot, trace[4].frames),
+            ["memsnap_alloc", "step", "main"]
+        );
         let blocks = &snapshot.segments[0].blocks;
-        assert_eq!(names(&snapshot, blocks[0].frames), ["memsnap_alloc", "_PyEval_EvalFrameDefault", "main"]);
-        assert_eq!(names(&snapshot, blocks[1].frames), ["memsnap_alloc", "backward", "main"]);
+        assert_eq!(
+            names(&snapshot, blocks[0].frames),
+            ["memsnap_alloc", "_PyEval_EvalFrameDefault", "main"]
+        );
+        assert_eq!(
+            names(&snapshot, blocks[1].frames),
+            ["memsnap_alloc", "backward", "main"]
+        );
     }
 
     #[test]
@@ -298,7 +319,10 @@ mod tests {
         log.record_alloc(0, 0x2000, vec![py("new", 2)]);
         log.merge_into(&mut snapshot, true);
         let trace = &snapshot.traces()[0];
-        assert_eq!(trace[0].frames, None, "0x1000 was paired with an event at 0x3000");
+        assert_eq!(
+            trace[0].frames, None,
+            "0x1000 was paired with an event at 0x3000"
+        );
         assert_eq!(names(&snapshot, trace[1].frames), ["new"]);
     }
 

@@ -44,7 +44,10 @@ fn install_once(dump: impl Fn() + Send + 'static) -> Result<(), String> {
     let mut fds = [0 as c_int; 2];
     // SAFETY: pipe2 writes two descriptors into the array we pass.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("cannot create a pipe: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "cannot create a pipe: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     let [read_fd, write_fd] = fds;
     // SAFETY: F_SETFL on a descriptor we own; the handler must never block on a full pipe.
@@ -76,7 +79,8 @@ fn install_once(dump: impl Fn() + Send + 'static) -> Result<(), String> {
                     // A failing dump must not end the helper thread (nor the process).
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&dump));
                 }
-                -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+                -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {
+                }
                 _ => return,
             }
         })

@@ -77,7 +77,7 @@ pub(super) fn walk(out: &mut [usize]) -> usize {
     let mut n = 0;
     while n < out.len() {
         let in_bounds = fp >= bottom
-            && fp % word == 0
+            && fp.is_multiple_of(word)
             && fp.checked_add(2 * word).is_some_and(|end| end <= top);
         if !in_bounds {
             break;

@@ -44,10 +44,16 @@ pub fn replay_trace(snap: &Snapshot, device: usize) -> (HashMap<u64, u64>, HashM
     for e in &snap.traces()[device] {
         match e.action {
             Action::Alloc => {
-                assert!(allocated.insert(e.addr, e.size).is_none(), "double alloc at {:#x}", e.addr);
+                assert!(
+                    allocated.insert(e.addr, e.size).is_none(),
+                    "double alloc at {:#x}",
+                    e.addr
+                );
             }
             Action::FreeRequested => {
-                let size = allocated.remove(&e.addr).expect("free of a block not allocated");
+                let size = allocated
+                    .remove(&e.addr)
+                    .expect("free of a block not allocated");
                 assert_eq!(size, e.size);
                 pending.insert(e.addr, size);
             }

@@ -6,7 +6,13 @@ use std::process::Command;
 fn recorder_depends_on_no_ui_crate() {
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
     let output = Command::new(env!("CARGO"))
-        .args(["tree", "--manifest-path", manifest, "-p", "memsnap-recorder"])
+        .args([
+            "tree",
+            "--manifest-path",
+            manifest,
+            "-p",
+            "memsnap-recorder",
+        ])
         .args(["--all-features", "-e", "normal,build", "--prefix", "none"])
         .output()
         .expect("running cargo tree");
@@ -16,12 +22,17 @@ fn recorder_depends_on_no_ui_crate() {
         String::from_utf8_lossy(&output.stderr)
     );
     let tree = String::from_utf8_lossy(&output.stdout);
-    assert!(tree.contains("memsnap-format"), "unexpected cargo tree output:\n{tree}");
+    assert!(
+        tree.contains("memsnap-format"),
+        "unexpected cargo tree output:\n{tree}"
+    );
     for line in tree.lines() {
         let name = line.split_whitespace().next().unwrap_or("");
         for banned in ["egui", "eframe", "wgpu", "winit"] {
             assert!(
-                !(name == banned || name.starts_with(&format!("{banned}-")) || name.starts_with(&format!("{banned}_"))),
+                !(name == banned
+                    || name.starts_with(&format!("{banned}-"))
+                    || name.starts_with(&format!("{banned}_"))),
                 "the recorder depends on {name}"
             );
         }

@@ -91,7 +91,13 @@ fn build_stub(dir: &Path, name: &str, source: &str, defines: &[&str]) -> PathBuf
 #[cfg(feature = "cuda")]
 fn run_child(test: &str, library_dir: &Path, extra_env: &[(&str, &str)]) -> String {
     let output = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("LD_LIBRARY_PATH", library_dir)
         .env("MEMSNAP_GPU_CHILD", "1")
         .envs(extra_env.iter().copied())
@@ -103,7 +109,10 @@ fn run_child(test: &str, library_dir: &Path, extra_env: &[(&str, &str)]) -> Stri
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(output.status.success(), "child {test} failed:\n{text}");
-    assert!(text.contains("1 passed"), "child {test} did not run:\n{text}");
+    assert!(
+        text.contains("1 passed"),
+        "child {test} did not run:\n{text}"
+    );
     text
 }
 
@@ -152,7 +161,16 @@ mod cuda {
         let Err(err) = CudaDevice::new(0) else {
             panic!("a CUDA device opened without a driver library")
         };
-        assert!(matches!(err, DeviceError::Unavailable { backend: "cuda", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DeviceError::Unavailable {
+                    backend: "cuda",
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("libcuda"), "{err}");
     }
 
@@ -180,7 +198,10 @@ mod cuda {
         alloc.record_stream(large, Stream(5));
         alloc.free(large).unwrap();
         // Out of memory from the driver goes through the retry ladder to an OOM error.
-        assert!(matches!(alloc.malloc(100 << 20, Stream(0)), Err(Error::OutOfMemory(_))));
+        assert!(matches!(
+            alloc.malloc(100 << 20, Stream(0)),
+            Err(Error::OutOfMemory(_))
+        ));
         alloc.free(small).unwrap();
         alloc.empty_cache().unwrap();
         assert_eq!(alloc.stats().reserved_bytes(), 0);
@@ -208,7 +229,10 @@ mod hip {
         let Err(err) = HipDevice::open(&dir.path().join("libamdhip64.so"), 0) else {
             panic!("opened a missing library")
         };
-        assert!(matches!(err, DeviceError::Unavailable { backend: "hip", .. }), "{err}");
+        assert!(
+            matches!(err, DeviceError::Unavailable { backend: "hip", .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -233,7 +257,10 @@ mod hip {
         let b = alloc.malloc(12 << 20, Stream(0)).unwrap();
         alloc.record_stream(b, Stream(3));
         alloc.free(b).unwrap();
-        assert!(matches!(alloc.malloc(80 << 20, Stream(0)), Err(Error::OutOfMemory(_))));
+        assert!(matches!(
+            alloc.malloc(80 << 20, Stream(0)),
+            Err(Error::OutOfMemory(_))
+        ));
         alloc.free(a).unwrap();
         alloc.empty_cache().unwrap();
         assert_eq!(alloc.device().mem_info().unwrap().free, 64 << 20);

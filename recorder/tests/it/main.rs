@@ -4,6 +4,7 @@ mod common;
 mod deps;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod gpu;
+mod host;
 mod model;
 mod snapshot;
 mod stress;

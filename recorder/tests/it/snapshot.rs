@@ -15,8 +15,8 @@ fn allocate_activations(alloc: &CachingAllocator<SimulatedDevice>) -> Vec<u64> {
 }
 
 fn recorded_run() -> Snapshot {
-    let alloc = CachingAllocator::with_conf(SimulatedDevice::new(1 << 30), "max_split_size_mb:64")
-        .unwrap();
+    let alloc =
+        CachingAllocator::with_conf(SimulatedDevice::new(1 << 30), "max_split_size_mb:64").unwrap();
     alloc.record_memory_history(HistoryOptions {
         unwinder: Unwinder::Backtrace,
         ..HistoryOptions::default()
@@ -42,12 +42,17 @@ fn recorded_run_validates_and_has_symbolized_stacks() {
         .map(|f| f.name.as_str())
         .collect();
     assert!(
-        frames.first().is_some_and(|f| f.contains("allocate_activations")),
+        frames
+            .first()
+            .is_some_and(|f| f.contains("allocate_activations")),
         "innermost frame should be the caller of malloc: {frames:?}"
     );
     let settings = snap.allocator_settings.as_ref().unwrap();
     assert_eq!(settings.max_split_size, Some(64 * MIB as i64));
-    assert_eq!(settings.roundup_power2_divisions.as_ref().unwrap().len(), 16);
+    assert_eq!(
+        settings.roundup_power2_divisions.as_ref().unwrap().len(),
+        16
+    );
     assert_eq!(settings.alloc_conf.as_deref(), Some("max_split_size_mb:64"));
 }
 
@@ -82,4 +87,39 @@ fn dump_snapshot_writes_a_readable_file() {
     assert_eq!(back.segments.len(), 1);
     assert_eq!(back.traces()[0].len(), 2);
     alloc.free(p).unwrap();
+}
+
+/// PyTorch's own viewer script, where a copy is available (`MEMSNAP_MEMORY_VIZ`, or the copy
+/// memsnap's tooling caches). Without one the check is reported and skipped.
+fn memory_viz_script() -> Option<std::path::PathBuf> {
+    let candidates = [
+        std::env::var_os("MEMSNAP_MEMORY_VIZ").map(std::path::PathBuf::from),
+        std::env::var_os("HOME")
+            .map(|h| std::path::Path::new(&h).join(".cache/memsnap/_memory_viz.py")),
+    ];
+    candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+#[test]
+fn dumped_pickle_loads_in_pytorch_memory_viz() {
+    let Some(script) = memory_viz_script() else {
+        eprintln!("skipped: no _memory_viz.py (set MEMSNAP_MEMORY_VIZ)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.pickle");
+    io::write_path(&path, &recorded_run(), None).unwrap();
+    for command in ["stats", "trace"] {
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(command)
+            .arg(&path)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "_memory_viz.py {command} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

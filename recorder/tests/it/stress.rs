@@ -96,5 +96,8 @@ fn eight_threads_keep_invariants_and_leak_nothing() {
     assert_eq!(alloc.device().live_allocations(), 0);
     let snap = alloc.snapshot();
     assert!(memsnap_format::validate(&snap).is_empty());
-    assert!(snap.recorder_info.unwrap().dropped_entries[0] > 0, "the ring should have wrapped");
+    assert!(
+        snap.recorder_info.unwrap().dropped_entries[0] > 0,
+        "the ring should have wrapped"
+    );
 }

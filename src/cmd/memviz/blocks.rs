@@ -15,7 +15,10 @@ use super::ReferenceFailure;
 pub fn block_extra(block: &Block, place: &str) -> Result<(Option<StackId>, u64), ReferenceFailure> {
     if block.frames.is_some() {
         let requested = block.requested_size.ok_or_else(|| {
-            ReferenceFailure::key_error("requested_size", format!("{place} has frames but no requested_size"))
+            ReferenceFailure::key_error(
+                "requested_size",
+                format!("{place} has frames but no requested_size"),
+            )
         })?;
         return Ok((block.frames, requested));
     }

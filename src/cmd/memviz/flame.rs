@@ -35,10 +35,15 @@ pub fn collapsed(snapshot: &Snapshot, with_segment: bool) -> Result<String, Refe
                         match item.frames {
                             Some(frames) => {
                                 let fragment = stacks.fragment(Some(frames));
-                                let _ = writeln!(out, "{prefix};{state};{fragment} {}", item.real_size);
+                                let _ =
+                                    writeln!(out, "{prefix};{state};{fragment} {}", item.real_size);
                             }
                             None => {
-                                let _ = writeln!(out, "{prefix};{state};<no-context> {}", item.real_size);
+                                let _ = writeln!(
+                                    out,
+                                    "{prefix};{state};<no-context> {}",
+                                    item.real_size
+                                );
                             }
                         }
                     }

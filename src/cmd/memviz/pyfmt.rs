@@ -416,9 +416,15 @@ mod tests {
     #[test]
     fn containers_and_scalars_use_python_repr() {
         let v = Value::Dict(vec![
-            (Value::Str("a".into()), Value::Tuple(vec![Value::Int(0), Value::Int(-1)])),
+            (
+                Value::Str("a".into()),
+                Value::Tuple(vec![Value::Int(0), Value::Int(-1)]),
+            ),
             (Value::Str("b".into()), Value::Tuple(vec![Value::None])),
-            (Value::Int(3), Value::List(vec![Value::Bool(true), Value::Bool(false)])),
+            (
+                Value::Int(3),
+                Value::List(vec![Value::Bool(true), Value::Bool(false)]),
+            ),
             (Value::Str("c".into()), Value::Tuple(vec![])),
             (Value::Str("d".into()), Value::Bytes(b"x'\x00".to_vec())),
         ]);

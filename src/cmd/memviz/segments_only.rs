@@ -168,7 +168,7 @@ pub fn segments_only_pickle(bytes: &[u8]) -> Option<Vec<u8>> {
     }
     // The rest must be well-formed opcodes up to STOP at the very end; otherwise the full
     // reader should produce its error.
-        loop {
+    loop {
         let (code, _, end) = step(bytes, &mut at, None)?;
         if code == op::STOP {
             if end != bytes.len() {

@@ -36,7 +36,8 @@ pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
         let total_size = i128::from(seg.total_size);
         total_reserved += total_size;
 
-        let (mut seg_free_external, mut seg_free_internal, mut seg_allocated) = (0i128, 0i128, 0i128);
+        let (mut seg_free_external, mut seg_free_internal, mut seg_allocated) =
+            (0i128, 0i128, 0i128);
         // (offset, requested bytes) of each allocated block.
         let mut ranges: Vec<(i128, i128)> = Vec::new();
         let mut offset = 0i128;
@@ -121,14 +122,19 @@ fn page_map(total_size: i128, ranges: &[(i128, i128)]) -> Result<String, String>
             let page = usize::try_from(j)
                 .ok()
                 .filter(|&p| p < pages)
-                .ok_or_else(|| format!("an allocation reaches page {j} of a {pages}-page segment"))?;
+                .ok_or_else(|| {
+                    format!("an allocation reaches page {j} of a {pages}-page segment")
+                })?;
             let s = start_.max(j * PAGE_SIZE);
             let e = finish_.min((j + 1) * PAGE_SIZE);
             frac[page] += (e - s) as f64 / PAGE_SIZE as f64;
             if occupied[page] != b' ' {
                 let tenths = (frac[page] * 10.0) as i64;
                 occupied[page] = *b"0123456789*"
-                    .get(usize::try_from(tenths).map_err(|_| "a page is filled below zero".to_string())?)
+                    .get(
+                        usize::try_from(tenths)
+                            .map_err(|_| "a page is filled below zero".to_string())?,
+                    )
                     .ok_or_else(|| "a page is filled past 110%".to_string())?;
             } else {
                 occupied[page] = letter;
@@ -150,7 +156,11 @@ fn report_free(out: &mut String, free_external: i128, free_internal: i128) {
 
 fn write_legend(out: &mut String) {
     out.push_str("\nLegend:\n    [a     ] - a segment in the allocator\n");
-    let _ = writeln!(out, "     ^-- a page {} of memory in the segment", size(PAGE_SIZE));
+    let _ = writeln!(
+        out,
+        "     ^-- a page {} of memory in the segment",
+        size(PAGE_SIZE)
+    );
     out.push_str(concat!(
         "    a-z: pages filled with a single block's content\n",
         "    ' ': page is completely free\n",

@@ -12,7 +12,13 @@ use super::{flame, stats, trace};
 const MIB: u64 = 1 << 20;
 const BASE: u64 = 0x7f00_0000_0000;
 
-fn block(address: Option<u64>, size: u64, requested: Option<u64>, state: BlockState, frames: Option<StackId>) -> Block {
+fn block(
+    address: Option<u64>,
+    size: u64,
+    requested: Option<u64>,
+    state: BlockState,
+    frames: Option<StackId>,
+) -> Block {
     Block {
         address,
         size,
@@ -51,7 +57,13 @@ fn fixture() -> Snapshot {
     seg0.frames_after_blocks = true;
     seg0.blocks = vec![
         block(Some(BASE), 30 * MIB, Some(25 * MIB), Allocated, Some(a)),
-        block(Some(BASE + 30 * MIB), 15 * MIB, Some(8), Inactive, Some(empty)),
+        block(
+            Some(BASE + 30 * MIB),
+            15 * MIB,
+            Some(8),
+            Inactive,
+            Some(empty),
+        ),
     ];
 
     let base1 = BASE + 64 * MIB;
@@ -63,8 +75,20 @@ fn fixture() -> Snapshot {
     seg1.blocks = vec![
         block(Some(base1), MIB, Some(MIB), Allocated, Some(hidden)),
         block(Some(base1 + MIB), MIB, Some(MIB), Allocated, Some(b)),
-        block(Some(base1 + 2 * MIB), MIB, Some(MIB), Allocated, Some(empty)),
-        block(Some(base1 + 3 * MIB), 19 * MIB, Some(0), Inactive, Some(empty)),
+        block(
+            Some(base1 + 2 * MIB),
+            MIB,
+            Some(MIB),
+            Allocated,
+            Some(empty),
+        ),
+        block(
+            Some(base1 + 3 * MIB),
+            19 * MIB,
+            Some(0),
+            Inactive,
+            Some(empty),
+        ),
     ];
 
     // A legacy (≤2.0) segment: no address on blocks, history instead of frames.

@@ -127,7 +127,10 @@ fn format_device(
             }
             Action::Oom => {
                 let free = e.device_free().ok_or_else(|| {
-                    ReferenceFailure::key_error("device_free", format!("{} is an oom entry without device_free", place()))
+                    ReferenceFailure::key_error(
+                        "device_free",
+                        format!("{} is an oom entry without device_free", place()),
+                    )
                 })?;
                 out.push_str("raise OutOfMemoryError # ");
                 format_size(out, i128::from(e.size));
@@ -162,7 +165,10 @@ fn entry_addr(e: &TraceEntry, place: &dyn Fn() -> String) -> Result<u64, Referen
     if e.has_addr() {
         Ok(e.addr)
     } else {
-        Err(ReferenceFailure::key_error("addr", format!("{} has no addr", place())))
+        Err(ReferenceFailure::key_error(
+            "addr",
+            format!("{} has no addr", place()),
+        ))
     }
 }
 

@@ -32,7 +32,12 @@ fn the_heap_of_a_rust_program_is_recorded() {
     if std::env::var_os(CHILD_ENV).is_none() {
         let exe = std::env::current_exe().unwrap();
         let out = Command::new(exe)
-            .args(["ffi::global_alloc::the_heap_of_a_rust_program_is_recorded", "--exact", "--test-threads=1", "--nocapture"])
+            .args([
+                "ffi::global_alloc::the_heap_of_a_rust_program_is_recorded",
+                "--exact",
+                "--test-threads=1",
+                "--nocapture",
+            ])
             .env(CHILD_ENV, "1")
             .output()
             .unwrap();
@@ -73,7 +78,9 @@ fn the_heap_of_a_rust_program_is_recorded() {
         "no allocate_model_weights frame in {names:?}"
     );
     assert!(
-        !names.first().is_some_and(|n| n.contains("memsnap_recorder") || n.starts_with("__rust")),
+        !names
+            .first()
+            .is_some_and(|n| n.contains("memsnap_recorder") || n.starts_with("__rust")),
         "the recorder's own frames are trimmed: {names:?}"
     );
 
@@ -82,7 +89,10 @@ fn the_heap_of_a_rust_program_is_recorded() {
         .filter(|e| e.size == SCRATCH as u64)
         .map(|e| e.action)
         .collect();
-    assert_eq!(scratch, [Action::Alloc, Action::FreeRequested, Action::FreeCompleted]);
+    assert_eq!(
+        scratch,
+        [Action::Alloc, Action::FreeRequested, Action::FreeCompleted]
+    );
 
     let live_weights = snapshot
         .segments
@@ -93,7 +103,11 @@ fn the_heap_of_a_rust_program_is_recorded() {
     assert_eq!(live_weights.state, BlockState::ActiveAllocated);
     assert_eq!(live_weights.size, WEIGHTS as u64);
     assert!(
-        !snapshot.segments.iter().flat_map(|s| &s.blocks).any(|b| b.size == SCRATCH as u64),
+        !snapshot
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .any(|b| b.size == SCRATCH as u64),
         "the freed scratch buffer is not live"
     );
     drop(weights);

@@ -20,10 +20,18 @@ fn bad_input_gives_status_codes_and_messages() {
     // SAFETY (every call below): the arguments are NULL, NUL-terminated literals or valid
     // out-pointers, as memsnap.h requires; the point is what memsnap does with bad values.
     unsafe {
-        assert_eq!(memsnap_init(c"host".as_ptr()), MEMSNAP_OK, "{}", last_error());
+        assert_eq!(
+            memsnap_init(c"host".as_ptr()),
+            MEMSNAP_OK,
+            "{}",
+            last_error()
+        );
         assert_eq!(memsnap_init(c"tpu".as_ptr()), MEMSNAP_ERR_INVALID_ARGUMENT);
         assert!(last_error().contains("tpu"), "{}", last_error());
-        assert_eq!(memsnap_init(c"simulated".as_ptr()), MEMSNAP_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            memsnap_init(c"simulated".as_ptr()),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
         assert!(last_error().contains("cannot switch"), "{}", last_error());
 
         // Free of an unknown pointer: nothing happens, the message names the pointer.
@@ -46,9 +54,15 @@ fn bad_input_gives_status_codes_and_messages() {
         assert!(last_error().contains("out of memory"), "{}", last_error());
 
         // NULL and malformed strings.
-        assert_eq!(memsnap_dump_snapshot(std::ptr::null()), MEMSNAP_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            memsnap_dump_snapshot(std::ptr::null()),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
         assert!(last_error().contains("NULL"), "{}", last_error());
-        assert_eq!(memsnap_dump_snapshot(c"".as_ptr()), MEMSNAP_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            memsnap_dump_snapshot(c"".as_ptr()),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
         assert_eq!(
             memsnap_dump_snapshot(c"/nonexistent-dir/x/y.pickle".as_ptr()),
             MEMSNAP_ERR_IO
@@ -59,7 +73,12 @@ fn bad_input_gives_status_codes_and_messages() {
         );
         let not_utf8: &[u8] = b"\xff\xfe\0";
         assert_eq!(
-            memsnap_record_history(not_utf8.as_ptr().cast::<c_char>(), std::ptr::null(), std::ptr::null(), 0),
+            memsnap_record_history(
+                not_utf8.as_ptr().cast::<c_char>(),
+                std::ptr::null(),
+                std::ptr::null(),
+                0
+            ),
             MEMSNAP_ERR_INVALID_ARGUMENT
         );
         assert_eq!(
@@ -68,16 +87,28 @@ fn bad_input_gives_status_codes_and_messages() {
         );
 
         // Numbers out of range.
-        assert_eq!(memsnap_set_memory_fraction(2.0, 0), MEMSNAP_ERR_INVALID_ARGUMENT);
-        assert_eq!(memsnap_set_memory_fraction(f64::NAN, 0), MEMSNAP_ERR_INVALID_ARGUMENT);
-        assert_eq!(memsnap_set_memory_fraction(0.5, -1), MEMSNAP_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            memsnap_set_memory_fraction(2.0, 0),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            memsnap_set_memory_fraction(f64::NAN, 0),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            memsnap_set_memory_fraction(0.5, -1),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
         assert_eq!(
             memsnap_record_stream(0x4242usize as *mut c_void, std::ptr::null_mut()),
             MEMSNAP_ERR_INVALID_ARGUMENT
         );
 
         // Output pointers.
-        assert_eq!(memsnap_get_stats(0, std::ptr::null_mut()), MEMSNAP_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            memsnap_get_stats(0, std::ptr::null_mut()),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
         let mut needed = 0usize;
         assert_eq!(
             memsnap_stats_json(0, std::ptr::null_mut(), 0, &mut needed),
@@ -90,10 +121,16 @@ fn bad_input_gives_status_codes_and_messages() {
             MEMSNAP_ERR_INVALID_ARGUMENT
         );
         let mut buf = vec![0 as c_char; needed + 1];
-        assert_eq!(memsnap_stats_json(0, buf.as_mut_ptr(), buf.len(), &mut needed), MEMSNAP_OK);
+        assert_eq!(
+            memsnap_stats_json(0, buf.as_mut_ptr(), buf.len(), &mut needed),
+            MEMSNAP_OK
+        );
         let json = CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
         assert!(json.starts_with('{') && json.ends_with('}'));
-        assert!(json.contains("\"num_ooms\":1"), "the 1 << 60 request counted: {json}");
+        assert!(
+            json.contains("\"num_ooms\":1"),
+            "the 1 << 60 request counted: {json}"
+        );
 
         // A working call still works after all that.
         let ptr = memsnap_alloc(4096, 0, std::ptr::null_mut());

@@ -20,7 +20,9 @@ fn parse_expected(text: &str) -> Vec<ExpectedFrame> {
     text.lines()
         .map(|line| {
             let mut fields = line.splitn(3, '\t');
-            let (Some(name), Some(number), Some(filename)) = (fields.next(), fields.next(), fields.next()) else {
+            let (Some(name), Some(number), Some(filename)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
                 panic!("malformed expected-frame line {line:?}");
             };
             ExpectedFrame {
@@ -71,9 +73,24 @@ fn python_frames_of_the_calling_script_appear_in_the_snapshot() {
     let stacks = alloc_frames(&snapshot);
     assert_eq!(stacks.len(), 4, "3 activations and the kept tensor");
     let first = &stacks[0];
-    // Innermost first: the C ABI entry point, native frames, then the script's frames
-    // spliced in where the interpreter loop was, innermost (allocate_activations) first.
-    assert_eq!(first[0].0, "memsnap_alloc", "native frames come first: {first:?}");
+    // Innermost first: native frames (ctypes' call into the library; memsnap's own frames are
+    // trimmed), then the script's frames spliced in where the interpreter loop was.
+    let ctypes_call = first
+        .iter()
+        .position(|(name, _, _)| name == "_ctypes_callproc");
+    let first_script = first
+        .iter()
+        .position(|(_, file, _)| file.ends_with("test_memsnap_ctypes.py"));
+    assert!(
+        matches!((ctypes_call, first_script), (Some(c), Some(p)) if c < p),
+        "native frames (ctypes) should come before the Python frames: {first:?}"
+    );
+    assert!(
+        !first
+            .iter()
+            .any(|(name, _, _)| name.contains("PyEval_EvalFrame")),
+        "interpreter-loop frames are replaced by Python frames: {first:?}"
+    );
     let script_frames: Vec<(String, String, i64)> = first
         .iter()
         .filter(|(_, file, _)| file.ends_with("test_memsnap_ctypes.py"))
@@ -96,8 +113,16 @@ fn the_expected_frames_parser_reads_the_script_format() {
     assert_eq!(
         parsed,
         vec![
-            ExpectedFrame { filename: "/a/b c.py".into(), line: 12, name: "main".into() },
-            ExpectedFrame { filename: "/a/b c.py".into(), line: 7, name: "f".into() },
+            ExpectedFrame {
+                filename: "/a/b c.py".into(),
+                line: 12,
+                name: "main".into()
+            },
+            ExpectedFrame {
+                filename: "/a/b c.py".into(),
+                line: 7,
+                name: "f".into()
+            },
         ]
     );
 }
