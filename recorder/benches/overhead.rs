@@ -219,6 +219,18 @@ fn main() {
             Box::new(move || Box::new(caching(Some(stacks(Unwinder::Backtrace))))),
         ),
     ];
+    // `MEMSNAP_BENCH_ONLY=history-off` runs one configuration (for profiling).
+    if let Ok(only) = std::env::var("MEMSNAP_BENCH_ONLY") {
+        for (name, pairs, make) in &configs {
+            if *name == only {
+                let ns = (0..ROUNDS * 4)
+                    .map(|_| at_depth(DEPTH, make().as_mut(), *pairs))
+                    .fold(f64::INFINITY, f64::min);
+                println!("{name}: {ns:.1} ns/pair");
+            }
+        }
+        return;
+    }
     // Best of ROUNDS, configurations interleaved so drift hits all of them alike.
     let mut best = vec![f64::INFINITY; configs.len()];
     for _ in 0..ROUNDS {

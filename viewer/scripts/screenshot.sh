@@ -5,12 +5,13 @@
 #
 # Without a file it opens the built-in demo run. Needs: xvfb, imagemagick (import),
 # libgl1-mesa-dri libegl1 libgl1 (software GL), and a release build of memsnap-viewer
-# (built here if missing). Uses display :97 unless DISPLAY_NUMBER is set.
+# (built here if missing; or set VIEWER_BIN). Uses display :97 unless DISPLAY_NUMBER is set.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 target_dir="${CARGO_TARGET_DIR:-target}"
-viewer="$target_dir/release/memsnap-viewer"
+# VIEWER_BIN picks another build (e.g. the debug one); the picture is the same.
+viewer="${VIEWER_BIN:-$target_dir/release/memsnap-viewer}"
 if [ ! -x "$viewer" ]; then
   cargo build --release -p memsnap-viewer
 fi

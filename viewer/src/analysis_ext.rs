@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use memsnap_analysis::compare::DeviceProfile;
 use memsnap_analysis::sites::is_filtered_frame;
 use memsnap_analysis::summary::summarize_device;
-use memsnap_analysis::{GroupBy, SummaryOptions};
 use memsnap_analysis::{AllocId, DeviceTimeline, Instant, Lifetime};
+use memsnap_analysis::{GroupBy, SummaryOptions};
 use memsnap_format::{FrameId, Snapshot, StackId};
 
 /// The stacks whose frames mention a search text (function name or file path,
@@ -268,7 +268,11 @@ mod tests {
         let t = DeviceTimeline::build(&s, 0).expect("timeline");
         let segments = segment_blocks(&t, Instant::Event(3));
         assert_eq!(segments.len(), 1);
-        let kinds: Vec<_> = segments[0].blocks.iter().map(|b| (b.addr, b.kind)).collect();
+        let kinds: Vec<_> = segments[0]
+            .blocks
+            .iter()
+            .map(|b| (b.addr, b.kind))
+            .collect();
         assert_eq!(
             kinds,
             vec![

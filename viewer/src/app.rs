@@ -47,9 +47,15 @@ impl MainView {
 
     pub fn tooltip(self) -> &'static str {
         match self {
-            MainView::Timeline => "Active memory over time, stacked by allocation, with training steps",
-            MainView::Instant => "What is live at the cursor (or the peak) and how the segments are filled",
-            MainView::Ranks => "All open files as small multiples on one time axis, plus their totals overlaid",
+            MainView::Timeline => {
+                "Active memory over time, stacked by allocation, with training steps"
+            }
+            MainView::Instant => {
+                "What is live at the cursor (or the peak) and how the segments are filled"
+            }
+            MainView::Ranks => {
+                "All open files as small multiples on one time axis, plus their totals overlaid"
+            }
             MainView::Diff => "Two snapshots side by side, with the change per call site",
         }
     }
@@ -284,7 +290,9 @@ impl ViewerApp {
             .set_title("Open memory snapshots")
             .add_filter(
                 "Memory snapshots",
-                &["pickle", "pkl", "pck", "msgpack", "mpk", "memsnap", "json", "gz", "zst"],
+                &[
+                    "pickle", "pkl", "pck", "msgpack", "mpk", "memsnap", "json", "gz", "zst",
+                ],
             )
             .add_filter("All files", &["*"])
             .pick_files();
@@ -479,7 +487,10 @@ impl ViewerApp {
                     MainView::Diff => self.documents.len() >= 2,
                 };
                 let response = ui
-                    .add_enabled(enabled, egui::Button::selectable(self.view == view, view.label()))
+                    .add_enabled(
+                        enabled,
+                        egui::Button::selectable(self.view == view, view.label()),
+                    )
                     .on_hover_text(view.tooltip())
                     .on_disabled_hover_text("Open two files to compare them");
                 if response.clicked() {
@@ -537,7 +548,11 @@ impl ViewerApp {
         let mut dismiss = None;
         for (i, notice) in self.notices.iter().enumerate() {
             ui.horizontal(|ui| {
-                if ui.small_button("×").on_hover_text("Dismiss this message").clicked() {
+                if ui
+                    .small_button("×")
+                    .on_hover_text("Dismiss this message")
+                    .clicked()
+                {
                     dismiss = Some(i);
                 }
                 let color = if notice.is_error {
@@ -568,7 +583,9 @@ impl ViewerApp {
                 let active = self.active;
                 self.documents[active].instant_page_ui(ui);
             }
-            MainView::Ranks => crate::ranks_ui::ranks_ui(ui, &self.documents, &mut self.active, &mut self.ranks),
+            MainView::Ranks => {
+                crate::ranks_ui::ranks_ui(ui, &self.documents, &mut self.active, &mut self.ranks)
+            }
             MainView::Diff => {
                 crate::diff_ui::diff_ui(ui, &self.documents, &mut self.diff_pair);
             }

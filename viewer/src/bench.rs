@@ -85,7 +85,11 @@ impl fmt::Display for BenchReport {
         write!(
             f,
             "60 fps budget (16.7 ms) met by p95: {}",
-            if ms(self.percentile(0.95)) <= 16.7 { "yes" } else { "no" }
+            if ms(self.percentile(0.95)) <= 16.7 {
+                "yes"
+            } else {
+                "no"
+            }
         )
     }
 }

@@ -24,13 +24,18 @@ pub fn stack_text(snapshot: &Snapshot, stack: Option<StackId>, all_frames: bool)
             hidden += 1;
             continue;
         }
-        out.push_str(&format!("{}:{}:{}\n", frame.filename, frame.line, frame.name));
+        out.push_str(&format!(
+            "{}:{}:{}\n",
+            frame.filename, frame.line, frame.name
+        ));
     }
     if out.is_empty() && hidden == 0 {
         return "(empty stack)".to_owned();
     }
     if hidden > 0 {
-        out.push_str(&format!("({hidden} interpreter and dispatcher frames hidden)\n"));
+        out.push_str(&format!(
+            "({hidden} interpreter and dispatcher frames hidden)\n"
+        ));
     }
     out
 }
@@ -63,13 +68,18 @@ pub fn allocation_facts(model: &TimelineModel<'_>, id: AllocId) -> Vec<(&'static
             "allocated",
             match a.origin {
                 Origin::Traced => time(a.alloc_event),
-                Origin::FreedBeforeAlloc => "before the recorded window (its free is traced)".into(),
-                Origin::LiveInSegments => "before the recorded window (still live at the end)".into(),
+                Origin::FreedBeforeAlloc => {
+                    "before the recorded window (its free is traced)".into()
+                }
+                Origin::LiveInSegments => {
+                    "before the recorded window (still live at the end)".into()
+                }
             },
         ),
         (
             "free requested",
-            a.free_requested.map_or("never (live at the end)".into(), |e| time(Some(e))),
+            a.free_requested
+                .map_or("never (live at the end)".into(), |e| time(Some(e))),
         ),
         (
             "free completed",
@@ -130,7 +140,11 @@ fn allocation_panel_ui(
 ) {
     let pinned = state.pinned == Some(id);
     ui.horizontal(|ui| {
-        ui.heading(if pinned { "Pinned allocation" } else { "Allocation" });
+        ui.heading(if pinned {
+            "Pinned allocation"
+        } else {
+            "Allocation"
+        });
         if pinned
             && ui
                 .small_button("Unpin")
@@ -152,7 +166,8 @@ fn allocation_panel_ui(
             .on_hover_text("Copy the full stack, every frame, to the clipboard")
             .clicked()
         {
-            ui.ctx().copy_text(stack_text(model.snapshot, a.stack, true));
+            ui.ctx()
+                .copy_text(stack_text(model.snapshot, a.stack, true));
         }
     });
     if !pinned {
@@ -172,39 +187,41 @@ fn device_summary_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>) {
     let timeline = model.timeline;
     let replay = timeline.replay();
     ui.heading(format!("cuda:{}", timeline.device()));
-    egui::Grid::new("device_summary").num_columns(2).show(ui, |ui| {
-        let peak = timeline.peak(CurveKind::Allocated);
-        let rows = [
-            ("trace entries", replay.trace_len.to_string()),
-            ("allocations", replay.allocations.len().to_string()),
-            (
-                "peak allocated",
-                format!("{} at event {}", format_bytes(peak.bytes), peak.event),
-            ),
-            (
-                "peak active",
-                format_bytes(timeline.peak(CurveKind::Active).bytes),
-            ),
-            (
-                "peak reserved",
-                format_bytes(timeline.peak(CurveKind::Reserved).bytes),
-            ),
-            (
-                "before the window",
-                format!(
-                    "{} in {} allocations",
-                    format_bytes(replay.before_window_bytes),
-                    replay.before_window_allocations
+    egui::Grid::new("device_summary")
+        .num_columns(2)
+        .show(ui, |ui| {
+            let peak = timeline.peak(CurveKind::Allocated);
+            let rows = [
+                ("trace entries", replay.trace_len.to_string()),
+                ("allocations", replay.allocations.len().to_string()),
+                (
+                    "peak allocated",
+                    format!("{} at event {}", format_bytes(peak.bytes), peak.event),
                 ),
-            ),
-            ("OOM events", replay.oom_events.len().to_string()),
-        ];
-        for (label, value) in rows {
-            ui.weak(label);
-            ui.label(value);
-            ui.end_row();
-        }
-    });
+                (
+                    "peak active",
+                    format_bytes(timeline.peak(CurveKind::Active).bytes),
+                ),
+                (
+                    "peak reserved",
+                    format_bytes(timeline.peak(CurveKind::Reserved).bytes),
+                ),
+                (
+                    "before the window",
+                    format!(
+                        "{} in {} allocations",
+                        format_bytes(replay.before_window_bytes),
+                        replay.before_window_allocations
+                    ),
+                ),
+                ("OOM events", replay.oom_events.len().to_string()),
+            ];
+            for (label, value) in rows {
+                ui.weak(label);
+                ui.label(value);
+                ui.end_row();
+            }
+        });
     ui.add_space(8.0);
     ui.weak("Hover a band for its size, times and top frames; click to pin it.");
 }

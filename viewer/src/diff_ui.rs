@@ -21,7 +21,10 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
     pair.0 = pair.0.min(documents.len() - 1);
     pair.1 = pair.1.min(documents.len() - 1);
     ui.horizontal(|ui| {
-        for (label, index, id) in [("before", &mut pair.0, "diff_before"), ("after", &mut pair.1, "diff_after")] {
+        for (label, index, id) in [
+            ("before", &mut pair.0, "diff_before"),
+            ("after", &mut pair.1, "diff_after"),
+        ] {
             ui.label(label);
             egui::ComboBox::from_id_salt(id)
                 .selected_text(documents[*index].name.clone())
@@ -48,7 +51,9 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
         format_bytes(d.before_peak_bytes),
         format_bytes(d.after_peak_bytes),
         format_bytes_signed(d.delta_peak_bytes),
-        d.delta_peak_percent.map(|p| format!(", {p:+.1}%")).unwrap_or_default()
+        d.delta_peak_percent
+            .map(|p| format!(", {p:+.1}%"))
+            .unwrap_or_default()
     ));
     let y_max = d.before_peak_bytes.max(d.after_peak_bytes).max(1) as f64 * 1.1;
     let half = (ui.available_width() - 8.0) / 2.0;
@@ -60,13 +65,27 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
     ui.separator();
     ui.columns(2, |cols| {
         sites_table(&mut cols[0], "Grew most at the peak", &d.grew, "diff_grew");
-        sites_table(&mut cols[1], "Shrank most at the peak", &d.shrank, "diff_shrank");
+        sites_table(
+            &mut cols[1],
+            "Shrank most at the peak",
+            &d.shrank,
+            "diff_shrank",
+        );
     });
     if !d.steps.is_empty() {
         ui.separator();
-        ui.strong(format!("Steps: {} before, {} after", d.before_steps, d.after_steps));
+        ui.strong(format!(
+            "Steps: {} before, {} after",
+            d.before_steps, d.after_steps
+        ));
         egui::Grid::new("diff_steps").striped(true).show(ui, |ui| {
-            for t in ["step", "peak before", "peak after", "change", "start change"] {
+            for t in [
+                "step",
+                "peak before",
+                "peak after",
+                "change",
+                "start change",
+            ] {
                 ui.strong(t);
             }
             ui.end_row();
@@ -98,32 +117,54 @@ fn total_plot_ui(ui: &mut egui::Ui, doc: &Document, width: f32, y_max: f64) {
                 .columns
                 .iter()
                 .enumerate()
-                .map(|(c, col)| Pos2::new(rect.left() + c as f32, rect.bottom() - (col.total_max as f64 / y_max) as f32 * rect.height()))
+                .map(|(c, col)| {
+                    Pos2::new(
+                        rect.left() + c as f32,
+                        rect.bottom() - (col.total_max as f64 / y_max) as f32 * rect.height(),
+                    )
+                })
                 .collect();
-            painter.add(Shape::line(points, Stroke::new(1.5, palette::FORWARD_SLOPE)));
+            painter.add(Shape::line(
+                points,
+                Stroke::new(1.5, palette::FORWARD_SLOPE),
+            ));
         }
-        response.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Image, true, format!("Total memory of {}", doc.name)));
+        response.widget_info(|| {
+            egui::WidgetInfo::labeled(
+                egui::Role::Image,
+                true,
+                format!("Total memory of {}", doc.name),
+            )
+        });
     });
 }
 
-fn sites_table(ui: &mut egui::Ui, title: &str, sites: &[memsnap_analysis::compare::SiteDelta], id: &str) {
+fn sites_table(
+    ui: &mut egui::Ui,
+    title: &str,
+    sites: &[memsnap_analysis::compare::SiteDelta],
+    id: &str,
+) {
     ui.strong(title);
     if sites.is_empty() {
         ui.weak("none");
         return;
     }
-    egui::Grid::new(id).striped(true).num_columns(3).show(ui, |ui| {
-        for s in sites {
-            ui.add(egui::Label::new(egui::RichText::new(&s.site).monospace()).truncate())
-                .on_hover_text(format!(
-                    "{}\nat the peak: {} before, {} after\nallocated in total: {}",
-                    s.site,
-                    format_bytes(s.before_bytes_at_peak),
-                    format_bytes(s.after_bytes_at_peak),
-                    format_bytes_signed(s.delta_total_bytes)
-                ));
-            ui.label(format_bytes_signed(s.delta_bytes_at_peak));
-            ui.end_row();
-        }
-    });
+    egui::Grid::new(id)
+        .striped(true)
+        .num_columns(3)
+        .show(ui, |ui| {
+            for s in sites {
+                ui.add(egui::Label::new(egui::RichText::new(&s.site).monospace()).truncate())
+                    .on_hover_text(format!(
+                        "{}\nat the peak: {} before, {} after\nallocated in total: {}",
+                        s.site,
+                        format_bytes(s.before_bytes_at_peak),
+                        format_bytes(s.after_bytes_at_peak),
+                        format_bytes_signed(s.delta_total_bytes)
+                    ));
+                ui.label(format_bytes_signed(s.delta_bytes_at_peak));
+                ui.end_row();
+            }
+        });
 }

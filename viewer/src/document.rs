@@ -164,11 +164,14 @@ impl Document {
                 let forward = command == Command::NextStep;
                 if let Some(step) = state.steps.step_after(&model.steps, forward) {
                     state.steps.selected = Some(step);
-                    state.timeline.zoom_to_step(&model.timeline, &model.steps.steps[step]);
+                    state
+                        .timeline
+                        .zoom_to_step(&model.timeline, &model.steps.steps[step]);
                 }
             }
             Command::JumpToPeak => {
-                state.timeline.cursor = Some(model.timeline.resolve(memsnap_analysis::Instant::Peak));
+                state.timeline.cursor =
+                    Some(model.timeline.resolve(memsnap_analysis::Instant::Peak));
             }
             Command::Unpin => state.timeline.pinned = None,
             other if view == MainView::Timeline => state.timeline.run_command(other),
@@ -277,7 +280,10 @@ impl Document {
                     .on_hover_text(text);
             }
             if replay.anomaly_count > 0 {
-                let mut text = format!("{} inconsistent events were accounted for:", replay.anomaly_count);
+                let mut text = format!(
+                    "{} inconsistent events were accounted for:",
+                    replay.anomaly_count
+                );
                 for a in replay.anomalies.iter().take(10) {
                     text.push_str(&format!("\nevent {}: {}", a.event, a.what));
                 }

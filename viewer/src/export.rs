@@ -34,7 +34,13 @@ pub fn write_png(image: &ColorImage, path: &Path) -> Result<(), ExportError> {
 pub fn default_export_path(document_name: &str, extension: &str) -> PathBuf {
     let stem: String = document_name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     let mut path = PathBuf::from(format!("memsnap-{stem}.{extension}"));
     let mut n = 1;
@@ -153,10 +159,19 @@ mod tests {
     fn svg_escapes_text_and_writes_shapes() {
         let mut svg = Svg::new(egui::vec2(100.0, 50.0), Color32::WHITE);
         svg.polygon(
-            &[Pos2::new(0.0, 0.0), Pos2::new(10.0, 0.0), Pos2::new(10.0, 10.0)],
+            &[
+                Pos2::new(0.0, 0.0),
+                Pos2::new(10.0, 0.0),
+                Pos2::new(10.0, 10.0),
+            ],
             Color32::from_rgb(255, 0, 0),
         );
-        svg.text(Pos2::new(1.0, 2.0), "<forward> & more", Color32::BLACK, 12.0);
+        svg.text(
+            Pos2::new(1.0, 2.0),
+            "<forward> & more",
+            Color32::BLACK,
+            12.0,
+        );
         let out = svg.finish();
         assert!(out.starts_with("<svg "));
         assert!(out.contains(r##"fill="#ff0000""##));

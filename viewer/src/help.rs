@@ -18,7 +18,8 @@ pub fn help_overlay_ui(ui: &mut egui::Ui, open: &mut bool) {
                 .spacing([16.0, 4.0])
                 .show(ui, |ui| {
                     for (_, keys, what) in COMMANDS {
-                        let keys: Vec<String> = keys.iter().map(|k| ctx.format_shortcut(k)).collect();
+                        let keys: Vec<String> =
+                            keys.iter().map(|k| ctx.format_shortcut(k)).collect();
                         ui.monospace(keys.join("  "));
                         ui.label(*what);
                         ui.end_row();

@@ -3,7 +3,7 @@
 
 use egui::{Color32, Pos2, Rect, Sense, Stroke};
 use egui_extras::{Column, TableBuilder};
-use memsnap_analysis::{DeviceTimeline, GroupBy, Instant, LiveGroup, Lifetime, SegmentUsage};
+use memsnap_analysis::{DeviceTimeline, GroupBy, Instant, Lifetime, LiveGroup, SegmentUsage};
 use memsnap_format::Snapshot;
 
 use crate::analysis_ext::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
@@ -57,7 +57,13 @@ impl InstantState {
                     self.group_by,
                     model.min_size,
                 ),
-                flame: flame_tree(model.snapshot, model.timeline, at, Lifetime::Active, model.min_size),
+                flame: flame_tree(
+                    model.snapshot,
+                    model.timeline,
+                    at,
+                    Lifetime::Active,
+                    model.min_size,
+                ),
                 segments: segment_blocks(model.timeline, at),
                 usage: model.timeline.fragmentation(at),
             });
@@ -69,7 +75,12 @@ impl InstantState {
 /// The whole page.
 pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut InstantState) {
     let event = model.timeline.resolve(model.at);
-    let when = match model.timeline.time().time_of(event).zip(model.timeline.time().time_of(0)) {
+    let when = match model
+        .timeline
+        .time()
+        .time_of(event)
+        .zip(model.timeline.time().time_of(0))
+    {
         Some((t, t0)) => format!("event {event}, {} after start", format_duration_us(t - t0)),
         None => format!("event {event}"),
     };
@@ -88,16 +99,27 @@ pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut Insta
         ui.label("Group by");
         for (g, label, tip) in [
             (GroupBy::Stack, "stack", "One row per distinct stack"),
-            (GroupBy::Frame, "frame", "One row per allocating frame (the innermost user frame)"),
-            (GroupBy::File, "file", "One row per source file of the allocating frame"),
+            (
+                GroupBy::Frame,
+                "frame",
+                "One row per allocating frame (the innermost user frame)",
+            ),
+            (
+                GroupBy::File,
+                "file",
+                "One row per source file of the allocating frame",
+            ),
         ] {
-            ui.selectable_value(&mut state.group_by, g, label).on_hover_text(tip);
+            ui.selectable_value(&mut state.group_by, g, label)
+                .on_hover_text(tip);
         }
         ui.separator();
         ui.selectable_value(&mut state.tab, LiveSetTab::Table, "table")
             .on_hover_text("The live set as a table, biggest group first");
         ui.selectable_value(&mut state.tab, LiveSetTab::FlameGraph, "flame graph")
-            .on_hover_text("The live set as a flame graph: outermost frame at the top, width = bytes");
+            .on_hover_text(
+                "The live set as a flame graph: outermost frame at the top, width = bytes",
+            );
     });
     let _ = (group_by_before, tab_before);
     let tab = state.tab;
@@ -113,7 +135,10 @@ pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut Insta
             format_bytes(total),
             data.groups.len(),
             if model.min_size > 0 {
-                format!(" (allocations smaller than {} left out)", format_bytes(model.min_size))
+                format!(
+                    " (allocations smaller than {} left out)",
+                    format_bytes(model.min_size)
+                )
             } else {
                 String::new()
             }
@@ -153,10 +178,15 @@ fn live_table_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, groups: &[LiveGrou
                 let g = &groups[row.index()];
                 row.col(|ui| {
                     let label = g.key.label(model.snapshot);
-                    let response = ui.add(egui::Label::new(egui::RichText::new(&label).monospace()).truncate());
+                    let response = ui
+                        .add(egui::Label::new(egui::RichText::new(&label).monospace()).truncate());
                     if let memsnap_analysis::SiteKey::Stack(stack) = g.key {
                         response.on_hover_ui(|ui| {
-                            ui.monospace(crate::details_ui::stack_text(model.snapshot, Some(stack), false));
+                            ui.monospace(crate::details_ui::stack_text(
+                                model.snapshot,
+                                Some(stack),
+                                false,
+                            ));
                         });
                     } else {
                         response.on_hover_text(label);
@@ -172,7 +202,10 @@ fn live_table_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, groups: &[LiveGrou
                     ui.label(format_bytes(g.largest));
                 });
                 row.col(|ui| {
-                    ui.label(format!("{:.1}%", g.bytes as f64 * 100.0 / total.max(1) as f64));
+                    ui.label(format!(
+                        "{:.1}%",
+                        g.bytes as f64 * 100.0 / total.max(1) as f64
+                    ));
                 });
             });
         });
@@ -196,7 +229,10 @@ pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) 
         if w < 1.0 || level > 60 {
             continue;
         }
-        let r = Rect::from_min_size(Pos2::new(x, rect.top() + level as f32 * row), egui::vec2(w, row - 1.0));
+        let r = Rect::from_min_size(
+            Pos2::new(x, rect.top() + level as f32 * row),
+            egui::vec2(w, row - 1.0),
+        );
         let (label, color) = match node.frame {
             Some(f) => {
                 let frame = snapshot.frames.get(f);
@@ -219,7 +255,12 @@ pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) 
         }
         if pointer.is_some_and(|p| r.contains(p)) {
             hovered = Some((label, node.bytes, node.count));
-            painter.rect_stroke(r, 1.0, Stroke::new(1.5, palette::HIGHLIGHT), egui::StrokeKind::Inside);
+            painter.rect_stroke(
+                r,
+                1.0,
+                Stroke::new(1.5, palette::HIGHLIGHT),
+                egui::StrokeKind::Inside,
+            );
         }
         let mut cx = x;
         for child in &node.children {
@@ -258,7 +299,11 @@ fn segments_ui(
     let reserved: u64 = usage.iter().map(|u| u.size).sum();
     let allocated: u64 = usage.iter().map(|u| u.allocated_bytes).sum();
     let free: u64 = usage.iter().map(|u| u.free_bytes).sum();
-    let largest_free = usage.iter().map(|u| u.largest_free_block).max().unwrap_or(0);
+    let largest_free = usage
+        .iter()
+        .map(|u| u.largest_free_block)
+        .max()
+        .unwrap_or(0);
     ui.heading(format!("Segments: {}", usage.len()));
     ui.label(format!(
         "{} reserved, {} allocated, {} free; largest free block {}",
@@ -272,8 +317,12 @@ fn segments_ui(
     } else {
         0.0
     };
-    ui.label(format!("fragmentation {fragmentation:.1}% (1 − largest free block ÷ free)"))
-        .on_hover_text("0% when all free memory is one block; near 100% when it is scattered in small gaps");
+    ui.label(format!(
+        "fragmentation {fragmentation:.1}% (1 − largest free block ÷ free)"
+    ))
+    .on_hover_text(
+        "0% when all free memory is one block; near 100% when it is scattered in small gaps",
+    );
     ui.horizontal(|ui| {
         legend(ui, Color32::from_rgb(31, 119, 180), "allocated");
         legend(ui, palette::WARNING, "pending free");

@@ -376,8 +376,12 @@ mod tests {
     #[test]
     fn a_panicking_prepare_step_is_reported_not_propagated() {
         let json = br#"{"segments": [], "device_traces": [[]]}"#;
-        let job: LoadJob<()> =
-            LoadJob::spawn(3, bytes_source("ok.json", json), || {}, |_, _| panic!("boom"));
+        let job: LoadJob<()> = LoadJob::spawn(
+            3,
+            bytes_source("ok.json", json),
+            || {},
+            |_, _| panic!("boom"),
+        );
         let err = job.wait().expect_err("prepare panicked");
         assert!(err.to_string().contains("boom"), "{err}");
     }

@@ -16,7 +16,9 @@ const SMALL_HEIGHT: f32 = 70.0;
 /// The shared axis: wall time when every rank has times (ranks of one job share a clock)
 /// and `by_event` is off, else the event index.
 pub fn shared_range(documents: &[Document], by_event: bool) -> (Axis, f64, f64) {
-    let all_timed = documents.iter().all(|d| has_time_axis(&d.device().timeline));
+    let all_timed = documents
+        .iter()
+        .all(|d| has_time_axis(&d.device().timeline));
     if all_timed && !by_event {
         let mut lo = f64::INFINITY;
         let mut hi = f64::NEG_INFINITY;
@@ -74,20 +76,34 @@ fn rank_curve(doc: &Document, axis: Axis, start: f64, end: f64, width: u32) -> V
 }
 
 /// The ranks page. Clicking a rank's row or plot makes it the active file.
-pub fn ranks_ui(ui: &mut egui::Ui, documents: &[Document], active: &mut usize, state: &mut RanksState) {
+pub fn ranks_ui(
+    ui: &mut egui::Ui,
+    documents: &[Document],
+    active: &mut usize,
+    state: &mut RanksState,
+) {
     if documents.is_empty() {
         return;
     }
     ui.horizontal(|ui| {
         ui.label("Shared axis:");
         ui.selectable_value(&mut state.by_event, false, "wall time")
-            .on_hover_text("Ranks of one job share a clock: line them up by time (when every file has times)");
+            .on_hover_text(
+                "Ranks of one job share a clock: line them up by time (when every file has times)",
+            );
         ui.selectable_value(&mut state.by_event, true, "event index")
-            .on_hover_text("Line the ranks up by trace entry, e.g. for runs recorded at different times");
+            .on_hover_text(
+                "Line the ranks up by trace entry, e.g. for runs recorded at different times",
+            );
     });
     let rows: Vec<RankRow> = documents
         .iter()
-        .filter_map(|d| RankRow::from_summary(d.name.clone(), std::slice::from_ref(&d.device().profile.summary)))
+        .filter_map(|d| {
+            RankRow::from_summary(
+                d.name.clone(),
+                std::slice::from_ref(&d.device().profile.summary),
+            )
+        })
         .collect();
     if let Some(skew) = Skew::of(&rows) {
         ui.label(format!(
@@ -103,39 +119,42 @@ pub fn ranks_ui(ui: &mut egui::Ui, documents: &[Document], active: &mut usize, s
                 .unwrap_or_default()
         ));
     }
-    egui::Grid::new("ranks_table").striped(true).num_columns(6).show(ui, |ui| {
-        for (title, tip) in [
-            ("rank", "The file (click to show it in the timeline)"),
-            ("peak", "Highest allocated memory"),
-            ("steps", "Training steps found"),
-            ("step time", "Median step duration"),
-            ("drift/step", "Growth of the step minimum per step"),
-            ("", ""),
-        ] {
-            ui.strong(title).on_hover_text(tip);
-        }
-        ui.end_row();
-        for (i, row) in rows.iter().enumerate() {
-            let label = egui::RichText::new(&row.file).color(rank_color(i));
-            if ui
-                .selectable_label(*active == i, label)
-                .on_hover_text("Make this the active file")
-                .clicked()
-            {
-                *active = i;
-            }
-            ui.label(format_bytes(row.peak_bytes));
-            ui.label(row.steps.to_string());
-            ui.label(row.step_duration_us.map_or("–".into(), format_duration_us));
-            ui.label(format_bytes_signed(row.drift_bytes_per_step.round() as i64));
-            if row.leak_suspected {
-                ui.colored_label(palette::WARNING, "leak suspected");
-            } else {
-                ui.label("");
+    egui::Grid::new("ranks_table")
+        .striped(true)
+        .num_columns(6)
+        .show(ui, |ui| {
+            for (title, tip) in [
+                ("rank", "The file (click to show it in the timeline)"),
+                ("peak", "Highest allocated memory"),
+                ("steps", "Training steps found"),
+                ("step time", "Median step duration"),
+                ("drift/step", "Growth of the step minimum per step"),
+                ("", ""),
+            ] {
+                ui.strong(title).on_hover_text(tip);
             }
             ui.end_row();
-        }
-    });
+            for (i, row) in rows.iter().enumerate() {
+                let label = egui::RichText::new(&row.file).color(rank_color(i));
+                if ui
+                    .selectable_label(*active == i, label)
+                    .on_hover_text("Make this the active file")
+                    .clicked()
+                {
+                    *active = i;
+                }
+                ui.label(format_bytes(row.peak_bytes));
+                ui.label(row.steps.to_string());
+                ui.label(row.step_duration_us.map_or("–".into(), format_duration_us));
+                ui.label(format_bytes_signed(row.drift_bytes_per_step.round() as i64));
+                if row.leak_suspected {
+                    ui.colored_label(palette::WARNING, "leak suspected");
+                } else {
+                    ui.label("");
+                }
+                ui.end_row();
+            }
+        });
     ui.separator();
 
     let (axis, start, end) = shared_range(documents, state.by_event);
@@ -151,7 +170,8 @@ pub fn ranks_ui(ui: &mut egui::Ui, documents: &[Document], active: &mut usize, s
         .unwrap_or(1)
         .max(1) as f64
         * 1.05;
-    let to_x = |rect: Rect, x: f64| rect.left() + ((x - start) / (end - start)) as f32 * rect.width();
+    let to_x =
+        |rect: Rect, x: f64| rect.left() + ((x - start) / (end - start)) as f32 * rect.width();
 
     ui.strong("Totals overlaid");
     let (rect, response) = ui.allocate_exact_size(egui::vec2(width, 160.0), Sense::hover());
@@ -160,20 +180,30 @@ pub fn ranks_ui(ui: &mut egui::Ui, documents: &[Document], active: &mut usize, s
     for (i, curve) in curves.iter().enumerate() {
         let points: Vec<Pos2> = curve
             .iter()
-            .map(|(x, v)| Pos2::new(to_x(rect, *x), rect.bottom() - (*v as f64 / y_max) as f32 * rect.height()))
+            .map(|(x, v)| {
+                Pos2::new(
+                    to_x(rect, *x),
+                    rect.bottom() - (*v as f64 / y_max) as f32 * rect.height(),
+                )
+            })
             .collect();
         if points.len() >= 2 {
             painter.add(Shape::line(points, Stroke::new(1.5, rank_color(i))));
         }
     }
     response.widget_info(|| {
-        egui::WidgetInfo::labeled(egui::Role::Image, true, format!("Totals of {} ranks overlaid", documents.len()))
+        egui::WidgetInfo::labeled(
+            egui::Role::Image,
+            true,
+            format!("Totals of {} ranks overlaid", documents.len()),
+        )
     });
     ui.add_space(6.0);
     ui.strong("Each rank (same time and memory axes)");
     egui::ScrollArea::vertical().show(ui, |ui| {
         for (i, (doc, curve)) in documents.iter().zip(&curves).enumerate() {
-            let (rect, response) = ui.allocate_exact_size(egui::vec2(width, SMALL_HEIGHT), Sense::click());
+            let (rect, response) =
+                ui.allocate_exact_size(egui::vec2(width, SMALL_HEIGHT), Sense::click());
             let painter = ui.painter_at(rect);
             painter.rect_filled(rect, 0.0, ui.visuals().extreme_bg_color);
             let color = rank_color(i);
@@ -182,18 +212,30 @@ pub fn ranks_ui(ui: &mut egui::Ui, documents: &[Document], active: &mut usize, s
                 let x0 = to_x(rect, *x);
                 let x1 = curve.get(k + 1).map_or(x0 + 1.0, |(nx, _)| to_x(rect, *nx));
                 let top = rect.bottom() - (*v as f64 / y_max) as f32 * rect.height();
-                mesh.add_colored_rect(Rect::from_x_y_ranges(x0..=x1, top..=rect.bottom()), color.gamma_multiply(0.8));
+                mesh.add_colored_rect(
+                    Rect::from_x_y_ranges(x0..=x1, top..=rect.bottom()),
+                    color.gamma_multiply(0.8),
+                );
             }
             painter.add(Shape::mesh(mesh));
             painter.text(
                 rect.left_top() + egui::vec2(4.0, 2.0),
                 egui::Align2::LEFT_TOP,
-                format!("{}  peak {}", doc.name, format_bytes(doc.device().profile.summary.peak.bytes)),
+                format!(
+                    "{}  peak {}",
+                    doc.name,
+                    format_bytes(doc.device().profile.summary.peak.bytes)
+                ),
                 egui::FontId::proportional(11.0),
                 ui.visuals().strong_text_color(),
             );
             if i == *active {
-                painter.rect_stroke(rect, 0.0, Stroke::new(1.5, palette::HIGHLIGHT), egui::StrokeKind::Inside);
+                painter.rect_stroke(
+                    rect,
+                    0.0,
+                    Stroke::new(1.5, palette::HIGHLIGHT),
+                    egui::StrokeKind::Inside,
+                );
             }
             let response = response.on_hover_text("Click to make this the active file");
             if response.clicked() {

@@ -69,7 +69,10 @@ mod tests {
         assert_eq!(s.recent_files.len(), MAX_RECENT);
         assert_eq!(s.recent_files[0], Path::new("/no/such/5.pickle"));
         assert_eq!(
-            s.recent_files.iter().filter(|p| p.ends_with("5.pickle")).count(),
+            s.recent_files
+                .iter()
+                .filter(|p| p.ends_with("5.pickle"))
+                .count(),
             1
         );
     }

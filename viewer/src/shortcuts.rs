@@ -29,7 +29,11 @@ pub enum Command {
 pub const COMMANDS: &[(Command, &[KeyboardShortcut], &str)] = &[
     (Command::Open, &[cmd(Key::O)], "Open snapshot files"),
     (Command::CloseFile, &[cmd(Key::W)], "Close the current file"),
-    (Command::NextFile, &[cmd(Key::Tab)], "Show the next open file"),
+    (
+        Command::NextFile,
+        &[cmd(Key::Tab)],
+        "Show the next open file",
+    ),
     (
         Command::ZoomIn,
         &[key(Key::Plus), key(Key::Equals), key(Key::W)],
@@ -55,15 +59,51 @@ pub const COMMANDS: &[(Command, &[KeyboardShortcut], &str)] = &[
         &[key(Key::Num0), key(Key::Home)],
         "Show the whole run (or double-click the timeline)",
     ),
-    (Command::PreviousStep, &[key(Key::OpenBracket)], "Zoom to the previous training step"),
-    (Command::NextStep, &[key(Key::CloseBracket)], "Zoom to the next training step"),
-    (Command::JumpToPeak, &[key(Key::P)], "Put the instant cursor on the peak"),
-    (Command::Unpin, &[key(Key::Escape)], "Unpin the selected allocation, close overlays"),
-    (Command::ToggleTheme, &[cmd(Key::T)], "Switch between light and dark theme"),
-    (Command::ToggleHelp, &[key(Key::F1), key(Key::Questionmark)], "Show or hide this help"),
-    (Command::ExportPng, &[cmd(Key::E)], "Export the window as PNG"),
-    (Command::ExportSvg, &[cmd_shift(Key::E)], "Export the timeline as SVG"),
-    (Command::FocusSearch, &[cmd(Key::F)], "Search allocations by function or file name"),
+    (
+        Command::PreviousStep,
+        &[key(Key::OpenBracket)],
+        "Zoom to the previous training step",
+    ),
+    (
+        Command::NextStep,
+        &[key(Key::CloseBracket)],
+        "Zoom to the next training step",
+    ),
+    (
+        Command::JumpToPeak,
+        &[key(Key::P)],
+        "Put the instant cursor on the peak",
+    ),
+    (
+        Command::Unpin,
+        &[key(Key::Escape)],
+        "Unpin the selected allocation, close overlays",
+    ),
+    (
+        Command::ToggleTheme,
+        &[cmd(Key::T)],
+        "Switch between light and dark theme",
+    ),
+    (
+        Command::ToggleHelp,
+        &[key(Key::F1), key(Key::Questionmark)],
+        "Show or hide this help",
+    ),
+    (
+        Command::ExportPng,
+        &[cmd(Key::E)],
+        "Export the window as PNG",
+    ),
+    (
+        Command::ExportSvg,
+        &[cmd_shift(Key::E)],
+        "Export the timeline as SVG",
+    ),
+    (
+        Command::FocusSearch,
+        &[cmd(Key::F)],
+        "Search allocations by function or file name",
+    ),
 ];
 
 /// Mouse gestures, listed in the help overlay after the keys.

@@ -57,7 +57,11 @@ pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
 
 fn slope_text(slope: &Slope) -> String {
     match slope.bytes_per_s {
-        Some(rate) => format!("{} ({})", format_bytes(slope.bytes.unsigned_abs()), format_rate(rate)),
+        Some(rate) => format!(
+            "{} ({})",
+            format_bytes(slope.bytes.unsigned_abs()),
+            format_rate(rate)
+        ),
         None => format!(
             "{} ({}/event)",
             format_bytes(slope.bytes.unsigned_abs()),
@@ -117,7 +121,10 @@ pub fn steps_ui(ui: &mut egui::Ui, steps: &StepAnalysis, state: &mut StepsState)
                 ("growth", "Forward: start to peak, and its rate"),
                 ("release", "Backward: peak to end, and its rate"),
                 ("drift", "End minus start: memory the step kept"),
-                ("outliving", "Allocations made in the step and still live after it"),
+                (
+                    "outliving",
+                    "Allocations made in the step and still live after it",
+                ),
                 ("duration", "Wall time of the step"),
             ] {
                 header.col(|ui| {
@@ -154,7 +161,11 @@ pub fn steps_ui(ui: &mut egui::Ui, steps: &StepAnalysis, state: &mut StepsState)
                     if step.outliving_count == 0 {
                         "–".to_owned()
                     } else {
-                        format!("{} in {}", format_bytes(step.outliving_bytes), step.outliving_count)
+                        format!(
+                            "{} in {}",
+                            format_bytes(step.outliving_bytes),
+                            step.outliving_count
+                        )
                     },
                     duration,
                 ];

@@ -15,8 +15,7 @@ use crate::export::Svg;
 use crate::palette;
 use crate::shortcuts::Command;
 use crate::units::{
-    bytes_to_slider, format_bytes, format_duration_us, format_rate, slider_to_bytes,
-    LOG_SLIDER_MAX,
+    bytes_to_slider, format_bytes, format_duration_us, format_rate, slider_to_bytes, LOG_SLIDER_MAX,
 };
 use crate::view::TimeWindow;
 
@@ -449,7 +448,8 @@ struct Transform {
 
 impl Transform {
     fn x(&self, x: f64) -> f32 {
-        self.window.to_screen(x, self.plot.left(), self.plot.width())
+        self.window
+            .to_screen(x, self.plot.left(), self.plot.width())
     }
 
     fn y(&self, bytes: u64) -> f32 {
@@ -494,7 +494,9 @@ pub fn layout_drawing(
     let replay = model.timeline.replay();
     let mut drawing = Drawing::default();
     let columns = &layout.columns;
-    drawing.rects.reserve(layout.bands.len() * 2 + columns.len());
+    drawing
+        .rects
+        .reserve(layout.bands.len() * 2 + columns.len());
     for band in &layout.bands {
         let Some(a) = replay.get(band.alloc) else {
             continue;
@@ -525,14 +527,30 @@ pub fn layout_drawing(
             Some((_, lo, hi)) if (lo, hi) == key => {}
             _ => {
                 if let Some((start, lo, hi)) = run {
-                    push_residual(&mut drawing, &t, columns[start].x0, col.x0, lo, hi, residual);
+                    push_residual(
+                        &mut drawing,
+                        &t,
+                        columns[start].x0,
+                        col.x0,
+                        lo,
+                        hi,
+                        residual,
+                    );
                 }
                 run = Some((c, key.0, key.1));
             }
         }
     }
     if let (Some((start, lo, hi)), Some(last)) = (run, columns.last()) {
-        push_residual(&mut drawing, &t, columns[start].x0, last.x1, lo, hi, residual);
+        push_residual(
+            &mut drawing,
+            &t,
+            columns[start].x0,
+            last.x1,
+            lo,
+            hi,
+            residual,
+        );
     }
     // Spikes shorter than a column: a thin envelope line.
     let envelope = palette::envelope(dark);
@@ -578,7 +596,12 @@ fn reserved_outline(timeline: &DeviceTimeline, layout: &Layout, t: &Transform) -
             .get(c + 1)
             .map_or(col.event + 1, |n| n.event.max(col.event + 1));
         let value = timeline
-            .curve_envelope(memsnap_analysis::CurveKind::Reserved, col.event, next_event, 1)
+            .curve_envelope(
+                memsnap_analysis::CurveKind::Reserved,
+                col.event,
+                next_event,
+                1,
+            )
             .ok()
             .and_then(|v| v.first().map(|(_, hi)| *hi))
             .unwrap_or_else(|| reserved.at(col.event));
@@ -629,7 +652,10 @@ pub fn timeline_ui(
     let dark = ui.visuals().dark_mode;
     let available = ui.available_rect_before_wrap();
     let overview_rect = Rect::from_min_max(
-        Pos2::new(available.left() + Y_LABEL_WIDTH, available.bottom() - OVERVIEW_HEIGHT),
+        Pos2::new(
+            available.left() + Y_LABEL_WIDTH,
+            available.bottom() - OVERVIEW_HEIGHT,
+        ),
         available.right_bottom(),
     );
     let outer = Rect::from_min_max(
@@ -644,7 +670,11 @@ pub fn timeline_ui(
     if plot.width() < 10.0 || plot.height() < 10.0 {
         return TimelineOutput::default();
     }
-    let response = ui.interact(plot, ui.make_persistent_id("timeline_plot"), Sense::click_and_drag());
+    let response = ui.interact(
+        plot,
+        ui.make_persistent_id("timeline_plot"),
+        Sense::click_and_drag(),
+    );
     let mut output = TimelineOutput::default();
 
     handle_zoom_and_pan(ui, &response, plot, state);
@@ -749,14 +779,23 @@ pub fn timeline_ui(
                     t.x(step.x)..=t.x(x1),
                     t.y(step.bottom.saturating_add(band.size))..=t.y(step.bottom),
                 );
-                painter.rect_stroke(rect, 0.0, Stroke::new(2.0, palette::HIGHLIGHT), egui::StrokeKind::Outside);
+                painter.rect_stroke(
+                    rect,
+                    0.0,
+                    Stroke::new(2.0, palette::HIGHLIGHT),
+                    egui::StrokeKind::Outside,
+                );
             }
         }
     }
     if let Some(cursor) = state.cursor {
         let x = t.x(event_to_axis(model.timeline, state.axis, f64::from(cursor)));
         if plot.x_range().contains(x) {
-            painter.vline(x, plot.y_range(), Stroke::new(1.0, ui.visuals().strong_text_color()));
+            painter.vline(
+                x,
+                plot.y_range(),
+                Stroke::new(1.0, ui.visuals().strong_text_color()),
+            );
         }
     }
 
@@ -767,8 +806,15 @@ pub fn timeline_ui(
         let hit = layout.hit_test(x, t.bytes_at(pos.y));
         state.hovered = hit;
         if let Some(start) = state.box_start {
-            let rect = Rect::from_two_pos(Pos2::new(start.x, plot.top()), Pos2::new(pos.x, plot.bottom()));
-            painter.rect_filled(rect, 0.0, Color32::from_rgba_unmultiplied(120, 160, 255, 40));
+            let rect = Rect::from_two_pos(
+                Pos2::new(start.x, plot.top()),
+                Pos2::new(pos.x, plot.bottom()),
+            );
+            painter.rect_filled(
+                rect,
+                0.0,
+                Color32::from_rgba_unmultiplied(120, 160, 255, 40),
+            );
         } else if let Some(Hit::Band(id)) = hit {
             if let Some(band) = layout.bands.iter().find(|b| b.alloc == id) {
                 if let Some(column) = layout.column_at(x) {
@@ -777,7 +823,12 @@ pub fn timeline_ui(
                             t.x(band.x_start)..=t.x(band.x_end),
                             t.y(bottom.saturating_add(band.size))..=t.y(bottom),
                         );
-                        painter.rect_stroke(rect, 0.0, Stroke::new(1.0, palette::HIGHLIGHT), egui::StrokeKind::Outside);
+                        painter.rect_stroke(
+                            rect,
+                            0.0,
+                            Stroke::new(1.0, palette::HIGHLIGHT),
+                            egui::StrokeKind::Outside,
+                        );
                     }
                 }
             }
@@ -791,7 +842,9 @@ pub fn timeline_ui(
                 Some(Hit::Band(id)) => Some(id),
                 _ => None,
             };
-            state.cursor = layout.column_at(x).map(|c| layout.columns[c as usize].event);
+            state.cursor = layout
+                .column_at(x)
+                .map(|c| layout.columns[c as usize].event);
             output.clicked = hit;
         }
     }
@@ -838,14 +891,17 @@ fn handle_zoom_and_pan(
 ) {
     let window = state.window;
     if response.hovered() {
-        let (scroll, zoom, pointer) = ui.input(|i| (i.smooth_scroll_delta, i.zoom_delta(), i.pointer.hover_pos()));
+        let (scroll, zoom, pointer) =
+            ui.input(|i| (i.smooth_scroll_delta, i.zoom_delta(), i.pointer.hover_pos()));
         let anchor = pointer
             .map(|p| window.from_screen(p.x, plot.left(), plot.width()))
             .unwrap_or((window.start + window.end) / 2.0);
         if zoom != 1.0 {
             state.window.zoom_at(anchor, 1.0 / f64::from(zoom));
         } else if scroll.y != 0.0 {
-            state.window.zoom_at(anchor, (-f64::from(scroll.y) * 0.003).exp());
+            state
+                .window
+                .zoom_at(anchor, (-f64::from(scroll.y) * 0.003).exp());
         }
         if scroll.x != 0.0 {
             state
@@ -861,7 +917,9 @@ fn handle_zoom_and_pan(
     }
     if state.box_start.is_some() {
         if response.drag_stopped() {
-            if let (Some(start), Some(end)) = (state.box_start.take(), response.interact_pointer_pos()) {
+            if let (Some(start), Some(end)) =
+                (state.box_start.take(), response.interact_pointer_pos())
+            {
                 if (end.x - start.x).abs() > 3.0 {
                     let a = window.from_screen(start.x, plot.left(), plot.width());
                     let b = window.from_screen(end.x, plot.left(), plot.width());
@@ -895,19 +953,41 @@ fn axes_ui(
         let y = t.y(tick);
         painter.hline(t.plot.x_range(), y, Stroke::new(0.5, grid));
         let label = format_bytes(tick);
-        painter.text(Pos2::new(t.plot.left() - 4.0, y), egui::Align2::RIGHT_CENTER, &label, font.clone(), text_color);
-        drawing.texts.push((Pos2::new(t.plot.left() - Y_LABEL_WIDTH + 2.0, y + 4.0), label, text_color));
+        painter.text(
+            Pos2::new(t.plot.left() - 4.0, y),
+            egui::Align2::RIGHT_CENTER,
+            &label,
+            font.clone(),
+            text_color,
+        );
+        drawing.texts.push((
+            Pos2::new(t.plot.left() - Y_LABEL_WIDTH + 2.0, y + 4.0),
+            label,
+            text_color,
+        ));
     }
     let origin = t.window.full_start;
-    for tick in nice_ticks(t.window.start, t.window.end, (t.plot.width() / 110.0).max(2.0) as usize) {
+    for tick in nice_ticks(
+        t.window.start,
+        t.window.end,
+        (t.plot.width() / 110.0).max(2.0) as usize,
+    ) {
         let x = t.x(tick);
         painter.vline(x, t.plot.y_range(), Stroke::new(0.5, grid));
         let label = match axis {
             Axis::Event => format!("{}", tick.round() as i64),
             Axis::Time => format_duration_us((tick - origin).round() as i64),
         };
-        painter.text(Pos2::new(x, t.plot.bottom() + 2.0), egui::Align2::CENTER_TOP, &label, font.clone(), text_color);
-        drawing.texts.push((Pos2::new(x, t.plot.bottom() + 13.0), label, text_color));
+        painter.text(
+            Pos2::new(x, t.plot.bottom() + 2.0),
+            egui::Align2::CENTER_TOP,
+            &label,
+            font.clone(),
+            text_color,
+        );
+        drawing
+            .texts
+            .push((Pos2::new(x, t.plot.bottom() + 13.0), label, text_color));
     }
     let axis_name = match axis {
         Axis::Event => "event",
@@ -933,17 +1013,35 @@ fn steps_overlay(
     let font = egui::FontId::proportional(11.0);
     let x_of = |event: u32| t.x(event_to_axis(model.timeline, axis, f64::from(event)));
     for step in &model.steps.steps {
-        let (x0, xp, x1) = (x_of(step.start_event), x_of(step.peak_event), x_of(step.end_event));
+        let (x0, xp, x1) = (
+            x_of(step.start_event),
+            x_of(step.peak_event),
+            x_of(step.end_event),
+        );
         if x1 < t.plot.left() || x0 > t.plot.right() {
             continue;
         }
         let mark = Stroke::new(1.0, palette::STEP_MARK.gamma_multiply(0.7));
         if t.plot.x_range().contains(x0) {
             painter.vline(x0, t.plot.y_range(), mark);
-            drawing.lines.push((vec![Pos2::new(x0, t.plot.top()), Pos2::new(x0, t.plot.bottom())], mark.color, 1.0));
+            drawing.lines.push((
+                vec![Pos2::new(x0, t.plot.top()), Pos2::new(x0, t.plot.bottom())],
+                mark.color,
+                1.0,
+            ));
             let label = format!("step {}", step.index);
-            painter.text(Pos2::new(x0 + 3.0, t.plot.top() + 2.0), egui::Align2::LEFT_TOP, &label, font.clone(), palette::STEP_MARK);
-            drawing.texts.push((Pos2::new(x0 + 3.0, t.plot.top() + 12.0), label, palette::STEP_MARK));
+            painter.text(
+                Pos2::new(x0 + 3.0, t.plot.top() + 2.0),
+                egui::Align2::LEFT_TOP,
+                &label,
+                font.clone(),
+                palette::STEP_MARK,
+            );
+            drawing.texts.push((
+                Pos2::new(x0 + 3.0, t.plot.top() + 12.0),
+                label,
+                palette::STEP_MARK,
+            ));
         }
         // Slopes are only legible when the step is wide enough.
         if x1 - x0 < 40.0 {
@@ -960,7 +1058,10 @@ fn steps_overlay(
             drawing.lines.push((vec![a, b], color, 2.0));
             let rate = match slope.bytes_per_s {
                 Some(r) => format_rate(r),
-                None => format!("{}/event", format_bytes(slope.bytes_per_event.abs().round() as u64)),
+                None => format!(
+                    "{}/event",
+                    format_bytes(slope.bytes_per_event.abs().round() as u64)
+                ),
             };
             let mid = Pos2::new((a.x + b.x) / 2.0, (a.y + b.y) / 2.0 - 10.0);
             if (b.x - a.x) > 60.0 {
@@ -973,10 +1074,21 @@ fn steps_overlay(
 
 /// The overview strip: the whole run's total, with the visible window marked. Click or drag
 /// to move the window.
-fn overview_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut TimelineState, rect: Rect) {
+fn overview_ui(
+    ui: &mut egui::Ui,
+    model: &TimelineModel<'_>,
+    state: &mut TimelineState,
+    rect: Rect,
+) {
     let response = ui
-        .interact(rect, ui.make_persistent_id("timeline_overview"), Sense::click_and_drag())
-        .on_hover_text("The whole run; the light box is what the plot shows. Click or drag to move there.");
+        .interact(
+            rect,
+            ui.make_persistent_id("timeline_overview"),
+            Sense::click_and_drag(),
+        )
+        .on_hover_text(
+            "The whole run; the light box is what the plot shows. Click or drag to move there.",
+        );
     let painter = ui.painter_at(rect);
     painter.rect_filled(rect, 2.0, ui.visuals().faint_bg_color);
     let width = rect.width().round() as u32;
@@ -994,7 +1106,10 @@ fn overview_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut Timelin
             let x = rect.left() + c as f32;
             let h = col.total_max as f32 / y_max * (rect.height() - 2.0);
             mesh.add_colored_rect(
-                Rect::from_min_max(Pos2::new(x, rect.bottom() - h), Pos2::new(x + 1.0, rect.bottom())),
+                Rect::from_min_max(
+                    Pos2::new(x, rect.bottom() - h),
+                    Pos2::new(x + 1.0, rect.bottom()),
+                ),
                 fill,
             );
         }
@@ -1006,10 +1121,21 @@ fn overview_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut Timelin
         ..full
     };
     let x0 = overview_window.to_screen(full.start, rect.left(), rect.width());
-    let x1 = overview_window.to_screen(full.end, rect.left(), rect.width()).max(x0 + 2.0);
+    let x1 = overview_window
+        .to_screen(full.end, rect.left(), rect.width())
+        .max(x0 + 2.0);
     let visible = Rect::from_x_y_ranges(x0..=x1, rect.y_range());
-    painter.rect_filled(visible, 0.0, Color32::from_rgba_unmultiplied(255, 255, 255, 40));
-    painter.rect_stroke(visible, 0.0, Stroke::new(1.0, ui.visuals().strong_text_color()), egui::StrokeKind::Inside);
+    painter.rect_filled(
+        visible,
+        0.0,
+        Color32::from_rgba_unmultiplied(255, 255, 255, 40),
+    );
+    painter.rect_stroke(
+        visible,
+        0.0,
+        Stroke::new(1.0, ui.visuals().strong_text_color()),
+        egui::StrokeKind::Inside,
+    );
     if response.clicked() || response.dragged() {
         if let Some(pos) = response.interact_pointer_pos() {
             let center = overview_window.from_screen(pos.x, rect.left(), rect.width());
@@ -1097,7 +1223,12 @@ mod tests {
         };
         let drawing = layout_drawing(&layout, &model, style, plot, window, y_max);
         let faded = palette::unmatched(true);
-        let special = [faded, palette::residual(true), palette::envelope(true), palette::before_window(true)];
+        let special = [
+            faded,
+            palette::residual(true),
+            palette::envelope(true),
+            palette::before_window(true),
+        ];
         assert!(drawing.rects.iter().all(|(_, c)| special.contains(c)));
         assert!(drawing.rects.iter().any(|(_, c)| *c == faded));
 
@@ -1125,7 +1256,10 @@ mod tests {
 
     #[test]
     fn nice_ticks_are_round_numbers() {
-        assert_eq!(nice_ticks(0.0, 100.0, 5), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
+        assert_eq!(
+            nice_ticks(0.0, 100.0, 5),
+            vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+        );
         assert!(nice_ticks(5.0, 5.0, 3).is_empty());
     }
 }

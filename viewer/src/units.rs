@@ -93,10 +93,7 @@ pub fn format_rate(bytes_per_s: f64) -> String {
         return "–".to_owned();
     }
     let sign = if bytes_per_s < 0.0 { "-" } else { "" };
-    format!(
-        "{sign}{}/s",
-        format_bytes(bytes_per_s.abs().round() as u64)
-    )
+    format!("{sign}{}/s", format_bytes(bytes_per_s.abs().round() as u64))
 }
 
 /// The byte slider works on a log2 scale: position `p` in `0..=LOG_SLIDER_MAX` means

@@ -17,7 +17,11 @@ pub struct TimeWindow {
 impl TimeWindow {
     /// A window showing all of `start..end`.
     pub fn new(start: f64, end: f64, min_span: f64) -> Self {
-        let end = if end > start { end } else { start + min_span.max(1.0) };
+        let end = if end > start {
+            end
+        } else {
+            start + min_span.max(1.0)
+        };
         TimeWindow {
             full_start: start,
             full_end: end,
@@ -62,7 +66,8 @@ impl TimeWindow {
             return;
         }
         let anchor = anchor.clamp(self.start, self.end);
-        let span = (self.span() * factor).clamp(self.min_span.min(self.full_span()), self.full_span());
+        let span =
+            (self.span() * factor).clamp(self.min_span.min(self.full_span()), self.full_span());
         let t = if self.span() > 0.0 {
             (anchor - self.start) / self.span()
         } else {

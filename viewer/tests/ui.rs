@@ -65,7 +65,10 @@ fn truncated_pickle() -> Vec<u8> {
 fn harness(settings: Settings) -> Harness<'static, ViewerApp> {
     Harness::builder()
         .with_size([1280.0, 800.0])
-        .build_ui_state(|ui, app: &mut ViewerApp| app.ui(ui), ViewerApp::new(settings))
+        .build_ui_state(
+            |ui, app: &mut ViewerApp| app.ui(ui),
+            ViewerApp::new(settings),
+        )
 }
 
 fn drop_file(h: &mut Harness<'_, ViewerApp>, name: &str, bytes: Vec<u8>) {
@@ -136,7 +139,10 @@ fn a_bad_file_shows_an_error_and_the_good_one_stays_open() {
 
 #[test]
 fn moving_the_size_slider_folds_small_allocations_into_one_band() {
-    let mut h = loaded_app(&[("run.pickle", training_pickle(3, 0))], Settings::default());
+    let mut h = loaded_app(
+        &[("run.pickle", training_pickle(3, 0))],
+        Settings::default(),
+    );
     let bands_before = drawn_bands(&h);
     h.get_by_label("everything shown");
     // Slider positions are log2 of bytes: 22 = 4 MiB.
@@ -160,7 +166,10 @@ fn moving_the_size_slider_folds_small_allocations_into_one_band() {
         .cached_layout()
         .expect("drawn");
     // Every column still adds up: drawn bands plus the residual equal the curve.
-    assert!(layout.columns.iter().all(|c| c.drawn_bytes <= c.total_bytes));
+    assert!(layout
+        .columns
+        .iter()
+        .all(|c| c.drawn_bytes <= c.total_bytes));
     assert!(layout.columns.iter().any(|c| c.total_bytes > c.drawn_bytes));
 }
 
@@ -173,9 +182,23 @@ fn drawn_bands(h: &Harness<'_, ViewerApp>) -> usize {
 
 #[test]
 fn clicking_a_step_row_zooms_the_timeline_to_that_step() {
-    let mut h = loaded_app(&[("run.pickle", training_pickle(4, 0))], Settings::default());
-    let steps = h.state().active_document().expect("open").device().steps.steps.clone();
-    assert!(steps.len() >= 3, "the generated run has steps: {}", steps.len());
+    let mut h = loaded_app(
+        &[("run.pickle", training_pickle(4, 0))],
+        Settings::default(),
+    );
+    let steps = h
+        .state()
+        .active_document()
+        .expect("open")
+        .device()
+        .steps
+        .steps
+        .clone();
+    assert!(
+        steps.len() >= 3,
+        "the generated run has steps: {}",
+        steps.len()
+    );
     h.get_by_label("step 2").click();
     h.run();
     let doc = h.state().active_document().expect("open");
@@ -189,14 +212,22 @@ fn clicking_a_step_row_zooms_the_timeline_to_that_step() {
 
 #[test]
 fn clicking_a_band_pins_it_and_shows_its_full_stack() {
-    let mut h = loaded_app(&[("run.pickle", training_pickle(15, 0))], Settings::default());
+    let mut h = loaded_app(
+        &[("run.pickle", training_pickle(15, 0))],
+        Settings::default(),
+    );
     let plot = h.get_by_label_contains("Active memory timeline").rect();
     // The bottom band (a parameter, live from its allocation to the end) spans the right half.
     let pos = egui::pos2(plot.left() + plot.width() * 0.75, plot.bottom() - 2.0);
     h.hover_at(pos);
     h.run();
     assert!(matches!(
-        h.state().active_document().expect("open").state().timeline.hovered,
+        h.state()
+            .active_document()
+            .expect("open")
+            .state()
+            .timeline
+            .hovered,
         Some(memsnap_analysis::Hit::Band(_))
     ));
     h.get_by_label("Allocation");
@@ -215,7 +246,10 @@ fn clicking_a_band_pins_it_and_shows_its_full_stack() {
     h.run();
     let timeline = &h.state().active_document().expect("open").state().timeline;
     assert!(timeline.pinned.is_some());
-    assert!(timeline.cursor.is_some(), "the click also moves the instant cursor");
+    assert!(
+        timeline.cursor.is_some(),
+        "the click also moves the instant cursor"
+    );
     h.get_by_label("Pinned allocation");
     h.get_by_role_and_label(Role::Button, "Copy");
     // The SVG export draws the same picture.
@@ -228,18 +262,31 @@ fn clicking_a_band_pins_it_and_shows_its_full_stack() {
     assert!(svg.starts_with("<svg") && svg.contains("<rect") && svg.contains("<polyline"));
     h.key_press(egui::Key::Escape);
     h.run();
-    assert!(h.state().active_document().expect("open").state().timeline.pinned.is_none());
+    assert!(h
+        .state()
+        .active_document()
+        .expect("open")
+        .state()
+        .timeline
+        .pinned
+        .is_none());
 }
 
 #[test]
 fn a_leaking_run_is_flagged() {
-    let h = loaded_app(&[("leaky.pickle", training_pickle(5, 8 << 20))], Settings::default());
+    let h = loaded_app(
+        &[("leaky.pickle", training_pickle(5, 8 << 20))],
+        Settings::default(),
+    );
     h.get_by_label_contains("Leak suspected");
 }
 
 #[test]
 fn searching_keeps_only_matching_stacks() {
-    let mut h = loaded_app(&[("run.pickle", training_pickle(6, 0))], Settings::default());
+    let mut h = loaded_app(
+        &[("run.pickle", training_pickle(6, 0))],
+        Settings::default(),
+    );
     let search = h.get_by_role(Role::TextInput);
     search.focus();
     search.type_text("no_such_function_anywhere");
@@ -249,13 +296,30 @@ fn searching_keeps_only_matching_stacks() {
 
 #[test]
 fn keyboard_zoom_and_reset() {
-    let mut h = loaded_app(&[("run.pickle", training_pickle(7, 0))], Settings::default());
+    let mut h = loaded_app(
+        &[("run.pickle", training_pickle(7, 0))],
+        Settings::default(),
+    );
     h.key_press(egui::Key::Plus);
     h.run();
-    assert!(h.state().active_document().expect("open").state().timeline.window.is_zoomed());
+    assert!(h
+        .state()
+        .active_document()
+        .expect("open")
+        .state()
+        .timeline
+        .window
+        .is_zoomed());
     h.key_press(egui::Key::Num0);
     h.run();
-    assert!(!h.state().active_document().expect("open").state().timeline.window.is_zoomed());
+    assert!(!h
+        .state()
+        .active_document()
+        .expect("open")
+        .state()
+        .timeline
+        .window
+        .is_zoomed());
     h.key_press(egui::Key::F1);
     h.run();
     h.get_by_label_contains("Zoom to the next training step");
@@ -311,13 +375,19 @@ fn snapshot_app(files: &[(&str, Vec<u8>)], theme: ThemeChoice) -> Harness<'stati
 
 #[test]
 fn snapshot_timeline_dark() {
-    let mut h = snapshot_app(&[("run.pickle", training_pickle(11, 1 << 20))], ThemeChoice::Dark);
+    let mut h = snapshot_app(
+        &[("run.pickle", training_pickle(11, 1 << 20))],
+        ThemeChoice::Dark,
+    );
     h.snapshot("timeline_dark");
 }
 
 #[test]
 fn snapshot_timeline_light_filtered() {
-    let mut h = snapshot_app(&[("truncated.pickle", truncated_pickle())], ThemeChoice::Light);
+    let mut h = snapshot_app(
+        &[("truncated.pickle", truncated_pickle())],
+        ThemeChoice::Light,
+    );
     h.get_by_label_contains("before the recording");
     h.get_by_role(Role::Slider).set_value_accesskit(20.0);
     h.run();

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use crate::error::{FormatError, Result};
-use crate::intern::{Frame, FrameId, StackId};
+use crate::intern::{Frame, FrameId, StackId, StrId};
 use crate::model::*;
 use crate::value::{Extras, Value};
 
@@ -39,6 +39,10 @@ pub(crate) struct ConvState {
     pub entries: Vec<TraceEntry>,
     /// `entries` was moved out whole into one device trace.
     entries_taken: bool,
+    /// The last string interned per entry field (`compile_context`, `user_metadata`) as an
+    /// input range: consecutive entries nearly always repeat it, so this skips validating
+    /// and hashing it again.
+    recent_strs: [(usize, u32, StrId); 2],
 }
 
 impl ConvState {
@@ -51,6 +55,7 @@ impl ConvState {
             budget: 4 * input_len as u64 + (1 << 16),
             entries: Vec::new(),
             entries_taken: false,
+            recent_strs: [(0, u32::MAX, StrId(0)); 2],
         }
     }
 
@@ -696,7 +701,6 @@ impl<'a, 'b> Conv<'a, 'b> {
         let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
         let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
         let mut rare: Option<Box<EntryRare>> = None;
-        let mut legacy = false;
         let (mut canonical, mut last_rank) = (true, -1i32);
         for (i, pair) in items.chunks_exact(2).enumerate() {
             let (k, v) = (pair[0], pair[1]);
@@ -731,13 +735,13 @@ impl<'a, 'b> Conv<'a, 'b> {
                     6
                 }
                 Some(b"compile_context") => {
-                    let s = self.at(Seg::Key("compile_context"), |c| c.str(v))?;
-                    e.compile_context = Some(self.st.snap.strings.intern(s));
+                    e.compile_context =
+                        Some(self.at(Seg::Key("compile_context"), |c| c.recent_str(v, 0))?);
                     7
                 }
                 Some(b"user_metadata") => {
-                    let s = self.at(Seg::Key("user_metadata"), |c| c.str(v))?;
-                    e.user_metadata = Some(self.st.snap.strings.intern(s));
+                    e.user_metadata =
+                        Some(self.at(Seg::Key("user_metadata"), |c| c.recent_str(v, 1))?);
                     8
                 }
                 Some(b"internal_metadata") => {
@@ -749,7 +753,6 @@ impl<'a, 'b> Conv<'a, 'b> {
                 Some(b"frames") => {
                     e.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
                     if i == 0 {
-                        legacy = true;
                         rare.get_or_insert_with(Default::default).legacy_frames_first = true;
                         0
                     } else {
@@ -773,7 +776,6 @@ impl<'a, 'b> Conv<'a, 'b> {
             canonical &= rank > last_rank;
             last_rank = rank;
         }
-        let _ = legacy;
         e.action = action.ok_or_else(|| self.schema("trace entry lacks key 'action'"))?;
         e.size = size.ok_or_else(|| self.schema("trace entry lacks key 'size'"))?;
         e.stream = stream.ok_or_else(|| self.schema("trace entry lacks key 'stream'"))?;
@@ -783,6 +785,23 @@ impl<'a, 'b> Conv<'a, 'b> {
         }
         e.rare = rare;
         Ok((e, canonical))
+    }
+
+    /// Interns a string through the one-entry cache `slot` of [`ConvState::recent_strs`].
+    #[inline]
+    fn recent_str(&mut self, v: Val, slot: usize) -> Result<StrId> {
+        if let Val::Str { start, len } = v {
+            let (s0, l0, id) = self.st.recent_strs[slot];
+            if l0 == len && (s0 == start || self.arena.bytes(s0, l0) == self.arena.bytes(start, len)) {
+                return Ok(id);
+            }
+        }
+        let text = self.str(v)?;
+        let id = self.st.snap.strings.intern(text);
+        if let Val::Str { start, len } = v {
+            self.st.recent_strs[slot] = (start, len, id);
+        }
+        Ok(id)
     }
 
     /// A packed entry back as a generic dict, keys in the writer's order.
