@@ -43,7 +43,11 @@ fn main() -> Result<()> {
     }
     gpu.dump_snapshot(&out)
         .with_context(|| format!("cannot write {}", out.display()))?;
-    println!("wrote {} (open it with `memsnap view {}`)", out.display(), out.display());
+    println!(
+        "wrote {} (open it with `memsnap view {}`)",
+        out.display(),
+        out.display()
+    );
     Ok(())
 }
 

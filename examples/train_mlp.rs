@@ -32,7 +32,10 @@ struct Lcg(u64);
 impl Lcg {
     /// Uniform in [-1, 1).
     fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
@@ -100,7 +103,10 @@ fn main() -> Result<()> {
     let stats = gpu.stats();
     println!(
         "peak allocated {} bytes, {} trace entries; wrote {} (open it with `memsnap view {}`)",
-        stats.allocated_bytes.get(memsnap_recorder::StatType::All).peak,
+        stats
+            .allocated_bytes
+            .get(memsnap_recorder::StatType::All)
+            .peak,
         gpu.history_len(),
         out.display(),
         out.display()
@@ -145,7 +151,11 @@ fn train_step<'a>(
 }
 
 #[inline(never)]
-fn forward<'a>(gpu: &'a Gpu, layers: &[Linear<'a>], inputs: &HostTensor<'a>) -> Result<Vec<Saved<'a>>> {
+fn forward<'a>(
+    gpu: &'a Gpu,
+    layers: &[Linear<'a>],
+    inputs: &HostTensor<'a>,
+) -> Result<Vec<Saved<'a>>> {
     let mut saved: Vec<Saved<'a>> = Vec::with_capacity(layers.len());
     for (i, layer) in layers.iter().enumerate() {
         let input = saved.last().map_or(inputs, |s| &s.output);
@@ -182,7 +192,9 @@ fn linear_forward<'a>(gpu: &'a Gpu, layer: &Linear<'a>, input: &[f32]) -> Result
 #[inline(never)]
 fn relu_forward<'a>(gpu: &'a Gpu, input: &[f32]) -> Result<HostTensor<'a>> {
     let mut out = HostTensor::zeros(gpu, input.len())?;
-    out.iter_mut().zip(input).for_each(|(o, &x)| *o = x.max(0.0));
+    out.iter_mut()
+        .zip(input)
+        .for_each(|(o, &x)| *o = x.max(0.0));
     Ok(out)
 }
 
@@ -194,7 +206,11 @@ fn copy<'a>(gpu: &'a Gpu, input: &[f32]) -> Result<HostTensor<'a>> {
 
 /// Mean squared error and its gradient with respect to the prediction.
 #[inline(never)]
-fn mse_loss<'a>(gpu: &'a Gpu, prediction: &[f32], targets: &[f32]) -> Result<(f32, HostTensor<'a>)> {
+fn mse_loss<'a>(
+    gpu: &'a Gpu,
+    prediction: &[f32],
+    targets: &[f32],
+) -> Result<(f32, HostTensor<'a>)> {
     let mut grad = HostTensor::zeros(gpu, prediction.len())?;
     let n = prediction.len() as f32;
     let mut loss = 0.0;
@@ -225,21 +241,27 @@ fn backward<'a>(
         }
         drop(this); // the activation's memory goes back to the cache: the down-slope
         let input: &[f32] = saved.last().map_or(inputs, |s| &s.output);
-        let (layer_grads, grad_input) = linear_backward(gpu, &layers[i], input, &grad_output, i > 0)?;
+        let (layer_grads, grad_input) =
+            linear_backward(gpu, &layers[i], input, &grad_output, i > 0)?;
         grads[i] = Some(layer_grads);
         grad_output = match grad_input {
             Some(g) => g,
             None => break,
         };
     }
-    Ok(grads.into_iter().map(|g| g.expect("every layer has gradients")).collect())
+    Ok(grads
+        .into_iter()
+        .map(|g| g.expect("every layer has gradients"))
+        .collect())
 }
 
 #[inline(never)]
 fn relu_backward(grad: &mut [f32], pre_activation: &[f32]) {
-    grad.iter_mut()
-        .zip(pre_activation)
-        .for_each(|(g, &z)| if z <= 0.0 { *g = 0.0 });
+    grad.iter_mut().zip(pre_activation).for_each(|(g, &z)| {
+        if z <= 0.0 {
+            *g = 0.0
+        }
+    });
 }
 
 /// Gradients of W and b, and (unless this is the first layer) of the layer's input.
@@ -259,7 +281,10 @@ fn linear_backward<'a>(
         bias.iter_mut().zip(g_row).for_each(|(gb, g)| *gb += g);
         for (k, &x) in input[b * fan_in..(b + 1) * fan_in].iter().enumerate() {
             let gw_row = &mut weight[k * fan_out..(k + 1) * fan_out];
-            gw_row.iter_mut().zip(g_row).for_each(|(gw, g)| *gw += x * g);
+            gw_row
+                .iter_mut()
+                .zip(g_row)
+                .for_each(|(gw, g)| *gw += x * g);
         }
     }
     let grad_input = if need_input_grad {
@@ -279,14 +304,20 @@ fn linear_backward<'a>(
 }
 
 #[inline(never)]
-fn adam_step<'a>(gpu: &'a Gpu, layers: &mut [Linear<'a>], grads: &[Grads<'a>], adam: &mut Adam<'a>) -> Result<()> {
+fn adam_step<'a>(
+    gpu: &'a Gpu,
+    layers: &mut [Linear<'a>],
+    grads: &[Grads<'a>],
+    adam: &mut Adam<'a>,
+) -> Result<()> {
     const BETA1: f32 = 0.9;
     const BETA2: f32 = 0.999;
     const EPS: f32 = 1e-8;
     if adam.moments.is_empty() {
         for layer in layers.iter() {
             for len in [layer.weight.len(), layer.bias.len()] {
-                adam.moments.push((HostTensor::zeros(gpu, len)?, HostTensor::zeros(gpu, len)?));
+                adam.moments
+                    .push((HostTensor::zeros(gpu, len)?, HostTensor::zeros(gpu, len)?));
             }
         }
     }

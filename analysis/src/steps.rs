@@ -254,12 +254,7 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
         .find(|a| a.stack.is_some() && a.stack == opener.stack && a.size == opener.size);
     if let Some(a) = earlier {
         let mut start = a.start();
-        let segment_alloc_at = |e: u32| {
-            replay
-                .segments
-                .iter()
-                .any(|s| s.alloc_event == Some(e))
-        };
+        let segment_alloc_at = |e: u32| replay.segments.iter().any(|s| s.alloc_event == Some(e));
         while start > 0 && segment_alloc_at(start - 1) {
             start -= 1;
         }

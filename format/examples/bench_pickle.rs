@@ -64,7 +64,10 @@ fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let (mut entries, mut runs, mut keep) = (1_000_000usize, 3usize, None::<PathBuf>);
     while let Some(arg) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value\n\n{USAGE}"));
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs a value\n\n{USAGE}"))
+        };
         match arg.as_str() {
             "--child-load" => return child_load(Path::new(&value()?)),
             "--entries" => entries = value()?.parse().map_err(|e| format!("--entries: {e}"))?,
@@ -218,7 +221,10 @@ fn python_side(path: &Path) -> Result<Option<PythonResult>, String> {
     }
     let v: serde_json::Value =
         serde_json::from_slice(&out.stdout).map_err(|e| format!("python3 output: {e}"))?;
-    let num = |k: &str| v[k].as_f64().ok_or_else(|| format!("python3 output lacks {k}"));
+    let num = |k: &str| {
+        v[k].as_f64()
+            .ok_or_else(|| format!("python3 output lacks {k}"))
+    };
     Ok(Some(PythonResult {
         load_s: num("load_s")?,
         rss_bytes: num("rss_kib")? as u64 * 1024,

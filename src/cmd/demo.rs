@@ -27,7 +27,9 @@ use crate::cmd::common::{format_size, parse_size};
 /// memsnap's caching allocator on a simulated GPU with native stacks, writes the snapshot,
 /// prints a summary and opens the viewer when one is built and a display is available.
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  memsnap demo\n  memsnap demo --steps 5 --layers 12 --out run.pickle --no-view\n  memsnap demo --oom-at-step 3")]
+#[command(
+    after_help = "Examples:\n  memsnap demo\n  memsnap demo --steps 5 --layers 12 --out run.pickle --no-view\n  memsnap demo --oom-at-step 3"
+)]
 pub struct Args {
     /// Where to write the snapshot (.pickle, .msgpack or .json; .gz/.zst compress).
     #[arg(long, default_value = "memsnap-demo.pickle")]
@@ -120,7 +122,10 @@ fn print_info(path: &std::path::Path) -> Result<()> {
     let matches = command.try_get_matches_from([std::ffi::OsStr::new("info"), path.as_os_str()])?;
     let args = crate::cmd::info::Args::from_arg_matches(&matches)?;
     let code = crate::cmd::info::run(args)?;
-    anyhow::ensure!(code == ExitCode::SUCCESS, "`memsnap info` could not read it");
+    anyhow::ensure!(
+        code == ExitCode::SUCCESS,
+        "`memsnap info` could not read it"
+    );
     Ok(())
 }
 
@@ -266,7 +271,14 @@ struct BlockParams {
 
 impl BlockParams {
     fn all(&self) -> [Tensor; 6] {
-        [self.ln1, self.qkv, self.proj, self.ln2, self.mlp_up, self.mlp_down]
+        [
+            self.ln1,
+            self.qkv,
+            self.proj,
+            self.ln2,
+            self.mlp_up,
+            self.mlp_down,
+        ]
     }
 }
 
@@ -303,7 +315,12 @@ struct AdamState {
 }
 
 #[inline(never)]
-fn train(gpu: &mut Gpu, shape: &ModelShape, steps: u32, oom_at: Option<u32>) -> Result<(), TrainError> {
+fn train(
+    gpu: &mut Gpu,
+    shape: &ModelShape,
+    steps: u32,
+    oom_at: Option<u32>,
+) -> Result<(), TrainError> {
     let model = init_model(gpu, shape)?;
     let mut adam = AdamState {
         moments: Vec::new(),
@@ -391,7 +408,12 @@ fn forward(
 }
 
 #[inline(never)]
-fn embedding_forward(gpu: &mut Gpu, shape: &ModelShape, tokens: Tensor, step: u32) -> Result<Tensor, TrainError> {
+fn embedding_forward(
+    gpu: &mut Gpu,
+    shape: &ModelShape,
+    tokens: Tensor,
+    step: u32,
+) -> Result<Tensor, TrainError> {
     black_box(tokens);
     let out = gpu.empty(shape.hidden_states(), step, "embedding_forward")?;
     Ok(black_box(out))
@@ -424,7 +446,12 @@ fn block_forward(
 }
 
 #[inline(never)]
-fn layer_norm_forward(gpu: &mut Gpu, shape: &ModelShape, x: Tensor, step: u32) -> Result<Tensor, TrainError> {
+fn layer_norm_forward(
+    gpu: &mut Gpu,
+    shape: &ModelShape,
+    x: Tensor,
+    step: u32,
+) -> Result<Tensor, TrainError> {
     black_box(x);
     // The per-token mean and variance are a temporary; only the normalised output is kept.
     let stats = gpu.empty(shape.tokens() * 2 * F32, step, "layer_norm_forward")?;
@@ -445,7 +472,8 @@ fn attention_forward(
     black_box((x, params.qkv, params.proj));
     let site = "attention_forward";
     let qkv = gpu.empty(3 * shape.hidden_states(), step, site)?;
-    let scores_for = |seq_len: u64| shape.batch * shape.heads * seq_len.saturating_mul(seq_len) * F32;
+    let scores_for =
+        |seq_len: u64| shape.batch * shape.heads * seq_len.saturating_mul(seq_len) * F32;
     let scores_bytes = if long_batch {
         // A batch of much longer sequences: the scores grow with the square of the length,
         // past what the device holds.
@@ -484,7 +512,12 @@ fn mlp_forward(
 }
 
 #[inline(never)]
-fn lm_head_forward(gpu: &mut Gpu, shape: &ModelShape, x: Tensor, step: u32) -> Result<Tensor, TrainError> {
+fn lm_head_forward(
+    gpu: &mut Gpu,
+    shape: &ModelShape,
+    x: Tensor,
+    step: u32,
+) -> Result<Tensor, TrainError> {
     black_box(x);
     let logits = gpu.empty(shape.tokens() * shape.vocab * F32, step, "lm_head_forward")?;
     Ok(black_box(logits))
@@ -565,7 +598,8 @@ fn block_backward(
     gpu.drop_tensor(saved.block_out)?;
     let (mlp_grads, grad_mid) = mlp_backward(gpu, shape, params, &saved, grad_out, step)?;
     let ln2_grad = layer_norm_backward(gpu, params.ln2, saved.ln2_out, step)?;
-    let (attention_grads, grad_in) = attention_backward(gpu, shape, params, &saved, grad_mid, step)?;
+    let (attention_grads, grad_in) =
+        attention_backward(gpu, shape, params, &saved, grad_mid, step)?;
     let ln1_grad = layer_norm_backward(gpu, params.ln1, saved.ln1_out, step)?;
     let grads = [
         ln1_grad,
@@ -624,7 +658,12 @@ fn attention_backward(
 }
 
 #[inline(never)]
-fn layer_norm_backward(gpu: &mut Gpu, weight: Tensor, saved_out: Tensor, step: u32) -> Result<Tensor, TrainError> {
+fn layer_norm_backward(
+    gpu: &mut Gpu,
+    weight: Tensor,
+    saved_out: Tensor,
+    step: u32,
+) -> Result<Tensor, TrainError> {
     let grad = gpu.empty(weight.bytes, step, "layer_norm_backward")?;
     gpu.drop_tensor(saved_out)?;
     Ok(black_box(grad))
@@ -666,7 +705,11 @@ fn adam_step(
 }
 
 #[inline(never)]
-fn adam_init_state(gpu: &mut Gpu, params: &[Tensor], step: u32) -> Result<Vec<(Tensor, Tensor)>, TrainError> {
+fn adam_init_state(
+    gpu: &mut Gpu,
+    params: &[Tensor],
+    step: u32,
+) -> Result<Vec<(Tensor, Tensor)>, TrainError> {
     let mut moments = Vec::with_capacity(params.len());
     for param in params {
         let exp_avg = gpu.empty(param.bytes, step, "adam_init_state")?;

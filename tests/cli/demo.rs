@@ -5,7 +5,16 @@ use std::process::Command;
 use memsnap_format::{validate, Action, Snapshot, TraceEntry};
 
 /// A small, fast model: the shape of the run matters here, not its size.
-const SMALL: [&str; 8] = ["--layers", "2", "--batch", "2", "--seq-len", "128", "--hidden", "128"];
+const SMALL: [&str; 8] = [
+    "--layers",
+    "2",
+    "--batch",
+    "2",
+    "--seq-len",
+    "128",
+    "--hidden",
+    "128",
+];
 
 fn demo(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_memsnap"))
@@ -31,9 +40,15 @@ fn phase(names: &[String]) -> Option<&'static str> {
     let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
     if has("::adam_step") || has("::adam_init_state") {
         Some("optimizer")
-    } else if names.iter().any(|n| n.contains("::demo::") && n.ends_with("_backward")) {
+    } else if names
+        .iter()
+        .any(|n| n.contains("::demo::") && n.ends_with("_backward"))
+    {
         Some("backward")
-    } else if names.iter().any(|n| n.contains("::demo::") && n.ends_with("_forward")) {
+    } else if names
+        .iter()
+        .any(|n| n.contains("::demo::") && n.ends_with("_forward"))
+    {
         Some("forward")
     } else {
         None
@@ -44,7 +59,10 @@ fn phase(names: &[String]) -> Option<&'static str> {
 fn demo_writes_a_valid_snapshot_with_forward_backward_optimizer_per_step() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run.pickle");
-    let run = demo(dir.path(), &["--no-view", "--steps", "3", "--out", out.to_str().unwrap()]);
+    let run = demo(
+        dir.path(),
+        &["--no-view", "--steps", "3", "--out", out.to_str().unwrap()],
+    );
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success(),
@@ -54,12 +72,26 @@ fn demo_writes_a_valid_snapshot_with_forward_backward_optimizer_per_step() {
     assert!(stdout.contains("trained 3 steps"), "{stdout}");
 
     let (snapshot, _) = memsnap_format::read_path(&out).expect("the demo snapshot reads back");
-    assert_eq!(validate(&snapshot), vec![], "the demo snapshot breaks an invariant");
+    assert_eq!(
+        validate(&snapshot),
+        vec![],
+        "the demo snapshot breaks an invariant"
+    );
     let trace = &snapshot.traces()[0];
 
     // Native stacks come from the model's functions.
-    let all_names: Vec<String> = trace.iter().flat_map(|e| frame_names(&snapshot, e)).collect();
-    for function in ["embedding_forward", "attention_forward", "mlp_forward", "mlp_backward", "attention_backward", "adam_step"] {
+    let all_names: Vec<String> = trace
+        .iter()
+        .flat_map(|e| frame_names(&snapshot, e))
+        .collect();
+    for function in [
+        "embedding_forward",
+        "attention_forward",
+        "mlp_forward",
+        "mlp_backward",
+        "attention_backward",
+        "adam_step",
+    ] {
         assert!(
             all_names.iter().any(|n| n.ends_with(function)),
             "no {function} frame in the trace"
@@ -92,8 +124,14 @@ fn demo_writes_a_valid_snapshot_with_forward_backward_optimizer_per_step() {
             live_at_phase_start[3 * step + 1],
             live_at_phase_start[3 * step + 2],
         );
-        assert!(backward > forward, "step {step}: forward kept its activations (up-slope)");
-        assert!(optimizer < backward, "step {step}: backward freed them (down-slope)");
+        assert!(
+            backward > forward,
+            "step {step}: forward kept its activations (up-slope)"
+        );
+        assert!(
+            optimizer < backward,
+            "step {step}: backward freed them (down-slope)"
+        );
     }
 }
 
@@ -101,7 +139,11 @@ fn demo_writes_a_valid_snapshot_with_forward_backward_optimizer_per_step() {
 fn demo_writes_memsnap_demo_pickle_in_the_current_directory_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let run = demo(dir.path(), &["--no-view", "--steps", "1"]);
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let (snapshot, _) = memsnap_format::read_path(&dir.path().join("memsnap-demo.pickle")).unwrap();
     assert!(snapshot.entry_count() > 0);
 }
@@ -112,18 +154,38 @@ fn demo_oom_at_step_records_the_oom_and_stops() {
     let out = dir.path().join("oom.pickle");
     let run = demo(
         dir.path(),
-        &["--no-view", "--steps", "4", "--oom-at-step", "2", "--device-memory", "4GiB", "--out", out.to_str().unwrap()],
+        &[
+            "--no-view",
+            "--steps",
+            "4",
+            "--oom-at-step",
+            "2",
+            "--device-memory",
+            "4GiB",
+            "--out",
+            out.to_str().unwrap(),
+        ],
     );
     let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
-    assert!(stdout.contains("step 2: out of memory in attention_forward"), "{stdout}");
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains("step 2: out of memory in attention_forward"),
+        "{stdout}"
+    );
 
     let (snapshot, _) = memsnap_format::read_path(&out).unwrap();
     assert_eq!(validate(&snapshot), vec![]);
     let trace = &snapshot.traces()[0];
-    let oom = trace.iter().position(|e| e.action == Action::Oom).expect("an oom entry");
-    // The run stopped at the OOM: no optimizer step after it.
-    assert!(!trace[oom..]
+    let oom = trace
         .iter()
-        .any(|e| e.action == Action::Alloc && phase(&frame_names(&snapshot, e)) == Some("optimizer")));
+        .position(|e| e.action == Action::Oom)
+        .expect("an oom entry");
+    // The run stopped at the OOM: no optimizer step after it.
+    assert!(!trace[oom..].iter().any(
+        |e| e.action == Action::Alloc && phase(&frame_names(&snapshot, e)) == Some("optimizer")
+    ));
 }

@@ -2,6 +2,6 @@
 
 mod analysis_cmds;
 mod common;
+mod demo;
 mod format_cmds;
 mod plot_cmd;
-mod demo;

@@ -187,12 +187,14 @@ fn curve_shape_finds_the_steps_without_annotations() {
                 got.len(),
                 want.len()
             );
-            // Every found step is a true step, and at most the first true one is missed (an
-            // untruncated trace rises from the parameters straight into the first forward pass).
-            // Boundaries may be one event off: a deferred `free_completed` that the simulator
-            // records as the next step's first event already lowers the curve.
-            assert!(
-                got.len() + 1 >= want.len(),
+            // Every true step is found: in an untruncated trace the first one by its call site
+            // (the curve rises from the parameters straight into the first forward pass); in a
+            // truncated one the first complete step follows a visible fall. Boundaries may be
+            // one event off: a deferred `free_completed` that the simulator records as the next
+            // step's first event already lowers the curve.
+            assert_eq!(
+                got.len(),
+                want.len(),
                 "{name}: found {} of {}",
                 got.len(),
                 want.len()

@@ -234,7 +234,10 @@ impl<'a, 'b> Conv<'a, 'b> {
     fn key_name(&self, k: Val) -> Result<String> {
         match k {
             Val::Str { .. } => Ok(self.str(k)?.to_owned()),
-            other => Err(self.schema(format!("dict key is a {}, expected str", self.type_name(other)))),
+            other => Err(self.schema(format!(
+                "dict key is a {}, expected str",
+                self.type_name(other)
+            ))),
         }
     }
 
@@ -269,9 +272,9 @@ impl<'a, 'b> Conv<'a, 'b> {
             }
             Val::Node(id) => {
                 if depth >= MAX_DEPTH {
-                    return Err(self.schema(format!(
-                        "containers nested deeper than {MAX_DEPTH} levels"
-                    )));
+                    return Err(
+                        self.schema(format!("containers nested deeper than {MAX_DEPTH} levels"))
+                    );
                 }
                 let node = *self.arena.node(id);
                 self.charge(node.len.into())?;
@@ -355,9 +358,7 @@ impl<'a, 'b> Conv<'a, 'b> {
         for (k, v) in self.dict_pairs(v)? {
             match self.key_bytes(k) {
                 Some(b"name") => name = Some(self.at(Seg::Key("name"), |c| c.str(v))?),
-                Some(b"filename") => {
-                    filename = Some(self.at(Seg::Key("filename"), |c| c.str(v))?)
-                }
+                Some(b"filename") => filename = Some(self.at(Seg::Key("filename"), |c| c.str(v))?),
                 Some(b"line") => line = Some(self.at(Seg::Key("line"), |c| c.i64(v))?),
                 _ => self.extra(k, v, &mut extra)?,
             }
@@ -424,8 +425,8 @@ impl<'a, 'b> Conv<'a, 'b> {
                         }
                     }
                 }
-                self.st.snap.segments =
-                    segments.ok_or_else(|| self.schema("the snapshot dict has no 'segments' key"))?;
+                self.st.snap.segments = segments
+                    .ok_or_else(|| self.schema("the snapshot dict has no 'segments' key"))?;
                 Ok(())
             }
             other => Err(self.expected("a snapshot dict or a segment list", other)),
@@ -584,7 +585,9 @@ impl<'a, 'b> Conv<'a, 'b> {
                     b.forward_frames =
                         Some(self.at(Seg::Key("forward_frames"), |c| c.string_list(v))?)
                 }
-                Some(b"history") => b.history = Some(self.at(Seg::Key("history"), |c| c.history(v))?),
+                Some(b"history") => {
+                    b.history = Some(self.at(Seg::Key("history"), |c| c.history(v))?)
+                }
                 _ => self.extra(k, v, &mut b.extra)?,
             }
         }
@@ -613,7 +616,9 @@ impl<'a, 'b> Conv<'a, 'b> {
                         Some(b"real_size") => {
                             real_size = Some(c.at(Seg::Key("real_size"), |c| c.u64(v))?)
                         }
-                        Some(b"frames") => h.frames = Some(c.at(Seg::Key("frames"), |c| c.stack(v))?),
+                        Some(b"frames") => {
+                            h.frames = Some(c.at(Seg::Key("frames"), |c| c.stack(v))?)
+                        }
                         _ => c.extra(k, v, &mut h.extra)?,
                     }
                 }
@@ -643,7 +648,11 @@ impl<'a, 'b> Conv<'a, 'b> {
         let lid = self.list(v)?;
         let len = self.arena.node(lid).len as usize;
         self.charge(len as u64)?;
-        if len > 0 && len == self.st.entries.len() && !self.st.entries_taken && self.holds_all_entries(lid) {
+        if len > 0
+            && len == self.st.entries.len()
+            && !self.st.entries_taken
+            && self.holds_all_entries(lid)
+        {
             // The common case: one list holds every entry the VM converted, in order.
             self.st.entries_taken = true;
             return Ok(std::mem::take(&mut self.st.entries));
@@ -657,12 +666,15 @@ impl<'a, 'b> Conv<'a, 'b> {
 
     /// The list's items are exactly the packed entries `0..n`, in order, each referenced once.
     fn holds_all_entries(&self, lid: u32) -> bool {
-        self.arena.items(lid).enumerate().all(|(i, item)| match item {
-            Val::Node(id) => {
-                self.arena.entry_index(id) == Some(i) && !self.arena.node(id).shared
-            }
-            _ => false,
-        })
+        self.arena
+            .items(lid)
+            .enumerate()
+            .all(|(i, item)| match item {
+                Val::Node(id) => {
+                    self.arena.entry_index(id) == Some(i) && !self.arena.node(id).shared
+                }
+                _ => false,
+            })
     }
 
     fn entry(&mut self, v: Val) -> Result<TraceEntry> {
@@ -753,7 +765,8 @@ impl<'a, 'b> Conv<'a, 'b> {
                 Some(b"frames") => {
                     e.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
                     if i == 0 {
-                        rare.get_or_insert_with(Default::default).legacy_frames_first = true;
+                        rare.get_or_insert_with(Default::default)
+                            .legacy_frames_first = true;
                         0
                     } else {
                         10
@@ -792,7 +805,9 @@ impl<'a, 'b> Conv<'a, 'b> {
     fn recent_str(&mut self, v: Val, slot: usize) -> Result<StrId> {
         if let Val::Str { start, len } = v {
             let (s0, l0, id) = self.st.recent_strs[slot];
-            if l0 == len && (s0 == start || self.arena.bytes(s0, l0) == self.arena.bytes(start, len)) {
+            if l0 == len
+                && (s0 == start || self.arena.bytes(s0, l0) == self.arena.bytes(start, len))
+            {
                 return Ok(id);
             }
         }
@@ -845,7 +860,10 @@ impl<'a, 'b> Conv<'a, 'b> {
             }
         }
         if let Some(ff) = rare.and_then(|r| r.forward_frames.as_ref()) {
-            d.push((s("forward_frames"), Value::List(ff.iter().map(|x| s(x)).collect())));
+            d.push((
+                s("forward_frames"),
+                Value::List(ff.iter().map(|x| s(x)).collect()),
+            ));
         }
         Ok(Value::Dict(d))
     }
@@ -857,10 +875,17 @@ impl<'a, 'b> Conv<'a, 'b> {
                 .map(|f| {
                     let mut d = vec![
                         (Value::Str("name".into()), Value::Str(f.name.clone())),
-                        (Value::Str("filename".into()), Value::Str(f.filename.clone())),
+                        (
+                            Value::Str("filename".into()),
+                            Value::Str(f.filename.clone()),
+                        ),
                         (Value::Str("line".into()), Value::Int(f.line)),
                     ];
-                    d.extend(f.extra.iter().map(|(k, v)| (Value::Str(k.clone()), v.clone())));
+                    d.extend(
+                        f.extra
+                            .iter()
+                            .map(|(k, v)| (Value::Str(k.clone()), v.clone())),
+                    );
                     Value::Dict(d)
                 })
                 .collect(),

@@ -32,10 +32,19 @@ pub(crate) enum Val {
     Int(i64),
     Float(f64),
     /// A `LONG1`/`LONG4` integer outside `i64`: little-endian two's complement input bytes.
-    BigInt { start: usize, len: u32 },
+    BigInt {
+        start: usize,
+        len: u32,
+    },
     /// UTF-8 (validated where used) input bytes.
-    Str { start: usize, len: u32 },
-    Bytes { start: usize, len: u32 },
+    Str {
+        start: usize,
+        len: u32,
+    },
+    Bytes {
+        start: usize,
+        len: u32,
+    },
     /// A list, dict or tuple in [`Arena::nodes`].
     Node(u32),
 }
@@ -95,7 +104,11 @@ impl<'a> Arena<'a> {
         let node = self.nodes[id as usize];
         Items {
             arena: self,
-            chunk: if node.kind == Kind::Entry { NONE } else { node.first },
+            chunk: if node.kind == Kind::Entry {
+                NONE
+            } else {
+                node.first
+            },
             pos: 0,
         }
     }
@@ -367,7 +380,8 @@ impl<'a> Vm<'a, '_> {
                 "{what} declares {len} bytes but only {rest} remain"
             )));
         }
-        let len32 = u32::try_from(len).map_err(|_| self.err(format!("{what} longer than 4 GiB")))?;
+        let len32 =
+            u32::try_from(len).map_err(|_| self.err(format!("{what} longer than 4 GiB")))?;
         let start = self.pos;
         self.pos += len as usize;
         Ok((start, len32))
@@ -470,7 +484,7 @@ impl<'a> Vm<'a, '_> {
     /// A container built from the stack values above the last MARK (LIST, DICT, TUPLE).
     fn container_from_mark(&mut self, kind: Kind, name: &str) -> Result<()> {
         let from = self.pop_mark(name)?;
-        if kind == Kind::Dict && (self.stack.len() - from) % 2 != 0 {
+        if kind == Kind::Dict && !(self.stack.len() - from).is_multiple_of(2) {
             return Err(self.err(format!("{name} with an odd number of items")));
         }
         let id = self.new_node(kind)?;
@@ -674,9 +688,9 @@ impl<'a> Vm<'a, '_> {
                     let len = self.u64("FRAME length")?;
                     let rest = (total - self.pos) as u64;
                     if len > rest {
-                        return Err(self.err(format!(
-                            "FRAME declares {len} bytes but only {rest} remain"
-                        )));
+                        return Err(
+                            self.err(format!("FRAME declares {len} bytes but only {rest} remain"))
+                        );
                     }
                 }
                 op::STOP => {
@@ -828,7 +842,7 @@ impl<'a> Vm<'a, '_> {
                     if target_at < self.marks.last().copied().unwrap_or(0) {
                         return Err(self.err("SETITEMS with no dict below the MARK"));
                     }
-                    if (self.stack.len() - from) % 2 != 0 {
+                    if !(self.stack.len() - from).is_multiple_of(2) {
                         return Err(self.err("SETITEMS with an odd number of items"));
                     }
                     let id = self.check_target(self.stack[target_at], Kind::Dict, "SETITEMS")?;
@@ -925,7 +939,10 @@ mod tests {
     fn long_decoding_handles_sign_and_width() {
         assert_eq!(long_to_i64(&[]), Some(0));
         assert_eq!(long_to_i64(&[0xff]), Some(-1));
-        assert_eq!(long_to_i64(&[0x00, 0x80, 0xe9, 0xc3, 0x7f, 0x00]), Some(0x7fc3e98000));
+        assert_eq!(
+            long_to_i64(&[0x00, 0x80, 0xe9, 0xc3, 0x7f, 0x00]),
+            Some(0x7fc3e98000)
+        );
         // 2^63 needs 9 bytes: outside i64, inside u64.
         let two63 = [0, 0, 0, 0, 0, 0, 0, 0x80, 0];
         assert_eq!(long_to_i64(&two63), None);

@@ -135,7 +135,8 @@ impl<'s> Writer<'s> {
 
     fn start_frame(&mut self) {
         self.frame_start = self.out.len();
-        self.out.extend_from_slice(&[op::FRAME, 0, 0, 0, 0, 0, 0, 0, 0]);
+        self.out
+            .extend_from_slice(&[op::FRAME, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     /// Writes the open frame's length, or drops its header when it holds under 4 bytes
@@ -235,7 +236,8 @@ impl<'s> Writer<'s> {
     fn str_fresh(&mut self, s: &str) -> u32 {
         let b = s.as_bytes();
         if b.len() < 256 {
-            self.out.extend_from_slice(&[op::SHORT_BINUNICODE, b.len() as u8]);
+            self.out
+                .extend_from_slice(&[op::SHORT_BINUNICODE, b.len() as u8]);
             self.out.extend_from_slice(b);
         } else if b.len() < FRAME_TARGET {
             self.out.push(op::BINUNICODE);
@@ -262,7 +264,8 @@ impl<'s> Writer<'s> {
     #[inline]
     fn str_ref(&mut self, idx: u32, s: &str) {
         if idx >= 256 && s.len() <= 2 {
-            self.out.extend_from_slice(&[op::SHORT_BINUNICODE, s.len() as u8]);
+            self.out
+                .extend_from_slice(&[op::SHORT_BINUNICODE, s.len() as u8]);
             self.out.extend_from_slice(s.as_bytes());
         } else {
             self.get(idx);
@@ -365,7 +368,8 @@ impl<'s> Writer<'s> {
                     self.out.extend_from_slice(&[op::LONG1, n]);
                 } else {
                     self.out.push(op::LONG4);
-                    self.out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                    self.out
+                        .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 }
                 self.out.extend_from_slice(bytes);
             }
@@ -771,8 +775,14 @@ impl<'s> Writer<'s> {
         let flags = [
             (S::expandable_segments, s.expandable_segments),
             (S::release_lock_on_cudamalloc, s.release_lock_on_cudamalloc),
-            (S::pinned_use_cuda_host_register, s.pinned_use_cuda_host_register),
-            (S::graph_capture_record_stream_reuse, s.graph_capture_record_stream_reuse),
+            (
+                S::pinned_use_cuda_host_register,
+                s.pinned_use_cuda_host_register,
+            ),
+            (
+                S::graph_capture_record_stream_reuse,
+                s.graph_capture_record_stream_reuse,
+            ),
         ];
         let [expandable, release_lock, host_register, stream_reuse] = flags;
         self.flag(expandable);
@@ -874,7 +884,10 @@ mod tests {
             (-1, &[b'J', 0xff, 0xff, 0xff, 0xff]),
             (i32::MIN as i64, &[b'J', 0, 0, 0, 0x80]),
             (1 << 31, &[0x8a, 5, 0, 0, 0, 0x80, 0]),
-            (0x7fe9_c3b0_8000, &[0x8a, 6, 0, 0x80, 0xb0, 0xc3, 0xe9, 0x7f]),
+            (
+                0x7fe9_c3b0_8000,
+                &[0x8a, 6, 0, 0x80, 0xb0, 0xc3, 0xe9, 0x7f],
+            ),
             (-(1 << 31) - 1, &[0x8a, 5, 0xff, 0xff, 0xff, 0x7f, 0xff]),
             (i64::MIN, &[0x8a, 8, 0, 0, 0, 0, 0, 0, 0, 0x80]),
         ];
@@ -946,7 +959,10 @@ mod tests {
                 }
                 // CPython leaves a last frame of under 4 bytes without a header.
                 other => {
-                    assert!(out.len() - pos < 4, "unframed opcode 0x{other:02x} at {pos}");
+                    assert!(
+                        out.len() - pos < 4,
+                        "unframed opcode 0x{other:02x} at {pos}"
+                    );
                     break;
                 }
             }
@@ -1012,7 +1028,10 @@ mod tests {
             .expect("BINUNICODE header");
         assert_eq!(&out[at + 5..at + 5 + long.len()], long.as_bytes());
         // Then MEMOIZE, SETITEMS, STOP: 3 bytes, too few for a frame header.
-        assert_eq!(&out[at + 5 + long.len()..], [op::MEMOIZE, op::SETITEMS, op::STOP]);
+        assert_eq!(
+            &out[at + 5 + long.len()..],
+            [op::MEMOIZE, op::SETITEMS, op::STOP]
+        );
     }
 
     #[test]

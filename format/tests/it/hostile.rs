@@ -53,7 +53,10 @@ fn os_system_through_global_and_reduce_is_refused() {
     let bytes = b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00ls\x85R.";
     let (offset, what) = pickle_error(bytes);
     assert_eq!(offset, 2);
-    assert!(what.contains("refusing to execute GLOBAL 'os system'"), "{what}");
+    assert!(
+        what.contains("refusing to execute GLOBAL 'os system'"),
+        "{what}"
+    );
     let message = pickle::read(bytes).unwrap_err().to_string();
     assert!(message.contains("at byte 2"), "{message}");
 }
@@ -92,7 +95,10 @@ fn every_code_executing_opcode_is_refused_by_name() {
         let bytes = p4(&[b'N', b'N', code, 0, 0, 0, 0]);
         let (offset, what) = pickle_error(&bytes);
         assert_eq!(offset, 4, "{name}");
-        assert!(what.contains(&format!("refusing to execute {name}")), "{what}");
+        assert!(
+            what.contains(&format!("refusing to execute {name}")),
+            "{what}"
+        );
     }
 }
 
@@ -110,13 +116,31 @@ fn unknown_and_unsupported_opcodes_are_named() {
 #[test]
 fn huge_declared_lengths_are_checked_before_allocating() {
     let cases: &[(&[u8], &str)] = &[
-        (b"\x80\x04X\xff\xff\xff\xff", "BINUNICODE declares 4294967295 bytes"),
-        (b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f", "BINUNICODE8 declares"),
-        (b"\x80\x04B\xff\xff\xff\xffabc", "BINBYTES declares 4294967295 bytes but only 3 remain"),
+        (
+            b"\x80\x04X\xff\xff\xff\xff",
+            "BINUNICODE declares 4294967295 bytes",
+        ),
+        (
+            b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f",
+            "BINUNICODE8 declares",
+        ),
+        (
+            b"\x80\x04B\xff\xff\xff\xffabc",
+            "BINBYTES declares 4294967295 bytes but only 3 remain",
+        ),
         (b"\x80\x04\x8b\xff\xff\xff\x7f", "LONG4 declares"),
-        (b"\x80\x04\x8b\xff\xff\xff\xff", "LONG4 with a negative length"),
-        (b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff", "FRAME declares"),
-        (b"\x80\x04\x8c\x10abc", "SHORT_BINUNICODE declares 16 bytes but only 3 remain"),
+        (
+            b"\x80\x04\x8b\xff\xff\xff\xff",
+            "LONG4 with a negative length",
+        ),
+        (
+            b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff",
+            "FRAME declares",
+        ),
+        (
+            b"\x80\x04\x8c\x10abc",
+            "SHORT_BINUNICODE declares 16 bytes but only 3 remain",
+        ),
     ];
     for (bytes, expected) in cases {
         let (offset, what) = pickle_error(bytes);
@@ -237,7 +261,10 @@ fn stack_and_mark_underflow_are_errors() {
     for (body, expected) in cases {
         let (offset, what) = pickle_error(&p4(body));
         assert!(what.contains(expected), "{body:?}: {what}");
-        assert!(offset >= 2 && offset < 2 + body.len() as u64, "{body:?}: offset {offset}");
+        assert!(
+            offset >= 2 && offset < 2 + body.len() as u64,
+            "{body:?}: offset {offset}"
+        );
     }
     let (_, what) = pickle_error(b"\x80\x04.");
     assert!(what.contains("STOP with an empty stack"), "{what}");
@@ -295,7 +322,9 @@ fn check_prefix(bytes: &[u8], len: usize) {
 
 #[test]
 fn every_truncation_of_a_small_real_file_is_an_error() {
-    let Some(bytes) = real_file("03_") else { return };
+    let Some(bytes) = real_file("03_") else {
+        return;
+    };
     for len in 0..bytes.len() {
         check_prefix(&bytes, len);
     }
@@ -303,7 +332,9 @@ fn every_truncation_of_a_small_real_file_is_an_error() {
 
 #[test]
 fn sampled_truncations_of_larger_real_files_are_errors() {
-    let Some(files) = real_snapshots() else { return };
+    let Some(files) = real_snapshots() else {
+        return;
+    };
     // Debug builds parse about 10 MB/s; keep to the mid-sized files.
     let mid_sized = |p: &&std::path::PathBuf| {
         (100_000..1_100_000).contains(&std::fs::metadata(p).unwrap().len())
@@ -343,7 +374,9 @@ fn random_byte_flips_in_real_files_never_panic() {
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let mut outcomes = (0usize, 0usize);
     for prefix in ["02_", "03_", "04_", "05_"] {
-        let Some(original) = real_file(prefix) else { return };
+        let Some(original) = real_file(prefix) else {
+            return;
+        };
         for _ in 0..1000 {
             let mut bytes = original.clone();
             for _ in 0..1 + rng.below(3) {
@@ -360,7 +393,10 @@ fn random_byte_flips_in_real_files_never_panic() {
             }
         }
     }
-    eprintln!("byte flips: {} still read, {} errors", outcomes.0, outcomes.1);
+    eprintln!(
+        "byte flips: {} still read, {} errors",
+        outcomes.0, outcomes.1
+    );
     assert!(outcomes.1 > 0);
 }
 
@@ -393,8 +429,21 @@ fn opcode() -> impl Strategy<Value = Vec<u8>> {
             v
         }),
         prop::sample::select(vec![
-            "segments", "device_traces", "frames", "action", "addr", "size", "stream",
-            "blocks", "name", "filename", "line", "state", "device", "address", "total_size",
+            "segments",
+            "device_traces",
+            "frames",
+            "action",
+            "addr",
+            "size",
+            "stream",
+            "blocks",
+            "name",
+            "filename",
+            "line",
+            "state",
+            "device",
+            "address",
+            "total_size",
         ])
         .prop_map(short_str),
     ]
@@ -418,4 +467,74 @@ proptest! {
         bytes.extend(tail);
         let _ = pickle::read(&bytes);
     }
+}
+
+/// `{'action': 'alloc', 'addr': 1, 'size': 2, 'stream': 0}`, memoized (MEMOIZE after `}`).
+fn entry_dict() -> Vec<u8> {
+    let mut v = vec![b'}', 0x94, b'('];
+    for (key, value) in [
+        ("action", None),
+        ("addr", Some(1)),
+        ("size", Some(2)),
+        ("stream", Some(0)),
+    ] {
+        v.extend(short_str(key));
+        match value {
+            None => v.extend(short_str("alloc")),
+            Some(n) => v.extend([b'K', n]),
+        }
+    }
+    v.push(b'u');
+    v
+}
+
+#[test]
+fn an_entry_dict_shared_through_the_memo_is_read_in_both_traces() {
+    // device_traces = [[E], [E]] with the second E a memo reference (E is memo 0).
+    let mut traces = vec![b']', b'(', b']'];
+    traces.extend(entry_dict());
+    traces.extend([b'a', b']', b'h', 0, b'a', b'e']);
+    let snap = pickle::read(&snapshot_with("device_traces", &traces)).unwrap();
+    let t = snap.traces();
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[0], t[1]);
+    assert_eq!((t[0][0].addr, t[0][0].size), (1, 2));
+}
+
+#[test]
+fn an_entry_shaped_dict_under_an_unknown_key_stays_a_value_in_key_order() {
+    let mut value = vec![b']'];
+    value.extend(entry_dict());
+    value.push(b'a');
+    let snap = pickle::read(&snapshot_with("other", &value)).unwrap();
+    let (key, v) = &snap.extra[0];
+    assert_eq!(key, "other");
+    let memsnap_format::Value::List(items) = v else {
+        panic!("{v:?}")
+    };
+    let memsnap_format::Value::Dict(pairs) = &items[0] else {
+        panic!("{items:?}")
+    };
+    let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str().unwrap()).collect();
+    assert_eq!(keys, ["action", "addr", "size", "stream"]);
+    assert_eq!(
+        items[0].get("action").and_then(|a| a.as_str()),
+        Some("alloc")
+    );
+    assert_eq!(items[0].get("size").and_then(|s| s.as_i64()), Some(2));
+}
+
+#[test]
+fn changing_a_trace_entry_after_it_was_complete_is_an_error() {
+    // E complete; then E['extra'] = None through a memo reference.
+    let mut value = vec![b']'];
+    value.extend(entry_dict());
+    value.extend([b'a', b'h', 0]);
+    value.extend(short_str("extra"));
+    value.extend([b'N', b's', b'0']);
+    let (_, what) = pickle_error(&snapshot_with("device_traces", &value));
+    assert!(
+        what.contains("SETITEM modifies a dict or list after it was read"),
+        "{what}"
+    );
 }

@@ -82,20 +82,24 @@ fn summary(s: &Snapshot) -> String {
 
 #[test]
 fn every_real_snapshot_parses() {
-    let Some(files) = real_snapshots() else { return };
+    let Some(files) = real_snapshots() else {
+        return;
+    };
     for path in files {
         let bytes = std::fs::read(&path).unwrap();
-        let snap = pickle::read(&bytes)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let snap = pickle::read(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         eprintln!("{}: {}", path.display(), summary(&snap));
-        let shared = snap.entry_count() + snap.segments.iter().map(|s| s.blocks.len()).sum::<usize>();
+        let shared =
+            snap.entry_count() + snap.segments.iter().map(|s| s.blocks.len()).sum::<usize>();
         assert!(snap.stacks.len() <= shared + 1, "{}", path.display());
     }
 }
 
 #[test]
 fn real_snapshot_facts_survive_reading() {
-    let Some(files) = real_snapshots() else { return };
+    let Some(files) = real_snapshots() else {
+        return;
+    };
     let find = |prefix: &str| {
         let path = files
             .iter()
@@ -118,7 +122,10 @@ fn real_snapshot_facts_survive_reading() {
     // 08: segments with `frames` before and after `blocks`.
     let both = find("08_");
     assert!(both.segments.iter().any(|s| s.frames_after_blocks));
-    assert!(both.segments.iter().any(|s| !s.frames_after_blocks && s.frames.is_some()));
+    assert!(both
+        .segments
+        .iter()
+        .any(|s| !s.frames_after_blocks && s.frames.is_some()));
 
     // 14: the oom entry writes device_free instead of addr.
     let oom = find("14_");
@@ -140,12 +147,16 @@ fn real_snapshot_facts_survive_reading() {
     let ann = find("15_");
     let annotations = ann.external_annotations.as_ref().unwrap();
     assert_eq!(annotations.len(), 1802);
-    assert!(annotations.iter().all(|a| a.stage().is_some() && a.name().is_some()));
+    assert!(annotations
+        .iter()
+        .all(|a| a.stage().is_some() && a.name().is_some()));
 }
 
 #[test]
 fn round_trip_keeps_the_model_of_every_real_snapshot() {
-    let Some(files) = real_snapshots() else { return };
+    let Some(files) = real_snapshots() else {
+        return;
+    };
     for path in files {
         let bytes = std::fs::read(&path).unwrap();
         let first = pickle::read(&bytes).unwrap();
@@ -191,7 +202,9 @@ sys.exit(0 if ok else 1)
 
 #[test]
 fn cpython_loads_our_output_as_the_original_object_graph() {
-    let Some(files) = real_snapshots() else { return };
+    let Some(files) = real_snapshots() else {
+        return;
+    };
     if Command::new("python3").arg("--version").output().is_err() {
         eprintln!("notice: python3 not found; skipping the CPython comparison");
         return;
@@ -223,7 +236,9 @@ fn cpython_loads_our_output_as_the_original_object_graph() {
 
 #[test]
 fn progress_is_reported_and_can_cancel() {
-    let Some(files) = real_snapshots() else { return };
+    let Some(files) = real_snapshots() else {
+        return;
+    };
     let biggest = files
         .iter()
         .max_by_key(|p| std::fs::metadata(p).unwrap().len())
@@ -238,7 +253,10 @@ fn progress_is_reported_and_can_cancel() {
     let mib = bytes.len() / (1 << 20);
     assert!(calls.len() >= mib, "{} calls for {mib} MiB", calls.len());
     assert!(calls.windows(2).all(|w| w[0].0 <= w[1].0));
-    assert_eq!(calls.last(), Some(&(bytes.len() as u64, bytes.len() as u64)));
+    assert_eq!(
+        calls.last(),
+        Some(&(bytes.len() as u64, bytes.len() as u64))
+    );
 
     let cancelled = pickle::read_with(&bytes, &mut |_, _| false);
     assert!(matches!(cancelled, Err(FormatError::Cancelled)));

@@ -123,6 +123,8 @@ pub(crate) struct State {
     pub stacks: StackInterner,
     /// Expandable segments are used (configured and supported by the device).
     pub expandable_active: bool,
+    /// Clock reading shared by the entries of one API call (read lazily, at most once).
+    call_time: Option<u64>,
 }
 
 fn pool_index(small: bool) -> usize {
@@ -159,6 +161,7 @@ impl State {
             history: History::default(),
             stacks: StackInterner::default(),
             expandable_active,
+            call_time: None,
         }
     }
 
@@ -264,13 +267,14 @@ impl State {
             addr,
             size,
             stream,
-            time_ns: crate::history::now_ns(),
+            time_ns: *self.call_time.get_or_insert_with(crate::history::now_ns),
             stack,
         });
     }
 
     /// Appends the `snapshot` entry (size = active bytes) after a snapshot collected the trace.
     pub fn record_snapshot_entry(&mut self) {
+        self.call_time = None;
         let active = self.stats.active_bytes.0[0].current.max(0) as u64;
         self.record(RawAction::Snapshot, 0, active, 0, NO_STACK);
     }
@@ -288,6 +292,7 @@ impl State {
         stream: Stream,
         ctx: RawStackId,
     ) -> Result<u64, MallocFailure> {
+        self.call_time = None;
         self.process_events(device, ctx)?;
         let rounded = self.config.round_size(orig_size);
         let small = rounded <= SMALL_SIZE;
@@ -404,17 +409,28 @@ impl State {
         let mut block = idx;
         if self.should_split(idx, rounded) {
             // The front part becomes the allocation; the old block keeps the remainder.
-            let rem = self.b(idx).clone();
-            let front = self.new_block(Block {
+            let r = self.b(idx);
+            let rem_prev = r.prev;
+            let front_block = Block {
+                addr: r.addr,
                 size: rounded,
                 requested: 0,
+                stream: r.stream,
+                small: r.small,
+                segment: r.segment,
+                prev: r.prev,
                 next: idx,
+                allocated: false,
+                mapped: r.mapped,
+                event_count: 0,
                 stream_uses: Vec::new(),
+                gc_count_base: r.gc_count_base,
                 stack: NO_STACK,
-                ..rem.clone()
-            });
-            if rem.prev != NIL {
-                self.bm(rem.prev).next = front;
+                live: true,
+            };
+            let front = self.new_block(front_block);
+            if rem_prev != NIL {
+                self.bm(rem_prev).next = front;
             }
             {
                 let r = self.bm(idx);
@@ -667,6 +683,7 @@ impl State {
         let Some(idx) = self.live.remove(&ptr) else {
             return false;
         };
+        self.call_time = None;
         let b = self.bm(idx);
         b.allocated = false;
         let (small, size, requested, stream, stack) =
@@ -755,23 +772,26 @@ impl State {
             return 0;
         }
         self.pool_remove(src);
-        let s = self.b(src).clone();
+        let (s_addr, s_size, s_prev, s_next) = {
+            let s = self.b(src);
+            (s.addr, s.size, s.prev, s.next)
+        };
         if self.b(dst).prev == src {
             let d = self.bm(dst);
-            d.addr = s.addr;
-            d.prev = s.prev;
-            if s.prev != NIL {
-                self.bm(s.prev).next = dst;
+            d.addr = s_addr;
+            d.prev = s_prev;
+            if s_prev != NIL {
+                self.bm(s_prev).next = dst;
             }
         } else {
-            self.bm(dst).next = s.next;
-            if s.next != NIL {
-                self.bm(s.next).prev = dst;
+            self.bm(dst).next = s_next;
+            if s_next != NIL {
+                self.bm(s_next).prev = dst;
             }
         }
-        self.bm(dst).size += s.size;
+        self.bm(dst).size += s_size;
         self.delete_block(src);
-        s.size
+        s_size
     }
 
     pub fn record_stream(&mut self, ptr: u64, stream: Stream) {
@@ -849,6 +869,7 @@ impl State {
         device: &D,
         ctx: RawStackId,
     ) -> Result<(), DeviceError> {
+        self.call_time = None;
         self.synchronize_and_free_events(device, ctx)?;
         self.release_blocks(device, false, ctx)?;
         self.release_blocks(device, true, ctx)

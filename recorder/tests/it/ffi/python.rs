@@ -126,3 +126,59 @@ fn the_expected_frames_parser_reads_the_script_format() {
         ]
     );
 }
+
+/// A program that only calls the allocator's two functions, configured by the environment:
+/// the simulated backend (no GPU), a dump on SIGUSR1 and one at exit.
+const ZERO_CODE_PROGRAM: &str = r#"
+import ctypes, os, signal, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+lib.memsnap_alloc.restype = ctypes.c_void_p
+lib.memsnap_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.memsnap_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+kept = [lib.memsnap_alloc(1 << 20, 0, None) for _ in range(3)]
+assert all(kept), "simulated allocations failed"
+path = os.environ["MEMSNAP_DUMP"]
+os.kill(os.getpid(), signal.SIGUSR1)
+deadline = time.time() + 30
+while not os.path.exists(path) and time.time() < deadline:
+    time.sleep(0.05)
+assert os.path.exists(path), "no dump after SIGUSR1"
+os.rename(path, path + ".sigusr1")
+lib.memsnap_free(kept.pop(), 1 << 20, 0, None)
+"#;
+
+#[test]
+fn the_environment_alone_configures_a_simulated_run_with_sigusr1_and_exit_dumps() {
+    if !have_program("python3", "the zero-code environment test") {
+        return;
+    }
+    let library = built_library("libmemsnap_recorder.so");
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("env.pickle");
+    let run = Command::new("python3")
+        .arg("-c")
+        .arg(ZERO_CODE_PROGRAM)
+        .arg(&library)
+        .env("MEMSNAP_BACKEND", "simulated")
+        .env("MEMSNAP_DUMP", &dump)
+        .env("MEMSNAP_DUMP_ON_SIGUSR1", "1")
+        .env("MEMSNAP_STACKS", "native")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let count = |path: &Path, action: memsnap_format::Action| {
+        let (snapshot, _) = memsnap_format::read_path(path).unwrap();
+        assert_eq!(validate(&snapshot), vec![]);
+        snapshot.traces()[0].iter().filter(|e| e.action == action).count()
+    };
+    let on_signal = dump.with_extension("pickle.sigusr1");
+    assert_eq!(count(&on_signal, memsnap_format::Action::Alloc), 3);
+    assert_eq!(count(&on_signal, memsnap_format::Action::FreeRequested), 0);
+    assert_eq!(count(&dump, memsnap_format::Action::Alloc), 3);
+    assert_eq!(count(&dump, memsnap_format::Action::FreeRequested), 1, "the exit dump comes last");
+}
