@@ -262,20 +262,13 @@ fn truncation(snapshot: &Snapshot) -> String {
     for trace in snapshot.traces() {
         let mut known: HashSet<u64> = HashSet::new();
         for e in trace {
+            // The guards record the address as they test it.
             match e.action {
                 Action::Alloc => {
                     known.insert(e.addr);
                 }
-                Action::FreeRequested => {
-                    if known.insert(e.addr) {
-                        orphan_frees += 1;
-                    }
-                }
-                Action::FreeCompleted | Action::Free => {
-                    if !known.remove(&e.addr) {
-                        orphan_frees += 1;
-                    }
-                }
+                Action::FreeRequested if known.insert(e.addr) => orphan_frees += 1,
+                Action::FreeCompleted | Action::Free if !known.remove(&e.addr) => orphan_frees += 1,
                 _ => {}
             }
         }

@@ -694,9 +694,7 @@ impl<'a> Vm<'a, '_> {
                     }
                 }
                 op::STOP => {
-                    if !self.marks.is_empty() {
-                        // CPython ignores a dangling MARK at STOP too; the value is still there.
-                    }
+                    // Like CPython, a dangling MARK or extra stack items are ignored.
                     let v = self
                         .stack
                         .pop()

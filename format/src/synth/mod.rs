@@ -76,7 +76,7 @@ pub struct TrainingRun {
 }
 
 impl Default for TrainingRun {
-    /// A small run: one device, 4 steps of a 4-layer model, about 500 entries.
+    /// A small run: one device, 4 steps of a 4-layer model, about 600 entries.
     fn default() -> Self {
         TrainingRun {
             devices: 1,

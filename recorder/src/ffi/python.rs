@@ -43,28 +43,43 @@ fn lookup(name: &CStr) -> Option<*mut c_void> {
 }
 
 macro_rules! resolve {
-    ($name:literal) => {{
+    ($name:literal as $ty:ty) => {{
         let ptr = lookup($name)?;
-        // SAFETY: the symbol is CPython's exported function of that name; the field's type is
-        // its documented C signature.
-        unsafe { std::mem::transmute::<*mut c_void, _>(ptr) }
+        // SAFETY: the symbol is CPython's exported function of that name and `$ty` is its
+        // documented C signature.
+        unsafe { std::mem::transmute::<*mut c_void, $ty>(ptr) }
     }};
 }
 
 impl PythonApi {
     fn load() -> Option<PythonApi> {
         Some(PythonApi {
-            is_initialized: resolve!(c"Py_IsInitialized"),
-            gil_check: resolve!(c"PyGILState_Check"),
-            eval_get_frame: resolve!(c"PyEval_GetFrame"),
-            frame_get_back: resolve!(c"PyFrame_GetBack"),
-            frame_get_code: resolve!(c"PyFrame_GetCode"),
-            frame_get_line_number: resolve!(c"PyFrame_GetLineNumber"),
-            get_attr_string: resolve!(c"PyObject_GetAttrString"),
-            unicode_as_utf8: resolve!(c"PyUnicode_AsUTF8"),
-            dec_ref: resolve!(c"Py_DecRef"),
-            err_fetch: resolve!(c"PyErr_Fetch"),
-            err_restore: resolve!(c"PyErr_Restore"),
+            is_initialized: resolve!(c"Py_IsInitialized" as unsafe extern "C" fn() -> c_int),
+            gil_check: resolve!(c"PyGILState_Check" as unsafe extern "C" fn() -> c_int),
+            eval_get_frame: resolve!(c"PyEval_GetFrame" as unsafe extern "C" fn() -> PyObject),
+            frame_get_back: resolve!(
+                c"PyFrame_GetBack" as unsafe extern "C" fn(PyObject) -> PyObject
+            ),
+            frame_get_code: resolve!(
+                c"PyFrame_GetCode" as unsafe extern "C" fn(PyObject) -> PyObject
+            ),
+            frame_get_line_number: resolve!(
+                c"PyFrame_GetLineNumber" as unsafe extern "C" fn(PyObject) -> c_int
+            ),
+            get_attr_string: resolve!(
+                c"PyObject_GetAttrString"
+                    as unsafe extern "C" fn(PyObject, *const c_char) -> PyObject
+            ),
+            unicode_as_utf8: resolve!(
+                c"PyUnicode_AsUTF8" as unsafe extern "C" fn(PyObject) -> *const c_char
+            ),
+            dec_ref: resolve!(c"Py_DecRef" as unsafe extern "C" fn(PyObject)),
+            err_fetch: resolve!(
+                c"PyErr_Fetch" as unsafe extern "C" fn(*mut PyObject, *mut PyObject, *mut PyObject)
+            ),
+            err_restore: resolve!(
+                c"PyErr_Restore" as unsafe extern "C" fn(PyObject, PyObject, PyObject)
+            ),
         })
     }
 }
@@ -111,8 +126,9 @@ pub fn capture() -> Vec<Frame> {
 /// The calling thread holds the GIL and no exception is pending.
 unsafe fn walk_frames(api: &PythonApi) -> Vec<Frame> {
     let mut out = Vec::new();
-    // SAFETY (whole function): GIL held (caller contract). PyEval_GetFrame returns a borrowed
-    // frame; PyFrame_GetBack and PyFrame_GetCode return new references, released below.
+    // GIL held (caller contract) throughout. PyFrame_GetBack and PyFrame_GetCode return new
+    // references, released below.
+    // SAFETY: PyEval_GetFrame returns the current thread's frame, borrowed, or NULL.
     let mut frame = unsafe { (api.eval_get_frame)() };
     let mut frame_is_owned = false;
     while !frame.is_null() && out.len() < MAX_PYTHON_FRAMES {
