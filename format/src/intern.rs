@@ -61,12 +61,17 @@ impl Frame {
 pub struct FrameTable {
     frames: Vec<Frame>,
     index: HashMap<(String, String, i64), FrameId>,
+    /// Frames with extra keys (FX-augmented), keyed by their full debug rendering: `Value`
+    /// holds floats and so has no `Hash`, and a linear scan would let a hostile file with
+    /// many such frames make reading quadratic.
+    index_with_extra: HashMap<String, FrameId>,
 }
 
 impl FrameTable {
     /// Returns the id of an equal frame already in the table, or adds it.
     ///
-    /// Frames with extra keys are compared in full; frames without them through a hash index.
+    /// Frames without extra keys are looked up by (name, filename, line); frames with extra
+    /// keys by their full contents.
     pub fn intern(&mut self, frame: Frame) -> FrameId {
         if frame.extra.is_empty() {
             let key = (frame.name, frame.filename, frame.line);
@@ -78,11 +83,13 @@ impl FrameTable {
             self.index.insert(key, id);
             id
         } else {
-            if let Some(pos) = self.frames.iter().position(|f| *f == frame) {
-                return FrameId(pos as u32);
+            let key = format!("{frame:?}");
+            if let Some(&id) = self.index_with_extra.get(&key) {
+                return id;
             }
             let id = FrameId(self.frames.len() as u32);
             self.frames.push(frame);
+            self.index_with_extra.insert(key, id);
             id
         }
     }
@@ -186,5 +193,55 @@ impl StrTable {
 
     pub fn is_empty(&self) -> bool {
         self.strings.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Value;
+
+    #[test]
+    fn frames_with_extra_keys_are_interned_by_content() {
+        let mut table = FrameTable::default();
+        let fx = |op: &str| Frame {
+            extra: vec![("fx_node_op".into(), Value::Str(op.into()))],
+            ..Frame::new("forward", "model.py", 3)
+        };
+        let a = table.intern(fx("call_function"));
+        let b = table.intern(fx("call_function"));
+        let c = table.intern(fx("placeholder"));
+        let plain = table.intern(Frame::new("forward", "model.py", 3));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, plain);
+        assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn many_frames_with_extra_keys_intern_in_linear_time() {
+        let mut table = FrameTable::default();
+        let started = std::time::Instant::now();
+        for i in 0..50_000 {
+            table.intern(Frame {
+                extra: vec![("fx_node_name".into(), Value::Int(i))],
+                ..Frame::new("f", "x.py", 1)
+            });
+        }
+        assert_eq!(table.len(), 50_000);
+        // Quadratic interning took minutes here; linear takes well under a second.
+        assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn stacks_are_interned_by_their_frame_ids() {
+        let mut stacks = StackTable::default();
+        let a = stacks.intern(&[FrameId(1), FrameId(2)]);
+        let b = stacks.intern(&[FrameId(1), FrameId(2)]);
+        let empty = stacks.intern(&[]);
+        assert_eq!(a, b);
+        assert_eq!(stacks.get(a), &[FrameId(1), FrameId(2)]);
+        assert!(stacks.get(empty).is_empty());
+        assert_eq!(stacks.len(), 2);
     }
 }

@@ -721,8 +721,11 @@ fn adam_init_state(
 
 #[inline(never)]
 fn zero_grad(gpu: &mut Gpu, grads: Grads) -> Result<(), TrainError> {
+    let count = grads.len();
     for grad in grads {
         gpu.drop_tensor(grad)?;
     }
-    Ok(black_box(()))
+    // Keeps this frame out of a tail call, so it shows in the free stacks.
+    black_box(count);
+    Ok(())
 }

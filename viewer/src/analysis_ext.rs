@@ -115,7 +115,7 @@ pub fn flame_tree(
 }
 
 fn sort_biggest_first(node: &mut FlameNode) {
-    node.children.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    node.children.sort_by_key(|c| std::cmp::Reverse(c.bytes));
     for child in &mut node.children {
         sort_biggest_first(child);
     }

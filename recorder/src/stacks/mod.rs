@@ -32,7 +32,7 @@ pub enum Unwinder {
     /// with `RUSTFLAGS="-C force-frame-pointers=yes"`. Every pointer is checked against the
     /// current thread's stack bounds, so a missing frame pointer ends the walk early instead of
     /// reading wild memory. Falls back to [`Unwinder::Backtrace`] on other platforms or when
-    /// the walk finds fewer than two frames.
+    /// the walk finds fewer than four frames.
     FramePointers,
 }
 
@@ -47,6 +47,10 @@ impl Default for Unwinder {
         }
     }
 }
+
+/// A frame-pointer walk that finds fewer frames than this is taken as a build without frame
+/// pointers (a stray register can look like one or two frame records) and redone with DWARF.
+const MIN_FRAME_POINTER_FRAMES: usize = 4;
 
 /// A stack captured into a fixed buffer (no heap allocation).
 pub struct CapturedStack {
@@ -79,7 +83,7 @@ impl CapturedStack {
             ))]
             {
                 stack.len = frame_pointers::walk(&mut stack.ips);
-                if stack.len >= 2 {
+                if stack.len >= MIN_FRAME_POINTER_FRAMES {
                     return stack;
                 }
                 stack.len = 0;

@@ -17,8 +17,9 @@ fn last_error() -> String {
 
 #[test]
 fn bad_input_gives_status_codes_and_messages() {
-    // SAFETY (every call below): the arguments are NULL, NUL-terminated literals or valid
-    // out-pointers, as memsnap.h requires; the point is what memsnap does with bad values.
+    // Every call below passes NULL, NUL-terminated literals or valid out-pointers, as
+    // memsnap.h requires; the point is what memsnap does with bad *values*.
+    // SAFETY: see above.
     unsafe {
         assert_eq!(
             memsnap_init(c"host".as_ptr()),

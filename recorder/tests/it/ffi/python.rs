@@ -174,11 +174,18 @@ fn the_environment_alone_configures_a_simulated_run_with_sigusr1_and_exit_dumps(
     let count = |path: &Path, action: memsnap_format::Action| {
         let (snapshot, _) = memsnap_format::read_path(path).unwrap();
         assert_eq!(validate(&snapshot), vec![]);
-        snapshot.traces()[0].iter().filter(|e| e.action == action).count()
+        snapshot.traces()[0]
+            .iter()
+            .filter(|e| e.action == action)
+            .count()
     };
     let on_signal = dump.with_extension("pickle.sigusr1");
     assert_eq!(count(&on_signal, memsnap_format::Action::Alloc), 3);
     assert_eq!(count(&on_signal, memsnap_format::Action::FreeRequested), 0);
     assert_eq!(count(&dump, memsnap_format::Action::Alloc), 3);
-    assert_eq!(count(&dump, memsnap_format::Action::FreeRequested), 1, "the exit dump comes last");
+    assert_eq!(
+        count(&dump, memsnap_format::Action::FreeRequested),
+        1,
+        "the exit dump comes last"
+    );
 }
