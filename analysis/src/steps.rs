@@ -310,12 +310,12 @@ pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
         }
     }
     // The bottom of the valley's last dip: scanning back from the rise into the next high
-    // region, the lowest point before the curve climbs more than 2% of its range again. (The
+    // region, the lowest point before the curve climbs more than 10% of its range again. (The
     // valley's overall minimum can lie earlier: a first step allocates optimizer state after
     // its backward pass, so its floor ends higher than it dipped.)
     // Small differences (optimizer temporaries, tiny state) do not move the boundary back.
     let last_dip = |from: usize, to: usize| -> usize {
-        let (climb, notable) = (0.02 * amplitude, 0.02 * amplitude);
+        let (climb, notable) = (0.1 * amplitude, 0.02 * amplitude);
         let mut best = to.saturating_sub(1).max(from);
         for i in (from..to).rev() {
             let (v, b) = (values[i] as f64, values[best] as f64);
