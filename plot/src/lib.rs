@@ -154,7 +154,7 @@ pub fn render_svg(snapshot: &Snapshot, options: &PlotOptions) -> Result<String, 
     let plot_h = f64::from(options.height) - MARGIN_TOP - MARGIN_BOTTOM;
     let mut request = LayoutRequest::whole(&timeline, plot_w.round().max(1.0) as u32);
     if let Some((start, end)) = options.range {
-        if !(start.is_finite() && end.is_finite() && start < end) {
+        if !start.is_finite() || !end.is_finite() || start >= end {
             return Err(PlotError::InvalidOptions {
                 what: format!("range {start}..{end} is empty"),
             });

@@ -94,7 +94,7 @@ fn parse_range(text: &str) -> Result<(f64, f64), String> {
             .map_err(|_| format!("`{s}` in `{text}` is not a number"))
     };
     let (a, b) = (parse(a)?, parse(b)?);
-    if !(a < b) {
+    if a >= b || a.is_nan() || b.is_nan() {
         return Err(format!("range `{text}` is empty: START must be below END"));
     }
     Ok((a, b))

@@ -264,16 +264,15 @@ mod tests {
     }
 
     #[test]
-    fn backtrace_capture_symbolizes_the_caller_first() {
+    fn symbolize_trims_unwinder_and_recorder_frames() {
+        // (That the innermost frame is then the caller is checked by the integration test
+        // `snapshot::recorded_run_validates_and_has_symbolized_stacks`: here the caller itself
+        // lives in the recorder's sources and is trimmed too.)
         let stack = recurse(3, Unwinder::Backtrace);
         assert!(stack.as_slice().len() >= 4);
         let frames = symbolize(stack.as_slice());
-        // The recorder's own frames are trimmed, but test frames (::tests::) are kept.
-        assert!(
-            frames[0].name.contains("recurse"),
-            "innermost frame should be the caller, got {:?}",
-            frames.iter().take(5).map(|f| &f.name).collect::<Vec<_>>()
-        );
+        assert!(!frames.is_empty());
+        assert!(!is_recorder_internal(&frames[0]), "{:?}", frames[0]);
         assert!(!frames.iter().any(|f| f.name.starts_with("backtrace::")));
     }
 

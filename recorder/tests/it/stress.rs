@@ -56,7 +56,7 @@ fn eight_threads_keep_invariants_and_leak_nothing() {
                         }
                         48..=93 if !live.is_empty() => {
                             let p = live.swap_remove((r >> 8) as usize % live.len());
-                            if r % 7 == 0 {
+                            if r.is_multiple_of(7) {
                                 shared.lock().unwrap().push(p);
                             } else {
                                 alloc.free(p).unwrap();
@@ -70,7 +70,7 @@ fn eight_threads_keep_invariants_and_leak_nothing() {
                         97 if !live.is_empty() => {
                             alloc.record_stream(live[0], Stream((r >> 8) as i64 % 4));
                         }
-                        98 if i % 64 == 0 => alloc.empty_cache().unwrap(),
+                        98 if i.is_multiple_of(64) => alloc.empty_cache().unwrap(),
                         _ => {}
                     }
                 }
