@@ -217,10 +217,7 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
         .collect();
 
     // Samples are non-decreasing; an allocation is drawn if live at some sample.
-    let live_at_some_sample = |start: u32, end: u32| {
-        let i = samples.partition_point(|&s| s < start);
-        i < samples.len() && samples[i] < end
-    };
+    let probe = SampleProbe::new(&samples);
     let (first_sample, last_sample) = (samples[0], samples[width - 1]);
     let mut chosen: Vec<AllocId> = Vec::new();
     let mut capped = false;
@@ -229,8 +226,8 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
             break;
         }
         let end = o.end(req.lifetime);
-        // Cheap rejection of everything outside the range before the per-sample search.
-        if o.start > last_sample || end <= first_sample || !live_at_some_sample(o.start, end) {
+        // Cheap rejection of everything outside the range before the per-sample check.
+        if o.start > last_sample || end <= first_sample || !probe.any_in(o.start, end) {
             continue;
         }
         if chosen.len() == req.max_bands {
@@ -250,7 +247,6 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
     };
     chosen.sort_unstable();
 
-    // Sweep the columns; `live` holds indices into `chosen`, in stacking order.
     let mut bands: Vec<Band> = chosen
         .iter()
         .map(|&id| Band {
@@ -271,37 +267,62 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
         .iter()
         .map(|id| replay.allocations[id.0 as usize].start())
         .collect();
-    let mut live: Vec<usize> = Vec::new();
+    let sizes: Vec<u64> = bands.iter().map(|b| b.size).collect();
+    // Bands by end, so each column finds the bands that end at it without scanning the
+    // live ones.
+    let mut by_end: Vec<(u32, u32)> = ends
+        .iter()
+        .enumerate()
+        .map(|(b, &e)| (e, b as u32))
+        .collect();
+    by_end.sort_unstable();
+
+    // Sweep the columns. `live` holds band indices in stacking order, `base[i]` is the bottom
+    // of `live[i]` (and `base[live.len()]` the stack's top), `pos[b]` is band `b`'s index in
+    // `live` (`NOT_LIVE` before it starts and after it ends). A column only restacks from
+    // the lowest band that ended; the bands below it keep their bottoms. New bands go on top
+    // (stacking order is start order).
+    const NOT_LIVE: u32 = u32::MAX;
+    let mut live: Vec<u32> = Vec::new();
+    let mut base: Vec<u64> = vec![0];
+    let mut pos: Vec<u32> = vec![NOT_LIVE; chosen.len()];
     let mut next = 0usize;
-    let mut min_end = u32::MAX;
-    let mut drawn = 0u64;
+    let mut next_end = 0usize;
     for (c, &s) in samples.iter().enumerate() {
-        let mut changed = false;
-        if min_end <= s {
-            live.retain(|&b| {
-                let keep = ends[b] > s;
-                if !keep {
-                    bands[b].last_column = c as u32 - 1;
-                    bands[b].x_end = columns[c - 1].x1;
-                }
-                keep
-            });
-            changed = true;
+        let mut lowest = live.len();
+        while next_end < by_end.len() && by_end[next_end].0 <= s {
+            let b = by_end[next_end].1 as usize;
+            next_end += 1;
+            // A band that has not started yet ends between samples: it is never live.
+            if pos[b] != NOT_LIVE {
+                lowest = lowest.min(pos[b] as usize);
+                pos[b] = NOT_LIVE;
+                bands[b].last_column = c as u32 - 1;
+                bands[b].x_end = columns[c - 1].x1;
+            }
         }
         while next < chosen.len() && starts[next] <= s {
             if ends[next] > s {
                 bands[next].first_column = c as u32;
                 bands[next].x_start = columns[c].x0;
-                // Stacking order is start order, so a new band goes on top.
-                live.push(next);
-                changed = true;
+                pos[next] = live.len() as u32;
+                live.push(next as u32);
             }
             next += 1;
         }
-        if changed {
-            let mut bottom = 0u64;
-            min_end = u32::MAX;
-            for &b in &live {
+        if lowest < live.len() {
+            // Restack from `lowest`, dropping the bands that ended.
+            base.resize(live.len() + 1, 0);
+            let mut bottom = base[lowest];
+            let mut w = lowest;
+            for r in lowest..live.len() {
+                let b = live[r] as usize;
+                if pos[b] == NOT_LIVE {
+                    continue;
+                }
+                live[w] = b as u32;
+                pos[b] = w as u32;
+                base[w] = bottom;
                 if bands[b].steps.last().map(|st| st.bottom) != Some(bottom) {
                     bands[b].steps.push(BandStep {
                         column: c as u32,
@@ -309,16 +330,18 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
                         bottom,
                     });
                 }
-                bottom = bottom.saturating_add(bands[b].size);
-                min_end = min_end.min(ends[b]);
+                bottom = bottom.saturating_add(sizes[b]);
+                w += 1;
             }
-            drawn = bottom;
+            live.truncate(w);
+            base.truncate(w + 1);
+            base[w] = bottom;
         }
-        columns[c].drawn_bytes = drawn;
+        columns[c].drawn_bytes = base[live.len()];
     }
     for &b in &live {
-        bands[b].last_column = (width - 1) as u32;
-        bands[b].x_end = columns[width - 1].x1;
+        bands[b as usize].last_column = (width - 1) as u32;
+        bands[b as usize].x_end = columns[width - 1].x1;
     }
     bands.retain(|b| !b.steps.is_empty());
     let y_max = columns.iter().map(|c| c.total_max).max().unwrap_or(0);
@@ -330,4 +353,72 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
         capped,
         y_max,
     })
+}
+
+/// Answers "is some sample in `[start, end)`?" in constant time on average: a table of
+/// buckets of equal event width over the sampled range holds, per bucket, the first sample
+/// index at or after the bucket's first event; a query scans at most a few samples from
+/// there (then falls back to a binary search within the bucket, where many columns sample
+/// the same events).
+struct SampleProbe<'a> {
+    samples: &'a [u32],
+    lo: u32,
+    /// Events per bucket, as a shift.
+    shift: u32,
+    /// `first[k]`: the first sample index whose sample is at or after bucket `k`'s start.
+    first: Vec<u32>,
+}
+
+impl<'a> SampleProbe<'a> {
+    fn new(samples: &'a [u32]) -> SampleProbe<'a> {
+        let lo = samples[0];
+        let span = u64::from(samples[samples.len() - 1] - lo) + 1;
+        // About one bucket per sample, a power of two events wide.
+        let per = span.div_ceil(samples.len() as u64).max(1);
+        let shift = 64 - (per - 1).leading_zeros();
+        let buckets = (span >> shift) as usize + 2;
+        let mut first = vec![samples.len() as u32; buckets];
+        let mut i = 0usize;
+        for (k, f) in first.iter_mut().enumerate() {
+            let bucket_start = u64::from(lo) + ((k as u64) << shift);
+            while i < samples.len() && u64::from(samples[i]) < bucket_start {
+                i += 1;
+            }
+            *f = i as u32;
+        }
+        SampleProbe {
+            samples,
+            lo,
+            shift,
+            first,
+        }
+    }
+
+    /// The index of the first sample at or after event `e`.
+    fn first_at_or_after(&self, e: u32) -> usize {
+        if e <= self.lo {
+            return 0;
+        }
+        let k = ((e - self.lo) >> self.shift) as usize;
+        if k + 1 >= self.first.len() {
+            return self.samples.len();
+        }
+        let (from, to) = (self.first[k] as usize, self.first[k + 1] as usize);
+        // Within bucket `k`: samples from `from` to `to` lie in it.
+        for i in from..to.min(from + 4) {
+            if self.samples[i] >= e {
+                return i;
+            }
+        }
+        if to <= from + 4 {
+            return to;
+        }
+        from + 4 + self.samples[from + 4..to].partition_point(|&s| s < e)
+    }
+
+    /// Whether some sample lies in `[start, end)`.
+    fn any_in(&self, start: u32, end: u32) -> bool {
+        let i = self.first_at_or_after(start);
+        i < self.samples.len() && self.samples[i] < end
+    }
 }

@@ -232,14 +232,15 @@ fn annotation_bounds(
 /// step begins the first one (with the `segment_alloc`s right before it, which it caused).
 fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
     let mut bounds = shape_bounds(&curve.after);
+    // Allocations are in start order; traced ones follow those from before the window.
+    let traced = &replay.allocations[replay.before_window_allocations as usize..];
+    refine_starts(&mut bounds, curve, replay, traced);
     let Some(&(first_start, _)) = bounds.first() else {
         return bounds;
     };
     if replay.truncated {
         return bounds;
     }
-    // Allocations are in start order; traced ones follow those from before the window.
-    let traced = &replay.allocations[replay.before_window_allocations as usize..];
     let opener = traced
         .iter()
         .skip_while(|a| a.start() < first_start)
@@ -270,6 +271,77 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
         }
     }
     bounds
+}
+
+/// Moves a step's start forward to its opening call site where the curve's shape put it too
+/// early. A warm-up step can dip low at the end of its backward pass and then allocate state
+/// (an optimizer's moments) worth too little to count as a climb, so the valley's last dip
+/// lies before that state and the next step would begin with it. A step begins with an
+/// allocation the step before also made (same stack and size): allocations from the start
+/// of a found step on that the step before never made belong to the step before, as long
+/// as the curve stays in the valley (within 10% of the way from the dip to the step's
+/// peak). The step before ends just before the opener, on the first event of the flat stretch
+/// leading to it (as the shape's boundaries do).
+fn refine_starts(
+    bounds: &mut [(u32, u32)],
+    curve: &Curve,
+    replay: &Replay,
+    traced: &[crate::replay::Allocation],
+) {
+    use std::collections::HashSet;
+    let first_of = |event: u32| traced.partition_point(|a| a.start() < event);
+    for k in 0..bounds.len() {
+        let (start, end) = bounds[k];
+        let prev_start = if k == 0 { 0 } else { bounds[k - 1].0 };
+        if start == 0 {
+            continue;
+        }
+        let dip = start - 1;
+        let (floor, peak) = (curve.at(dip), (start..=end).map(|e| curve.at(e)).max());
+        let Some(peak) = peak.filter(|&p| p > floor) else {
+            continue;
+        };
+        let ceiling = floor + (peak - floor) / 10;
+        let earlier: HashSet<_> = traced
+            [first_of(prev_start)..first_of(start)]
+            .iter()
+            .filter(|a| a.stack.is_some())
+            .map(|a| (a.stack, a.size))
+            .collect();
+        if earlier.is_empty() {
+            continue;
+        }
+        // Only allocations the step before never made move the start, not frees.
+        let (mut opener, mut skipped) = (None, false);
+        for a in traced[first_of(start)..].iter().take_while(|a| a.start() <= end) {
+            // The curve before this allocation must still be in the valley.
+            if curve.at(a.start() - 1) > ceiling {
+                break;
+            }
+            if a.stack.is_some() && earlier.contains(&(a.stack, a.size)) {
+                opener = Some(a.start());
+                break;
+            }
+            skipped = true;
+        }
+        let Some(opener) = opener.filter(|_| skipped) else {
+            continue;
+        };
+        if opener <= start || (k > 0 && opener - 1 <= bounds[k - 1].0) {
+            continue;
+        }
+        let mut new_end = opener - 1;
+        while new_end > dip && curve.at(new_end - 1) == curve.at(new_end) {
+            new_end -= 1;
+        }
+        if new_end <= dip || new_end + 1 > end {
+            continue;
+        }
+        bounds[k].0 = new_end + 1;
+        if k > 0 {
+            bounds[k - 1].1 = new_end;
+        }
+    }
 }
 
 /// Step `(first event, last event)` pairs from the curve's shape (see the module docs).

@@ -79,7 +79,8 @@ impl FrameTable {
                 return id;
             }
             let id = FrameId(self.frames.len() as u32);
-            self.frames.push(Frame::new(key.0.clone(), key.1.clone(), key.2));
+            self.frames
+                .push(Frame::new(key.0.clone(), key.1.clone(), key.2));
             self.index.insert(key, id);
             id
         } else {

@@ -130,7 +130,10 @@ const DARK: Theme = Theme {
 
 /// Draws the timeline as an SVG document.
 pub fn render_svg(snapshot: &Snapshot, options: &PlotOptions) -> Result<String, PlotError> {
-    if options.width < 200 || options.height < 150 || options.width > 16384 || options.height > 16384
+    if options.width < 200
+        || options.height < 150
+        || options.width > 16384
+        || options.height > 16384
     {
         return Err(PlotError::InvalidOptions {
             what: format!(
@@ -388,7 +391,10 @@ pub fn render_svg(snapshot: &Snapshot, options: &PlotOptions) -> Result<String, 
         .any(|b| replay.get(b.alloc).is_some_and(|a| a.before_window()));
     let mut legend: Vec<(&str, String)> = Vec::new();
     if has_before_window {
-        legend.push((theme.before_window, "allocated before the recorded window".into()));
+        legend.push((
+            theme.before_window,
+            "allocated before the recorded window".into(),
+        ));
     }
     if has_residual {
         legend.push((

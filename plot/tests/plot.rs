@@ -82,7 +82,10 @@ fn unknown_device_and_bad_sizes_are_errors_not_panics() {
         },
     )
     .unwrap_err();
-    assert!(matches!(err, PlotError::NoSuchDevice { device: 7, .. }), "{err}");
+    assert!(
+        matches!(err, PlotError::NoSuchDevice { device: 7, .. }),
+        "{err}"
+    );
     let err = render_svg(
         &snapshot,
         &PlotOptions {

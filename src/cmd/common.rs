@@ -83,9 +83,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "unknown size unit `{other}` in `{text}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
-        )),
+        ))
+        }
     };
     let bytes = num * mult;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {

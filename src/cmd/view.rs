@@ -11,7 +11,9 @@ use anyhow::{bail, Context, Result};
 /// Launches `memsnap-viewer` from the folder this binary lives in (or from PATH). Files can
 /// also be dragged onto the viewer window later.
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  memsnap view snapshot.pickle\n  memsnap view rank0.pickle rank1.pickle")]
+#[command(
+    after_help = "Examples:\n  memsnap view snapshot.pickle\n  memsnap view rank0.pickle rank1.pickle"
+)]
 pub struct Args {
     /// Snapshot files to open (pickle, msgpack or JSON; gzip/zstd allowed).
     pub files: Vec<PathBuf>,

@@ -281,3 +281,36 @@ fn analysis_commands_run_on_every_real_snapshot() {
     args.extend(files.iter().map(|f| f.to_str().unwrap()));
     assert!(memsnap(&args).status.success());
 }
+
+/// `memsnap demo`'s run (no annotations; its first step allocates the optimizer state after
+/// dipping low in backward): `summary` finds every step from the curve's shape, for several
+/// step and layer counts.
+#[test]
+fn summary_finds_every_step_of_the_demo_run() {
+    let dir = tempfile::tempdir().unwrap();
+    for (steps, layers) in [("5", None), ("2", Some("2")), ("8", Some("6"))] {
+        let out = dir.path().join(format!("demo-{steps}.pickle"));
+        let mut args = vec![
+            "demo",
+            "--no-view",
+            "--out",
+            out.to_str().unwrap(),
+            "--steps",
+            steps,
+        ];
+        if let Some(layers) = layers {
+            args.extend(["--layers", layers]);
+        }
+        let run = memsnap(&args);
+        assert!(
+            run.status.success(),
+            "memsnap demo failed: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let v = json(&memsnap(&["summary", out.to_str().unwrap(), "--json"]));
+        let d = &v["devices"][0];
+        assert_eq!(d["step_method"], "curve_shape", "{v}");
+        let found = d["steps"].as_array().expect("steps").len();
+        assert_eq!(found.to_string(), steps, "--steps {steps}: {v}");
+    }
+}

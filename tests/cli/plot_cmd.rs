@@ -4,7 +4,8 @@ use crate::common::memsnap;
 
 fn generated_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("run.json");
-    let (snapshot, _) = memsnap_format::synth::generate(&memsnap_format::synth::TrainingRun::default());
+    let (snapshot, _) =
+        memsnap_format::synth::generate(&memsnap_format::synth::TrainingRun::default());
     memsnap_format::write_path(&path, &snapshot, None).unwrap();
     path
 }
@@ -15,7 +16,11 @@ fn plot_writes_png_and_svg() {
     let input = generated_snapshot(dir.path());
     let png = dir.path().join("t.png");
     let out = memsnap(&["plot", input.to_str().unwrap(), "-o", png.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
 
     let svg = dir.path().join("t.svg");
@@ -29,7 +34,11 @@ fn plot_writes_png_and_svg() {
         "--range",
         "10..400",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.contains("allocations smaller than 1.0 MiB"));
 }

@@ -1,5 +1,6 @@
 //! The public caching allocator: one device, one lock, PyTorch's behaviour.
 
+mod free_set;
 mod snapshot;
 pub(crate) mod state;
 #[cfg(test)]

@@ -5,9 +5,10 @@
 //! per pool (mapped: by `(stream, size, address)`; unmapped expandable tails: by
 //! `(stream, address)`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::free_set::FreeSet;
 use crate::config::{AllocatorConfig, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use crate::device::{Device, Event, Stream};
 use crate::error::{DeviceError, OomInfo};
@@ -84,9 +85,9 @@ pub(crate) struct SegmentRec {
 #[derive(Debug, Default)]
 pub(crate) struct BlockPool {
     /// Free mapped blocks by (stream, size, address).
-    pub blocks: BTreeSet<(i64, u64, u64, Idx)>,
+    pub blocks: FreeSet<(i64, u64, u64, Idx)>,
     /// Unmapped parts of expandable segments by (stream, address).
-    pub unmapped: BTreeSet<(i64, u64, Idx)>,
+    pub unmapped: FreeSet<(i64, u64, Idx)>,
     pub get_free_blocks_call_count: u64,
 }
 
@@ -362,7 +363,7 @@ impl State {
             pool.get_free_blocks_call_count += 1;
         }
         let mut found = None;
-        for &(s, size, _, idx) in pool.blocks.range((stream, rounded, 0, 0)..) {
+        for &(s, size, _, idx) in pool.blocks.range_from((stream, rounded, 0, 0)) {
             if s != stream {
                 return None;
             }
@@ -566,7 +567,7 @@ impl State {
         let page = self.page_size(small);
         let pool = pool_index(small);
         let mut candidate = None;
-        for &(s, _, u) in self.pools[pool].unmapped.range((stream, 0, 0)..) {
+        for &(s, _, u) in self.pools[pool].unmapped.range_from((stream, 0, 0)) {
             if s != stream {
                 break;
             }
@@ -1018,7 +1019,7 @@ impl State {
         let pool = pool_index(small);
         let single = self.pools[pool]
             .blocks
-            .range((stream, key_size, 0, 0)..)
+            .range_from((stream, key_size, 0, 0))
             .next()
             .copied();
         if let Some((s, _, _, idx)) = single {
@@ -1030,8 +1031,7 @@ impl State {
         // Largest blocks of this stream below the key, walking down.
         let candidates: Vec<(u64, Idx)> = self.pools[pool]
             .blocks
-            .range(..(stream, key_size, 0, 0))
-            .rev()
+            .range_below_rev((stream, key_size, 0, 0))
             .take_while(|&&(s, size, _, _)| s == stream && size >= max_split)
             .map(|&(_, size, _, idx)| (size, idx))
             .collect();

@@ -3,6 +3,7 @@
 //! time through a process-wide cache keyed by instruction pointer.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, OnceLock};
 
 use memsnap_format::Frame;
@@ -125,10 +126,56 @@ pub fn walk_frame_pointers(out: &mut [usize]) -> usize {
     }
 }
 
+/// A word-at-a-time multiplicative hasher for interning stacks: SipHash over ~30 return
+/// addresses costs more than the frame-pointer walk that captured them. Collisions only cost
+/// a slice comparison (the table compares whole stacks), and the keys are not attacker-chosen.
+#[derive(Default)]
+struct StackHasher(u64);
+
+impl Hasher for StackHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        // Mix the high bits down: hashbrown takes its control byte from the top bits and the
+        // bucket from the low ones.
+        let h = self.0;
+        (h ^ (h >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (h >> 29)
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_ne_bytes(w));
+        }
+        for &b in chunks.remainder() {
+            self.add(u64::from(b));
+        }
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+}
+
+impl StackHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7cc1_b727_220a_95);
+    }
+}
+
 /// The distinct stacks of one device, stored flat.
 #[derive(Debug, Default)]
 pub(crate) struct StackInterner {
-    index: HashMap<Box<[usize]>, RawStackId>,
+    index: HashMap<Box<[usize]>, RawStackId, BuildHasherDefault<StackHasher>>,
     offsets: Vec<u32>,
     ips: Vec<usize>,
 }
