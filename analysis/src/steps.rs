@@ -234,7 +234,7 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
     let mut bounds = shape_bounds(&curve.after);
     // Allocations are in start order; traced ones follow those from before the window.
     let traced = &replay.allocations[replay.before_window_allocations as usize..];
-    refine_starts(&mut bounds, curve, replay, traced);
+    refine_starts(&mut bounds, curve, traced);
     let Some(&(first_start, _)) = bounds.first() else {
         return bounds;
     };
@@ -285,7 +285,6 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
 fn refine_starts(
     bounds: &mut [(u32, u32)],
     curve: &Curve,
-    replay: &Replay,
     traced: &[crate::replay::Allocation],
 ) {
     use std::collections::HashSet;

@@ -5,7 +5,11 @@
 //! ```
 //!
 //! Generates a synthetic training-run snapshot (`memsnap_format::synth`) with about N trace
-//! entries and shared stacks, writes it with our writer, then measures on that file:
+//! entries and shared stacks. By default (`--layout pytorch`) CPython then re-dumps it the way
+//! `torch.cuda.memory._dump_snapshot()` lays it out: PyTorch builds each entry's
+//! `compile_context` and `user_metadata` from a fresh `std::string`, so every `'N/A'` is its own
+//! object, written in full (about 80 MB for 1M entries); our writer would share it (about 55 MB,
+//! `--layout memsnap`). Then it measures on that file:
 //!
 //! * load: our `pickle::read` (file read included) vs `pickle.load` in `python3` (gc on);
 //! * peak RSS of a process that only loads the file: ours (this example re-run in child mode,
@@ -23,11 +27,27 @@ use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::{io, pickle};
 
 const USAGE: &str = "\
-usage: bench_pickle [--entries N] [--runs N] [--keep PATH]
+usage: bench_pickle [--entries N] [--runs N] [--keep PATH] [--layout pytorch|memsnap]
 
   --entries N   about N trace entries (default 1000000)
+  --layout L    pytorch: the file as PyTorch writes it (default); memsnap: as our writer does
   --runs N      timed runs of our side, best kept (default 3)
   --keep PATH   write the generated pickle here instead of a temporary file";
+
+/// Re-dumps a snapshot with one fresh `compile_context` / `user_metadata` string per entry, as
+/// PyTorch's exporter builds them (CPython keeps `''` and 1-character strings shared itself).
+const PYTORCH_LAYOUT: &str = r#"
+import pickle, sys
+with open(sys.argv[1], "rb") as f:
+    snapshot = pickle.load(f)
+for trace in snapshot.get("device_traces", []):
+    for entry in trace:
+        for key in ("compile_context", "user_metadata"):
+            if key in entry:
+                entry[key] = (entry[key] + ".")[:-1]
+with open(sys.argv[2], "wb") as f:
+    pickle.dump(snapshot, f, protocol=4)
+"#;
 
 const PYTHON: &str = r#"
 import json, pickle, resource, sys, time
@@ -63,6 +83,7 @@ struct PythonResult {
 fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let (mut entries, mut runs, mut keep) = (1_000_000usize, 3usize, None::<PathBuf>);
+    let mut pytorch_layout = true;
     while let Some(arg) = args.next() {
         let mut value = || {
             args.next()
@@ -73,6 +94,13 @@ fn run() -> Result<(), String> {
             "--entries" => entries = value()?.parse().map_err(|e| format!("--entries: {e}"))?,
             "--runs" => runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
             "--keep" => keep = Some(PathBuf::from(value()?)),
+            "--layout" => {
+                pytorch_layout = match value()?.as_str() {
+                    "pytorch" => true,
+                    "memsnap" => false,
+                    other => return Err(format!("--layout {other}: use pytorch or memsnap")),
+                }
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -93,12 +121,28 @@ fn run() -> Result<(), String> {
     let tmp = tempdir_path();
     let path = keep.unwrap_or_else(|| tmp.join("bench.pickle"));
     io::write_atomic(&path, &bytes).map_err(|e| e.to_string())?;
+    if pytorch_layout {
+        let ours = tmp.join("memsnap-layout.pickle");
+        std::fs::rename(&path, &ours).map_err(|e| e.to_string())?;
+        let status = Command::new("python3")
+            .args(["-c", PYTORCH_LAYOUT])
+            .arg(&ours)
+            .arg(&path)
+            .status()
+            .map_err(|e| format!("python3 is needed for --layout pytorch: {e}"))?;
+        if !status.success() {
+            return Err(format!("re-dumping in PyTorch's layout failed: {status}"));
+        }
+        let _ = std::fs::remove_file(&ours);
+    }
+    let file_size = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
     println!(
-        "snapshot: {} entries, {} stacks, {} frames, pickle {:.1} MB at {} (generated in {:.1} s)",
+        "snapshot: {} entries, {} stacks, {} frames, pickle {:.1} MB ({} layout) at {} (made in {:.1} s)",
         snapshot.entry_count(),
         snapshot.stacks.len(),
         snapshot.frames.len(),
-        bytes.len() as f64 / 1e6,
+        file_size as f64 / 1e6,
+        if pytorch_layout { "PyTorch's" } else { "memsnap's" },
         path.display(),
         t.elapsed().as_secs_f64()
     );

@@ -120,7 +120,8 @@ impl RawAction {
     }
 }
 
-/// A trace entry as stored in the ring: 40 bytes, stack as an id into the device's stack table.
+/// A trace entry (the ring stores it packed, see `Slot`), stack as an id into the device's
+/// stack table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawEntry {
     pub action: RawAction,
@@ -157,17 +158,50 @@ fn anchor() -> (Instant, i64) {
     })
 }
 
+/// Bits of [`Slot::time_action`] holding the action.
+const ACTION_BITS: u32 = 4;
+const ACTIONS: [RawAction; 9] = [
+    RawAction::Alloc,
+    RawAction::FreeRequested,
+    RawAction::FreeCompleted,
+    RawAction::SegmentAlloc,
+    RawAction::SegmentFree,
+    RawAction::SegmentMap,
+    RawAction::SegmentUnmap,
+    RawAction::Snapshot,
+    RawAction::Oom,
+];
+
+/// A [`RawEntry`] as the ring stores it: 32 bytes (two per cache line) instead of 40, since
+/// the ring is written at every event and is usually far larger than the caches. The clock
+/// reading and the action share a word (60 bits of nanoseconds since the anchor are 36 years),
+/// and the stream is an index into the ring's table of distinct streams.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    addr: u64,
+    size: u64,
+    time_action: u64,
+    stream: u32,
+    stack: RawStackId,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 32);
+
 /// The ring buffer of one device.
 #[derive(Debug)]
 pub(crate) struct History {
     pub options: HistoryOptions,
     /// Effective capacity (1 under `State`).
     capacity: usize,
-    entries: Vec<RawEntry>,
+    entries: Vec<Slot>,
     /// Slot the next entry overwrites once the buffer is full.
     next: usize,
     /// Entries overwritten (or not stored for lack of host memory) since recording began.
     pub dropped: u64,
+    /// Distinct streams of the stored entries (a handful in practice).
+    streams: Vec<i64>,
+    /// The most recently used stream and its index in `streams`.
+    last_stream: Option<(i64, u32)>,
 }
 
 impl Default for History {
@@ -178,11 +212,14 @@ impl Default for History {
             entries: Vec::new(),
             next: 0,
             dropped: 0,
+            streams: Vec::new(),
+            last_stream: None,
         }
     }
 }
 
 impl History {
+    #[inline]
     pub fn enabled(&self) -> bool {
         self.options.enabled != HistoryMode::Off
     }
@@ -198,9 +235,11 @@ impl History {
         };
         let mut kept = if options.clear_history {
             self.dropped = 0;
+            self.streams.clear();
+            self.last_stream = None;
             Vec::new()
         } else {
-            self.ordered()
+            self.ordered_slots()
         };
         if kept.len() > capacity {
             let excess = kept.len() - capacity;
@@ -213,11 +252,45 @@ impl History {
         self.options = options;
     }
 
+    /// The index of `stream` in the stream table (adding it), or `None` when host memory is
+    /// short.
+    #[inline]
+    fn stream_index(&mut self, stream: i64) -> Option<u32> {
+        if let Some((s, i)) = self.last_stream {
+            if s == stream {
+                return Some(i);
+            }
+        }
+        let i = match self.streams.iter().position(|&s| s == stream) {
+            Some(i) => i as u32,
+            None => {
+                if self.streams.try_reserve(1).is_err() {
+                    return None;
+                }
+                self.streams.push(stream);
+                (self.streams.len() - 1) as u32
+            }
+        };
+        self.last_stream = Some((stream, i));
+        Some(i)
+    }
+
     #[inline]
     pub fn push(&mut self, entry: RawEntry) {
         if !self.enabled() {
             return;
         }
+        let Some(stream) = self.stream_index(entry.stream) else {
+            self.dropped += 1;
+            return;
+        };
+        let slot = Slot {
+            addr: entry.addr,
+            size: entry.size,
+            time_action: (entry.time_ns << ACTION_BITS) | entry.action as u64,
+            stream,
+            stack: entry.stack,
+        };
         if self.entries.len() < self.capacity {
             // Growing the buffer must not abort the host process when memory is short.
             if self.entries.len() == self.entries.capacity() && self.entries.try_reserve(1).is_err()
@@ -225,9 +298,9 @@ impl History {
                 self.dropped += 1;
                 return;
             }
-            self.entries.push(entry);
-        } else if let Some(slot) = self.entries.get_mut(self.next) {
-            *slot = entry;
+            self.entries.push(slot);
+        } else if let Some(old) = self.entries.get_mut(self.next) {
+            *old = slot;
             self.next += 1;
             if self.next >= self.capacity {
                 self.next = 0;
@@ -236,11 +309,31 @@ impl History {
         }
     }
 
+    fn ordered_slots(&self) -> Vec<Slot> {
+        let split = self.next.min(self.entries.len());
+        let mut out = Vec::with_capacity(self.entries.len());
+        out.extend_from_slice(&self.entries[split..]);
+        out.extend_from_slice(&self.entries[..split]);
+        out
+    }
+
+    fn expand(&self, slot: &Slot) -> RawEntry {
+        RawEntry {
+            action: ACTIONS[(slot.time_action & ((1 << ACTION_BITS) - 1)) as usize],
+            addr: slot.addr,
+            size: slot.size,
+            stream: self.streams[slot.stream as usize],
+            time_ns: slot.time_action >> ACTION_BITS,
+            stack: slot.stack,
+        }
+    }
+
     /// The entries, oldest first.
     pub fn ordered(&self) -> Vec<RawEntry> {
+        let split = self.next.min(self.entries.len());
         let mut out = Vec::with_capacity(self.entries.len());
-        out.extend_from_slice(&self.entries[self.next.min(self.entries.len())..]);
-        out.extend_from_slice(&self.entries[..self.next.min(self.entries.len())]);
+        out.extend(self.entries[split..].iter().map(|s| self.expand(s)));
+        out.extend(self.entries[..split].iter().map(|s| self.expand(s)));
         out
     }
 
@@ -270,6 +363,27 @@ mod tests {
             max_entries,
             ..HistoryOptions::without_stacks()
         }
+    }
+
+    #[test]
+    fn packed_slots_round_trip_every_action_and_stream() {
+        let mut h = History::default();
+        h.configure(all(100));
+        let mut pushed = Vec::new();
+        for (i, &action) in ACTIONS.iter().enumerate() {
+            assert_eq!(action as usize, i);
+            let e = RawEntry {
+                action,
+                addr: u64::MAX - i as u64,
+                size: i as u64 * 512,
+                stream: [0, -1, i64::MAX, 0x7f00_dead_beef][i % 4],
+                time_ns: (1 << 59) + i as u64,
+                stack: i as u32,
+            };
+            h.push(e);
+            pushed.push(e);
+        }
+        assert_eq!(h.ordered(), pushed);
     }
 
     #[test]
