@@ -279,14 +279,10 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
 /// lies before that state and the next step would begin with it. A step begins with an
 /// allocation the step before also made (same stack and size): allocations from the start
 /// of a found step on that the step before never made belong to the step before, as long
-/// as the curve stays in the valley (within 10% of the way from the dip to the step's
-/// peak). The step before ends just before the opener, on the first event of the flat stretch
+/// as the curve stays in the valley (within 30% of the way from the dip to the step's
+/// peak, the low level of [`shape_bounds`]' hysteresis). The step before ends just before the opener, on the first event of the flat stretch
 /// leading to it (as the shape's boundaries do).
-fn refine_starts(
-    bounds: &mut [(u32, u32)],
-    curve: &Curve,
-    traced: &[crate::replay::Allocation],
-) {
+fn refine_starts(bounds: &mut [(u32, u32)], curve: &Curve, traced: &[crate::replay::Allocation]) {
     use std::collections::HashSet;
     let first_of = |event: u32| traced.partition_point(|a| a.start() < event);
     for k in 0..bounds.len() {
@@ -300,9 +296,8 @@ fn refine_starts(
         let Some(peak) = peak.filter(|&p| p > floor) else {
             continue;
         };
-        let ceiling = floor + (peak - floor) / 10;
-        let earlier: HashSet<_> = traced
-            [first_of(prev_start)..first_of(start)]
+        let ceiling = floor + (peak - floor) / 10 * 3;
+        let earlier: HashSet<_> = traced[first_of(prev_start)..first_of(start)]
             .iter()
             .filter(|a| a.stack.is_some())
             .map(|a| (a.stack, a.size))
@@ -312,7 +307,10 @@ fn refine_starts(
         }
         // Only allocations the step before never made move the start, not frees.
         let (mut opener, mut skipped) = (None, false);
-        for a in traced[first_of(start)..].iter().take_while(|a| a.start() <= end) {
+        for a in traced[first_of(start)..]
+            .iter()
+            .take_while(|a| a.start() <= end)
+        {
             // The curve before this allocation must still be in the valley.
             if curve.at(a.start() - 1) > ceiling {
                 break;

@@ -171,7 +171,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
-    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("snapshot");
+    let file_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("snapshot");
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
@@ -186,9 +189,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn compress(bytes: Vec<u8>, compression: Compression) -> Result<Vec<u8>> {
-    let fail = |codec: &'static str| move |e: std::io::Error| FormatError::Decompress {
-        codec,
-        what: e.to_string(),
+    let fail = |codec: &'static str| {
+        move |e: std::io::Error| FormatError::Decompress {
+            codec,
+            what: e.to_string(),
+        }
     };
     match compression {
         Compression::None => Ok(bytes),

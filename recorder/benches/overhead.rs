@@ -231,9 +231,19 @@ fn main() {
         }
         return;
     }
-    // Best of ROUNDS, configurations interleaved so drift hits all of them alike.
+    // Best of ROUNDS (or `MEMSNAP_BENCH_ROUNDS`), configurations interleaved so drift hits all
+    // of them alike.
+    let rounds = std::env::var("MEMSNAP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(ROUNDS)
+        .max(1);
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        let load: Vec<&str> = load.split_whitespace().take(3).collect();
+        println!("best of {rounds} rounds; load average {}", load.join(" "));
+    }
     let mut best = vec![f64::INFINITY; configs.len()];
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         for (i, (_, pairs, make)) in configs.iter().enumerate() {
             let mut a = make();
             best[i] = best[i].min(at_depth(DEPTH, a.as_mut(), *pairs));

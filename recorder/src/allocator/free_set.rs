@@ -154,14 +154,14 @@ mod tests {
             let key = (x % 2000, u64::from(step % 7));
             // Grow for a while, then shrink, so both conversions happen.
             let grow = (step / 2500) % 2 == 0;
-            if grow == (x % 4 != 0) {
+            if grow != x.is_multiple_of(4) {
                 assert_eq!(set.insert(key), model.insert(key));
             } else {
                 let victim = model.iter().nth((x % 97) as usize).copied().unwrap_or(key);
                 assert_eq!(set.remove(&victim), model.remove(&victim));
             }
             assert_eq!(set.len(), model.len());
-            if step % 251 == 0 {
+            if step.is_multiple_of(251) {
                 assert!(set.iter().copied().eq(model.iter().copied()));
                 let probe = (x % 2000, 3);
                 assert!(set
