@@ -237,21 +237,24 @@ struct Gpu<'a> {
     allocator: &'a CachingAllocator<SimulatedDevice>,
 }
 
-/// Where the current allocation comes from (for the OOM message); the stack has the rest.
-type Site = &'static str;
-
-impl Gpu<'_> {
-    fn empty(&mut self, bytes: u64, step: u32, site: Site) -> Result<Tensor, TrainError> {
-        match self.allocator.malloc(bytes, Stream::DEFAULT) {
+/// Allocates `bytes` in the calling function itself. A macro rather than a method, so the
+/// innermost frame of the recorded stack is the model function that asked for the memory
+/// (`attention_forward`, `adam_step`, ...), which is what `memsnap top` and the viewer show.
+macro_rules! empty {
+    ($gpu:expr, $bytes:expr, $step:expr, $site:expr) => {{
+        let bytes: u64 = $bytes;
+        match $gpu.allocator.malloc(bytes, Stream::DEFAULT) {
             Ok(ptr) => Ok(Tensor { ptr, bytes }),
             Err(memsnap_recorder::Error::OutOfMemory(_)) => Err(TrainError::OutOfMemory {
-                step,
-                function: site,
+                step: $step,
+                function: $site,
             }),
             Err(err) => Err(TrainError::Allocator(err.to_string())),
         }
-    }
+    }};
+}
 
+impl Gpu<'_> {
     fn drop_tensor(&mut self, tensor: Tensor) -> Result<(), TrainError> {
         self.allocator
             .free(tensor.ptr)
@@ -336,12 +339,12 @@ fn train(
 #[inline(never)]
 fn init_model(gpu: &mut Gpu, shape: &ModelShape) -> Result<Model, TrainError> {
     let h = shape.hidden;
-    let embedding = gpu.empty(shape.vocab * h * F32, 0, "init_model")?;
+    let embedding = empty!(gpu, shape.vocab * h * F32, 0, "init_model")?;
     let mut blocks = Vec::with_capacity(shape.layers);
     for _ in 0..shape.layers {
         blocks.push(init_block(gpu, h)?);
     }
-    let lm_head = gpu.empty(h * shape.vocab * F32, 0, "init_model")?;
+    let lm_head = empty!(gpu, h * shape.vocab * F32, 0, "init_model")?;
     Ok(black_box(Model {
         embedding,
         blocks,
@@ -353,12 +356,12 @@ fn init_model(gpu: &mut Gpu, shape: &ModelShape) -> Result<Model, TrainError> {
 fn init_block(gpu: &mut Gpu, h: u64) -> Result<BlockParams, TrainError> {
     let site = "init_block";
     Ok(black_box(BlockParams {
-        ln1: gpu.empty(2 * h * F32, 0, site)?,
-        qkv: gpu.empty(3 * h * h * F32, 0, site)?,
-        proj: gpu.empty(h * h * F32, 0, site)?,
-        ln2: gpu.empty(2 * h * F32, 0, site)?,
-        mlp_up: gpu.empty(4 * h * h * F32, 0, site)?,
-        mlp_down: gpu.empty(4 * h * h * F32, 0, site)?,
+        ln1: empty!(gpu, 2 * h * F32, 0, site)?,
+        qkv: empty!(gpu, 3 * h * h * F32, 0, site)?,
+        proj: empty!(gpu, h * h * F32, 0, site)?,
+        ln2: empty!(gpu, 2 * h * F32, 0, site)?,
+        mlp_up: empty!(gpu, 4 * h * h * F32, 0, site)?,
+        mlp_down: empty!(gpu, 4 * h * h * F32, 0, site)?,
     }))
 }
 
@@ -371,7 +374,7 @@ fn train_step(
     step: u32,
     long_batch: bool,
 ) -> Result<(), TrainError> {
-    let tokens = gpu.empty(shape.tokens() * 8, step, "train_step")?;
+    let tokens = empty!(gpu, shape.tokens() * 8, step, "train_step")?;
     let (embedded, saved, logits) = forward(gpu, shape, model, tokens, step, long_batch)?;
     let (loss, probs) = cross_entropy_loss(gpu, shape, logits, step)?;
     let grads = backward(gpu, shape, model, embedded, saved, logits, probs, step)?;
@@ -415,7 +418,7 @@ fn embedding_forward(
     step: u32,
 ) -> Result<Tensor, TrainError> {
     black_box(tokens);
-    let out = gpu.empty(shape.hidden_states(), step, "embedding_forward")?;
+    let out = empty!(gpu, shape.hidden_states(), step, "embedding_forward")?;
     Ok(black_box(out))
 }
 
@@ -454,8 +457,8 @@ fn layer_norm_forward(
 ) -> Result<Tensor, TrainError> {
     black_box(x);
     // The per-token mean and variance are a temporary; only the normalised output is kept.
-    let stats = gpu.empty(shape.tokens() * 2 * F32, step, "layer_norm_forward")?;
-    let out = gpu.empty(shape.hidden_states(), step, "layer_norm_forward")?;
+    let stats = empty!(gpu, shape.tokens() * 2 * F32, step, "layer_norm_forward")?;
+    let out = empty!(gpu, shape.hidden_states(), step, "layer_norm_forward")?;
     gpu.drop_tensor(stats)?;
     Ok(black_box(out))
 }
@@ -471,7 +474,7 @@ fn attention_forward(
 ) -> Result<(Tensor, Tensor, Tensor), TrainError> {
     black_box((x, params.qkv, params.proj));
     let site = "attention_forward";
-    let qkv = gpu.empty(3 * shape.hidden_states(), step, site)?;
+    let qkv = empty!(gpu, 3 * shape.hidden_states(), step, site)?;
     let scores_for =
         |seq_len: u64| shape.batch * shape.heads * seq_len.saturating_mul(seq_len) * F32;
     let scores_bytes = if long_batch {
@@ -486,11 +489,11 @@ fn attention_forward(
     } else {
         scores_for(shape.seq_len)
     };
-    let scores = gpu.empty(scores_bytes, step, site)?;
-    let probs = gpu.empty(scores_bytes, step, site)?;
+    let scores = empty!(gpu, scores_bytes, step, site)?;
+    let probs = empty!(gpu, scores_bytes, step, site)?;
     gpu.drop_tensor(scores)?;
-    let context = gpu.empty(shape.hidden_states(), step, site)?;
-    let out = gpu.empty(shape.hidden_states(), step, site)?;
+    let context = empty!(gpu, shape.hidden_states(), step, site)?;
+    let out = empty!(gpu, shape.hidden_states(), step, site)?;
     gpu.drop_tensor(context)?;
     Ok(black_box((qkv, probs, out)))
 }
@@ -505,9 +508,9 @@ fn mlp_forward(
 ) -> Result<(Tensor, Tensor, Tensor), TrainError> {
     black_box((x, params.mlp_up, params.mlp_down));
     let site = "mlp_forward";
-    let hidden = gpu.empty(4 * shape.hidden_states(), step, site)?;
-    let activation = gpu.empty(4 * shape.hidden_states(), step, site)?;
-    let out = gpu.empty(shape.hidden_states(), step, site)?;
+    let hidden = empty!(gpu, 4 * shape.hidden_states(), step, site)?;
+    let activation = empty!(gpu, 4 * shape.hidden_states(), step, site)?;
+    let out = empty!(gpu, shape.hidden_states(), step, site)?;
     Ok(black_box((hidden, activation, out)))
 }
 
@@ -519,7 +522,12 @@ fn lm_head_forward(
     step: u32,
 ) -> Result<Tensor, TrainError> {
     black_box(x);
-    let logits = gpu.empty(shape.tokens() * shape.vocab * F32, step, "lm_head_forward")?;
+    let logits = empty!(
+        gpu,
+        shape.tokens() * shape.vocab * F32,
+        step,
+        "lm_head_forward"
+    )?;
     Ok(black_box(logits))
 }
 
@@ -531,9 +539,9 @@ fn cross_entropy_loss(
     step: u32,
 ) -> Result<(Tensor, Tensor), TrainError> {
     black_box(logits);
-    let probs = gpu.empty(logits.bytes, step, "cross_entropy_loss")?;
-    let per_token = gpu.empty(shape.tokens() * F32, step, "cross_entropy_loss")?;
-    let loss = gpu.empty(F32, step, "cross_entropy_loss")?;
+    let probs = empty!(gpu, logits.bytes, step, "cross_entropy_loss")?;
+    let per_token = empty!(gpu, shape.tokens() * F32, step, "cross_entropy_loss")?;
+    let loss = empty!(gpu, F32, step, "cross_entropy_loss")?;
     gpu.drop_tensor(per_token)?;
     Ok(black_box((loss, probs)))
 }
@@ -577,11 +585,11 @@ fn lm_head_backward(
     step: u32,
 ) -> Result<(Tensor, Tensor), TrainError> {
     let site = "lm_head_backward";
-    let grad_logits = gpu.empty(logits.bytes, step, site)?;
+    let grad_logits = empty!(gpu, logits.bytes, step, site)?;
     gpu.drop_tensor(probs)?;
     gpu.drop_tensor(logits)?;
-    let grad_head = gpu.empty(model.lm_head.bytes, step, site)?;
-    let grad_x = gpu.empty(shape.hidden_states(), step, site)?;
+    let grad_head = empty!(gpu, model.lm_head.bytes, step, site)?;
+    let grad_x = empty!(gpu, shape.hidden_states(), step, site)?;
     gpu.drop_tensor(grad_logits)?;
     Ok(black_box((grad_head, grad_x)))
 }
@@ -622,12 +630,12 @@ fn mlp_backward(
     step: u32,
 ) -> Result<((Tensor, Tensor), Tensor), TrainError> {
     let site = "mlp_backward";
-    let grad_down = gpu.empty(params.mlp_down.bytes, step, site)?;
-    let grad_hidden = gpu.empty(4 * shape.hidden_states(), step, site)?;
+    let grad_down = empty!(gpu, params.mlp_down.bytes, step, site)?;
+    let grad_hidden = empty!(gpu, 4 * shape.hidden_states(), step, site)?;
     gpu.drop_tensor(grad_out)?;
     gpu.drop_tensor(saved.mlp_activation)?;
-    let grad_up = gpu.empty(params.mlp_up.bytes, step, site)?;
-    let grad_in = gpu.empty(shape.hidden_states(), step, site)?;
+    let grad_up = empty!(gpu, params.mlp_up.bytes, step, site)?;
+    let grad_in = empty!(gpu, shape.hidden_states(), step, site)?;
     gpu.drop_tensor(grad_hidden)?;
     gpu.drop_tensor(saved.mlp_hidden)?;
     Ok(black_box(((grad_up, grad_down), grad_in)))
@@ -643,15 +651,15 @@ fn attention_backward(
     step: u32,
 ) -> Result<((Tensor, Tensor), Tensor), TrainError> {
     let site = "attention_backward";
-    let grad_proj = gpu.empty(params.proj.bytes, step, site)?;
+    let grad_proj = empty!(gpu, params.proj.bytes, step, site)?;
     gpu.drop_tensor(saved.attention_out)?;
-    let grad_scores = gpu.empty(saved.attention_probs.bytes, step, site)?;
+    let grad_scores = empty!(gpu, saved.attention_probs.bytes, step, site)?;
     gpu.drop_tensor(saved.attention_probs)?;
-    let grad_qkv_act = gpu.empty(saved.qkv.bytes, step, site)?;
+    let grad_qkv_act = empty!(gpu, saved.qkv.bytes, step, site)?;
     gpu.drop_tensor(grad_scores)?;
     gpu.drop_tensor(saved.qkv)?;
-    let grad_qkv = gpu.empty(params.qkv.bytes, step, site)?;
-    let grad_in = gpu.empty(shape.hidden_states(), step, site)?;
+    let grad_qkv = empty!(gpu, params.qkv.bytes, step, site)?;
+    let grad_in = empty!(gpu, shape.hidden_states(), step, site)?;
     gpu.drop_tensor(grad_qkv_act)?;
     gpu.drop_tensor(grad_out)?;
     Ok(black_box(((grad_qkv, grad_proj), grad_in)))
@@ -664,7 +672,7 @@ fn layer_norm_backward(
     saved_out: Tensor,
     step: u32,
 ) -> Result<Tensor, TrainError> {
-    let grad = gpu.empty(weight.bytes, step, "layer_norm_backward")?;
+    let grad = empty!(gpu, weight.bytes, step, "layer_norm_backward")?;
     gpu.drop_tensor(saved_out)?;
     Ok(black_box(grad))
 }
@@ -677,7 +685,7 @@ fn embedding_backward(
     grad_x: Tensor,
     step: u32,
 ) -> Result<Tensor, TrainError> {
-    let grad = gpu.empty(model.embedding.bytes, step, "embedding_backward")?;
+    let grad = empty!(gpu, model.embedding.bytes, step, "embedding_backward")?;
     gpu.drop_tensor(grad_x)?;
     gpu.drop_tensor(embedded)?;
     Ok(black_box(grad))
@@ -697,7 +705,7 @@ fn adam_step(
     }
     for ((param, grad), moments) in params.iter().zip(grads).zip(&adam.moments) {
         // The bias-corrected update is a temporary the size of the parameter.
-        let update = gpu.empty(param.bytes, step, "adam_step")?;
+        let update = empty!(gpu, param.bytes, step, "adam_step")?;
         black_box((grad, moments));
         gpu.drop_tensor(update)?;
     }
@@ -712,8 +720,8 @@ fn adam_init_state(
 ) -> Result<Vec<(Tensor, Tensor)>, TrainError> {
     let mut moments = Vec::with_capacity(params.len());
     for param in params {
-        let exp_avg = gpu.empty(param.bytes, step, "adam_init_state")?;
-        let exp_avg_sq = gpu.empty(param.bytes, step, "adam_init_state")?;
+        let exp_avg = empty!(gpu, param.bytes, step, "adam_init_state")?;
+        let exp_avg_sq = empty!(gpu, param.bytes, step, "adam_init_state")?;
         moments.push((exp_avg, exp_avg_sq));
     }
     Ok(black_box(moments))
