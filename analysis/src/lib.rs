@@ -58,6 +58,7 @@ pub mod sites;
 pub mod steps;
 pub mod summary;
 pub mod timeline;
+pub mod units;
 
 pub use curve::{Curve, CurveKind, Curves, TimeAxis};
 pub use error::{AnalysisError, Result};
@@ -70,6 +71,7 @@ pub use summary::{summarize, DeviceSummary, Summary, SummaryOptions};
 pub use timeline::{
     DeviceTimeline, Instant, LiveGroup, Peak, SegmentUsage, SiteStats, SizeOrdered,
 };
+pub use units::format_size;
 
 #[cfg(test)]
 mod send_sync {

@@ -17,7 +17,7 @@
 use std::fmt::Write as _;
 
 use memsnap_analysis::{
-    AllocId, Axis, CurveKind, DeviceTimeline, LayoutRequest, Lifetime, StepOptions,
+    format_size, AllocId, Axis, CurveKind, DeviceTimeline, LayoutRequest, Lifetime, StepOptions,
 };
 use memsnap_format::Snapshot;
 
@@ -474,23 +474,6 @@ fn nice_ceiling(bytes: u64) -> u64 {
         }
     }
     bytes
-}
-
-fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64;
-    let mut unit = "B";
-    for u in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = u;
-    }
-    format!("{value:.1} {unit}")
 }
 
 fn escape(text: &str) -> String {

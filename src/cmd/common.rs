@@ -96,23 +96,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Formats bytes in binary units with one decimal: `1.5 GiB`, `512 B`.
-pub fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64;
-    let mut unit = "B";
-    for u in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = u;
-    }
-    format!("{value:.1} {unit}")
-}
+pub use memsnap_analysis::format_size;
 
 #[cfg(test)]
 mod tests {
@@ -127,12 +111,5 @@ mod tests {
         assert_eq!(parse_size("3g"), Ok(3 << 30));
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("").is_err());
-    }
-
-    #[test]
-    fn sizes_format_with_one_decimal() {
-        assert_eq!(format_size(512), "512 B");
-        assert_eq!(format_size(1536), "1.5 KiB");
-        assert_eq!(format_size(80 << 30), "80.0 GiB");
     }
 }

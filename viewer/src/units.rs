@@ -1,22 +1,7 @@
 //! Human-readable numbers: byte sizes, durations, and the log-scale byte slider's mapping.
 
-/// Formats bytes in binary units with one decimal, as PyTorch's viewer does: `1.5 GiB`, `512 B`.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64;
-    let mut unit = "B";
-    for u in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = u;
-    }
-    format!("{value:.1} {unit}")
-}
+/// Formats bytes in binary units with one decimal, as PyTorch's viewer does: `1.5 GiB`.
+pub use memsnap_analysis::format_size as format_bytes;
 
 /// Formats a signed byte delta with an explicit sign: `+1.5 GiB`, `-512 B`, `0 B`.
 pub fn format_bytes_signed(delta: i64) -> String {

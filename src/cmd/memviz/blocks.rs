@@ -38,30 +38,7 @@ pub fn block_extra(block: &Block, place: &str) -> Result<(Option<StackId>, u64),
 
 /// `_frame_filter`: frames of the unwinder, the interpreter and the dispatcher are hidden.
 pub fn frame_is_shown(frame: &Frame) -> bool {
-    const OMIT_FUNCTIONS: [&str; 8] = [
-        "unwind::unwind",
-        "CapturedTraceback::gather",
-        "gather_with_cpp",
-        "_start",
-        "__libc_start_main",
-        "PyEval_",
-        "PyObject_",
-        "PyFunction_",
-    ];
-    const OMIT_FILENAMES: [&str; 10] = [
-        "core/boxing",
-        "/Register",
-        "/Redispatch",
-        "pythonrun.c",
-        "Modules/main.c",
-        "Objects/call.c",
-        "Objects/methodobject.c",
-        "pycore_ceval.h",
-        "ceval.c",
-        "cpython/abstract.h",
-    ];
-    !OMIT_FUNCTIONS.iter().any(|f| frame.name.contains(f))
-        && !OMIT_FILENAMES.iter().any(|f| frame.filename.contains(f))
+    !memsnap_analysis::sites::is_filtered_frame(frame)
 }
 
 /// Formats stacks as `_write_blocks` does, caching per stack and per frame: a real snapshot
