@@ -1425,16 +1425,7 @@ impl<'a> Parser<'a> {
     }
 
     fn block(&mut self) -> Result<Block> {
-        let mut b = Block {
-            address: None,
-            size: 0,
-            requested_size: None,
-            state: BlockState::Inactive,
-            frames: None,
-            forward_frames: None,
-            history: None,
-            extra: Extras::new(),
-        };
+        let mut b = Block::default();
         let (mut size, mut state) = (None, None);
         self.object(|p, key| {
             match &*key {

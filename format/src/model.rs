@@ -136,6 +136,22 @@ pub struct Block {
     pub extra: Extras,
 }
 
+impl Default for Block {
+    /// An empty cached block: no address, size 0, `inactive`, no keys beyond the required.
+    fn default() -> Self {
+        Block {
+            address: None,
+            size: 0,
+            requested_size: None,
+            state: BlockState::Inactive,
+            frames: None,
+            forward_frames: None,
+            history: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BlockState {
     ActiveAllocated,

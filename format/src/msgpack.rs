@@ -70,6 +70,29 @@ struct BodyRef<'a> {
     extra: &'a Extras,
 }
 
+impl<'a> BodyRef<'a> {
+    /// The body as written: the snapshot's fields by reference, its tables flattened.
+    fn of(snapshot: &'a Snapshot) -> Self {
+        let strings = &snapshot.strings;
+        BodyRef {
+            strings: (0..strings.len() as u32)
+                .map(|i| strings.get(crate::StrId(i)))
+                .collect(),
+            frames: snapshot.frames.iter().collect(),
+            stacks: snapshot.stacks.iter().map(|(_, s)| s).collect(),
+            shape: snapshot.shape,
+            segments: &snapshot.segments,
+            device_traces: &snapshot.device_traces,
+            allocator_settings: &snapshot.allocator_settings,
+            external_annotations: &snapshot.external_annotations,
+            host_segments: &snapshot.host_segments,
+            host_traces: &snapshot.host_traces,
+            recorder_info: &snapshot.recorder_info,
+            extra: &snapshot.extra,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct Body {
     strings: Vec<String>,
@@ -103,23 +126,7 @@ pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
             format!("nested {deepest} levels deep, more than msgpack reading accepts"),
         ));
     }
-    let strings = &snapshot.strings;
-    let body = BodyRef {
-        strings: (0..strings.len() as u32)
-            .map(|i| strings.get(crate::StrId(i)))
-            .collect(),
-        frames: snapshot.frames.iter().collect(),
-        stacks: snapshot.stacks.iter().map(|(_, s)| s).collect(),
-        shape: snapshot.shape,
-        segments: &snapshot.segments,
-        device_traces: &snapshot.device_traces,
-        allocator_settings: &snapshot.allocator_settings,
-        external_annotations: &snapshot.external_annotations,
-        host_segments: &snapshot.host_segments,
-        host_traces: &snapshot.host_traces,
-        recorder_info: &snapshot.recorder_info,
-        extra: &snapshot.extra,
-    };
+    let body = BodyRef::of(snapshot);
     let mut out = Vec::with_capacity(1024 + snapshot.entry_count() * 24);
     out.extend_from_slice(&HEADER_START);
     out.extend_from_slice(MAGIC);
@@ -356,23 +363,7 @@ mod tests {
 
     /// Encodes a snapshot without the writer's id check, as a foreign writer might.
     fn encode_unchecked(snapshot: &Snapshot) -> Vec<u8> {
-        let strings = &snapshot.strings;
-        let body = BodyRef {
-            strings: (0..strings.len() as u32)
-                .map(|i| strings.get(crate::StrId(i)))
-                .collect(),
-            frames: snapshot.frames.iter().collect(),
-            stacks: snapshot.stacks.iter().map(|(_, s)| s).collect(),
-            shape: snapshot.shape,
-            segments: &snapshot.segments,
-            device_traces: &snapshot.device_traces,
-            allocator_settings: &snapshot.allocator_settings,
-            external_annotations: &snapshot.external_annotations,
-            host_segments: &snapshot.host_segments,
-            host_traces: &snapshot.host_traces,
-            recorder_info: &snapshot.recorder_info,
-            extra: &snapshot.extra,
-        };
+        let body = BodyRef::of(snapshot);
         let mut out = to_vec(&Snapshot::default()).unwrap();
         out.truncate(HEADER_START.len() + MAGIC.len() + 2 + BODY_KEY.len());
         rmp_serde::encode::write(&mut out, &body).unwrap();

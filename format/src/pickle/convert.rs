@@ -555,16 +555,7 @@ impl<'a, 'b> Conv<'a, 'b> {
     }
 
     fn block(&mut self, v: Val) -> Result<Block> {
-        let mut b = Block {
-            address: None,
-            size: 0,
-            requested_size: None,
-            state: BlockState::Inactive,
-            frames: None,
-            forward_frames: None,
-            history: None,
-            extra: Extras::new(),
-        };
+        let mut b = Block::default();
         let (mut size, mut state) = (None, None);
         for (k, v) in self.dict_pairs(v)? {
             match self.key_bytes(k) {
