@@ -8,10 +8,12 @@
 //! entries and shared stacks. By default (`--layout pytorch`) CPython then re-dumps it the way
 //! `torch.cuda.memory._dump_snapshot()` lays it out: PyTorch builds each entry's
 //! `compile_context` and `user_metadata` from a fresh `std::string`, so every `'N/A'` is its own
-//! object, written in full (about 80 MB for 1M entries); our writer would share it (about 55 MB,
-//! `--layout memsnap`). Then it measures on that file:
+//! object, written in full (about 60 MB for 1M entries); our writer would share it (about 55 MB,
+//! `--layout memsnap`). `--layout pytorch-fresh-frames` also gives every entry its own frames
+//! list (of shared frame dicts), as most entries of real PyTorch files have (about 200 MB).
+//! Then it measures on that file:
 //!
-//! * load: our `pickle::read` (file read included) vs `pickle.load` in `python3` (gc on);
+//! * load: our `io::read_path` (streams the file through `pickle::read_from`) vs `pickle.load` in `python3` (gc on);
 //! * peak RSS of a process that only loads the file: ours (this example re-run in child mode,
 //!   `VmHWM` from `/proc/self/status`) vs Python's (`ru_maxrss`);
 //! * write: our `pickle::to_vec` of the loaded snapshot vs `pickle.dumps` of the loaded object
@@ -27,24 +29,30 @@ use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::{io, pickle};
 
 const USAGE: &str = "\
-usage: bench_pickle [--entries N] [--runs N] [--keep PATH] [--layout pytorch|memsnap]
+usage: bench_pickle [--entries N] [--runs N] [--keep PATH] [--layout L]
 
   --entries N   about N trace entries (default 1000000)
-  --layout L    pytorch: the file as PyTorch writes it (default); memsnap: as our writer does
+  --layout L    pytorch: the file as PyTorch writes it, stacks shared (default);
+                pytorch-fresh-frames: also a new frames list per entry, as in real files;
+                memsnap: as our writer writes it
   --runs N      timed runs of our side, best kept (default 3)
   --keep PATH   write the generated pickle here instead of a temporary file";
 
 /// Re-dumps a snapshot with one fresh `compile_context` / `user_metadata` string per entry, as
-/// PyTorch's exporter builds them (CPython keeps `''` and 1-character strings shared itself).
+/// PyTorch's exporter builds them (CPython keeps `''` and 1-character strings shared itself),
+/// and with `fresh` a fresh frames list per entry.
 const PYTORCH_LAYOUT: &str = r#"
 import pickle, sys
 with open(sys.argv[1], "rb") as f:
     snapshot = pickle.load(f)
+fresh_frames = sys.argv[3] == "fresh"
 for trace in snapshot.get("device_traces", []):
     for entry in trace:
         for key in ("compile_context", "user_metadata"):
             if key in entry:
                 entry[key] = (entry[key] + ".")[:-1]
+        if fresh_frames and "frames" in entry:
+            entry["frames"] = list(entry["frames"])
 with open(sys.argv[2], "wb") as f:
     pickle.dump(snapshot, f, protocol=4)
 "#;
@@ -83,7 +91,7 @@ struct PythonResult {
 fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let (mut entries, mut runs, mut keep) = (1_000_000usize, 3usize, None::<PathBuf>);
-    let mut pytorch_layout = true;
+    let mut layout = "pytorch".to_owned();
     while let Some(arg) = args.next() {
         let mut value = || {
             args.next()
@@ -95,10 +103,11 @@ fn run() -> Result<(), String> {
             "--runs" => runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
             "--keep" => keep = Some(PathBuf::from(value()?)),
             "--layout" => {
-                pytorch_layout = match value()?.as_str() {
-                    "pytorch" => true,
-                    "memsnap" => false,
-                    other => return Err(format!("--layout {other}: use pytorch or memsnap")),
+                layout = value()?;
+                if !["pytorch", "pytorch-fresh-frames", "memsnap"].contains(&layout.as_str()) {
+                    return Err(format!(
+                        "--layout {layout}: use pytorch, pytorch-fresh-frames or memsnap"
+                    ));
                 }
             }
             "-h" | "--help" => {
@@ -121,13 +130,18 @@ fn run() -> Result<(), String> {
     let tmp = tempdir_path();
     let path = keep.unwrap_or_else(|| tmp.join("bench.pickle"));
     io::write_atomic(&path, &bytes).map_err(|e| e.to_string())?;
-    if pytorch_layout {
+    if layout != "memsnap" {
         let ours = tmp.join("memsnap-layout.pickle");
         std::fs::rename(&path, &ours).map_err(|e| e.to_string())?;
         let status = Command::new("python3")
             .args(["-c", PYTORCH_LAYOUT])
             .arg(&ours)
             .arg(&path)
+            .arg(if layout == "pytorch" {
+                "shared"
+            } else {
+                "fresh"
+            })
             .status()
             .map_err(|e| format!("python3 is needed for --layout pytorch: {e}"))?;
         if !status.success() {
@@ -142,7 +156,7 @@ fn run() -> Result<(), String> {
         snapshot.stacks.len(),
         snapshot.frames.len(),
         file_size as f64 / 1e6,
-        if pytorch_layout { "PyTorch's" } else { "memsnap's" },
+        layout,
         path.display(),
         t.elapsed().as_secs_f64()
     );
@@ -153,10 +167,8 @@ fn run() -> Result<(), String> {
     let (mut load_s, mut write_s, mut our_size) = (f64::MAX, f64::MAX, 0);
     for _ in 0..runs.max(1) {
         let t = Instant::now();
-        let data = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let snap = pickle::read(&data).map_err(|e| e.to_string())?;
+        let (snap, _) = io::read_path(&path).map_err(|e| e.to_string())?;
         load_s = load_s.min(t.elapsed().as_secs_f64());
-        drop(data);
         let t = Instant::now();
         let out = pickle::to_vec(&snap);
         write_s = write_s.min(t.elapsed().as_secs_f64());
@@ -213,8 +225,7 @@ fn tempdir_path() -> PathBuf {
 
 /// Child mode: load the file once and print the peak RSS.
 fn child_load(path: &Path) -> Result<(), String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let snap = pickle::read(&data).map_err(|e| e.to_string())?;
+    let (snap, _) = io::read_path(path).map_err(|e| e.to_string())?;
     let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
     let hwm_kib: u64 = status
         .lines()

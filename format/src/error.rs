@@ -40,6 +40,14 @@ pub enum FormatError {
         source: std::io::Error,
     },
 
+    /// The input stream failed while a snapshot was being decoded from it.
+    #[error("read failed at byte {offset}: {source}")]
+    Read {
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Reading was cancelled through the progress callback.
     #[error("cancelled")]
     Cancelled,

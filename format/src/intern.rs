@@ -5,7 +5,9 @@
 //! slice of [`FrameId`]s (innermost frame first, as PyTorch writes them), and the
 //! [`FrameTable`] maps those to [`Frame`]s.
 
-use std::collections::HashMap;
+// SipHash costs more than the rest of interning a 30-frame stack; foldhash is seeded per
+// process, so crafted input still cannot pick collisions in advance.
+use foldhash::HashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -126,7 +128,7 @@ impl Default for StackTable {
         StackTable {
             offsets: vec![0],
             frame_ids: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
         }
     }
 }

@@ -131,11 +131,44 @@ pub fn read_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<(Snapshot
 
 /// Reads and decodes a snapshot file.
 pub fn read_path(path: &Path) -> Result<(Snapshot, Detected)> {
-    let bytes = std::fs::read(path).map_err(|source| FormatError::Io {
+    read_path_with(path, &mut |_, _| true)
+}
+
+/// [`read_path`] with a progress callback. An uncompressed pickle is decoded as it is read,
+/// through a small buffer, so the file is never held in memory whole; other encodings and
+/// compressed files are read into memory first.
+pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, Detected)> {
+    let io_err = |source| FormatError::Io {
         path: path.to_owned(),
         source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io_err)?;
+    let len = file.metadata().map_err(io_err)?.len();
+    // Enough to tell the compression and the encoding apart.
+    let mut head = Vec::with_capacity(64);
+    (&mut file)
+        .take(64)
+        .read_to_end(&mut head)
+        .map_err(io_err)?;
+    let streamable = Compression::detect(&head) == Compression::None
+        && Format::detect(&head) == Some(Format::Pickle);
+    if !streamable {
+        let mut bytes = head;
+        file.read_to_end(&mut bytes).map_err(io_err)?;
+        return read_bytes_with(&bytes, progress);
+    }
+    let reader = std::io::Cursor::new(head).chain(file);
+    let snapshot = crate::pickle::read_from(reader, len, progress).map_err(|e| match e {
+        FormatError::Read { source, .. } => io_err(source),
+        other => other,
     })?;
-    read_bytes(&bytes)
+    Ok((
+        snapshot,
+        Detected {
+            format: Format::Pickle,
+            compression: Compression::None,
+        },
+    ))
 }
 
 /// Encodes a snapshot.

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::stacks::{RawStackId, Unwinder};
+use crate::stacks::{RawStackId, Unwinder, NO_STACK};
 
 /// `enabled` of `_record_memory_history`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -202,6 +202,10 @@ pub(crate) struct History {
     streams: Vec<i64>,
     /// The most recently used stream and its index in `streams`.
     last_stream: Option<(i64, u32)>,
+    /// `options.enabled != Off`, and `options.context >= Alloc` (trace entries keep their
+    /// stacks), decided once in [`History::configure`] instead of at every entry.
+    on: bool,
+    keep_stacks: bool,
 }
 
 impl Default for History {
@@ -214,6 +218,8 @@ impl Default for History {
             dropped: 0,
             streams: Vec::new(),
             last_stream: None,
+            on: false,
+            keep_stacks: false,
         }
     }
 }
@@ -221,7 +227,7 @@ impl Default for History {
 impl History {
     #[inline]
     pub fn enabled(&self) -> bool {
-        self.options.enabled != HistoryMode::Off
+        self.on
     }
 
     pub fn configure(&mut self, options: HistoryOptions) {
@@ -250,6 +256,8 @@ impl History {
         self.next = 0;
         self.capacity = capacity;
         self.options = options;
+        self.on = true;
+        self.keep_stacks = options.context >= ContextMode::Alloc;
     }
 
     /// The index of `stream` in the stream table (adding it), or `None` when host memory is
@@ -275,22 +283,101 @@ impl History {
         Some(i)
     }
 
+    /// Appends `entry` (when enabled), keeping its stack as given.
     #[inline]
     pub fn push(&mut self, entry: RawEntry) {
         if !self.enabled() {
             return;
         }
-        let Some(stream) = self.stream_index(entry.stream) else {
+        self.store(
+            entry.action,
+            entry.addr,
+            entry.size,
+            entry.stream,
+            entry.time_ns,
+            entry.stack,
+        );
+    }
+
+    /// The allocator's entry point: appends an entry when enabled, dropping its stack unless
+    /// the context level puts stacks on trace entries (`alloc` or `all`).
+    #[inline]
+    pub(crate) fn record(
+        &mut self,
+        action: RawAction,
+        addr: u64,
+        size: u64,
+        stream: i64,
+        time_ns: u64,
+        stack: RawStackId,
+    ) {
+        if !self.on {
+            return;
+        }
+        let stack = if self.keep_stacks { stack } else { NO_STACK };
+        self.store(action, addr, size, stream, time_ns, stack);
+    }
+
+    /// Two entries that differ only in their action (`free_requested` and `free_completed` of
+    /// a block freed at once), in that order.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_two(
+        &mut self,
+        first: RawAction,
+        second: RawAction,
+        addr: u64,
+        size: u64,
+        stream: i64,
+        time_ns: u64,
+        stack: RawStackId,
+    ) {
+        if !self.on {
+            return;
+        }
+        let stack = if self.keep_stacks { stack } else { NO_STACK };
+        let Some(stream) = self.stream_index(stream) else {
+            self.dropped += 2;
+            return;
+        };
+        for action in [first, second] {
+            self.put(Slot {
+                addr,
+                size,
+                time_action: (time_ns << ACTION_BITS) | action as u64,
+                stream,
+                stack,
+            });
+        }
+    }
+
+    #[inline]
+    fn store(
+        &mut self,
+        action: RawAction,
+        addr: u64,
+        size: u64,
+        stream: i64,
+        time_ns: u64,
+        stack: RawStackId,
+    ) {
+        let Some(stream) = self.stream_index(stream) else {
             self.dropped += 1;
             return;
         };
-        let slot = Slot {
-            addr: entry.addr,
-            size: entry.size,
-            time_action: (entry.time_ns << ACTION_BITS) | entry.action as u64,
+        self.put(Slot {
+            addr,
+            size,
+            time_action: (time_ns << ACTION_BITS) | action as u64,
             stream,
-            stack: entry.stack,
-        };
+            stack,
+        });
+    }
+
+    /// Puts a slot in the ring: grows the buffer up to the capacity, then overwrites the
+    /// oldest slot.
+    #[inline]
+    fn put(&mut self, slot: Slot) {
         if self.entries.len() < self.capacity {
             // Growing the buffer must not abort the host process when memory is short.
             if self.entries.len() == self.entries.capacity() && self.entries.try_reserve(1).is_err()
@@ -345,7 +432,6 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stacks::NO_STACK;
 
     fn entry(i: u64) -> RawEntry {
         RawEntry {

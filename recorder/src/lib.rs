@@ -18,8 +18,14 @@
 //!   ([`AllocatorConfig::parse`]). One lock per device; the allocator is `Send + Sync`.
 //! * **History** ([`HistoryOptions`]): a ring buffer per device of the newest `max_entries`
 //!   trace entries (`alloc`, `free_requested`, `free_completed`, `segment_*`, `oom`,
-//!   `snapshot`), with microsecond timestamps. Entries the ring drops are counted and written
-//!   to the snapshot (`recorder_info.dropped_entries`).
+//!   `snapshot`), with timestamps in microseconds since the Unix epoch. Entries the ring drops
+//!   are counted and written to the snapshot (`recorder_info.dropped_entries`).
+//! * **Clock**: one reading per API call, shared by its entries. Like PyTorch's
+//!   `getApproximateTime`, it reads the CPU's timestamp counter (x86-64 Linux, when the
+//!   kernel's own clocksource is `tsc`) and scales it with a factor calibrated against the OS
+//!   monotonic clock, resynchronising at least every 10 ms: readings stay within a few
+//!   microseconds of the OS clock (usually well under one) and never go back on a device.
+//!   Elsewhere every reading is the OS clock.
 //! * **Native stacks** are captured as raw instruction pointers (DWARF unwinding, or a
 //!   frame-pointer walk with the `frame-pointers` feature), interned per device so a stack seen
 //!   before costs no allocation, and symbolised only when a snapshot is taken.
@@ -74,6 +80,7 @@
 //!   complete stacks when the program is built with `RUSTFLAGS="-C force-frame-pointers=yes"`.
 
 mod allocator;
+mod clock;
 pub mod config;
 pub mod device;
 pub mod error;

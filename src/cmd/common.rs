@@ -5,18 +5,29 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use memsnap_format::io::{read_bytes_with, Detected};
+use memsnap_format::io::{read_bytes_with, read_path_with, Detected, Progress};
 use memsnap_format::{Compression, Format, Snapshot};
 
 /// Reads a snapshot file (`-` is stdin), showing a progress bar on stderr when decoding takes
-/// over a second.
+/// over a second. A pickle file is decoded as it is read, never held in memory whole.
 pub fn load(path: &Path) -> Result<(Snapshot, Detected)> {
-    decode(&read_input(path)?, path)
+    if path.as_os_str() == "-" {
+        return decode(&read_input(path)?, path);
+    }
+    with_progress(path, |progress| read_path_with(path, progress))
 }
 
 /// Decodes the bytes of `path` (named in errors and on the progress bar), with a progress bar
 /// on stderr when decoding takes over a second.
 pub fn decode(bytes: &[u8], path: &Path) -> Result<(Snapshot, Detected)> {
+    with_progress(path, |progress| read_bytes_with(bytes, progress))
+}
+
+/// Runs a decoder with a progress bar that appears when it takes over a second.
+fn with_progress(
+    path: &Path,
+    decoder: impl FnOnce(Progress<'_>) -> memsnap_format::Result<(Snapshot, Detected)>,
+) -> Result<(Snapshot, Detected)> {
     let started = Instant::now();
     let mut bar: Option<ProgressBar> = None;
     let mut progress = |done: u64, total: u64| {
@@ -35,11 +46,16 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<(Snapshot, Detected)> {
         }
         true
     };
-    let result = read_bytes_with(bytes, &mut progress);
+    let result = decoder(&mut progress);
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    result.with_context(|| format!("cannot decode {}", path.display()))
+    match result {
+        Err(memsnap_format::FormatError::Io { source, .. }) => {
+            Err(anyhow::Error::new(source).context(format!("cannot read {}", path.display())))
+        }
+        other => other.with_context(|| format!("cannot decode {}", path.display())),
+    }
 }
 
 /// The bytes of a file, or of stdin for `-`.

@@ -1,7 +1,6 @@
 //! Background loading: each file is read, decoded and prepared on its own thread, with
 //! progress the UI can show and a flag that cancels it. The UI thread never blocks on a file.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc;
@@ -9,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egui::DroppedFileHandle;
-use memsnap_format::io::{read_bytes_with, Detected};
+use memsnap_format::io::{read_bytes_with, read_path_with, Detected};
 use memsnap_format::{FormatError, Snapshot};
 
 /// Where a snapshot comes from.
@@ -253,11 +252,38 @@ pub fn load(
     if let Source::Demo = source {
         return Ok(demo_snapshot(name, started));
     }
-    let bytes: Arc<[u8]> = match source {
-        Source::Path(path) => read_file(path, &name, progress, cancel)?.into(),
-        Source::Dropped(file) if file.path().is_file() => {
-            read_file(file.path(), &name, progress, cancel)?.into()
+    let mut on_progress = |done: u64, total: u64| {
+        progress.set(Stage::Decoding, done, total);
+        !cancel.load(Ordering::Relaxed)
+    };
+    let file_path = match source {
+        Source::Path(path) => Some(path.clone()),
+        Source::Dropped(file) if file.path().is_file() => Some(file.path().to_owned()),
+        _ => None,
+    };
+    if let Some(path) = file_path {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(LoadError::Cancelled { name });
         }
+        // A pickle is decoded as it is read, never held whole: a 1 GB file needs no extra GB.
+        let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        progress.set(Stage::Decoding, 0, file_bytes);
+        let (snapshot, detected) = match read_path_with(&path, &mut on_progress) {
+            Ok(ok) => ok,
+            Err(FormatError::Cancelled) => return Err(LoadError::Cancelled { name }),
+            Err(FormatError::Io { path, source }) => {
+                return Err(LoadError::Read {
+                    name,
+                    what: format!("{}: {source}", path.display()),
+                })
+            }
+            Err(source) => return Err(LoadError::Decode { name, source }),
+        };
+        return finish(
+            source, name, snapshot, detected, file_bytes, started, cancel,
+        );
+    }
+    let bytes: Arc<[u8]> = match source {
         Source::Dropped(file) => file
             .bytes()
             .map_err(|what| LoadError::Read {
@@ -266,19 +292,30 @@ pub fn load(
             })?
             .into(),
         Source::Bytes { bytes, .. } => bytes.clone(),
-        Source::Demo => Arc::from(&[][..]),
+        Source::Path(_) | Source::Demo => Arc::from(&[][..]),
     };
     let file_bytes = bytes.len() as u64;
     progress.set(Stage::Decoding, 0, file_bytes);
-    let mut on_progress = |done: u64, total: u64| {
-        progress.set(Stage::Decoding, done, total);
-        !cancel.load(Ordering::Relaxed)
-    };
     let (snapshot, detected) = match read_bytes_with(&bytes, &mut on_progress) {
         Ok(ok) => ok,
         Err(FormatError::Cancelled) => return Err(LoadError::Cancelled { name }),
         Err(source) => return Err(LoadError::Decode { name, source }),
     };
+    finish(
+        source, name, snapshot, detected, file_bytes, started, cancel,
+    )
+}
+
+/// The loaded snapshot, unless it was cancelled at the last moment.
+fn finish(
+    source: &Source,
+    name: String,
+    snapshot: Snapshot,
+    detected: Detected,
+    file_bytes: u64,
+    started: Instant,
+    cancel: &AtomicBool,
+) -> Result<LoadedSnapshot, LoadError> {
     if cancel.load(Ordering::Relaxed) {
         return Err(LoadError::Cancelled { name });
     }
@@ -313,36 +350,6 @@ fn demo_snapshot(name: String, started: Instant) -> LoadedSnapshot {
         file_bytes: 0,
         decode_time: started.elapsed(),
     }
-}
-
-fn read_file(
-    path: &Path,
-    name: &str,
-    progress: &LoadProgress,
-    cancel: &AtomicBool,
-) -> Result<Vec<u8>, LoadError> {
-    let read_error = |e: std::io::Error| LoadError::Read {
-        name: name.to_owned(),
-        what: format!("{}: {e}", path.display()),
-    };
-    let mut file = std::fs::File::open(path).map_err(read_error)?;
-    let total = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut bytes = Vec::with_capacity(total as usize);
-    let mut chunk = vec![0u8; 4 << 20];
-    loop {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(LoadError::Cancelled {
-                name: name.to_owned(),
-            });
-        }
-        let n = file.read(&mut chunk).map_err(read_error)?;
-        if n == 0 {
-            break;
-        }
-        bytes.extend_from_slice(&chunk[..n]);
-        progress.set(Stage::Reading, bytes.len() as u64, total);
-    }
-    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -37,26 +37,46 @@ pub(crate) struct ConvState {
     budget: u64,
     /// Trace entries converted by the VM, indexed by `Kind::Entry` nodes.
     pub entries: Vec<TraceEntry>,
+    /// How many of `entries` the VM's fast path read.
+    pub fast_entries: usize,
     /// `entries` was moved out whole into one device trace.
     entries_taken: bool,
     /// The last string interned per entry field (`compile_context`, `user_metadata`) as an
     /// input range: consecutive entries nearly always repeat it, so this skips validating
     /// and hashing it again.
-    recent_strs: [(usize, u32, StrId); 2],
+    pub recent_strs: [(usize, u32, StrId); 2],
 }
 
 impl ConvState {
-    pub fn new(input_len: usize) -> Self {
+    pub fn new(input_len: u64) -> Self {
         ConvState {
             snap: Snapshot::default(),
             stack_cache: Vec::new(),
             frame_cache: Vec::new(),
             frame_buf: Vec::new(),
-            budget: 4 * input_len as u64 + (1 << 16),
+            budget: input_len.saturating_mul(4).saturating_add(1 << 16),
             entries: Vec::new(),
+            fast_entries: 0,
             entries_taken: false,
             recent_strs: [(0, u32::MAX, StrId(0)); 2],
         }
+    }
+
+    /// The frame a frame dict node was read as, if it was.
+    #[inline]
+    pub fn cached_frame(&self, id: u32) -> Option<FrameId> {
+        let cached = *self.frame_cache.get(id as usize)?;
+        (cached != NONE).then_some(FrameId(cached))
+    }
+
+    pub fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
+        self.snap.stacks.intern(frames)
+    }
+
+    /// The heap range of the string last interned through `recent_strs[slot]`.
+    pub fn recent_str_range(&self, slot: usize) -> (usize, u32) {
+        let (start, len, _) = self.recent_strs[slot];
+        (start, len)
     }
 
     /// Whether a node was already read as a stack or a frame (so it must not change).
@@ -66,14 +86,125 @@ impl ConvState {
     }
 }
 
-pub(crate) struct Conv<'a, 'b> {
-    arena: &'b Arena<'a>,
+/// Strings the VM recognises once, as it reads them: the keys of a trace entry and the action
+/// names. Memoized strings are read once and referenced many times, so matching bytes per
+/// use would be the reader's hottest work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Sym {
+    Other,
+    Action,
+    Addr,
+    DeviceFree,
+    Size,
+    Stream,
+    TimeUs,
+    CompileContext,
+    UserMetadata,
+    InternalMetadata,
+    Frames,
+    ForwardFrames,
+    ActAlloc,
+    ActFreeRequested,
+    ActFreeCompleted,
+    ActSegmentAlloc,
+    ActSegmentFree,
+    ActSegmentMap,
+    ActSegmentUnmap,
+    ActSnapshot,
+    ActOom,
+    ActAnnotate,
+    ActFree,
+}
+
+impl Sym {
+    /// What a string read from the input is.
+    #[inline]
+    pub fn classify(bytes: &[u8]) -> Sym {
+        match bytes {
+            b"action" => Sym::Action,
+            b"addr" => Sym::Addr,
+            b"device_free" => Sym::DeviceFree,
+            b"size" => Sym::Size,
+            b"stream" => Sym::Stream,
+            b"time_us" => Sym::TimeUs,
+            b"compile_context" => Sym::CompileContext,
+            b"user_metadata" => Sym::UserMetadata,
+            b"internal_metadata" => Sym::InternalMetadata,
+            b"frames" => Sym::Frames,
+            b"forward_frames" => Sym::ForwardFrames,
+            b"alloc" => Sym::ActAlloc,
+            b"free_requested" => Sym::ActFreeRequested,
+            b"free_completed" => Sym::ActFreeCompleted,
+            b"segment_alloc" => Sym::ActSegmentAlloc,
+            b"segment_free" => Sym::ActSegmentFree,
+            b"segment_map" => Sym::ActSegmentMap,
+            b"segment_unmap" => Sym::ActSegmentUnmap,
+            b"snapshot" => Sym::ActSnapshot,
+            b"oom" => Sym::ActOom,
+            b"annotate" => Sym::ActAnnotate,
+            b"free" => Sym::ActFree,
+            _ => Sym::Other,
+        }
+    }
+
+    /// The symbol with discriminant `n` (`Other` for anything else).
+    pub(crate) fn from_u8(n: u8) -> Sym {
+        const ALL: [Sym; 23] = [
+            Sym::Other,
+            Sym::Action,
+            Sym::Addr,
+            Sym::DeviceFree,
+            Sym::Size,
+            Sym::Stream,
+            Sym::TimeUs,
+            Sym::CompileContext,
+            Sym::UserMetadata,
+            Sym::InternalMetadata,
+            Sym::Frames,
+            Sym::ForwardFrames,
+            Sym::ActAlloc,
+            Sym::ActFreeRequested,
+            Sym::ActFreeCompleted,
+            Sym::ActSegmentAlloc,
+            Sym::ActSegmentFree,
+            Sym::ActSegmentMap,
+            Sym::ActSegmentUnmap,
+            Sym::ActSnapshot,
+            Sym::ActOom,
+            Sym::ActAnnotate,
+            Sym::ActFree,
+        ];
+        ALL.get(usize::from(n)).copied().unwrap_or(Sym::Other)
+    }
+
+    /// The action a known action name stands for.
+    pub(crate) fn action(self) -> Option<Action> {
+        Some(match self {
+            Sym::ActAlloc => Action::Alloc,
+            Sym::ActFreeRequested => Action::FreeRequested,
+            Sym::ActFreeCompleted => Action::FreeCompleted,
+            Sym::ActSegmentAlloc => Action::SegmentAlloc,
+            Sym::ActSegmentFree => Action::SegmentFree,
+            Sym::ActSegmentMap => Action::SegmentMap,
+            Sym::ActSegmentUnmap => Action::SegmentUnmap,
+            Sym::ActSnapshot => Action::Snapshot,
+            Sym::ActOom => Action::Oom,
+            Sym::ActAnnotate => Action::Annotate,
+            Sym::ActFree => Action::Free,
+            _ => return None,
+        })
+    }
+}
+
+pub(crate) struct Conv<'b> {
+    arena: &'b Arena,
     st: &'b mut ConvState,
     path: Vec<Seg>,
 }
 
 /// Converts a whole arena.
-pub(crate) fn convert(arena: &Arena<'_>, mut state: ConvState) -> Result<Snapshot> {
+pub(crate) fn convert(arena: &Arena, mut state: ConvState) -> Result<Snapshot> {
     let mut conv = Conv::new(arena, &mut state);
     conv.top(arena.root)?;
     Ok(state.snap)
@@ -82,8 +213,8 @@ pub(crate) fn convert(arena: &Arena<'_>, mut state: ConvState) -> Result<Snapsho
 /// Keys of a dict in order, with their values.
 type Pairs = Vec<(Val, Val)>;
 
-impl<'a, 'b> Conv<'a, 'b> {
-    pub fn new(arena: &'b Arena<'a>, st: &'b mut ConvState) -> Self {
+impl<'b> Conv<'b> {
+    pub fn new(arena: &'b Arena, st: &'b mut ConvState) -> Self {
         Conv {
             arena,
             st,
@@ -133,41 +264,34 @@ impl<'a, 'b> Conv<'a, 'b> {
     }
 
     fn type_name(&self, v: Val) -> &'static str {
-        match v {
-            Val::None => "None",
-            Val::Bool(_) => "bool",
-            Val::Int(_) | Val::BigInt { .. } => "int",
-            Val::Float(_) => "float",
-            Val::Str { .. } => "str",
-            Val::Bytes { .. } => "bytes",
-            Val::Node(id) => match self.arena.node(id).kind {
-                Kind::List => "list",
-                Kind::Dict | Kind::Entry => "dict",
-                Kind::Tuple => "tuple",
-            },
-        }
+        self.arena.type_name(v)
     }
 
     fn expected(&self, what: &str, v: Val) -> FormatError {
         self.schema(format!("expected {what}, found {}", self.type_name(v)))
     }
 
-    fn key_bytes(&self, v: Val) -> Option<&'a [u8]> {
+    fn key_bytes(&self, v: Val) -> Option<&'b [u8]> {
         match v {
-            Val::Str { start, len } => Some(self.arena.bytes(start, len)),
+            Val::Str { start, len, .. } => Some(self.arena.bytes(start, len)),
             _ => None,
         }
     }
 
-    fn str(&self, v: Val) -> Result<&'a str> {
+    fn str(&self, v: Val) -> Result<&'b str> {
         match v {
-            Val::Str { start, len } => {
-                std::str::from_utf8(self.arena.bytes(start, len)).map_err(|e| FormatError::Pickle {
-                    offset: (start + e.valid_up_to()) as u64,
-                    what: format!("invalid UTF-8 in a string ({})", self.path_string()),
-                })
-            }
+            // The VM validated it when it was read (and reported the byte offset).
+            Val::Str { start, len, .. } => std::str::from_utf8(self.arena.bytes(start, len))
+                .map_err(|_| self.schema("invalid UTF-8 in a string")),
             other => Err(self.expected("a str", other)),
+        }
+    }
+
+    /// What the VM recognised a string as (`Sym::Other` for anything else, str or not).
+    fn sym(v: Val) -> Sym {
+        match v {
+            Val::Str { sym, .. } => sym,
+            _ => Sym::Other,
         }
     }
 
@@ -207,10 +331,8 @@ impl<'a, 'b> Conv<'a, 'b> {
     }
 
     fn dict_pairs(&self, v: Val) -> Result<Pairs> {
-        if let Val::Node(id) = v {
-            if self.arena.entry_index(id).is_some() {
-                return Err(self.schema("expected a dict of another kind, found a trace entry"));
-            }
+        if self.arena.entry_of(v).is_some() {
+            return Err(self.schema("expected a dict of another kind, found a trace entry"));
         }
         let id = self.node_of(v, Kind::Dict, "a dict")?;
         let mut items = self.arena.items(id);
@@ -260,14 +382,17 @@ impl<'a, 'b> Conv<'a, 'b> {
             Val::Float(f) => Value::Float(f),
             Val::Str { .. } => Value::Str(self.str(v)?.to_owned()),
             Val::Bytes { start, len } => Value::Bytes(self.arena.bytes(start, len).to_vec()),
-            Val::Node(id) if self.arena.entry_index(id).is_some() => {
-                let index = self.arena.entry_index(id).expect("checked");
-                let entry = self
-                    .st
-                    .entries
-                    .get(index)
-                    .cloned()
-                    .ok_or_else(|| self.schema("trace entry referenced after it was moved"))?;
+            Val::Entry(_) => {
+                let entry = self.entry(v)?;
+                self.entry_value(&entry)?
+            }
+            Val::Stack(sid) => {
+                let sid = StackId(sid);
+                self.charge(self.st.snap.stacks.get(sid).len() as u64)?;
+                self.stack_value(sid)
+            }
+            Val::Node(_) if self.arena.entry_of(v).is_some() => {
+                let entry = self.entry(v)?;
                 self.entry_value(&entry)?
             }
             Val::Node(id) => {
@@ -323,7 +448,10 @@ impl<'a, 'b> Conv<'a, 'b> {
 
     // ---------------------------------------------------------------- frames and stacks
 
-    fn stack(&mut self, v: Val) -> Result<StackId> {
+    pub(crate) fn stack(&mut self, v: Val) -> Result<StackId> {
+        if let Val::Stack(sid) = v {
+            return Ok(StackId(sid));
+        }
         let id = self.list(v)?;
         if id as usize >= self.st.stack_cache.len() {
             self.st.stack_cache.resize(self.arena.nodes.len(), NONE);
@@ -332,19 +460,44 @@ impl<'a, 'b> Conv<'a, 'b> {
         if cached != NONE {
             return Ok(StackId(cached));
         }
-        let mut buf = std::mem::take(&mut self.st.frame_buf);
-        buf.clear();
-        for (i, item) in self.arena.items(id).enumerate() {
-            let fid = self.at(Seg::Index(i), |c| c.frame(item))?;
-            buf.push(fid);
-        }
-        let sid = self.st.snap.stacks.intern(&buf);
-        self.st.frame_buf = buf;
+        let frames: Vec<Val> = self.arena.items(id).collect();
+        let sid = self.stack_of_frames(&frames)?;
         self.st.stack_cache[id as usize] = sid.0;
         Ok(sid)
     }
 
-    fn frame(&mut self, v: Val) -> Result<FrameId> {
+    /// The stack of a frames list given as its frame dicts.
+    pub(crate) fn stack_of_frames(&mut self, frames: &[Val]) -> Result<StackId> {
+        let mut buf = std::mem::take(&mut self.st.frame_buf);
+        buf.clear();
+        for (i, &item) in frames.iter().enumerate() {
+            // A frame dict already read (nearly all of them): no error path to set up.
+            if let Val::Node(id) = item {
+                let cached = self
+                    .st
+                    .frame_cache
+                    .get(id as usize)
+                    .copied()
+                    .unwrap_or(NONE);
+                if cached != NONE {
+                    buf.push(FrameId(cached));
+                    continue;
+                }
+            }
+            match self.at(Seg::Index(i), |c| c.frame(item)) {
+                Ok(fid) => buf.push(fid),
+                Err(e) => {
+                    self.st.frame_buf = buf;
+                    return Err(e);
+                }
+            }
+        }
+        let sid = self.st.snap.stacks.intern(&buf);
+        self.st.frame_buf = buf;
+        Ok(sid)
+    }
+
+    pub(crate) fn frame(&mut self, v: Val) -> Result<FrameId> {
         let id = self.node_of(v, Kind::Dict, "a frame dict")?;
         if id as usize >= self.st.frame_cache.len() {
             self.st.frame_cache.resize(self.arena.nodes.len(), NONE);
@@ -660,17 +813,11 @@ impl<'a, 'b> Conv<'a, 'b> {
         self.arena
             .items(lid)
             .enumerate()
-            .all(|(i, item)| match item {
-                Val::Node(id) => {
-                    self.arena.entry_index(id) == Some(i) && !self.arena.node(id).shared
-                }
-                _ => false,
-            })
+            .all(|(i, item)| self.arena.entry_of(item) == Some(i) && !self.arena.is_shared(item))
     }
 
     fn entry(&mut self, v: Val) -> Result<TraceEntry> {
-        let id = self.node_of_dict(v, "a trace entry dict")?;
-        if let Some(index) = self.arena.entry_index(id) {
+        if let Some(index) = self.arena.entry_of(v) {
             return self
                 .st
                 .entries
@@ -678,6 +825,7 @@ impl<'a, 'b> Conv<'a, 'b> {
                 .cloned()
                 .ok_or_else(|| self.schema("trace entry referenced after it was moved"));
         }
+        let id = self.node_of_dict(v, "a trace entry dict")?;
         let items: Vec<Val> = self.arena.items(id).collect();
         Ok(self.entry_from(&items)?.0)
     }
@@ -707,53 +855,56 @@ impl<'a, 'b> Conv<'a, 'b> {
         let (mut canonical, mut last_rank) = (true, -1i32);
         for (i, pair) in items.chunks_exact(2).enumerate() {
             let (k, v) = (pair[0], pair[1]);
-            let rank = match self.key_bytes(k) {
-                Some(b"action") => {
-                    let name = self.at(Seg::Key("action"), |c| c.str(v))?;
-                    action = Some(
-                        Action::from_name(name)
-                            .unwrap_or_else(|| Action::Other(self.st.snap.strings.intern(name))),
-                    );
+            let rank = match Self::sym(k) {
+                Sym::Action => {
+                    action = Some(match Self::sym(v).action() {
+                        Some(known) => known,
+                        None => {
+                            let name = self.at(Seg::Key("action"), |c| c.str(v))?;
+                            Action::from_name(name)
+                                .unwrap_or_else(|| Action::Other(self.st.snap.strings.intern(name)))
+                        }
+                    });
                     1
                 }
-                Some(b"addr") => {
+                Sym::Addr => {
                     addr = Some(self.at(Seg::Key("addr"), |c| c.u64(v))?);
                     2
                 }
-                Some(b"device_free") => {
+                Sym::DeviceFree => {
                     let f = self.at(Seg::Key("device_free"), |c| c.u64(v))?;
                     rare.get_or_insert_with(Default::default).device_free = Some(f);
                     3
                 }
-                Some(b"size") => {
+                Sym::Size => {
                     size = Some(self.at(Seg::Key("size"), |c| c.u64(v))?);
                     4
                 }
-                Some(b"stream") => {
+                Sym::Stream => {
                     stream = Some(self.at(Seg::Key("stream"), |c| c.i64(v))?);
                     5
                 }
-                Some(b"time_us") => {
+                Sym::TimeUs => {
                     e.time_us = Some(self.at(Seg::Key("time_us"), |c| c.i64(v))?);
                     6
                 }
-                Some(b"compile_context") => {
+                Sym::CompileContext => {
                     e.compile_context =
                         Some(self.at(Seg::Key("compile_context"), |c| c.recent_str(v, 0))?);
                     7
                 }
-                Some(b"user_metadata") => {
+                Sym::UserMetadata => {
                     e.user_metadata =
                         Some(self.at(Seg::Key("user_metadata"), |c| c.recent_str(v, 1))?);
                     8
                 }
-                Some(b"internal_metadata") => {
+                Sym::InternalMetadata => {
                     let s = self.at(Seg::Key("internal_metadata"), |c| c.str(v))?;
                     let s = self.st.snap.strings.intern(s);
                     rare.get_or_insert_with(Default::default).internal_metadata = Some(s);
                     9
                 }
-                Some(b"frames") => {
+                Sym::Frames => {
                     e.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
                     if i == 0 {
                         rare.get_or_insert_with(Default::default)
@@ -763,7 +914,7 @@ impl<'a, 'b> Conv<'a, 'b> {
                         10
                     }
                 }
-                Some(b"forward_frames") => {
+                Sym::ForwardFrames => {
                     let f = self.at(Seg::Key("forward_frames"), |c| c.string_list(v))?;
                     rare.get_or_insert_with(Default::default).forward_frames = Some(f);
                     11
@@ -793,8 +944,8 @@ impl<'a, 'b> Conv<'a, 'b> {
 
     /// Interns a string through the one-entry cache `slot` of [`ConvState::recent_strs`].
     #[inline]
-    fn recent_str(&mut self, v: Val, slot: usize) -> Result<StrId> {
-        if let Val::Str { start, len } = v {
+    pub(crate) fn recent_str(&mut self, v: Val, slot: usize) -> Result<StrId> {
+        if let Val::Str { start, len, .. } = v {
             let (s0, l0, id) = self.st.recent_strs[slot];
             if l0 == len
                 && (s0 == start || self.arena.bytes(s0, l0) == self.arena.bytes(start, len))
@@ -804,7 +955,7 @@ impl<'a, 'b> Conv<'a, 'b> {
         }
         let text = self.str(v)?;
         let id = self.st.snap.strings.intern(text);
-        if let Val::Str { start, len } = v {
+        if let Val::Str { start, len, .. } = v {
             self.st.recent_strs[slot] = (start, len, id);
         }
         Ok(id)

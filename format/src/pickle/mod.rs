@@ -2,13 +2,13 @@
 //!
 //! ## Reading
 //!
-//! [`read`] accepts protocols 2 to 5 (CPython's framed `MEMOIZE` pickles and TorchScript's
+//! [`read`] (a slice) and [`read_from`] (a stream, never held whole) accept protocols 2 to 5 (CPython's framed `MEMOIZE` pickles and TorchScript's
 //! `BINPUT` pickles) and **executes nothing**: `GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`,
 //! `INST`, `OBJ`, `NEWOBJ*`, `PERSID`, `BINPERSID` and `EXT*` are refused with the opcode and
 //! its byte offset. It runs in two passes:
 //!
-//! 1. a small VM turns the opcodes into an arena: strings stay byte ranges of the input,
-//!    integers are stored inline, containers are nodes whose items live in one flat vector.
+//! 1. a small VM turns the opcodes into an arena: strings are copied to a string heap (the
+//!    snapshot keys among them recognised once), integers are stored inline, containers are nodes whose items live in one flat vector.
 //!    A memo reference is the same node again, so a frames list shared by a thousand trace
 //!    entries is stored once;
 //! 2. a conversion pass turns the arena into the typed [`Snapshot`], converting each shared
@@ -28,6 +28,8 @@ mod convert;
 mod vm;
 mod writer;
 
+use std::io::Read;
+
 use crate::error::Result;
 use crate::io::Progress;
 use crate::model::Snapshot;
@@ -40,8 +42,37 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot> {
 /// [`read`], calling `progress(bytes_done, bytes_total)` about every MiB of input; returns
 /// [`crate::FormatError::Cancelled`] when it returns `false`.
 pub fn read_with(bytes: &[u8], progress: Progress<'_>) -> Result<Snapshot> {
-    let (arena, state) = vm::run(bytes, progress)?;
+    let (arena, state) = vm::run(
+        vm::SliceFeed::new(bytes),
+        bytes.len() as u64,
+        progress,
+        true,
+    )?;
     convert::convert(&arena, state)
+}
+
+/// Decodes a snapshot pickle from a stream of `len` bytes (a file), reading it through a
+/// small buffer: the input is never held whole, so peak memory is the decoded snapshot plus
+/// the reader's bookkeeping. `len` bounds every declared length, as for [`read`]; a stream
+/// that ends early is reported as truncated, and a failing read as
+/// [`crate::FormatError::Read`] with its byte offset.
+pub fn read_from(reader: impl Read, len: u64, progress: Progress<'_>) -> Result<Snapshot> {
+    let (arena, state) = vm::run(vm::ReaderFeed::new(reader), len, progress, true)?;
+    convert::convert(&arena, state)
+}
+
+/// [`read`] with the trace-entry fast path on or off, and how many entries it read: tests
+/// check that both paths give the same snapshot. Not part of the API.
+#[doc(hidden)]
+pub fn read_with_fast_path(bytes: &[u8], fast: bool) -> Result<(Snapshot, usize)> {
+    let (arena, state) = vm::run(
+        vm::SliceFeed::new(bytes),
+        bytes.len() as u64,
+        &mut |_, _| true,
+        fast,
+    )?;
+    let fast_entries = state.fast_entries;
+    Ok((convert::convert(&arena, state)?, fast_entries))
 }
 
 /// Encodes a snapshot as a protocol-4 pickle.

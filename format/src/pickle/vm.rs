@@ -1,17 +1,23 @@
 //! The pickle virtual machine: runs the data opcodes into an arena, executes nothing.
 //!
-//! Strings, bytes and big integers stay byte ranges of the input; small integers, floats and
-//! bools are stored inline in [`Val`]; lists, dicts and tuples are [`Node`]s whose items live
-//! in one flat vector, in chunks (one chunk per `APPENDS`/`SETITEMS` batch, merged when
-//! batches are adjacent). A memo reference pushes the same `Val::Node`, so a list shared a
-//! thousand times is stored once and the conversion pass can cache per node.
+//! The input is read through a [`Feed`]: a slice already in memory, or a reader seen through
+//! a small window, so loading a file never holds the whole file. Strings, bytes and big
+//! integers are copied into the arena's string heap (validated UTF-8 for `str`, with the
+//! entry keys and action names recognised once as a [`Sym`]); small integers, floats and bools
+//! are stored inline in [`Val`]; lists, dicts and tuples are [`Node`]s whose items live in one
+//! flat vector, in chunks (one chunk per `APPENDS`/`SETITEMS` batch, merged when batches are
+//! adjacent). A memo reference pushes the same `Val::Node`, so a list shared a thousand times
+//! is stored once and the conversion pass can cache per node.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
 
 use crate::error::{FormatError, Result};
 use crate::io::Progress;
 
-use super::convert::{Conv, ConvState};
+use super::convert::{Conv, ConvState, Sym};
+use crate::intern::{FrameId, StackId};
+use crate::model::{Action, TraceEntry};
 
 /// Highest protocol we read (`PROTO 5` is byte-identical to 4 for snapshot data).
 const MAX_PROTOCOL: u8 = 5;
@@ -20,6 +26,13 @@ const PROGRESS_STEP: usize = 1 << 20;
 /// Memo indices above `memo.len() + MEMO_DENSE_SLACK` go to a sparse map, so a hostile
 /// `LONG_BINPUT 0xffffffff` cannot make us allocate a 64 GiB vector.
 const MEMO_DENSE_SLACK: usize = 1 << 16;
+
+/// Bytes a [`ReaderFeed`] asks its reader for at a time.
+const READ_CHUNK: usize = 256 << 10;
+/// Bytes [`Vm::fast_entry`] wants in the window (an entry is about 60).
+const FAST_ENTRY_WINDOW: usize = 4096;
+/// Longest text line (protocol-0 `GET`/`PUT` indices, `GLOBAL` names) we look for.
+const MAX_LINE: usize = 64 << 10;
 
 /// No chunk / no node marker.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -31,15 +44,16 @@ pub(crate) enum Val {
     Bool(bool),
     Int(i64),
     Float(f64),
-    /// A `LONG1`/`LONG4` integer outside `i64`: little-endian two's complement input bytes.
+    /// A `LONG1`/`LONG4` integer outside `i64`: little-endian two's complement bytes in the heap.
     BigInt {
         start: usize,
         len: u32,
     },
-    /// UTF-8 (validated where used) input bytes.
+    /// Valid UTF-8 in the string heap; `sym` names the snapshot keys the reader looks for.
     Str {
         start: usize,
         len: u32,
+        sym: Sym,
     },
     Bytes {
         start: usize,
@@ -47,6 +61,12 @@ pub(crate) enum Val {
     },
     /// A list, dict or tuple in [`Arena::nodes`].
     Node(u32),
+    /// A frames list the fast path read straight into this [`crate::StackId`] (no node: real
+    /// files hold a fresh list per entry).
+    Stack(u32),
+    /// A dict the fast path read as the trace entry at this index of
+    /// [`super::convert::ConvState::entries`] (no node: most of a file's dicts are these).
+    Entry(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,22 +97,63 @@ struct Chunk {
     start: u32,
     len: u32,
     next: u32,
+    /// The items are `Val::Entry(start..start + len)`, not stored in `items` (a trace list
+    /// is a million consecutive entries).
+    entries: bool,
 }
 
 /// The result of running a pickle: the object graph and its root.
-pub(crate) struct Arena<'a> {
-    pub input: &'a [u8],
+pub(crate) struct Arena {
+    /// The bytes of every string, bytes object and big integer, in input order.
+    heap: Vec<u8>,
     pub nodes: Vec<Node>,
     chunks: Vec<Chunk>,
     items: Vec<Val>,
+    /// `Val::Entry`s pushed again through the memo or DUP.
+    shared_entries: HashSet<u32>,
     pub root: Val,
 }
 
-impl<'a> Arena<'a> {
-    /// The entry index of a node packed as a trace entry.
-    pub fn entry_index(&self, id: u32) -> Option<usize> {
-        let node = &self.nodes[id as usize];
-        (node.kind == Kind::Entry).then_some(node.first as usize)
+impl Arena {
+    /// The index in the converted entries of a dict read as a trace entry.
+    #[inline]
+    pub fn entry_of(&self, v: Val) -> Option<usize> {
+        match v {
+            Val::Entry(index) => Some(index as usize),
+            Val::Node(id) => {
+                let node = &self.nodes[id as usize];
+                (node.kind == Kind::Entry).then_some(node.first as usize)
+            }
+            _ => None,
+        }
+    }
+
+    /// The Python type of a value, for error messages.
+    pub fn type_name(&self, v: Val) -> &'static str {
+        match v {
+            Val::None => "None",
+            Val::Bool(_) => "bool",
+            Val::Int(_) | Val::BigInt { .. } => "int",
+            Val::Float(_) => "float",
+            Val::Str { .. } => "str",
+            Val::Bytes { .. } => "bytes",
+            Val::Entry(_) => "dict",
+            Val::Stack(_) => "list",
+            Val::Node(id) => match self.nodes[id as usize].kind {
+                Kind::List => "list",
+                Kind::Dict | Kind::Entry => "dict",
+                Kind::Tuple => "tuple",
+            },
+        }
+    }
+
+    /// Whether a value may be referenced more than once.
+    pub fn is_shared(&self, v: Val) -> bool {
+        match v {
+            Val::Entry(index) => self.shared_entries.contains(&index),
+            Val::Node(id) => self.nodes[id as usize].shared,
+            _ => false,
+        }
     }
 
     pub fn node(&self, id: u32) -> &Node {
@@ -114,14 +175,14 @@ impl<'a> Arena<'a> {
     }
 
     /// The raw bytes of a `Str`, `Bytes` or `BigInt` value.
-    pub fn bytes(&self, start: usize, len: u32) -> &'a [u8] {
-        &self.input[start..start + len as usize]
+    pub fn bytes(&self, start: usize, len: u32) -> &[u8] {
+        &self.heap[start..start + len as usize]
     }
 }
 
 /// Iterator over a container's items.
 pub(crate) struct Items<'a> {
-    arena: &'a Arena<'a>,
+    arena: &'a Arena,
     chunk: u32,
     pos: u32,
 }
@@ -137,7 +198,11 @@ impl<'a> Iterator for Items<'a> {
             }
             let c = self.arena.chunks[self.chunk as usize];
             if self.pos < c.len {
-                let v = self.arena.items[(c.start + self.pos) as usize];
+                let v = if c.entries {
+                    Val::Entry(c.start + self.pos)
+                } else {
+                    self.arena.items[(c.start + self.pos) as usize]
+                };
                 self.pos += 1;
                 return Some(v);
             }
@@ -272,109 +337,465 @@ fn executes_code(code: u8) -> bool {
     )
 }
 
-struct Vm<'a, 'p> {
-    input: &'a [u8],
+/// Where the VM's bytes come from.
+pub(crate) trait Feed {
+    /// The bytes available now, from the current window start.
+    fn window(&self) -> &[u8];
+    /// Moves the window start `drop` bytes on (always, even when reading then fails), then
+    /// reads until at least `need` bytes are available or the input ends.
+    fn refill(&mut self, drop: usize, need: usize) -> std::io::Result<()>;
+}
+
+/// Input already in memory: the window is the rest of the slice.
+pub(crate) struct SliceFeed<'a> {
+    data: &'a [u8],
+    start: usize,
+}
+
+impl<'a> SliceFeed<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        SliceFeed { data, start: 0 }
+    }
+}
+
+impl Feed for SliceFeed<'_> {
+    #[inline]
+    fn window(&self) -> &[u8] {
+        &self.data[self.start..]
+    }
+
+    fn refill(&mut self, drop: usize, _need: usize) -> std::io::Result<()> {
+        self.start += drop;
+        Ok(())
+    }
+}
+
+/// A reader seen through a buffer of about [`READ_CHUNK`] bytes.
+pub(crate) struct ReaderFeed<R> {
+    reader: R,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl<R: Read> ReaderFeed<R> {
+    pub fn new(reader: R) -> Self {
+        ReaderFeed {
+            reader,
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+        }
+    }
+}
+
+impl<R: Read> Feed for ReaderFeed<R> {
+    #[inline]
+    fn window(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn refill(&mut self, drop: usize, need: usize) -> std::io::Result<()> {
+        self.start += drop;
+        if self.end - self.start >= need {
+            return Ok(());
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        let size = need.max(READ_CHUNK);
+        if self.buf.len() < size {
+            self.buf.resize(size, 0);
+        }
+        while self.end < need {
+            match self.reader.read(&mut self.buf[self.end..]) {
+                Ok(0) => break,
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The pickle memo: dense for the indices picklers use (counting up from 0), sparse beyond.
+/// Dense slots are [`Val`]s packed into 8 bytes (a 1M-entry file memoizes 2M objects).
+#[derive(Default)]
+struct Memo {
+    dense: Vec<u64>,
+    /// Values too wide to pack, referenced from `dense`.
+    wide: Vec<Val>,
+    sparse: HashMap<u64, Val>,
+    /// Number of indices stored (the next `MEMOIZE` index).
+    count: usize,
+}
+
+/// Where a [`Memo::put`] went and what it replaced, to undo it.
+#[derive(Clone, Copy, Debug, Default)]
+struct MemoPut {
+    index: u64,
+    dense: bool,
+    old: Option<Val>,
+}
+
+/// Packed memo slot layout: the low 3 bits are the tag, 0 is an empty slot.
+mod slot {
+    pub const EMPTY: u64 = 0;
+    pub const NODE: u64 = 1;
+    pub const STR: u64 = 2;
+    pub const INT: u64 = 3;
+    /// `None` (payload 0), `False` (1) or `True` (2).
+    pub const SMALL: u64 = 4;
+    pub const STACK: u64 = 5;
+    pub const WIDE: u64 = 6;
+    pub const ENTRY: u64 = 7;
+    pub const TAG: u64 = 7;
+}
+
+impl Memo {
+    #[inline(always)]
+    fn pack(&mut self, v: Val) -> u64 {
+        match v {
+            Val::Node(id) => (u64::from(id) << 32) | slot::NODE,
+            Val::Entry(index) => (u64::from(index) << 32) | slot::ENTRY,
+            Val::Str { start, len, sym } if start < 1 << 40 && len < 1 << 16 => {
+                ((start as u64) << 24)
+                    | (u64::from(len) << 8)
+                    | (u64::from(sym as u8) << 3)
+                    | slot::STR
+            }
+            Val::Int(i) if (i << 3) >> 3 == i => ((i << 3) as u64) | slot::INT,
+            Val::Stack(id) => (u64::from(id) << 32) | slot::STACK,
+            Val::None => slot::SMALL,
+            Val::Bool(b) => ((1 + u64::from(b)) << 3) | slot::SMALL,
+            wide => self.pack_wide(wide),
+        }
+    }
+
+    #[cold]
+    fn pack_wide(&mut self, wide: Val) -> u64 {
+        self.wide.push(wide);
+        ((self.wide.len() as u64 - 1) << 3) | slot::WIDE
+    }
+
+    /// What the str stored at a dense index was recognised as (`None` for anything else).
+    #[inline(always)]
+    fn sym_at(&self, index: u64) -> Option<Sym> {
+        let packed = *self.dense.get(index as usize)?;
+        (packed & slot::TAG == slot::STR).then(|| Sym::from_u8(((packed >> 3) & 0x1f) as u8))
+    }
+
+    #[inline(always)]
+    fn unpack(&self, packed: u64) -> Option<Val> {
+        Some(match packed & slot::TAG {
+            slot::NODE => Val::Node((packed >> 32) as u32),
+            slot::ENTRY => Val::Entry((packed >> 32) as u32),
+            slot::STR => Val::Str {
+                start: (packed >> 24) as usize,
+                len: ((packed >> 8) & 0xffff) as u32,
+                sym: Sym::from_u8(((packed >> 3) & 0x1f) as u8),
+            },
+            slot::INT => Val::Int(packed as i64 >> 3),
+            slot::STACK => Val::Stack((packed >> 32) as u32),
+            slot::SMALL => match packed >> 3 {
+                0 => Val::None,
+                small => Val::Bool(small == 2),
+            },
+            slot::WIDE => *self.wide.get((packed >> 3) as usize)?,
+            _ => return None,
+        })
+    }
+
+    /// Stores `v` at `index`.
+    #[inline(always)]
+    fn put(&mut self, index: u64, v: Val) -> MemoPut {
+        if self.try_push(index, v) {
+            return MemoPut {
+                index,
+                dense: true,
+                old: None,
+            };
+        }
+        self.put_elsewhere(index, v)
+    }
+
+    /// Stores `v` when `index` is the next dense one (picklers count up: the usual case).
+    #[inline(always)]
+    fn try_push(&mut self, index: u64, v: Val) -> bool {
+        if index as usize != self.dense.len() || index >= u32::MAX as u64 {
+            return false;
+        }
+        let packed = self.pack(v);
+        self.dense.push(packed);
+        self.count += 1;
+        true
+    }
+
+    #[inline(never)]
+    fn put_elsewhere(&mut self, index: u64, v: Val) -> MemoPut {
+        let dense_limit = self.dense.len() + MEMO_DENSE_SLACK;
+        let dense = (index as usize) < dense_limit && index < u32::MAX as u64;
+        let old = if dense {
+            let i = index as usize;
+            let packed = self.pack(v);
+            if i == self.dense.len() {
+                // Picklers count up: the usual case.
+                self.dense.push(packed);
+                None
+            } else {
+                if i > self.dense.len() {
+                    self.dense.resize(i + 1, slot::EMPTY);
+                }
+                let old = std::mem::replace(&mut self.dense[i], packed);
+                self.unpack(old)
+            }
+        } else {
+            self.sparse.insert(index, v)
+        };
+        if old.is_none() {
+            self.count += 1;
+        }
+        MemoPut { index, dense, old }
+    }
+
+    /// The node stored at a dense index, without unpacking anything else.
+    #[inline(always)]
+    fn node_at(&self, index: u64) -> Option<u32> {
+        let packed = *self.dense.get(index as usize)?;
+        (packed & slot::TAG == slot::NODE).then_some((packed >> 32) as u32)
+    }
+
+    #[inline(always)]
+    fn get(&self, index: u64) -> Option<Val> {
+        match self.dense.get(index as usize) {
+            Some(&packed) if packed != slot::EMPTY => self.unpack(packed),
+            _ => self.sparse.get(&index).copied(),
+        }
+    }
+
+    /// Undoes a [`Memo::put`].
+    fn undo(&mut self, put: MemoPut) {
+        if put.old.is_none() {
+            self.count -= 1;
+        }
+        if put.dense {
+            let packed = match put.old {
+                Some(v) => self.pack(v),
+                None => slot::EMPTY,
+            };
+            self.dense[put.index as usize] = packed;
+        } else {
+            match put.old {
+                Some(v) => self.sparse.insert(put.index, v),
+                None => self.sparse.remove(&put.index),
+            };
+        }
+    }
+}
+
+/// Memo stores made by a [`Vm::fast_entry`] attempt, undone if it gives up: stores at the
+/// dense end (nearly all) by truncating, the others from a log.
+struct Undo {
+    dense_len: usize,
+    count: usize,
+    others: [MemoPut; 4],
+    len: usize,
+}
+
+impl Undo {
+    fn new(memo: &Memo) -> Self {
+        Undo {
+            dense_len: memo.dense.len(),
+            count: memo.count,
+            others: Default::default(),
+            len: 0,
+        }
+    }
+
+    /// Stores to the memo and logs it; `None` when the log is full (the attempt gives up).
+    #[inline(always)]
+    fn put(&mut self, memo: &mut Memo, index: u64, v: Val) -> Option<()> {
+        if memo.try_push(index, v) {
+            return Some(());
+        }
+        if self.len == self.others.len() {
+            return None;
+        }
+        self.others[self.len] = memo.put_elsewhere(index, v);
+        self.len += 1;
+        Some(())
+    }
+
+    /// Puts the memo back as it was when this log started.
+    fn roll_back(&self, memo: &mut Memo) {
+        for &put in self.others[..self.len].iter().rev() {
+            memo.undo(put);
+        }
+        memo.dense.truncate(self.dense_len);
+        memo.count = self.count;
+    }
+}
+
+struct Vm<'p, F> {
+    feed: F,
+    /// Input offset of the window start.
+    base: u64,
+    /// Input length (for length checks and progress).
+    total: u64,
+    /// Read position in the window.
     pos: usize,
-    /// Offset of the opcode being run, for errors.
-    at: usize,
+    /// Input offset of the opcode being run, for errors.
+    at: u64,
     stack: Vec<Val>,
     marks: Vec<usize>,
-    memo: Vec<Option<Val>>,
-    sparse_memo: HashMap<u64, Val>,
-    memo_count: usize,
-    arena: Arena<'a>,
+    memo: Memo,
+    arena: Arena,
     state: ConvState,
     progress: Progress<'p>,
+    /// Take [`Vm::fast_entry`] when it applies (off only to test it against the generic path).
+    fast_entries: bool,
+    /// Frames of the frames list [`Vm::fast_frames_list`] is reading.
+    frames_buf: Vec<FrameId>,
 }
 
 /// Runs the pickle in `input` and returns its object graph, with trace entries already
 /// converted (they are most of a snapshot, and converting them as they complete keeps their
 /// keys and values out of the arena).
-pub(crate) fn run<'a>(input: &'a [u8], progress: Progress<'_>) -> Result<(Arena<'a>, ConvState)> {
+pub(crate) fn run<F: Feed>(
+    feed: F,
+    total: u64,
+    progress: Progress<'_>,
+    fast_entries: bool,
+) -> Result<(Arena, ConvState)> {
     let mut vm = Vm {
-        input,
+        feed,
+        base: 0,
+        total,
         pos: 0,
         at: 0,
         stack: Vec::with_capacity(1024),
         marks: Vec::with_capacity(64),
-        memo: Vec::new(),
-        sparse_memo: HashMap::new(),
-        memo_count: 0,
+        memo: Memo::default(),
         arena: Arena {
-            input,
+            heap: Vec::new(),
             nodes: Vec::new(),
             chunks: Vec::new(),
             items: Vec::new(),
+            shared_entries: HashSet::new(),
             root: Val::None,
         },
-        state: ConvState::new(input.len()),
+        state: ConvState::new(total),
         progress,
+        fast_entries,
+        frames_buf: Vec::new(),
     };
     vm.arena.root = vm.run()?;
     Ok((vm.arena, vm.state))
 }
 
-impl<'a> Vm<'a, '_> {
+impl<F: Feed> Vm<'_, F> {
+    /// Input offset of window position `pos`.
+    fn offset(&self, pos: usize) -> u64 {
+        self.base + pos as u64
+    }
+
     fn err(&self, what: impl Into<String>) -> FormatError {
         FormatError::Pickle {
-            offset: self.at as u64,
+            offset: self.at,
             what: what.into(),
         }
     }
 
-    #[inline]
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        let input: &'a [u8] = self.input;
-        let rest = input.len() - self.pos;
-        if n > rest {
+    /// Input bytes not read yet.
+    fn remaining(&self) -> u64 {
+        self.total.saturating_sub(self.offset(self.pos))
+    }
+
+    /// Makes at least `n` bytes available at `pos` (which becomes the window start).
+    #[cold]
+    fn fill(&mut self, n: usize, what: &str) -> Result<()> {
+        let drop = self.pos;
+        // The feed moves its window before it reads, so this holds even when reading fails
+        // (the fast path ignores that failure, and the generic path meets it again).
+        let read = self.feed.refill(drop, n);
+        self.base += drop as u64;
+        self.pos = 0;
+        read.map_err(|source| FormatError::Read {
+            offset: self.base,
+            source,
+        })?;
+        let rest = self.feed.window().len() - self.pos;
+        if rest < n {
             return Err(self.err(format!(
                 "truncated input: {what} needs {n} bytes, {rest} left"
             )));
         }
-        let s = &input[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
+        Ok(())
+    }
+
+    /// The next `N` bytes.
+    #[inline]
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        if self.feed.window().len() - self.pos < N {
+            self.fill(N, what)?;
+        }
+        let b: [u8; N] = self.feed.window()[self.pos..self.pos + N]
+            .try_into()
+            .expect("N bytes");
+        self.pos += N;
+        Ok(b)
     }
 
     #[inline]
     fn u8(&mut self, what: &str) -> Result<u8> {
-        Ok(self.take(1, what)?[0])
+        Ok(self.array::<1>(what)?[0])
     }
 
     #[inline]
     fn u16(&mut self, what: &str) -> Result<u16> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        Ok(u16::from_le_bytes(self.array(what)?))
     }
 
     #[inline]
     fn u32(&mut self, what: &str) -> Result<u32> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_le_bytes(self.array(what)?))
     }
 
     #[inline]
     fn u64(&mut self, what: &str) -> Result<u64> {
-        let b = self.take(8, what)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    /// A text line ending in `\n` (text opcodes GET/PUT), without the newline.
-    fn line(&mut self, what: &str) -> Result<&'a [u8]> {
-        let input: &'a [u8] = self.input;
-        let rest = &input[self.pos..];
-        match rest.iter().position(|&b| b == b'\n') {
-            Some(n) => {
+    /// A text line ending in `\n` (text opcodes GET/PUT, GLOBAL), without the newline.
+    fn line(&mut self, what: &str) -> Result<Vec<u8>> {
+        loop {
+            let rest = &self.feed.window()[self.pos..];
+            if let Some(n) = rest.iter().position(|&b| b == b'\n') {
+                let line = rest[..n].to_vec();
                 self.pos += n + 1;
-                Ok(&rest[..n])
+                return Ok(line);
             }
-            None => Err(self.err(format!("truncated input: {what} has no end of line"))),
+            let have = rest.len();
+            if have >= MAX_LINE {
+                return Err(self.err(format!("{what} longer than {MAX_LINE} bytes")));
+            }
+            // Ask for more than we have; too few bytes means the input ended.
+            match self.fill(have + 1, what) {
+                Ok(()) => {}
+                Err(FormatError::Pickle { .. }) => {
+                    return Err(self.err(format!("truncated input: {what} has no end of line")))
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
-    /// Checks a declared length against the remaining input before anything is read.
+    /// Copies a declared-length payload into the string heap, checking the length against
+    /// the remaining input before anything is allocated. Returns its heap range.
+    #[inline]
     fn payload(&mut self, len: u64, what: &str) -> Result<(usize, u32)> {
-        let rest = (self.input.len() - self.pos) as u64;
+        let rest = self.remaining();
         if len > rest {
             return Err(self.err(format!(
                 "{what} declares {len} bytes but only {rest} remain"
@@ -382,9 +803,56 @@ impl<'a> Vm<'a, '_> {
         }
         let len32 =
             u32::try_from(len).map_err(|_| self.err(format!("{what} longer than 4 GiB")))?;
-        let start = self.pos;
-        self.pos += len as usize;
+        let start = self.arena.heap.len();
+        let n = len32 as usize;
+        let window = self.feed.window();
+        if window.len() - self.pos >= n {
+            self.arena
+                .heap
+                .extend_from_slice(&window[self.pos..self.pos + n]);
+            self.pos += n;
+        } else {
+            self.payload_slow(n, what)?;
+        }
         Ok((start, len32))
+    }
+
+    /// [`Vm::payload`] for a payload that crosses the window: copied piece by piece.
+    #[cold]
+    fn payload_slow(&mut self, mut n: usize, what: &str) -> Result<()> {
+        while n > 0 {
+            let window = self.feed.window();
+            let take = (window.len() - self.pos).min(n);
+            self.arena
+                .heap
+                .extend_from_slice(&window[self.pos..self.pos + take]);
+            self.pos += take;
+            n -= take;
+            if n > 0 {
+                self.fill(1, what)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A `str` payload: copied, validated, and recognised when it is a key we look for.
+    #[inline]
+    fn str_payload(&mut self, len: u64, what: &str) -> Result<Val> {
+        let payload_at = self.offset(self.pos);
+        let (start, len) = self.payload(len, what)?;
+        let bytes = &self.arena.heap[start..start + len as usize];
+        let sym = if bytes.is_ascii() {
+            Sym::classify(bytes)
+        } else {
+            if let Err(e) = std::str::from_utf8(bytes) {
+                return Err(FormatError::Pickle {
+                    offset: payload_at + e.valid_up_to() as u64,
+                    what: format!("invalid UTF-8 in a {what} string"),
+                });
+            }
+            Sym::Other
+        };
+        Ok(Val::Str { start, len, sym })
     }
 
     #[inline]
@@ -437,24 +905,40 @@ impl<'a> Vm<'a, '_> {
         if n == 0 {
             return Ok(());
         }
-        let at = self.at as u64;
+        let at = self.at;
         let too_many = move || FormatError::Pickle {
             offset: at,
             what: "too many container items".into(),
         };
         let n32 = u32::try_from(n).map_err(|_| too_many())?;
-        let start = self.arena.items.len();
-        if start + n >= NONE as usize {
-            return Err(too_many());
-        }
         let nd = self.arena.nodes[node as usize];
         let new_len = nd.len.checked_add(n32).ok_or_else(too_many)?;
-        self.arena.items.extend_from_slice(&self.stack[from..]);
+        let values = &self.stack[from..];
+        let entry_run = match values[0] {
+            Val::Entry(first) => values
+                .iter()
+                .zip(first..)
+                .all(|(v, index)| matches!(*v, Val::Entry(e) if e == index))
+                .then_some(first),
+            _ => None,
+        };
+        let start = match entry_run {
+            Some(first) => first as usize,
+            None => {
+                let start = self.arena.items.len();
+                if start + n >= NONE as usize {
+                    return Err(too_many());
+                }
+                self.arena.items.extend_from_slice(values);
+                start
+            }
+        };
+        let entries = entry_run.is_some();
         self.stack.truncate(from);
         let last = nd.last;
         if last != NONE {
             let c = &mut self.arena.chunks[last as usize];
-            if (c.start + c.len) as usize == start {
+            if c.entries == entries && (c.start + c.len) as usize == start {
                 c.len += n32;
                 self.arena.nodes[node as usize].len = new_len;
                 return Ok(());
@@ -468,6 +952,7 @@ impl<'a> Vm<'a, '_> {
             start: start as u32,
             len: n32,
             next: NONE,
+            entries,
         });
         let nd = &mut self.arena.nodes[node as usize];
         if last == NONE {
@@ -507,19 +992,20 @@ impl<'a> Vm<'a, '_> {
 
     /// The container `target` must be a mutable one of `kind`.
     fn check_target(&self, target: Val, kind: Kind, name: &str) -> Result<u32> {
-        if let Val::Node(id) = target {
-            let node = &self.arena.nodes[id as usize];
-            if node.kind == Kind::Entry || self.state.is_frozen(id) {
-                return Err(self.err(format!(
-                    "{name} modifies a dict or list after it was read as a trace entry, stack or frame (not supported)"
-                )));
-            }
+        let frozen = match target {
+            Val::Node(id) => self.state.is_frozen(id),
+            _ => false,
+        };
+        if self.arena.entry_of(target).is_some() || frozen {
+            return Err(self.err(format!(
+                "{name} modifies a dict or list after it was read as a trace entry, stack or frame (not supported)"
+            )));
         }
         match target {
             Val::Node(id) if self.arena.nodes[id as usize].kind == kind => Ok(id),
             other => Err(self.err(format!(
                 "{name} on a {}, expected a {}",
-                self.describe(other),
+                self.arena.type_name(other),
                 match kind {
                     Kind::List => "list",
                     Kind::Dict | Kind::Entry => "dict",
@@ -529,33 +1015,21 @@ impl<'a> Vm<'a, '_> {
         }
     }
 
-    fn describe(&self, v: Val) -> &'static str {
-        match v {
-            Val::None => "None",
-            Val::Bool(_) => "bool",
-            Val::Int(_) | Val::BigInt { .. } => "int",
-            Val::Float(_) => "float",
-            Val::Str { .. } => "str",
-            Val::Bytes { .. } => "bytes",
-            Val::Node(id) => match self.arena.nodes[id as usize].kind {
-                Kind::List => "list",
-                Kind::Dict | Kind::Entry => "dict",
-                Kind::Tuple => "tuple",
-            },
-        }
-    }
-
     /// Converts a dict that is being filled in one batch to a trace entry now, when it has
     /// the shape of one and converts losslessly; otherwise it stays a generic dict (and the
     /// conversion pass reports any error with its path).
     fn try_pack_entry(&mut self, id: u32, from: usize) -> bool {
         let pairs = &self.stack[from..];
         let looks_like_entry = pairs.len() >= 8
-            && pairs
-                .iter()
-                .step_by(2)
-                .take(2)
-                .any(|k| matches!(k, Val::Str { start, len: 6 } if &self.arena.input[*start..*start + 6] == b"action"));
+            && pairs.iter().step_by(2).take(2).any(|k| {
+                matches!(
+                    k,
+                    Val::Str {
+                        sym: Sym::Action,
+                        ..
+                    }
+                )
+            });
         if !looks_like_entry || self.state.entries.len() >= NONE as usize {
             return false;
         }
@@ -569,28 +1043,332 @@ impl<'a> Vm<'a, '_> {
         true
     }
 
-    fn memo_put(&mut self, index: u64, v: Val) {
-        let dense_limit = self.memo.len() + MEMO_DENSE_SLACK;
-        if (index as usize) < dense_limit && index < u32::MAX as u64 {
-            let i = index as usize;
-            if i >= self.memo.len() {
-                self.memo.resize(i + 1, None);
+    #[inline]
+    /// Reads a trace entry dict straight into a [`TraceEntry`] when it is laid out the way
+    /// PyTorch's exporter and our writer lay it out: `EMPTY_DICT` (just read), an optional
+    /// memo store, `MARK`, memoized keys of a plain entry in the
+    /// writer's order with int, str and memoized frames-list values, `SETITEMS`. That is
+    /// nearly every entry of a real file, and skipping the generic stack and container work
+    /// halves the load time. Anything else (an unknown or rare key, another value shape, a
+    /// window boundary) returns `false` with nothing changed, and the generic opcodes run
+    /// and reach the same result, or the same error.
+    fn fast_entry(&mut self) -> bool {
+        if self.state.entries.len() >= NONE as usize {
+            return false;
+        }
+        if self.feed.window().len() - self.pos < FAST_ENTRY_WINDOW {
+            // Near the window's end: read on, so the entry is not cut (at the input's end
+            // this reads what is left; an error comes back on the generic path's read).
+            let _ = self.fill(FAST_ENTRY_WINDOW, "trace entry");
+        }
+        let heap_len = self.arena.heap.len();
+        // They may come to name heap bytes the rollback removes.
+        let recent_strs = self.state.recent_strs;
+        let mut undo = Undo::new(&self.memo);
+        match self.fast_entry_decode(&mut undo) {
+            Some((end, entry, frames_node)) => {
+                self.pos = end;
+                if let Some(list) = frames_node {
+                    self.arena.nodes[list as usize].shared = true;
+                }
+                let index = self.state.entries.len() as u32;
+                self.state.entries.push(entry);
+                self.state.fast_entries += 1;
+                // What EMPTY_DICT would have pushed, filled (the memo already holds it).
+                self.push(Val::Entry(index));
+                true
             }
-            if self.memo[i].replace(v).is_none() {
-                self.memo_count += 1;
+            None => {
+                undo.roll_back(&mut self.memo);
+                self.arena.heap.truncate(heap_len);
+                self.state.recent_strs = recent_strs;
+                false
             }
-        } else if self.sparse_memo.insert(index, v).is_none() {
-            self.memo_count += 1;
         }
     }
 
+    /// [`Vm::fast_entry`]'s decoding: the position after `SETITEMS`, the entry, and the
+    /// frames list node it references. Memo stores are made as they come (a later key may
+    /// reference them) and logged in `undo`.
+    fn fast_entry_decode(&mut self, undo: &mut Undo) -> Option<(usize, TraceEntry, Option<u32>)> {
+        let mut p = self.pos;
+        let mut code = self.window_op(&mut p)?;
+        if code != op::MARK {
+            let index = self.memo_store_index(code, &mut p)?;
+            // Stored as the entry it becomes; if a key or value fetched it back, the fast
+            // path would give up (an entry is no key, string or frames list).
+            let entry = Val::Entry(self.state.entries.len() as u32);
+            undo.put(&mut self.memo, index, entry)?;
+            code = self.window_op(&mut p)?;
+            if code != op::MARK {
+                return None;
+            }
+        }
+        let mut entry = TraceEntry::new(Action::Alloc, 0, 0, 0);
+        let mut required = 0u8;
+        let mut last_rank = Sym::Other as u8;
+        let mut frames_node = None;
+        loop {
+            let code = self.window_op(&mut p)?;
+            if code == op::SETITEMS {
+                break;
+            }
+            let sym = self.memo_sym(code, &mut p)?;
+            // Keys in the writer's order: `Sym`'s key variants are declared in that order.
+            if sym as u8 <= last_rank {
+                return None;
+            }
+            last_rank = sym as u8;
+            match sym {
+                Sym::Action => {
+                    let code = self.window_op(&mut p)?;
+                    entry.action = self.memo_sym(code, &mut p)?.action()?;
+                    required |= 1;
+                }
+                Sym::Addr => {
+                    entry.addr = u64::try_from(self.window_int(&mut p)?).ok()?;
+                    required |= 2;
+                }
+                Sym::Size => {
+                    entry.size = u64::try_from(self.window_int(&mut p)?).ok()?;
+                    required |= 4;
+                }
+                Sym::Stream => {
+                    entry.stream = self.window_int(&mut p)?;
+                    required |= 8;
+                }
+                Sym::TimeUs => entry.time_us = Some(self.window_int(&mut p)?),
+                Sym::CompileContext | Sym::UserMetadata => {
+                    let slot = usize::from(sym == Sym::UserMetadata);
+                    let v = self.window_str(&mut p, undo, slot)?;
+                    let s = Conv::new(&self.arena, &mut self.state)
+                        .recent_str(v, slot)
+                        .ok()?;
+                    if sym == Sym::CompileContext {
+                        entry.compile_context = Some(s);
+                    } else {
+                        entry.user_metadata = Some(s);
+                    }
+                }
+                Sym::Frames => {
+                    let code = self.window_op(&mut p)?;
+                    if code == op::EMPTY_LIST {
+                        entry.frames = Some(self.fast_frames_list(&mut p, undo)?);
+                        continue;
+                    }
+                    let v = self.memo_ref(code, &mut p)?;
+                    if let Val::Node(list) = v {
+                        frames_node = Some(list);
+                    }
+                    entry.frames = Some(Conv::new(&self.arena, &mut self.state).stack(v).ok()?);
+                }
+                _ => return None,
+            }
+        }
+        (required == 15).then_some((p, entry, frames_node))
+    }
+
+    /// A frames list written in place (`EMPTY_LIST` just read): an optional memo store, then
+    /// its memoized frame dicts (`MARK` refs `APPENDS`, one ref `APPEND`, or none), read
+    /// straight into a stack. The memo gets a [`Val::Stack`], so the list never needs a node.
+    fn fast_frames_list(&mut self, p: &mut usize, undo: &mut Undo) -> Option<StackId> {
+        let mut q = *p;
+        let mut memo_index = None;
+        let mut code = self.window_op(&mut q)?;
+        if let Some(index) = self.memo_store_index(code, &mut q) {
+            memo_index = Some(index);
+            *p = q;
+            code = self.window_op(&mut q)?;
+        }
+        let mut frames = std::mem::take(&mut self.frames_buf);
+        frames.clear();
+        let read = self.fast_frame_refs(code, &mut q, &mut frames);
+        let stack = read.map(|()| self.state.intern_stack(&frames));
+        self.frames_buf = frames;
+        let stack = stack?;
+        if code == op::MARK || code == op::BINGET || code == op::LONG_BINGET {
+            *p = q;
+        }
+        if let Some(index) = memo_index {
+            undo.put(&mut self.memo, index, Val::Stack(stack.0))?;
+        }
+        Some(stack)
+    }
+
+    /// The frame dicts of a frames list, from the opcode after its memo store: `MARK` refs
+    /// `APPENDS`, one ref `APPEND`, or nothing (an empty list; `code` is then the next key).
+    fn fast_frame_refs(
+        &mut self,
+        code: u8,
+        q: &mut usize,
+        frames: &mut Vec<FrameId>,
+    ) -> Option<()> {
+        match code {
+            op::MARK => loop {
+                let code = self.window_op(q)?;
+                if code == op::APPENDS {
+                    return Some(());
+                }
+                frames.push(self.memo_frame(code, q)?);
+            },
+            op::BINGET | op::LONG_BINGET => {
+                frames.push(self.memo_frame(code, q)?);
+                (self.window_op(q)? == op::APPEND).then_some(())
+            }
+            _ => Some(()),
+        }
+    }
+
+    /// The frame a `BINGET` or `LONG_BINGET` of a frame dict fetches.
+    #[inline]
+    fn memo_frame(&mut self, code: u8, p: &mut usize) -> Option<FrameId> {
+        let index = self.memo_index(code, p)?;
+        // Nearly always a frame dict read before: straight from the packed memo slot.
+        if let Some(id) = self.memo.node_at(index) {
+            if let Some(frame) = self.state.cached_frame(id) {
+                return Some(frame);
+            }
+        }
+        let v = self.memo.get(index)?;
+        Conv::new(&self.arena, &mut self.state).frame(v).ok()
+    }
+
+    /// The next opcode, stepping over `FRAME` headers (their lengths checked as the generic
+    /// path checks them): a frame boundary may fall inside an entry.
+    #[inline(always)]
+    fn window_op(&self, p: &mut usize) -> Option<u8> {
+        loop {
+            let code = self.window_byte(p)?;
+            if code != op::FRAME {
+                return Some(code);
+            }
+            let len = u64::from_le_bytes(self.window_bytes(p)?);
+            if len > self.total.saturating_sub(self.offset(*p)) {
+                return None;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn window_byte(&self, p: &mut usize) -> Option<u8> {
+        let b = *self.feed.window().get(*p)?;
+        *p += 1;
+        Some(b)
+    }
+
+    #[inline(always)]
+    fn window_bytes<const N: usize>(&self, p: &mut usize) -> Option<[u8; N]> {
+        let b = self.feed.window().get(*p..*p + N)?.try_into().ok()?;
+        *p += N;
+        Some(b)
+    }
+
+    /// The memo index a `MEMOIZE`, `BINPUT` or `LONG_BINPUT` at `code` stores to.
+    #[inline]
+    fn memo_store_index(&self, code: u8, p: &mut usize) -> Option<u64> {
+        match code {
+            op::MEMOIZE => Some(self.memo.count as u64),
+            op::BINPUT => self.window_byte(p).map(u64::from),
+            op::LONG_BINPUT => self
+                .window_bytes::<4>(p)
+                .map(|b| u32::from_le_bytes(b).into()),
+            _ => None,
+        }
+    }
+
+    /// The value a `BINGET` or `LONG_BINGET` at `code` fetches.
+    #[inline(always)]
+    fn memo_ref(&self, code: u8, p: &mut usize) -> Option<Val> {
+        self.memo.get(self.memo_index(code, p)?)
+    }
+
+    /// What the memoized str a `BINGET` or `LONG_BINGET` at `code` fetches was recognised
+    /// as (`None` when it is no str, or stored sparse: the generic path handles those).
+    #[inline(always)]
+    fn memo_sym(&self, code: u8, p: &mut usize) -> Option<Sym> {
+        self.memo.sym_at(self.memo_index(code, p)?)
+    }
+
+    /// The index a `BINGET` or `LONG_BINGET` at `code` fetches.
+    #[inline(always)]
+    fn memo_index(&self, code: u8, p: &mut usize) -> Option<u64> {
+        match code {
+            op::BINGET => Some(u64::from(self.window_byte(p)?)),
+            op::LONG_BINGET => Some(u32::from_le_bytes(self.window_bytes::<4>(p)?).into()),
+            _ => None,
+        }
+    }
+
+    /// An int opcode's value (`LONG1` up to 8 bytes).
+    #[inline]
+    fn window_int(&self, p: &mut usize) -> Option<i64> {
+        Some(match self.window_op(p)? {
+            op::BININT1 => self.window_byte(p)?.into(),
+            op::BININT2 => u16::from_le_bytes(self.window_bytes(p)?).into(),
+            op::BININT => i32::from_le_bytes(self.window_bytes(p)?).into(),
+            op::LONG1 => {
+                let n = usize::from(self.window_byte(p)?);
+                if n > 8 {
+                    return None;
+                }
+                let v = short_long(self.feed.window(), *p, n)?;
+                *p += n;
+                v
+            }
+            _ => return None,
+        })
+    }
+
+    /// A memoized str, or a short one (copied to the heap, stored to the memo when a memo
+    /// opcode follows).
+    #[inline]
+    fn window_str(&mut self, p: &mut usize, undo: &mut Undo, slot: usize) -> Option<Val> {
+        let code = self.window_op(p)?;
+        if code != op::SHORT_BINUNICODE {
+            return self.memo_ref(code, p);
+        }
+        let n = usize::from(self.window_byte(p)?);
+        let bytes = self.feed.window().get(*p..*p + n)?;
+        let sym = if bytes.is_ascii() {
+            Sym::classify(bytes)
+        } else {
+            std::str::from_utf8(bytes).ok()?;
+            Sym::Other
+        };
+        // A fresh copy of the string the last entry had here (PyTorch writes a new `'N/A'`
+        // object per entry) shares that copy's heap bytes.
+        let (recent_start, recent_len) = self.state.recent_str_range(slot);
+        let start = if recent_len as usize == n
+            && short_eq(&self.arena.heap[recent_start..recent_start + n], bytes)
+        {
+            recent_start
+        } else {
+            let start = self.arena.heap.len();
+            self.arena.heap.extend_from_slice(bytes);
+            start
+        };
+        *p += n;
+        let v = Val::Str {
+            start,
+            len: n as u32,
+            sym,
+        };
+        let mut after = *p;
+        if let Some(index) = self
+            .window_op(&mut after)
+            .and_then(|code| self.memo_store_index(code, &mut after))
+        {
+            undo.put(&mut self.memo, index, v)?;
+            *p = after;
+        }
+        Some(v)
+    }
+
+    #[inline]
     fn memo_get(&mut self, index: u64) -> Result<()> {
         let v = self
             .memo
-            .get(index as usize)
-            .copied()
-            .flatten()
-            .or_else(|| self.sparse_memo.get(&index).copied())
+            .get(index)
             .ok_or_else(|| self.err(format!("memo index {index} was never stored")))?;
         self.mark_shared(v);
         self.push(v);
@@ -599,23 +1377,39 @@ impl<'a> Vm<'a, '_> {
 
     #[inline]
     fn mark_shared(&mut self, v: Val) {
-        if let Val::Node(id) = v {
-            self.arena.nodes[id as usize].shared = true;
+        match v {
+            Val::Node(id) => self.arena.nodes[id as usize].shared = true,
+            Val::Entry(index) => {
+                self.arena.shared_entries.insert(index);
+            }
+            _ => {}
         }
     }
 
+    #[inline]
     fn long(&mut self, len: u64, name: &str) -> Result<Val> {
+        let window = self.feed.window();
+        if len <= 8 && window.len() - self.pos >= len as usize {
+            // The common case (addresses, timestamps) never touches the heap.
+            let n = len as usize;
+            if let Some(v) = short_long(window, self.pos, n) {
+                self.pos += n;
+                return Ok(Val::Int(v));
+            }
+        }
         let (start, len32) = self.payload(len, name)?;
-        let bytes = &self.input[start..start + len32 as usize];
-        Ok(match long_to_i64(bytes) {
-            Some(i) => Val::Int(i),
+        Ok(match long_to_i64(self.arena.bytes(start, len32)) {
+            Some(i) => {
+                self.arena.heap.truncate(start);
+                Val::Int(i)
+            }
             None => Val::BigInt { start, len: len32 },
         })
     }
 
     fn text_index(&mut self, name: &str) -> Result<u64> {
         let line = self.line(name)?;
-        std::str::from_utf8(line)
+        std::str::from_utf8(&line)
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
             .ok_or_else(|| self.err(format!("{name} with a malformed memo index")))
@@ -630,8 +1424,8 @@ impl<'a> Vm<'a, '_> {
                 match (module, qual) {
                     (Some(m), Some(q)) => format!(
                         " '{} {}'",
-                        String::from_utf8_lossy(m),
-                        String::from_utf8_lossy(q)
+                        String::from_utf8_lossy(&m),
+                        String::from_utf8_lossy(&q)
                     ),
                     _ => String::new(),
                 }
@@ -639,9 +1433,9 @@ impl<'a> Vm<'a, '_> {
             op::STACK_GLOBAL => {
                 let n = self.stack.len();
                 let name_of = |v: Option<&Val>| match v {
-                    Some(Val::Str { start, len }) => Some(String::from_utf8_lossy(
-                        &self.input[*start..*start + *len as usize],
-                    )),
+                    Some(&Val::Str { start, len, .. }) => {
+                        Some(String::from_utf8_lossy(self.arena.bytes(start, len)))
+                    }
                     _ => None,
                 };
                 match (
@@ -660,21 +1454,31 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn run(&mut self) -> Result<Val> {
-        let total = self.input.len();
-        let mut next_progress = PROGRESS_STEP.min(total);
+        let total = self.total;
+        let mut next_progress = (PROGRESS_STEP as u64).min(total);
         loop {
-            if self.pos >= next_progress && total > 0 {
-                if !(self.progress)(self.pos as u64, total as u64) {
+            self.at = self.offset(self.pos);
+            if self.at >= next_progress && total > 0 {
+                if !(self.progress)(self.at.min(total), total) {
                     return Err(FormatError::Cancelled);
                 }
-                next_progress = self.pos.saturating_add(PROGRESS_STEP).min(total.max(1));
-                if next_progress <= self.pos {
-                    next_progress = usize::MAX;
+                next_progress = self.at.saturating_add(PROGRESS_STEP as u64).min(total);
+                if next_progress <= self.at {
+                    next_progress = u64::MAX;
                 }
             }
-            self.at = self.pos;
-            let Some(&code) = self.input.get(self.pos) else {
-                return Err(self.err("truncated input: ended before the STOP opcode"));
+            let code = match self.feed.window().get(self.pos) {
+                Some(&code) => code,
+                None => {
+                    match self.fill(1, "opcode") {
+                        Ok(()) => {}
+                        Err(FormatError::Pickle { .. }) => {
+                            return Err(self.err("truncated input: ended before the STOP opcode"))
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    self.feed.window()[self.pos]
+                }
             };
             self.pos += 1;
             match code {
@@ -686,7 +1490,7 @@ impl<'a> Vm<'a, '_> {
                 }
                 op::FRAME => {
                     let len = self.u64("FRAME length")?;
-                    let rest = (total - self.pos) as u64;
+                    let rest = self.remaining();
                     if len > rest {
                         return Err(
                             self.err(format!("FRAME declares {len} bytes but only {rest} remain"))
@@ -699,7 +1503,7 @@ impl<'a> Vm<'a, '_> {
                         .stack
                         .pop()
                         .ok_or_else(|| self.err("STOP with an empty stack"))?;
-                    if (self.progress)(total as u64, total as u64) {
+                    if (self.progress)(total, total) {
                         return Ok(v);
                     }
                     return Err(FormatError::Cancelled);
@@ -751,24 +1555,23 @@ impl<'a> Vm<'a, '_> {
                     self.push(v);
                 }
                 op::BINFLOAT => {
-                    let b = self.take(8, "BINFLOAT")?;
-                    let v = f64::from_be_bytes(b.try_into().expect("8 bytes"));
+                    let v = f64::from_be_bytes(self.array("BINFLOAT")?);
                     self.push(Val::Float(v));
                 }
                 op::SHORT_BINUNICODE => {
                     let n = self.u8("SHORT_BINUNICODE length")?;
-                    let (start, len) = self.payload(n.into(), "SHORT_BINUNICODE")?;
-                    self.push(Val::Str { start, len });
+                    let v = self.str_payload(n.into(), "SHORT_BINUNICODE")?;
+                    self.push(v);
                 }
                 op::BINUNICODE => {
                     let n = self.u32("BINUNICODE length")?;
-                    let (start, len) = self.payload(n.into(), "BINUNICODE")?;
-                    self.push(Val::Str { start, len });
+                    let v = self.str_payload(n.into(), "BINUNICODE")?;
+                    self.push(v);
                 }
                 op::BINUNICODE8 => {
                     let n = self.u64("BINUNICODE8 length")?;
-                    let (start, len) = self.payload(n, "BINUNICODE8")?;
-                    self.push(Val::Str { start, len });
+                    let v = self.str_payload(n, "BINUNICODE8")?;
+                    self.push(v);
                 }
                 op::SHORT_BINBYTES => {
                     let n = self.u8("SHORT_BINBYTES length")?;
@@ -790,8 +1593,10 @@ impl<'a> Vm<'a, '_> {
                     self.push(Val::Node(id));
                 }
                 op::EMPTY_DICT => {
-                    let id = self.new_node(Kind::Dict)?;
-                    self.push(Val::Node(id));
+                    if !(self.fast_entries && self.fast_entry()) {
+                        let id = self.new_node(Kind::Dict)?;
+                        self.push(Val::Node(id));
+                    }
                 }
                 op::EMPTY_TUPLE => {
                     let id = self.new_node(Kind::Tuple)?;
@@ -852,22 +1657,22 @@ impl<'a> Vm<'a, '_> {
                 }
                 op::MEMOIZE => {
                     let v = self.top("MEMOIZE")?;
-                    self.memo_put(self.memo_count as u64, v);
+                    self.memo.put(self.memo.count as u64, v);
                 }
                 op::BINPUT => {
                     let i = self.u8("BINPUT")?;
                     let v = self.top("BINPUT")?;
-                    self.memo_put(i.into(), v);
+                    self.memo.put(i.into(), v);
                 }
                 op::LONG_BINPUT => {
                     let i = self.u32("LONG_BINPUT")?;
                     let v = self.top("LONG_BINPUT")?;
-                    self.memo_put(i.into(), v);
+                    self.memo.put(i.into(), v);
                 }
                 op::PUT => {
                     let i = self.text_index("PUT")?;
                     let v = self.top("PUT")?;
-                    self.memo_put(i, v);
+                    self.memo.put(i, v);
                 }
                 op::BINGET => {
                     let i = self.u8("BINGET")?;
@@ -893,6 +1698,28 @@ impl<'a> Vm<'a, '_> {
             }
         }
     }
+}
+
+/// Byte equality of short strings without a `memcmp` call.
+#[inline]
+fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+/// The `n <= 8` byte little-endian two's-complement integer at `window[at..]`, or `None` when
+/// the window ends first. Sign-extends with shifts when 8 bytes can be loaded at once.
+#[inline]
+fn short_long(window: &[u8], at: usize, n: usize) -> Option<i64> {
+    debug_assert!(n <= 8);
+    if n == 0 {
+        return (at <= window.len()).then_some(0);
+    }
+    if let Some(eight) = window.get(at..at + 8) {
+        let raw = u64::from_le_bytes(eight.try_into().ok()?);
+        let unused = 64 - 8 * n as u32;
+        return Some(((raw << unused) as i64) >> unused);
+    }
+    long_to_i64(window.get(at..at + n)?)
 }
 
 /// A little-endian two's-complement integer, if it fits `i64`.
@@ -934,6 +1761,70 @@ mod tests {
     use super::*;
 
     #[test]
+    fn memo_slots_keep_every_value() {
+        let values = [
+            Val::None,
+            Val::Bool(false),
+            Val::Bool(true),
+            Val::Int(0),
+            Val::Int(-1),
+            Val::Int(i64::MAX >> 3),
+            Val::Int(i64::MIN >> 3),
+            Val::Int(i64::MAX),
+            Val::Int(i64::MIN),
+            Val::Float(-0.5),
+            Val::Float(f64::NAN),
+            Val::BigInt { start: 3, len: 9 },
+            Val::Bytes { start: 7, len: 2 },
+            Val::Node(0),
+            Val::Node(u32::MAX - 1),
+            Val::Str {
+                start: 0,
+                len: 0,
+                sym: Sym::Other,
+            },
+            Val::Str {
+                start: (1 << 40) - 1,
+                len: 0xffff,
+                sym: Sym::ActFree,
+            },
+            Val::Str {
+                start: 1 << 40,
+                len: 3,
+                sym: Sym::Action,
+            },
+            Val::Str {
+                start: 5,
+                len: 1 << 16,
+                sym: Sym::TimeUs,
+            },
+        ];
+        let mut memo = Memo::default();
+        for (i, &v) in values.iter().enumerate() {
+            memo.put(i as u64, v);
+        }
+        // Far beyond the dense part: sparse.
+        memo.put(1 << 40, Val::Int(7));
+        assert_eq!(memo.count, values.len() + 1);
+        for (i, &v) in values.iter().enumerate() {
+            assert_eq!(
+                format!("{:?}", memo.get(i as u64)),
+                format!("{:?}", Some(v))
+            );
+        }
+        assert!(matches!(memo.get(1 << 40), Some(Val::Int(7))));
+        assert!(memo.get(values.len() as u64).is_none());
+        // Undo restores both the value and the count.
+        let put = memo.put(2, Val::Node(9));
+        let fresh = memo.put(values.len() as u64, Val::None);
+        memo.undo(fresh);
+        memo.undo(put);
+        assert_eq!(memo.count, values.len() + 1);
+        assert!(matches!(memo.get(2), Some(Val::Bool(true))));
+        assert!(memo.get(values.len() as u64).is_none());
+    }
+
+    #[test]
     fn long_decoding_handles_sign_and_width() {
         assert_eq!(long_to_i64(&[]), Some(0));
         assert_eq!(long_to_i64(&[0xff]), Some(-1));
@@ -947,6 +1838,39 @@ mod tests {
         assert_eq!(long_to_u64(&two63), Some(1 << 63));
         // -1 written with a redundant sign byte still fits.
         assert_eq!(long_to_i64(&[0xff; 9]), Some(-1));
+        // The shift path agrees with the byte path for every width and sign.
+        for v in [
+            0i64,
+            1,
+            -1,
+            127,
+            -128,
+            255,
+            1 << 40,
+            -(1 << 40),
+            i64::MAX,
+            i64::MIN,
+        ] {
+            let bytes = v.to_le_bytes();
+            for n in 1..=8 {
+                let Some(expected) = long_to_i64(&bytes[..n]) else {
+                    continue;
+                };
+                let mut padded = bytes[..n].to_vec();
+                padded.extend([0xaa; 8]);
+                assert_eq!(
+                    short_long(&padded, 0, n),
+                    Some(expected),
+                    "{v} in {n} bytes"
+                );
+                assert_eq!(
+                    short_long(&bytes[..n], 0, n),
+                    Some(expected),
+                    "{v} in {n} bytes, at the end"
+                );
+            }
+        }
+        assert_eq!(short_long(&[1, 2], 1, 2), None);
         assert_eq!(long_to_u64(&[0xff]), None);
     }
 }

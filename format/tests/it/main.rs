@@ -4,5 +4,6 @@ mod codecs;
 mod common;
 mod hostile;
 mod pickle;
+mod reader_paths;
 mod synth;
 mod validate;

@@ -8,34 +8,49 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::free_set::FreeSet;
+use super::free_set::{FreeSet, Pos, Scan};
+use crate::clock::Clock;
 use crate::config::{AllocatorConfig, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use crate::device::{Device, Event, Stream};
 use crate::error::{DeviceError, OomInfo};
-use crate::history::{History, RawAction, RawEntry};
+use crate::history::{History, RawAction};
 use crate::stacks::{RawStackId, StackInterner, NO_STACK};
 use crate::stats::DeviceStats;
-use crate::ContextMode;
 
 pub(crate) type Idx = u32;
 pub(crate) const NIL: Idx = u32::MAX;
 
-/// A multiplicative hasher for pointer keys (the default SipHash costs more than the rest of
+/// A folded-multiply hasher for pointer keys (the default SipHash costs more than the rest of
 /// a malloc/free pair).
+///
+/// The full 128-bit product is folded (high half XOR low half) so that every bit of the key
+/// reaches the *low* bits of the hash, which hashbrown uses to pick the bucket: block
+/// addresses are 512-byte aligned and share their high bits within a segment, so a plain
+/// `key * K` would send every block of a segment to the same probe group.
 #[derive(Default)]
 pub(crate) struct PtrHasher(u64);
 
+const HASH_K: u64 = 0x9e37_79b9_7f4a_7c15;
+
+#[inline]
+fn folded_mul(a: u64, b: u64) -> u64 {
+    let m = u128::from(a) * u128::from(b);
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
 impl Hasher for PtrHasher {
+    #[inline]
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            self.0 = folded_mul(self.0.rotate_left(8) ^ u64::from(b), HASH_K);
         }
     }
+    #[inline]
     fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = folded_mul(n ^ self.0, HASH_K);
     }
 }
 
@@ -82,10 +97,13 @@ pub(crate) struct SegmentRec {
     pub live: bool,
 }
 
+/// A free mapped block's key in its pool: (stream, size, address, block).
+pub(crate) type FreeKey = (i64, u64, u64, Idx);
+
 #[derive(Debug, Default)]
 pub(crate) struct BlockPool {
     /// Free mapped blocks by (stream, size, address).
-    pub blocks: FreeSet<(i64, u64, u64, Idx)>,
+    pub blocks: FreeSet<FreeKey>,
     /// Unmapped parts of expandable segments by (stream, address).
     pub unmapped: FreeSet<(i64, u64, Idx)>,
     pub get_free_blocks_call_count: u64,
@@ -126,6 +144,8 @@ pub(crate) struct State {
     pub expandable_active: bool,
     /// Clock reading shared by the entries of one API call (read lazily, at most once).
     call_time: Option<u64>,
+    /// The device's history clock (monotone; see `crate::clock`).
+    clock: Clock,
 }
 
 fn pool_index(small: bool) -> usize {
@@ -163,11 +183,13 @@ impl State {
             stacks: StackInterner::default(),
             expandable_active,
             call_time: None,
+            clock: Clock::default(),
         }
     }
 
     // ---- arena -------------------------------------------------------------------------
 
+    #[inline]
     fn new_block(&mut self, block: Block) -> Idx {
         if let Some(idx) = self.free_block_slots.pop() {
             self.blocks[idx as usize] = block;
@@ -214,7 +236,7 @@ impl State {
         self.segments[self.b(idx).segment as usize].expandable
     }
 
-    fn free_key(&self, idx: Idx) -> (i64, u64, u64, Idx) {
+    fn free_key(&self, idx: Idx) -> FreeKey {
         let b = self.b(idx);
         (b.stream, b.size, b.addr, idx)
     }
@@ -253,24 +275,46 @@ impl State {
         }
     }
 
+    /// Appends a trace entry (when history is on) stamped with the call's clock reading.
     #[inline]
     fn record(&mut self, action: RawAction, addr: u64, size: u64, stream: i64, stack: RawStackId) {
         if !self.history.enabled() {
             return;
         }
-        let stack = if self.history.options.context >= ContextMode::Alloc {
-            stack
-        } else {
-            NO_STACK
-        };
-        self.history.push(RawEntry {
-            action,
+        let time_ns = self.call_time_ns();
+        self.history
+            .record(action, addr, size, stream, time_ns, stack);
+    }
+
+    /// The call's clock reading (read at its first entry, shared by the others).
+    #[inline]
+    fn call_time_ns(&mut self) -> u64 {
+        match self.call_time {
+            Some(t) => t,
+            None => {
+                let t = self.clock.now_ns();
+                self.call_time = Some(t);
+                t
+            }
+        }
+    }
+
+    /// `free_requested` then `free_completed` of a block freed at once (when history is on).
+    #[inline]
+    fn record_free_pair(&mut self, addr: u64, size: u64, stream: i64, stack: RawStackId) {
+        if !self.history.enabled() {
+            return;
+        }
+        let time_ns = self.call_time_ns();
+        self.history.record_two(
+            RawAction::FreeRequested,
+            RawAction::FreeCompleted,
             addr,
             size,
             stream,
-            time_ns: *self.call_time.get_or_insert_with(crate::history::now_ns),
+            time_ns,
             stack,
-        });
+        );
     }
 
     /// Appends the `snapshot` entry (size = active bytes) after a snapshot collected the trace.
@@ -300,28 +344,30 @@ impl State {
         let alloc_size = self.config.allocation_size(rounded);
         let stream = stream.0;
 
-        let mut found = self.get_free_block(stream, rounded, small);
-        if found.is_none() {
-            if self.gc_enabled() {
-                self.garbage_collect_cached_blocks(device, ctx)?;
-            }
+        // The common case: a cached block fits; it is taken out of (or, split, replaced in) its
+        // pool at the position the search found.
+        if let Some((idx, pos, key)) = self.get_free_block(stream, rounded, small) {
+            return Ok(self.alloc_found_block(idx, Some((pos, key)), rounded, orig_size, ctx));
+        }
+        if self.gc_enabled() {
+            self.garbage_collect_cached_blocks(device, ctx)?;
+        }
+        let mut found = self.alloc_block(device, rounded, alloc_size, small, stream, false, ctx)?;
+        if found.is_none()
+            && self.release_available_cached_blocks(device, rounded, small, stream, ctx)?
+        {
             found = self.alloc_block(device, rounded, alloc_size, small, stream, false, ctx)?;
-            if found.is_none()
-                && self.release_available_cached_blocks(device, rounded, small, stream, ctx)?
-            {
-                found = self.alloc_block(device, rounded, alloc_size, small, stream, false, ctx)?;
-            }
-            if found.is_none() {
-                self.release_cached_blocks(device, ctx)?;
-                found = self.alloc_block(device, rounded, alloc_size, small, stream, true, ctx)?;
-            }
+        }
+        if found.is_none() {
+            self.release_cached_blocks(device, ctx)?;
+            found = self.alloc_block(device, rounded, alloc_size, small, stream, true, ctx)?;
         }
         let Some(idx) = found else {
             return Err(MallocFailure::Oom(
                 self.oom(device, orig_size, rounded, alloc_size, stream, ctx),
             ));
         };
-        Ok(self.alloc_found_block(idx, rounded, orig_size, ctx))
+        Ok(self.alloc_found_block(idx, None, rounded, orig_size, ctx))
     }
 
     fn oom<D: Device>(
@@ -353,38 +399,50 @@ impl State {
     }
 
     /// Best fit: the smallest free block of the same stream with size >= `rounded`, lowest
-    /// address on ties, subject to the oversize rules.
-    fn get_free_block(&mut self, stream: i64, rounded: u64, small: bool) -> Option<Idx> {
+    /// address on ties, subject to the oversize rules. The block stays in its pool; its
+    /// position and key are returned for [`State::alloc_found_block`].
+    #[inline]
+    fn get_free_block(
+        &mut self,
+        stream: i64,
+        rounded: u64,
+        small: bool,
+    ) -> Option<(Idx, Pos, FreeKey)> {
         let gc = self.gc_enabled();
         let max_split = self.config.max_split_size;
         let max_non_split = self.config.max_non_split_rounding_size;
+        let expandable_active = self.expandable_active;
+        let (blocks, segments) = (&self.blocks, &self.segments);
         let pool = &mut self.pools[pool_index(small)];
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut found = None;
-        for &(s, size, _, idx) in pool.blocks.range_from((stream, rounded, 0, 0)) {
-            if s != stream {
-                return None;
-            }
-            let expandable = self.segments[self.blocks[idx as usize].segment as usize].expandable;
-            if expandable && !self.expandable_active {
-                continue;
-            }
-            if max_split != u64::MAX {
-                if rounded < max_split && size >= max_split {
-                    return None;
+        let (pos, key) = pool
+            .blocks
+            .find_from((stream, rounded, 0, 0), |&(s, size, _, idx)| {
+                if s != stream {
+                    return Scan::Stop;
                 }
-                if rounded >= max_split && size >= rounded.saturating_add(max_non_split) {
-                    return None;
+                if !expandable_active {
+                    let seg = blocks.get(idx as usize).map(|b| b.segment as usize);
+                    if seg
+                        .and_then(|s| segments.get(s))
+                        .is_some_and(|s| s.expandable)
+                    {
+                        return Scan::Skip;
+                    }
                 }
-            }
-            found = Some(idx);
-            break;
-        }
-        let idx = found?;
-        self.pool_remove(idx);
-        Some(idx)
+                if max_split != u64::MAX {
+                    if rounded < max_split && size >= max_split {
+                        return Scan::Stop;
+                    }
+                    if rounded >= max_split && size >= rounded.saturating_add(max_non_split) {
+                        return Scan::Stop;
+                    }
+                }
+                Scan::Take
+            })?;
+        Some((key.3, pos, key))
     }
 
     fn should_split(&self, idx: Idx, rounded: u64) -> bool {
@@ -397,9 +455,13 @@ impl State {
         }
     }
 
+    /// Allocates `rounded` bytes from the free block `idx`, splitting off the rest. `in_pool`
+    /// is where [`State::get_free_block`] found the block while it is still in its pool
+    /// (`None`: a block already out of the pool, from a new segment or expandable pages).
     fn alloc_found_block(
         &mut self,
         idx: Idx,
+        in_pool: Option<(Pos, FreeKey)>,
         rounded: u64,
         orig_size: u64,
         ctx: RawStackId,
@@ -439,7 +501,18 @@ impl State {
                 r.addr += rounded;
                 r.size -= rounded;
             }
-            self.pool_insert(idx);
+            match in_pool {
+                // The remainder takes the block's place in the pool under its new key (built
+                // from the old one, not re-read from the block just written).
+                Some((pos, key)) => {
+                    let (stream, size, addr, _) = key;
+                    let new_key = (stream, size - rounded, addr + rounded, idx);
+                    self.pools[pool_index(small)]
+                        .blocks
+                        .replace_at(pos, &key, new_key);
+                }
+                None => self.pool_insert(idx),
+            }
             let remaining = self.b(idx).size;
             if !expandable {
                 if already_split {
@@ -450,10 +523,15 @@ impl State {
                 }
             }
             block = front;
-        } else if already_split && !expandable {
-            let size = self.b(idx).size;
-            self.stats.inactive_split.decrease(small, 1);
-            self.stats.inactive_split_bytes.decrease(small, size);
+        } else {
+            if let Some((pos, key)) = in_pool {
+                self.pools[pool_index(small)].blocks.remove_at(pos, &key);
+            }
+            if already_split && !expandable {
+                let size = self.b(idx).size;
+                self.stats.inactive_split.decrease(small, 1);
+                self.stats.inactive_split_bytes.decrease(small, size);
+            }
         }
 
         let b = self.bm(block);
@@ -695,6 +773,16 @@ impl State {
             self.stats.oversize_allocations.decrease(1);
         }
         let entry_stack = if ctx != NO_STACK { ctx } else { stack };
+        let b = self.b(idx);
+        if b.stream_uses.is_empty() && b.event_count == 0 {
+            // The usual case: no other stream used the block, so it is free at once. Both
+            // trace entries (identical but for the action) are written in one go, after the
+            // pool work: the counter read is cheapest late in the critical section, away from
+            // the lock's atomic instructions (measured, see the crate README).
+            self.return_to_pool(idx);
+            self.record_free_pair(ptr, requested, stream, entry_stack);
+            return true;
+        }
         self.record(
             RawAction::FreeRequested,
             ptr,
@@ -729,8 +817,7 @@ impl State {
     /// `free_block`: returns a block to its pool, merging with free neighbours.
     fn free_block(&mut self, idx: Idx, ctx: RawStackId) {
         let b = self.b(idx);
-        let (addr, size, requested, stream, small, stack) =
-            (b.addr, b.size, b.requested, b.stream, b.small, b.stack);
+        let (addr, requested, stream, stack) = (b.addr, b.requested, b.stream, b.stack);
         let entry_stack = if ctx != NO_STACK { ctx } else { stack };
         self.record(
             RawAction::FreeCompleted,
@@ -739,23 +826,68 @@ impl State {
             stream,
             entry_stack,
         );
+        self.return_to_pool(idx);
+    }
+
+    /// The rest of `free_block` after its `free_completed` entry: merges the block with its
+    /// free neighbours, puts it in its pool and updates the statistics.
+    fn return_to_pool(&mut self, idx: Idx) {
+        let b = self.b(idx);
+        let (addr, size, requested, stream, small) =
+            (b.addr, b.size, b.requested, b.stream, b.small);
         self.bm(idx).stack = NO_STACK;
         let expandable = self.is_expandable(idx);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
-        for neighbour in [self.b(idx).prev, self.b(idx).next] {
-            let subsumed = self.try_merge_blocks(idx, neighbour);
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
+        let pool = pool_index(small);
+        let count = self.pools[pool].get_free_blocks_call_count;
+        // Blocks being freed are always mapped; the general path below stays for safety.
+        if self.b(idx).mapped {
+            // Pool keys of the free neighbours merged into this block: the merged block takes
+            // the place of one of them in the pool (one `memmove` instead of a removal and an
+            // insertion).
+            let mut absorbed: [Option<FreeKey>; 2] = [None, None];
+            let neighbours = [self.b(idx).prev, self.b(idx).next];
+            // The merged block's extent, tracked here rather than re-read from the block.
+            let (mut merged_addr, mut merged_size) = (addr, size);
+            for (slot, neighbour) in absorbed.iter_mut().zip(neighbours) {
+                if let Some(key) = self.absorb_free_neighbour(idx, neighbour) {
+                    let (_, n_size, n_addr, _) = key;
+                    net_blocks -= 1;
+                    net_bytes -= n_size as i64;
+                    merged_addr = merged_addr.min(n_addr);
+                    merged_size += n_size;
+                    *slot = Some(key);
+                }
             }
+            self.bm(idx).gc_count_base = count;
+            let key = (stream, merged_size, merged_addr, idx);
+            let set = &mut self.pools[pool].blocks;
+            match absorbed {
+                [None, None] => {
+                    set.insert(key);
+                }
+                [Some(old), None] | [None, Some(old)] => set.replace(&old, key),
+                [Some(prev), Some(next)] => {
+                    set.remove(&prev);
+                    set.replace(&next, key);
+                }
+            }
+        } else {
+            for neighbour in [self.b(idx).prev, self.b(idx).next] {
+                let subsumed = self.try_merge_blocks(idx, neighbour);
+                if subsumed > 0 {
+                    net_blocks -= 1;
+                    net_bytes -= subsumed as i64;
+                }
+            }
+            self.bm(idx).gc_count_base = count;
+            self.pool_insert(idx);
         }
-        let count = self.pools[pool_index(small)].get_free_blocks_call_count;
-        self.bm(idx).gc_count_base = count;
-        self.pool_insert(idx);
-        if self.b(idx).is_split() {
+        let b = self.b(idx);
+        if b.is_split() {
             net_blocks += 1;
-            net_bytes += self.b(idx).size as i64;
+            net_bytes += b.size as i64;
         }
         if !expandable {
             self.stats.inactive_split.update(small, net_blocks);
@@ -764,6 +896,37 @@ impl State {
         self.stats.active.decrease(small, 1);
         self.stats.active_bytes.decrease(small, size);
         self.stats.requested_bytes.decrease(small, requested);
+    }
+
+    /// [`State::try_merge_blocks`] for a mapped `dst` that is not in a pool, leaving the pool
+    /// to the caller: merges the free mapped neighbour `src` into `dst` and returns the pool
+    /// key `src` had (still in the pool), or `None` when nothing merged.
+    #[inline]
+    fn absorb_free_neighbour(&mut self, dst: Idx, src: Idx) -> Option<FreeKey> {
+        if src == NIL || !self.mergeable_free(src) || !self.b(src).mapped {
+            return None;
+        }
+        let key = self.free_key(src);
+        let (s_addr, s_size, s_prev, s_next) = {
+            let s = self.b(src);
+            (s.addr, s.size, s.prev, s.next)
+        };
+        if self.b(dst).prev == src {
+            let d = self.bm(dst);
+            d.addr = s_addr;
+            d.prev = s_prev;
+            if s_prev != NIL {
+                self.bm(s_prev).next = dst;
+            }
+        } else {
+            self.bm(dst).next = s_next;
+            if s_next != NIL {
+                self.bm(s_next).prev = dst;
+            }
+        }
+        self.bm(dst).size += s_size;
+        self.delete_block(src);
+        Some(key)
     }
 
     /// Merges `src` into `dst` when `src` is free, has no pending events and the same mapped

@@ -564,3 +564,42 @@ fn allocator_is_send_and_sync() {
     send_sync::<CachingAllocator<SimulatedDevice>>();
     send_sync::<CachingAllocator<crate::HostDevice>>();
 }
+
+/// Trace times are microseconds since the Unix epoch from the counter-based history clock:
+/// never decreasing, and each within a fraction of a millisecond of the OS clock read just
+/// before and after its call (across the clock's calibration and several
+/// resynchronisations).
+#[test]
+fn trace_times_follow_the_os_clock() {
+    use crate::history::{epoch_micros, now_ns};
+    let a = alloc();
+    let os_us = || epoch_micros(now_ns());
+    let mut brackets = Vec::new();
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(40) {
+        let before = os_us();
+        let p = a.malloc(4096, S0).unwrap();
+        a.free(p).unwrap();
+        brackets.push((before, os_us()));
+    }
+    let snap = a.snapshot();
+    let trace = &snap.traces()[0];
+    // segment_alloc, then alloc, free_requested, free_completed per pair.
+    assert_eq!(trace.len(), 1 + 3 * brackets.len());
+    let times: Vec<i64> = trace.iter().map(|e| e.time_us.unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "times go back");
+    const SLACK_US: i64 = 200;
+    for (i, &(before, after)) in brackets.iter().enumerate() {
+        for &t in &times[1 + 3 * i..4 + 3 * i] {
+            assert!(
+                before - SLACK_US <= t && t <= after + SLACK_US,
+                "pair {i}: {t} outside [{before}, {after}]"
+            );
+        }
+    }
+    let wall_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!((wall_us - times[times.len() - 1]).abs() < 1_000_000);
+}
