@@ -143,7 +143,9 @@ pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, 
         source,
     };
     let mut file = std::fs::File::open(path).map_err(io_err)?;
-    let len = file.metadata().map_err(io_err)?.len();
+    let metadata = file.metadata().map_err(io_err)?;
+    // A pipe or device has no length to check declared lengths against: read it whole.
+    let len = metadata.is_file().then_some(metadata.len());
     // Enough to tell the compression and the encoding apart.
     let mut head = Vec::with_capacity(64);
     (&mut file)
@@ -152,11 +154,11 @@ pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, 
         .map_err(io_err)?;
     let streamable = Compression::detect(&head) == Compression::None
         && Format::detect(&head) == Some(Format::Pickle);
-    if !streamable {
+    let Some(len) = len.filter(|_| streamable) else {
         let mut bytes = head;
         file.read_to_end(&mut bytes).map_err(io_err)?;
         return read_bytes_with(&bytes, progress);
-    }
+    };
     let reader = std::io::Cursor::new(head).chain(file);
     let snapshot = crate::pickle::read_from(reader, len, progress).map_err(|e| match e {
         FormatError::Read { source, .. } => io_err(source),

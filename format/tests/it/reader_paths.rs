@@ -518,3 +518,22 @@ fn entries_the_fast_path_leaves_are_still_read_exactly() {
     assert_eq!(extra[0].0, "mystery");
     assert_eq!(trace[9].addr, 4096 * 10);
 }
+
+#[test]
+fn a_pickle_from_a_pipe_is_read_whole_not_checked_against_a_zero_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("snapshot.pickle");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("notice: no mkfifo here; skipping the pipe test");
+        return;
+    }
+    let bytes = synthetic(11, 3_000);
+    let writer = {
+        let (fifo, bytes) = (fifo.clone(), bytes.clone());
+        std::thread::spawn(move || std::fs::write(fifo, bytes).unwrap())
+    };
+    let (from_pipe, _) = io::read_path(&fifo).unwrap();
+    writer.join().unwrap();
+    assert_same(&pickle::read(&bytes).unwrap(), &from_pipe, "pipe");
+}
