@@ -34,9 +34,12 @@ pub(crate) struct ConvState {
     /// Frame dict node -> FrameId.
     frame_cache: Vec<u32>,
     frame_buf: Vec<FrameId>,
-    budget: u64,
+    pub budget: u64,
     /// Trace entries converted by the VM, indexed by `Kind::Entry` nodes.
     pub entries: Vec<TraceEntry>,
+    /// While the VM's fast path tries an entry: the `(stack?, node)` cache entries it set,
+    /// cleared again if it gives up (a node read as a stack or frame may not change after).
+    pub cache_journal: Option<Vec<(bool, u32)>>,
     /// How many of `entries` the VM's fast path read.
     pub fast_entries: usize,
     /// `entries` was moved out whole into one device trace.
@@ -56,9 +59,25 @@ impl ConvState {
             frame_buf: Vec::new(),
             budget: input_len.saturating_mul(4).saturating_add(1 << 16),
             entries: Vec::new(),
+            cache_journal: None,
             fast_entries: 0,
             entries_taken: false,
             recent_strs: [(0, u32::MAX, StrId(0)); 2],
+        }
+    }
+
+    /// Forgets the conversions logged in `cache_journal` (the fast path gave up).
+    pub fn forget_journal(&mut self) {
+        if let Some(journal) = &mut self.cache_journal {
+            for &(stack, id) in journal.iter() {
+                let cache = if stack {
+                    &mut self.stack_cache
+                } else {
+                    &mut self.frame_cache
+                };
+                cache[id as usize] = NONE;
+            }
+            journal.clear();
         }
     }
 
@@ -463,6 +482,9 @@ impl<'b> Conv<'b> {
         let frames: Vec<Val> = self.arena.items(id).collect();
         let sid = self.stack_of_frames(&frames)?;
         self.st.stack_cache[id as usize] = sid.0;
+        if let Some(journal) = &mut self.st.cache_journal {
+            journal.push((true, id));
+        }
         Ok(sid)
     }
 
@@ -527,6 +549,9 @@ impl<'b> Conv<'b> {
         };
         let fid = self.st.snap.frames.intern(frame);
         self.st.frame_cache[id as usize] = fid.0;
+        if let Some(journal) = &mut self.st.cache_journal {
+            journal.push((false, id));
+        }
         Ok(fid)
     }
 

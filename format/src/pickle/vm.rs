@@ -657,6 +657,8 @@ struct Vm<'p, F> {
     fast_entries: bool,
     /// Frames of the frames list [`Vm::fast_frames_list`] is reading.
     frames_buf: Vec<FrameId>,
+    /// Reused for [`ConvState::cache_journal`].
+    journal_buf: Vec<(bool, u32)>,
 }
 
 /// Runs the pickle in `input` and returns its object graph, with trace entries already
@@ -689,6 +691,7 @@ pub(crate) fn run<F: Feed>(
         progress,
         fast_entries,
         frames_buf: Vec::new(),
+        journal_buf: Vec::new(),
     };
     vm.arena.root = vm.run()?;
     Ok((vm.arena, vm.state))
@@ -1064,8 +1067,19 @@ impl<F: Feed> Vm<'_, F> {
         let heap_len = self.arena.heap.len();
         // They may come to name heap bytes the rollback removes.
         let recent_strs = self.state.recent_strs;
+        // A frame converted on the way may have charged the expansion budget; the generic
+        // path will charge it again.
+        let budget = self.state.budget;
         let mut undo = Undo::new(&self.memo);
-        match self.fast_entry_decode(&mut undo) {
+        let mut journal = std::mem::take(&mut self.journal_buf);
+        journal.clear();
+        self.state.cache_journal = Some(journal);
+        let decoded = self.fast_entry_decode(&mut undo);
+        if decoded.is_none() {
+            self.state.forget_journal();
+        }
+        self.journal_buf = self.state.cache_journal.take().unwrap_or_default();
+        match decoded {
             Some((end, entry, frames_node)) => {
                 self.pos = end;
                 if let Some(list) = frames_node {
@@ -1082,6 +1096,7 @@ impl<F: Feed> Vm<'_, F> {
                 undo.roll_back(&mut self.memo);
                 self.arena.heap.truncate(heap_len);
                 self.state.recent_strs = recent_strs;
+                self.state.budget = budget;
                 false
             }
         }

@@ -537,3 +537,55 @@ fn a_pickle_from_a_pipe_is_read_whole_not_checked_against_a_zero_length() {
     writer.join().unwrap();
     assert_same(&pickle::read(&bytes).unwrap(), &from_pipe, "pipe");
 }
+
+/// The fast path, the generic VM and a trickling stream accept the same input with the same
+/// snapshot, or refuse it with the same error.
+fn assert_paths_agree(bytes: &[u8], what: &str) {
+    let fast = pickle::read_with_fast_path(bytes, true).map(|(s, _)| s);
+    let generic = pickle::read_with_fast_path(bytes, false).map(|(s, _)| s);
+    let stream = streamed(bytes, 7);
+    for (name, other) in [("generic", generic), ("stream", stream)] {
+        match (&fast, other) {
+            (Ok(a), Ok(b)) => assert_same(a, &b, &format!("{what}: fast vs {name}")),
+            (Err(a), Err(b)) => {
+                assert_eq!(a.to_string(), b.to_string(), "{what}: fast vs {name}")
+            }
+            (a, b) => panic!(
+                "{what}: fast {:?} vs {name} {:?}",
+                a.as_ref().err().map(ToString::to_string),
+                b.err().map(|e| e.to_string())
+            ),
+        }
+    }
+}
+
+#[test]
+fn damaged_pickles_read_the_same_through_every_path() {
+    // Our writer's layout, and PyTorch's (fresh strings, a fresh frames list per entry).
+    let ours = synthetic(13, 400);
+    let mut run = plain_run();
+    for (i, e) in run.iter_mut().enumerate() {
+        e[5] = ("frames", V::InlineFrames(i % 4));
+        e.insert(5, ("compile_context", V::FreshStr("N/A")));
+        e.insert(6, ("user_metadata", V::SameAsLastFresh));
+    }
+    let theirs = snapshot_of(false, &run);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    for (name, original) in [("ours", &ours), ("pytorch", &theirs)] {
+        assert_paths_agree(original, name);
+        for round in 0..300 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + next(3) {
+                let at = next(bytes.len());
+                bytes[at] = next(256) as u8;
+            }
+            assert_paths_agree(&bytes, &format!("{name}, damage round {round}"));
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Differential: the pickle reader's trace-entry fast path against its generic VM, and a
+//! stream read in small pieces against a slice. Both must accept the same inputs with the same
+//! snapshot, or refuse them with the same error.
+#![no_main]
+
+use std::io::Read;
+
+use libfuzzer_sys::fuzz_target;
+use memsnap_format::{compare, pickle};
+
+/// Hands out 7 bytes per read, so opcodes straddle the reader's window.
+struct Pieces<'a>(&'a [u8]);
+
+impl Read for Pieces<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.0.len()).min(7);
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        Ok(n)
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let fast = pickle::read_with_fast_path(data, true).map(|(s, _)| s);
+    let generic = pickle::read_with_fast_path(data, false).map(|(s, _)| s);
+    let streamed = pickle::read_from(Pieces(data), data.len() as u64, &mut |_, _| true);
+    for (name, other) in [("generic", generic), ("streamed", streamed)] {
+        match (&fast, other) {
+            (Ok(a), Ok(b)) => {
+                if let Some(d) = compare::diff(a, &b) {
+                    panic!("fast vs {name}: {d}");
+                }
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "fast vs {name}"),
+            (a, b) => panic!("fast {:?} vs {name} {:?}", a.is_ok(), b.is_ok()),
+        }
+    }
+});
