@@ -187,6 +187,26 @@ struct Slot {
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 32);
 
+impl Slot {
+    #[inline]
+    fn new(
+        action: RawAction,
+        addr: u64,
+        size: u64,
+        stream: u32,
+        time_ns: u64,
+        stack: RawStackId,
+    ) -> Self {
+        Slot {
+            addr,
+            size,
+            time_action: (time_ns << ACTION_BITS) | action as u64,
+            stream,
+            stack,
+        }
+    }
+}
+
 /// The ring buffer of one device.
 #[derive(Debug)]
 pub(crate) struct History {
@@ -341,13 +361,7 @@ impl History {
             return;
         };
         for action in [first, second] {
-            self.put(Slot {
-                addr,
-                size,
-                time_action: (time_ns << ACTION_BITS) | action as u64,
-                stream,
-                stack,
-            });
+            self.put(Slot::new(action, addr, size, stream, time_ns, stack));
         }
     }
 
@@ -365,13 +379,7 @@ impl History {
             self.dropped += 1;
             return;
         };
-        self.put(Slot {
-            addr,
-            size,
-            time_action: (time_ns << ACTION_BITS) | action as u64,
-            stream,
-            stack,
-        });
+        self.put(Slot::new(action, addr, size, stream, time_ns, stack));
     }
 
     /// Puts a slot in the ring: grows the buffer up to the capacity, then overwrites the

@@ -907,35 +907,14 @@ impl State {
             return None;
         }
         let key = self.free_key(src);
-        let (s_addr, s_size, s_prev, s_next) = {
-            let s = self.b(src);
-            (s.addr, s.size, s.prev, s.next)
-        };
-        if self.b(dst).prev == src {
-            let d = self.bm(dst);
-            d.addr = s_addr;
-            d.prev = s_prev;
-            if s_prev != NIL {
-                self.bm(s_prev).next = dst;
-            }
-        } else {
-            self.bm(dst).next = s_next;
-            if s_next != NIL {
-                self.bm(s_next).prev = dst;
-            }
-        }
-        self.bm(dst).size += s_size;
-        self.delete_block(src);
+        self.fold_neighbour(dst, src);
         Some(key)
     }
 
-    /// Merges `src` into `dst` when `src` is free, has no pending events and the same mapped
-    /// state. Returns the bytes absorbed (0 if nothing merged).
-    fn try_merge_blocks(&mut self, dst: Idx, src: Idx) -> u64 {
-        if src == NIL || !self.mergeable_free(src) || self.b(src).mapped != self.b(dst).mapped {
-            return 0;
-        }
-        self.pool_remove(src);
+    /// Folds the neighbour `src` into `dst` (address, links and size), deletes `src` and
+    /// returns its size. Its pool entry is the caller's business.
+    #[inline]
+    fn fold_neighbour(&mut self, dst: Idx, src: Idx) -> u64 {
         let (s_addr, s_size, s_prev, s_next) = {
             let s = self.b(src);
             (s.addr, s.size, s.prev, s.next)
@@ -956,6 +935,16 @@ impl State {
         self.bm(dst).size += s_size;
         self.delete_block(src);
         s_size
+    }
+
+    /// Merges `src` into `dst` when `src` is free, has no pending events and the same mapped
+    /// state. Returns the bytes absorbed (0 if nothing merged).
+    fn try_merge_blocks(&mut self, dst: Idx, src: Idx) -> u64 {
+        if src == NIL || !self.mergeable_free(src) || self.b(src).mapped != self.b(dst).mapped {
+            return 0;
+        }
+        self.pool_remove(src);
+        self.fold_neighbour(dst, src)
     }
 
     pub fn record_stream(&mut self, ptr: u64, stream: Stream) {
