@@ -5,7 +5,7 @@
 //! and dispatcher frames, and when the stack has Python frames the innermost `.py` frame wins
 //! over C++ allocator internals.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use memsnap_format::{Frame, FrameId, Snapshot, StackId};
 use serde::Serialize;
@@ -117,7 +117,7 @@ impl<'a> SiteKeyer<'a> {
         SiteKeyer {
             snapshot,
             by,
-            cache: HashMap::new(),
+            cache: HashMap::default(),
         }
     }
 

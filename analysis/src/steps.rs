@@ -283,7 +283,7 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
 /// peak, the low level of [`shape_bounds`]' hysteresis). The step before ends just before the opener, on the first event of the flat stretch
 /// leading to it (as the shape's boundaries do).
 fn refine_starts(bounds: &mut [(u32, u32)], curve: &Curve, traced: &[crate::replay::Allocation]) {
-    use std::collections::HashSet;
+    use foldhash::HashSet;
     let first_of = |event: u32| traced.partition_point(|a| a.start() < event);
     for k in 0..bounds.len() {
         let (start, end) = bounds[k];

@@ -1,6 +1,8 @@
 //! [`DeviceTimeline`]: everything derived from one device's history, computed once.
 
-use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use foldhash::HashMap;
 
 use memsnap_format::Snapshot;
 use serde::Serialize;
@@ -105,6 +107,14 @@ pub struct DeviceTimeline {
     curves: Curves,
     time: TimeAxis,
     ranges: Vec<NamedRange>,
+    /// Built on first use: only drawing (the layout, curve envelopes) needs it, and a
+    /// summary is done sooner without.
+    drawing: OnceLock<DrawingIndex>,
+}
+
+/// The indexes the layout and the curve envelopes query.
+#[derive(Clone, Debug)]
+struct DrawingIndex {
     /// Allocations by size, largest first (ties in stacking order), with their extents
     /// inline so the layout scans them sequentially instead of jumping through `allocations`.
     by_size_desc: Vec<SizeOrdered>,
@@ -113,14 +123,8 @@ pub struct DeviceTimeline {
     reserved_minmax: RangeMinMax,
 }
 
-impl DeviceTimeline {
-    /// Replays `device` and precomputes curves, the time axis, named ranges and the indexes
-    /// the layout uses.
-    pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceTimeline> {
-        let replay = Replay::build(snapshot, device)?;
-        let curves = Curves::build(snapshot, &replay);
-        let time = TimeAxis::build(snapshot, device);
-        let ranges = named_ranges(snapshot, device, &time);
+impl DrawingIndex {
+    fn build(replay: &Replay, curves: &Curves) -> DrawingIndex {
         let axis = replay.axis_len();
         let mut by_size_desc: Vec<SizeOrdered> = replay
             .allocations
@@ -136,19 +140,41 @@ impl DeviceTimeline {
             .collect();
         // Stable: ties stay in stacking order.
         by_size_desc.sort_by_key(|o| std::cmp::Reverse(o.size));
-        let allocated_minmax = RangeMinMax::build(&curves.allocated.after);
-        let active_minmax = RangeMinMax::build(&curves.active.after);
-        let reserved_minmax = RangeMinMax::build(&curves.reserved.after);
+        DrawingIndex {
+            by_size_desc,
+            allocated_minmax: RangeMinMax::build(&curves.allocated.after),
+            active_minmax: RangeMinMax::build(&curves.active.after),
+            reserved_minmax: RangeMinMax::build(&curves.reserved.after),
+        }
+    }
+}
+
+impl DeviceTimeline {
+    /// Replays `device` and precomputes curves, the time axis and named ranges (the indexes
+    /// the layout uses follow on first use).
+    pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceTimeline> {
+        let replay = Replay::build(snapshot, device)?;
+        let curves = Curves::build(snapshot, &replay);
+        let time = TimeAxis::build(snapshot, device);
+        let ranges = named_ranges(snapshot, device, &time);
         Ok(DeviceTimeline {
             replay,
             curves,
             time,
             ranges,
-            by_size_desc,
-            allocated_minmax,
-            active_minmax,
-            reserved_minmax,
+            drawing: OnceLock::new(),
         })
+    }
+
+    /// Builds the indexes drawing needs now (they are otherwise built on first use): a
+    /// viewer calls this on its loader thread, so the first frame does not wait for them.
+    pub fn prepare_drawing(&self) {
+        self.drawing();
+    }
+
+    fn drawing(&self) -> &DrawingIndex {
+        self.drawing
+            .get_or_init(|| DrawingIndex::build(&self.replay, &self.curves))
     }
 
     /// Devices worth showing: those with trace entries or segments, ascending.
@@ -189,13 +215,14 @@ impl DeviceTimeline {
 
     /// Allocations by size, largest first.
     pub fn by_size_desc(&self) -> &[SizeOrdered] {
-        &self.by_size_desc
+        &self.drawing().by_size_desc
     }
 
     pub(crate) fn minmax(&self, lifetime: Lifetime) -> &RangeMinMax {
+        let drawing = self.drawing();
         match lifetime {
-            Lifetime::Allocated => &self.allocated_minmax,
-            Lifetime::Active => &self.active_minmax,
+            Lifetime::Allocated => &drawing.allocated_minmax,
+            Lifetime::Active => &drawing.active_minmax,
         }
     }
 
@@ -241,7 +268,7 @@ impl DeviceTimeline {
         min_size: u64,
     ) -> Vec<LiveGroup> {
         let mut keyer = SiteKeyer::new(snapshot, by);
-        let mut groups: HashMap<SiteKey, LiveGroup> = HashMap::new();
+        let mut groups: HashMap<SiteKey, LiveGroup> = HashMap::default();
         for id in self.live_at(at, lifetime) {
             let a = &self.replay.allocations[id.0 as usize];
             if a.size < min_size {
@@ -280,7 +307,7 @@ impl DeviceTimeline {
         let peak = self.peak(CurveKind::Active).event;
         let axis = self.replay.axis_len();
         let mut keyer = SiteKeyer::new(snapshot, by);
-        let mut sites: HashMap<SiteKey, SiteStats> = HashMap::new();
+        let mut sites: HashMap<SiteKey, SiteStats> = HashMap::default();
         for a in &self.replay.allocations {
             let key = keyer.key(a.stack);
             let s = sites.entry(key.clone()).or_insert_with(|| SiteStats {
@@ -411,10 +438,11 @@ impl DeviceTimeline {
             });
         }
         let curve = self.curves.get(kind);
+        let drawing = self.drawing();
         let minmax = match kind {
-            CurveKind::Allocated => &self.allocated_minmax,
-            CurveKind::Active => &self.active_minmax,
-            CurveKind::Reserved => &self.reserved_minmax,
+            CurveKind::Allocated => &drawing.allocated_minmax,
+            CurveKind::Active => &drawing.active_minmax,
+            CurveKind::Reserved => &drawing.reserved_minmax,
         };
         let span = f64::from(end - start);
         Ok((0..columns)

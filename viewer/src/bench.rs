@@ -134,6 +134,7 @@ pub fn bench_snapshot(
     let started = Instant::now();
     let timeline = memsnap_analysis::DeviceTimeline::build(snapshot, device)
         .map_err(|e| BenchError::Analysis(e.to_string()))?;
+    timeline.prepare_drawing();
     let steps = timeline.steps(&memsnap_analysis::StepOptions::default());
     let _profile = crate::analysis_ext::device_profile(snapshot, &timeline);
     let analysis = started.elapsed();

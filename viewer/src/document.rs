@@ -27,6 +27,7 @@ pub struct DeviceModel {
 impl DeviceModel {
     pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceModel, String> {
         let timeline = DeviceTimeline::build(snapshot, device).map_err(|e| e.to_string())?;
+        timeline.prepare_drawing();
         let steps = timeline.steps(&StepOptions::default());
         let profile = crate::analysis_ext::device_profile(snapshot, &timeline);
         Ok(DeviceModel {
