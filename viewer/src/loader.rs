@@ -249,73 +249,56 @@ pub fn load(
 ) -> Result<LoadedSnapshot, LoadError> {
     let name = source.display_name();
     let started = Instant::now();
-    if let Source::Demo = source {
-        return Ok(demo_snapshot(name, started));
+    /// Where the bytes come from: a file is streamed (a pickle never held whole, so a 1 GB
+    /// file needs no extra GB), other sources are already in memory.
+    enum Input {
+        File(PathBuf),
+        Memory(Arc<[u8]>),
+    }
+    let input = match source {
+        Source::Demo => return Ok(demo_snapshot(name, started)),
+        Source::Path(path) => Input::File(path.clone()),
+        Source::Dropped(file) if file.path().is_file() => Input::File(file.path().to_owned()),
+        Source::Dropped(file) => Input::Memory(
+            file.bytes()
+                .map_err(|what| LoadError::Read {
+                    name: name.clone(),
+                    what,
+                })?
+                .into(),
+        ),
+        Source::Bytes { bytes, .. } => Input::Memory(bytes.clone()),
+    };
+    if cancel.load(Ordering::Relaxed) {
+        return Err(LoadError::Cancelled { name });
     }
     let mut on_progress = |done: u64, total: u64| {
         progress.set(Stage::Decoding, done, total);
         !cancel.load(Ordering::Relaxed)
     };
-    let file_path = match source {
-        Source::Path(path) => Some(path.clone()),
-        Source::Dropped(file) if file.path().is_file() => Some(file.path().to_owned()),
-        _ => None,
-    };
-    if let Some(path) = file_path {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(LoadError::Cancelled { name });
+    let (decoded, file_bytes) = match input {
+        Input::File(path) => {
+            let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            progress.set(Stage::Decoding, 0, file_bytes);
+            (read_path_with(&path, &mut on_progress), file_bytes)
         }
-        // A pickle is decoded as it is read, never held whole: a 1 GB file needs no extra GB.
-        let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        progress.set(Stage::Decoding, 0, file_bytes);
-        let (snapshot, detected) = match read_path_with(&path, &mut on_progress) {
-            Ok(ok) => ok,
-            Err(FormatError::Cancelled) => return Err(LoadError::Cancelled { name }),
-            Err(FormatError::Io { path, source }) => {
-                return Err(LoadError::Read {
-                    name,
-                    what: format!("{}: {source}", path.display()),
-                })
-            }
-            Err(source) => return Err(LoadError::Decode { name, source }),
-        };
-        return finish(
-            source, name, snapshot, detected, file_bytes, started, cancel,
-        );
-    }
-    let bytes: Arc<[u8]> = match source {
-        Source::Dropped(file) => file
-            .bytes()
-            .map_err(|what| LoadError::Read {
-                name: name.clone(),
-                what,
-            })?
-            .into(),
-        Source::Bytes { bytes, .. } => bytes.clone(),
-        Source::Path(_) | Source::Demo => Arc::from(&[][..]),
+        Input::Memory(bytes) => {
+            let file_bytes = bytes.len() as u64;
+            progress.set(Stage::Decoding, 0, file_bytes);
+            (read_bytes_with(&bytes, &mut on_progress), file_bytes)
+        }
     };
-    let file_bytes = bytes.len() as u64;
-    progress.set(Stage::Decoding, 0, file_bytes);
-    let (snapshot, detected) = match read_bytes_with(&bytes, &mut on_progress) {
+    let (snapshot, detected) = match decoded {
         Ok(ok) => ok,
         Err(FormatError::Cancelled) => return Err(LoadError::Cancelled { name }),
+        Err(FormatError::Io { path, source }) => {
+            return Err(LoadError::Read {
+                name,
+                what: format!("{}: {source}", path.display()),
+            })
+        }
         Err(source) => return Err(LoadError::Decode { name, source }),
     };
-    finish(
-        source, name, snapshot, detected, file_bytes, started, cancel,
-    )
-}
-
-/// The loaded snapshot, unless it was cancelled at the last moment.
-fn finish(
-    source: &Source,
-    name: String,
-    snapshot: Snapshot,
-    detected: Detected,
-    file_bytes: u64,
-    started: Instant,
-    cancel: &AtomicBool,
-) -> Result<LoadedSnapshot, LoadError> {
     if cancel.load(Ordering::Relaxed) {
         return Err(LoadError::Cancelled { name });
     }

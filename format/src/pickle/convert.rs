@@ -44,9 +44,9 @@ pub(crate) struct ConvState {
     pub fast_entries: usize,
     /// `entries` was moved out whole into one device trace.
     entries_taken: bool,
-    /// The last string interned per entry field (`compile_context`, `user_metadata`) as an
-    /// input range: consecutive entries nearly always repeat it, so this skips validating
-    /// and hashing it again.
+    /// The last string interned per entry field (`compile_context`, `user_metadata`) as a
+    /// heap range: consecutive entries nearly always repeat it, so this skips hashing it
+    /// again (and the fast path stores a fresh copy's bytes only once).
     pub recent_strs: [(usize, u32, StrId); 2],
 }
 
@@ -90,12 +90,6 @@ impl ConvState {
 
     pub fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
         self.snap.stacks.intern(frames)
-    }
-
-    /// The heap range of the string last interned through `recent_strs[slot]`.
-    pub fn recent_str_range(&self, slot: usize) -> (usize, u32) {
-        let (start, len, _) = self.recent_strs[slot];
-        (start, len)
     }
 
     /// Whether a node was already read as a stack or a frame (so it must not change).
@@ -495,14 +489,8 @@ impl<'b> Conv<'b> {
         for (i, &item) in frames.iter().enumerate() {
             // A frame dict already read (nearly all of them): no error path to set up.
             if let Val::Node(id) = item {
-                let cached = self
-                    .st
-                    .frame_cache
-                    .get(id as usize)
-                    .copied()
-                    .unwrap_or(NONE);
-                if cached != NONE {
-                    buf.push(FrameId(cached));
+                if let Some(frame) = self.st.cached_frame(id) {
+                    buf.push(frame);
                     continue;
                 }
             }

@@ -1059,9 +1059,10 @@ impl<F: Feed> Vm<'_, F> {
         if self.state.entries.len() >= NONE as usize {
             return false;
         }
-        if self.feed.window().len() - self.pos < FAST_ENTRY_WINDOW {
-            // Near the window's end: read on, so the entry is not cut (at the input's end
-            // this reads what is left; an error comes back on the generic path's read).
+        let window = self.feed.window().len();
+        if window - self.pos < FAST_ENTRY_WINDOW && self.offset(window) < self.total {
+            // Near the window's end with more input to come: read on, so the entry is not
+            // cut (a read error comes back on the generic path's own read).
             let _ = self.fill(FAST_ENTRY_WINDOW, "trace entry");
         }
         let heap_len = self.arena.heap.len();
@@ -1352,7 +1353,7 @@ impl<F: Feed> Vm<'_, F> {
         };
         // A fresh copy of the string the last entry had here (PyTorch writes a new `'N/A'`
         // object per entry) shares that copy's heap bytes.
-        let (recent_start, recent_len) = self.state.recent_str_range(slot);
+        let (recent_start, recent_len, _) = self.state.recent_strs[slot];
         let start = if recent_len as usize == n
             && short_eq(&self.arena.heap[recent_start..recent_start + n], bytes)
         {
