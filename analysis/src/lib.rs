@@ -15,8 +15,12 @@
 //! * **Lifetime** ([`Lifetime`]): an allocation ends at `free_requested` (allocated) or at
 //!   `free_completed` (active, PyTorch's "Active Memory Timeline").
 //! * **Curves** ([`Curves`]): allocated, active and reserved bytes after every event.
-//! * **Steps** ([`steps`]): training steps from annotations or from the curve's rise-and-fall
-//!   shape, with forward growth, backward release, and drift across steps (leaks).
+//! * **Steps and phases** ([`steps`], [`phases`]): training steps with their forward,
+//!   backward and optimizer phases (and the set-up before the first step), from the stacks,
+//!   annotations, or the curve's rise-and-fall shape; slopes per phase; drift across steps
+//!   (leaks); warm-up steps that create optimizer state.
+//! * **Categories** ([`categories`]): parameter, optimizer state, gradient, activation,
+//!   temporary or unknown for every allocation, from the phases that allocate and free it.
 //! * **Sites** ([`sites`]): allocations grouped by stack, top frame or file; the live set at
 //!   any [`Instant`]; top sites over the run.
 //! * **Size filter**: allocations below a byte threshold fold into one residual band whose
@@ -48,10 +52,12 @@
 //! let _steps = timeline.steps(&StepOptions::default());
 //! ```
 
+pub mod categories;
 pub mod compare;
 pub mod curve;
 pub mod error;
 pub mod layout;
+pub mod phases;
 pub mod ranges;
 pub mod replay;
 pub mod sites;
@@ -60,13 +66,17 @@ pub mod summary;
 pub mod timeline;
 pub mod units;
 
+pub use categories::{Category, CategoryBytes};
 pub use curve::{Curve, CurveKind, Curves, TimeAxis};
 pub use error::{AnalysisError, Result};
 pub use layout::{Axis, Band, BandStep, Column, Hit, Layout, LayoutRequest};
+pub use phases::{Evidence, Phase, PhaseKind};
 pub use ranges::NamedRange;
 pub use replay::{AllocId, Allocation, Lifetime, Origin, Replay, SegmentInterval};
 pub use sites::{GroupBy, SiteKey};
-pub use steps::{Drift, Slope, Step, StepAnalysis, StepMethod, StepOptions, StepSource};
+pub use steps::{
+    Drift, Slope, StackEvidence, Step, StepAnalysis, StepMethod, StepOptions, StepSource,
+};
 pub use summary::{summarize, DeviceSummary, Summary, SummaryOptions};
 pub use timeline::{
     DeviceTimeline, Instant, LiveGroup, Peak, SegmentUsage, SiteStats, SizeOrdered,

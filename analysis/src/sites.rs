@@ -1,9 +1,12 @@
 //! Allocation sites: grouping allocations by stack, by top frame or by file.
 //!
-//! The **top frame** of a stack is the innermost frame a user would call "where it was
-//! allocated": PyTorch's frame filter (§6.5 of the format spec) drops unwinder, interpreter
-//! and dispatcher frames, and when the stack has Python frames the innermost `.py` frame wins
-//! over C++ allocator internals.
+//! The **site** of a stack ([`top_frame`]) is its innermost frame that is the user's code: the
+//! unwinder, the caching allocator, `c10::`/`at::` dispatch and CPython's eval loop are
+//! skipped, the innermost Python frame outside PyTorch's own package wins (code Inductor
+//! generated counts as PyTorch's: the frame after it maps it back to the user's source), else
+//! the innermost native frame outside that machinery (an autograd node such as
+//! `MmBackward0::apply` on the autograd thread, or the user's own C++/Rust function). The full
+//! stack stays with the allocation.
 
 use foldhash::HashMap;
 
@@ -52,9 +55,36 @@ impl SiteKey {
 struct FrameLabel<'a>(&'a Frame);
 
 impl std::fmt::Display for FrameLabel<'_> {
+    /// `file:line:function`; native frames without a source file show the symbol alone,
+    /// without its argument list.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}:{}", self.0.basename(), self.0.line, self.0.name)
+        let frame = self.0;
+        if frame.filename.ends_with(".py") {
+            return write!(f, "{}:{}:{}", frame.basename(), frame.line, frame.name);
+        }
+        let name = symbol_without_arguments(&frame.name);
+        match frame.basename() {
+            "" | "??" => f.write_str(name),
+            file => write!(f, "{file}:{}:{name}", frame.line),
+        }
     }
+}
+
+/// `ns::f(int, long) const` -> `ns::f` (the argument list starts at the first `(` outside
+/// template brackets; `(anonymous namespace)` is kept).
+pub fn symbol_without_arguments(name: &str) -> &str {
+    let mut depth = 0i32;
+    for (i, c) in name.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            '(' if depth == 0 && !name[i..].starts_with("(anonymous namespace)") && i > 0 => {
+                return &name[..i];
+            }
+            _ => {}
+        }
+    }
+    name
 }
 
 /// Frames PyTorch's viewers hide (format spec §6.5).
@@ -84,24 +114,103 @@ pub fn is_filtered_frame(frame: &Frame) -> bool {
     NAMES.iter().any(|n| frame.name.contains(n)) || FILES.iter().any(|n| frame.filename.contains(n))
 }
 
-/// The top frame of a stack (see the module docs); `None` for an empty stack.
+/// Machinery that is never the user's code: the unwinder, the caching allocator, `c10::` and
+/// `at::` dispatch, autograd's dispatch and engine plumbing, pybind glue, CPython's eval loop
+/// and C-API, libc's thread and process entry points.
+pub fn is_internal_frame(frame: &Frame) -> bool {
+    const PREFIXES: [&str; 23] = [
+        "c10::",
+        "at::",
+        "void c10::",
+        "void at::",
+        "std::",
+        "torch::unwind",
+        "torch::CapturedTraceback",
+        "torch::cuda::",
+        "torch::autograd::VariableType",
+        "torch::autograd::Node::operator()",
+        "torch::autograd::impl::",
+        "torch::autograd::Engine::",
+        "torch::autograd::python::",
+        "torch::ADInplaceOrView",
+        "torch::autograd::THP",
+        "torch::autograd::utils::",
+        "pybind11::",
+        "THP",
+        "_Py",
+        "Py",
+        "__",
+        "start_thread",
+        "execute_native_thread_routine",
+    ];
+    const CONTAINS: [&str; 3] = [
+        "CUDACachingAllocator",
+        "gather_with_cpp",
+        "method_vectorcall",
+    ];
+    let name = frame.name.as_str();
+    is_filtered_frame(frame)
+        || PREFIXES.iter().any(|p| name.starts_with(p))
+        || CONTAINS.iter().any(|c| name.contains(c))
+        || matches!(
+            name,
+            "main" | "_start" | "clone" | "clone3" | "cfunction_call" | "slot_tp_call" | ""
+        )
+}
+
+/// Whether a Python frame belongs to PyTorch itself (its installed package, a source checkout,
+/// or code Inductor generated), not to the user.
+pub fn is_torch_python_frame(frame: &Frame) -> bool {
+    let path = frame.filename.replace('\\', "/");
+    path.starts_with("torch/")
+        || path.contains("-packages/torch/")
+        || path.contains("/pytorch/torch/")
+        || path.contains("/torchinductor_")
+        || is_generated_module(&path)
+}
+
+/// Inductor's generated modules are named by a 52-character base32 hash (`c2ab….py`).
+fn is_generated_module(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base.strip_suffix(".py").is_some_and(|stem| {
+        stem.len() >= 50
+            && stem
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    })
+}
+
+fn is_python(frame: &Frame) -> bool {
+    frame.filename.ends_with(".py")
+}
+
+/// The site of a stack: its innermost frame that is the user's code; `None` for an empty
+/// stack.
+///
+/// The innermost Python frame outside PyTorch's own package wins; else the innermost native
+/// (C++ or Rust) frame outside the machinery ([`is_internal_frame`]), such as an autograd node
+/// (`torch::autograd::generated::MmBackward0::apply`) or the user's own function; else the
+/// innermost frame PyTorch's viewers show; else the innermost frame.
 pub fn top_frame(snapshot: &Snapshot, stack: StackId) -> Option<FrameId> {
     if stack.0 as usize >= snapshot.stacks.len() {
         return None;
     }
-    let ids = snapshot.stacks.get(stack);
-    let valid = |f: &&FrameId| (f.0 as usize) < snapshot.frames.len();
-    let python = ids
+    let ids: Vec<FrameId> = snapshot
+        .stacks
+        .get(stack)
         .iter()
-        .filter(valid)
-        .find(|f| snapshot.frames.get(**f).filename.ends_with(".py"));
-    python
+        .copied()
+        .filter(|f| (f.0 as usize) < snapshot.frames.len())
+        .collect();
+    let frame = |f: &FrameId| snapshot.frames.get(*f);
+    ids.iter()
+        .find(|f| is_python(frame(f)) && !is_torch_python_frame(frame(f)))
         .or_else(|| {
             ids.iter()
-                .filter(valid)
-                .find(|f| !is_filtered_frame(snapshot.frames.get(**f)))
+                .find(|f| !is_python(frame(f)) && !is_internal_frame(frame(f)))
         })
-        .or_else(|| ids.iter().find(valid))
+        .or_else(|| ids.iter().find(|f| !is_filtered_frame(frame(f))))
+        .or_else(|| ids.first())
         .copied()
 }
 

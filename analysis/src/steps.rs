@@ -1,4 +1,9 @@
-//! Training steps, their slopes, and drift across steps.
+//! Training steps, their phases and slopes, and drift across steps.
+//!
+//! Steps and their forward / backward / optimizer phases come from the best evidence the file
+//! has ([`crate::phases`]): the allocations' stacks, then annotations, then the curve's shape
+//! described below. Partial steps at the window's ends are kept (and marked), but only whole
+//! steps count for drift.
 //!
 //! A training step's memory (the active curve) rises through the forward pass to a peak and
 //! falls through the backward pass. Steps come from annotations where the snapshot has them
@@ -17,16 +22,22 @@
 
 use serde::Serialize;
 
+use crate::categories::{bytes_at, categorize, Category, CategoryBytes, PhaseSpan};
 use crate::curve::{Curve, TimeAxis};
+pub use crate::phases::Slope;
+use crate::phases::{plan_from_evidence, Evidence, Phase, PhaseKind, PhasePlan};
 use crate::ranges::NamedRange;
 use crate::replay::{Lifetime, Replay};
 
 /// Where step boundaries come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub enum StepSource {
-    /// Annotations when they give at least two steps, else the curve's shape.
+    /// The best evidence the file has: stacks, then annotations (at least one step), then
+    /// the curve's shape.
     #[default]
     Auto,
+    /// Phases from the stacks (helped by annotations) only.
+    Stacks,
     Annotations,
     CurveShape,
 }
@@ -34,13 +45,27 @@ pub enum StepSource {
 /// How steps were found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum StepMethod {
+    /// From the allocations' stacks (and annotations where stacks say nothing).
+    Stacks,
     /// From annotation ranges with this name.
     Annotations {
         name: String,
     },
     CurveShape,
-    /// No repeating shape found.
+    /// No steps found.
     None,
+}
+
+impl StepMethod {
+    /// `stacks`, `annotations:<name>`, `curve_shape` or `none`.
+    pub fn label(&self) -> String {
+        match self {
+            StepMethod::Stacks => "stacks".into(),
+            StepMethod::Annotations { name } => format!("annotations:{name}"),
+            StepMethod::CurveShape => "curve_shape".into(),
+            StepMethod::None => "none".into(),
+        }
+    }
 }
 
 /// Options for [`find_steps`].
@@ -61,43 +86,7 @@ impl Default for StepOptions {
     }
 }
 
-/// Growth or release between two instants of a step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Slope {
-    /// Bytes gained (forward) or released (backward); negative if the other way.
-    pub bytes: i64,
-    pub events: u32,
-    pub duration_us: Option<i64>,
-    /// `bytes` per second; `None` without times or for a zero duration.
-    pub bytes_per_s: Option<f64>,
-    /// `bytes` per event; 0 for zero events.
-    pub bytes_per_event: f64,
-}
-
-impl Slope {
-    fn between(bytes: i64, from: u32, to: u32, time: &TimeAxis) -> Slope {
-        let events = to.saturating_sub(from);
-        let duration_us = match (time.time_of(from), time.time_of(to)) {
-            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-            _ => None,
-        };
-        Slope {
-            bytes,
-            events,
-            duration_us,
-            bytes_per_s: duration_us
-                .filter(|&d| d > 0)
-                .map(|d| bytes as f64 / (d as f64 / 1e6)),
-            bytes_per_event: if events > 0 {
-                bytes as f64 / f64::from(events)
-            } else {
-                0.0
-            },
-        }
-    }
-}
-
-/// One training step on the allocated curve.
+/// One training step on the active curve.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Step {
     pub index: usize,
@@ -120,6 +109,24 @@ pub struct Step {
     /// Allocations made in the step and still live after its end.
     pub outliving_count: u64,
     pub outliving_bytes: u64,
+    /// The step's phases in order; they tile `start_event..=end_event`.
+    pub phases: Vec<Phase>,
+    /// The window holds only part of the step: it does not begin with a forward phase.
+    pub partial: bool,
+    /// Optimizer state the step created (allocated in its optimizer phase, outliving it).
+    pub optimizer_state_bytes: u64,
+    /// A warm-up step: it creates the optimizer's state, so memory after it stays higher
+    /// (this is not a leak).
+    pub warmup: bool,
+}
+
+impl Step {
+    /// The phase containing `event`, if any.
+    pub fn phase_at(&self, event: u32) -> Option<&Phase> {
+        self.phases
+            .iter()
+            .find(|p| p.start_event <= event && event <= p.end_event)
+    }
 }
 
 /// Drift across steps.
@@ -141,49 +148,216 @@ pub struct Drift {
     pub peak_growth_suspected: bool,
 }
 
-/// Steps and drift of one device.
+/// Steps, phases, categories and drift of one device.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StepAnalysis {
     pub method: StepMethod,
+    /// The set-up before the first step (model construction or loading), when seen.
+    pub setup: Option<Phase>,
     pub steps: Vec<Step>,
     pub drift: Drift,
+    /// The category of every allocation, in [`Replay::allocations`] order.
+    #[serde(skip)]
+    pub categories: Vec<Category>,
 }
 
-/// Finds the steps of a device (see the module docs).
+impl StepAnalysis {
+    /// `(step index, phase)` containing `event`; the set-up has no step index.
+    pub fn phase_at(&self, event: u32) -> Option<(Option<usize>, &Phase)> {
+        if let Some(p) = self
+            .setup
+            .as_ref()
+            .filter(|p| p.start_event <= event && event <= p.end_event)
+        {
+            return Some((None, p));
+        }
+        let i = self.steps.partition_point(|s| s.end_event < event);
+        let step = self.steps.get(i).filter(|s| s.start_event <= event)?;
+        step.phase_at(event).map(|p| (Some(i), p))
+    }
+
+    /// Every phase (the set-up first), in event order.
+    pub fn phases(&self) -> impl Iterator<Item = (Option<usize>, &Phase)> {
+        self.setup.iter().map(|p| (None, p)).chain(
+            self.steps
+                .iter()
+                .enumerate()
+                .flat_map(|(i, s)| s.phases.iter().map(move |p| (Some(i), p))),
+        )
+    }
+
+    /// Bytes by category live after each of `events`.
+    pub fn categories_at(&self, replay: &Replay, events: &[u32]) -> Vec<CategoryBytes> {
+        let mut order: Vec<usize> = (0..events.len()).collect();
+        order.sort_by_key(|&i| events[i]);
+        let sorted: Vec<u32> = order.iter().map(|&i| events[i]).collect();
+        let found = bytes_at(replay, &self.categories, &sorted);
+        let mut out = vec![CategoryBytes::default(); events.len()];
+        for (k, &i) in order.iter().enumerate() {
+            out[i] = found[k];
+        }
+        out
+    }
+}
+
+/// What the stacks of a device's allocations say, computed once per timeline.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StackEvidence {
+    /// Per allocation, in [`Replay::allocations`] order.
+    pub evidence: Vec<Evidence>,
+    /// The file's stacks have Python frames only.
+    pub python_only: bool,
+}
+
+/// Finds the steps of a device (see the module docs and [`crate::phases`]).
 pub fn find_steps(
     curve: &Curve,
     time: &TimeAxis,
     ranges: &[NamedRange],
     replay: &Replay,
+    evidence: &StackEvidence,
     options: &StepOptions,
 ) -> StepAnalysis {
-    let from_annotations = || annotation_bounds(ranges, time, replay.truncated);
-    let (method, bounds) = match options.source {
-        StepSource::Annotations => from_annotations()
-            .map_or((StepMethod::None, Vec::new()), |(n, b)| {
-                (StepMethod::Annotations { name: n }, b)
-            }),
-        StepSource::CurveShape => (StepMethod::CurveShape, shape_steps(curve, replay)),
-        StepSource::Auto => match from_annotations() {
-            Some((name, b)) if b.len() >= 2 => (StepMethod::Annotations { name }, b),
-            _ => (StepMethod::CurveShape, shape_steps(curve, replay)),
+    let from_stacks =
+        || plan_from_evidence(replay, &evidence.evidence, evidence.python_only, ranges);
+    let from_annotations = || {
+        annotation_bounds(ranges, time, replay.truncated).map(|(name, bounds)| {
+            let plan = split_at_peaks(&bounds, curve, Some(ranges));
+            (name, plan)
+        })
+    };
+    let from_shape = || split_at_peaks(&shape_steps(curve, replay), curve, None);
+    let (method, plan) = match options.source {
+        StepSource::Stacks => match from_stacks() {
+            Some(plan) => (StepMethod::Stacks, plan),
+            None => (StepMethod::None, PhasePlan::default()),
+        },
+        StepSource::Annotations => match from_annotations() {
+            Some((name, plan)) => (StepMethod::Annotations { name }, plan),
+            None => (StepMethod::None, PhasePlan::default()),
+        },
+        StepSource::CurveShape => (StepMethod::CurveShape, from_shape()),
+        StepSource::Auto => match from_stacks() {
+            Some(plan) => (StepMethod::Stacks, plan),
+            None => match from_annotations() {
+                Some((name, plan)) if !plan.steps.is_empty() => {
+                    (StepMethod::Annotations { name }, plan)
+                }
+                _ => (StepMethod::CurveShape, from_shape()),
+            },
         },
     };
-    let method = if bounds.is_empty() {
+    let method = if plan.steps.is_empty() {
         StepMethod::None
     } else {
         method
     };
-    let steps: Vec<Step> = bounds
+    let spans: Vec<PhaseSpan> = plan.phases(replay.trace_len);
+    let categories = categorize(replay, &evidence.evidence, &spans);
+    let measure = |kind: PhaseKind, s: u32, e: u32| Phase::measure(kind, s, e, curve, time, replay);
+    let setup = spans
+        .iter()
+        .find(|p| p.0.is_none())
+        .map(|&(_, kind, s, e)| measure(kind, s, e));
+    let steps: Vec<Step> = plan
+        .steps
         .iter()
         .enumerate()
-        .map(|(index, &(start, end))| measure_step(index, start, end, curve, time, replay))
+        .map(|(index, _)| {
+            let phases: Vec<Phase> = spans
+                .iter()
+                .filter(|p| p.0 == Some(index))
+                .map(|&(_, kind, s, e)| measure(kind, s, e))
+                .collect();
+            let start = phases.first().map_or(0, |p| p.start_event);
+            let end = phases.last().map_or(0, |p| p.end_event);
+            let mut step = measure_step(index, start, end, curve, time, replay);
+            step.partial = phases.first().is_some_and(|p| p.kind != PhaseKind::Forward);
+            step.phases = phases;
+            step
+        })
         .collect();
-    let drift = drift(&steps, options.drift_tolerance_percent);
-    StepAnalysis {
+    let mut analysis = StepAnalysis {
         method,
+        setup,
         steps,
-        drift,
+        drift: Drift::default(),
+        categories,
+    };
+    mark_warmups(&mut analysis, replay);
+    let whole: Vec<Step> = analysis
+        .steps
+        .iter()
+        .filter(|s| !s.partial)
+        .cloned()
+        .collect();
+    analysis.drift = drift(&whole, options.drift_tolerance_percent);
+    analysis
+}
+
+/// Optimizer state created per step; a step that creates a notable amount (the first that
+/// runs the optimizer) is a warm-up.
+fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
+    for step in &mut analysis.steps {
+        let Some(opt) = step.phases.iter().find(|p| p.kind == PhaseKind::Optimizer) else {
+            continue;
+        };
+        let first = replay
+            .allocations
+            .partition_point(|a| a.alloc_event.is_none_or(|e| e < opt.start_event));
+        let bytes = replay.allocations[first..]
+            .iter()
+            .zip(&analysis.categories[first..])
+            .take_while(|(a, _)| a.alloc_event.is_some_and(|e| e <= opt.end_event))
+            .filter(|(_, c)| **c == Category::OptimizerState)
+            .fold(0u64, |acc, (a, _)| acc.saturating_add(a.size));
+        step.optimizer_state_bytes = bytes;
+        step.warmup = bytes > 0 && bytes.saturating_mul(20) >= step.peak_bytes.max(1);
+    }
+}
+
+/// Phases of steps known only by their bounds: optimizer ranges (when annotations are
+/// given) mark the optimizer phase; before it, forward runs to the step's peak and backward
+/// after it.
+fn split_at_peaks(
+    bounds: &[(u32, u32)],
+    curve: &Curve,
+    ranges: Option<&[NamedRange]>,
+) -> PhasePlan {
+    let optimizer_starts: Vec<u32> = ranges
+        .unwrap_or(&[])
+        .iter()
+        .filter(|r| r.name.starts_with("Optimizer.step#"))
+        .filter_map(|r| r.start_event)
+        .collect();
+    let steps = bounds
+        .iter()
+        .map(|&(start, end)| {
+            let optimizer = optimizer_starts
+                .iter()
+                .copied()
+                .filter(|&o| o > start && o <= end)
+                .min();
+            let before_optimizer = optimizer.map_or(end, |o| o - 1);
+            let mut peak = start;
+            for e in start..=before_optimizer {
+                if curve.at(e) > curve.at(peak) {
+                    peak = e;
+                }
+            }
+            let mut phases = vec![(PhaseKind::Forward, start)];
+            if peak < before_optimizer {
+                phases.push((PhaseKind::Backward, peak + 1));
+            }
+            if let Some(o) = optimizer {
+                phases.push((PhaseKind::Optimizer, o));
+            }
+            phases
+        })
+        .collect();
+    PhasePlan {
+        setup: false,
+        steps,
     }
 }
 
@@ -222,7 +396,13 @@ fn annotation_bounds(
         .collect();
     ends.sort_unstable();
     ends.dedup();
-    let bounds: Vec<(u32, u32)> = ends.windows(2).map(|w| (w[0] + 1, w[1])).collect();
+    // The first step runs from the window's start to the first optimizer end, unless the
+    // window starts mid-run (then its start is unknown).
+    let mut bounds: Vec<(u32, u32)> = Vec::new();
+    if let Some(&first_end) = ends.first().filter(|&&e| e > 0 && !truncated) {
+        bounds.push((0, first_end));
+    }
+    bounds.extend(ends.windows(2).map(|w| (w[0] + 1, w[1])));
     Some((name, bounds))
 }
 
@@ -468,6 +648,10 @@ fn measure_step(
         backward: Slope::between(diff(peak_bytes, end_bytes), peak_event, end, time),
         outliving_count,
         outliving_bytes,
+        phases: Vec::new(),
+        partial: false,
+        optimizer_state_bytes: 0,
+        warmup: false,
     }
 }
 

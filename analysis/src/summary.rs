@@ -17,7 +17,11 @@
 //!     "peak_reserved_bytes": N,
 //!     "final_bytes": N, "final_reserved_bytes": N,
 //!     "peak_top_sites": [{"site": "file:line:function", "bytes": N, "count": N}],
-//!     "step_method": "annotations:<name>" | "curve_shape" | "none",
+//!     "categories_at_peak": {"parameter": B, "optimizer_state": B, "gradient": B,
+//!                            "activation": B, "temporary": B, "unknown": B},
+//!     "peak_phase": {"step": I|null, "kind": "forward"|...} | null,  // null: peak outside phases
+//!     "step_method": "stacks" | "annotations:<name>" | "curve_shape" | "none",
+//!     "setup_phase": PHASE | null,      // model construction/loading before the first step
 //!     "steps": [{"start_event", "peak_event", "end_event",
 //!                "start_bytes", "peak_bytes", "end_bytes", "min_bytes",
 //!                "start_time_us", "peak_time_us", "end_time_us",          // null without times
@@ -25,7 +29,10 @@
 //!                "forward_bytes_per_s", "forward_bytes_per_event",      // bytes_per_s: null without times
 //!                "backward_bytes", "backward_events", "backward_duration_us",
 //!                "backward_bytes_per_s", "backward_bytes_per_event",   // release rate, positive
-//!                "outliving_bytes", "outliving_count"}],
+//!                "outliving_bytes", "outliving_count",
+//!                "phases": [PHASE],                // in order, tiling the step
+//!                "partial": bool,                  // the window misses the step's start
+//!                "warmup": bool, "optimizer_state_bytes": B}],   // warm-up: creates optimizer state
 //!     "step_duration_us": T|null,       // median step duration
 //!     "drift_bytes_per_step": D,        // Theil–Sen slope of the step minimum
 //!     "peak_drift_bytes_per_step": D,
@@ -41,6 +48,14 @@
 //!     "notes": ["..."]                  // truncation and anomaly notes, human-readable
 //!   }]
 //! }
+//! PHASE = {"kind": "setup"|"forward"|"backward"|"optimizer",
+//!          "start_event", "end_event",        // inclusive trace indices
+//!          "start_bytes",                     // live bytes before its first event
+//!          "end_bytes", "peak_bytes", "peak_event", "start_time_us", "end_time_us",
+//!          "bytes",                           // end_bytes - start_bytes
+//!          "events", "duration_us", "bytes_per_s", "bytes_per_event",
+//!          "allocations", "allocated_bytes",  // made in the phase
+//!          "categories_at_peak": {...}}       // live bytes by category at the phase's peak
 //! ```
 //! Bytes are the trace's sizes (what callers requested), live from `alloc` to
 //! `free_completed` as in PyTorch's Active Memory Timeline, counting memory from before the
@@ -50,10 +65,12 @@
 use memsnap_format::Snapshot;
 use serde::Serialize;
 
+use crate::categories::{Category, CategoryBytes};
 use crate::curve::CurveKind;
 use crate::error::Result;
+use crate::phases::Phase;
 use crate::sites::GroupBy;
-use crate::steps::{StepMethod, StepOptions};
+use crate::steps::StepOptions;
 use crate::timeline::{DeviceTimeline, Peak};
 
 /// Schema tag of [`Summary`].
@@ -112,6 +129,77 @@ pub struct StepSummary {
     pub backward_bytes_per_event: f64,
     pub outliving_bytes: u64,
     pub outliving_count: u64,
+    /// The step's phases in order (they tile the step).
+    pub phases: Vec<PhaseSummary>,
+    /// The window holds only part of the step (it does not begin with its forward pass).
+    pub partial: bool,
+    /// A warm-up step: it creates the optimizer's state (not a leak).
+    pub warmup: bool,
+    pub optimizer_state_bytes: u64,
+}
+
+/// One phase of a step (or the set-up before the first step).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PhaseSummary {
+    /// `setup`, `forward`, `backward` or `optimizer`.
+    pub kind: String,
+    pub start_event: u32,
+    pub end_event: u32,
+    /// Live bytes when the phase begins (before its first event) and after its last event.
+    pub start_bytes: u64,
+    pub end_bytes: u64,
+    pub peak_bytes: u64,
+    pub peak_event: u32,
+    pub start_time_us: Option<i64>,
+    pub end_time_us: Option<i64>,
+    /// `end_bytes - start_bytes`.
+    pub bytes: i64,
+    pub events: u32,
+    pub duration_us: Option<i64>,
+    pub bytes_per_s: Option<f64>,
+    pub bytes_per_event: f64,
+    /// Allocations made in the phase and their bytes.
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    /// Live bytes by category at the phase's peak.
+    pub categories_at_peak: std::collections::BTreeMap<String, u64>,
+}
+
+/// Where the device's peak falls.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PeakPhase {
+    /// Index into `steps`; `null` for the set-up.
+    pub step: Option<usize>,
+    pub kind: String,
+}
+
+fn category_map(bytes: &CategoryBytes) -> std::collections::BTreeMap<String, u64> {
+    Category::ALL
+        .iter()
+        .map(|&c| (c.name().to_string(), bytes.get(c)))
+        .collect()
+}
+
+fn phase_summary(p: &Phase, categories: &CategoryBytes) -> PhaseSummary {
+    PhaseSummary {
+        kind: p.kind.name().to_string(),
+        start_event: p.start_event,
+        end_event: p.end_event,
+        start_bytes: p.start_bytes,
+        end_bytes: p.end_bytes,
+        peak_bytes: p.peak_bytes,
+        peak_event: p.peak_event,
+        start_time_us: p.start_time_us,
+        end_time_us: p.end_time_us,
+        bytes: p.slope.bytes,
+        events: p.slope.events,
+        duration_us: p.slope.duration_us,
+        bytes_per_s: p.slope.bytes_per_s,
+        bytes_per_event: p.slope.bytes_per_event,
+        allocations: p.allocations,
+        allocated_bytes: p.allocated_bytes,
+        categories_at_peak: category_map(categories),
+    }
 }
 
 /// The summary of one device.
@@ -131,7 +219,14 @@ pub struct DeviceSummary {
     pub final_reserved_bytes: u64,
     pub peak_top_sites: Vec<SiteBytes>,
     pub step_method: String,
+    /// The set-up before the first step (model construction or loading), when seen.
+    pub setup_phase: Option<PhaseSummary>,
     pub steps: Vec<StepSummary>,
+    /// The phase the peak falls in.
+    pub peak_phase: Option<PeakPhase>,
+    /// Live bytes by category at the peak: `parameter`, `optimizer_state`, `gradient`,
+    /// `activation`, `temporary`, `unknown`.
+    pub categories_at_peak: std::collections::BTreeMap<String, u64>,
     pub step_duration_us: Option<i64>,
     pub drift_bytes_per_step: f64,
     pub peak_drift_bytes_per_step: f64,
@@ -201,10 +296,34 @@ pub fn summarize_device(
             count: s.count_at_peak,
         })
         .collect();
+    // One sweep answers every category query: the peak and each phase's peak.
+    let mut queries = vec![peak.event];
+    queries.extend(analysis.phases().map(|(_, p)| p.peak_event));
+    let by_category = analysis.categories_at(replay, &queries);
+    let mut phase_categories = by_category[1..].iter();
+    let setup_phase = analysis.setup.as_ref().map(|p| {
+        phase_summary(
+            p,
+            phase_categories.next().unwrap_or(&CategoryBytes::default()),
+        )
+    });
     let steps: Vec<StepSummary> = analysis
         .steps
         .iter()
         .map(|s| StepSummary {
+            phases: s
+                .phases
+                .iter()
+                .map(|p| {
+                    phase_summary(
+                        p,
+                        phase_categories.next().unwrap_or(&CategoryBytes::default()),
+                    )
+                })
+                .collect(),
+            partial: s.partial,
+            warmup: s.warmup,
+            optimizer_state_bytes: s.optimizer_state_bytes,
             start_event: s.start_event,
             peak_event: s.peak_event,
             end_event: s.end_event,
@@ -259,13 +378,19 @@ pub fn summarize_device(
         ));
     }
     if analysis.steps.is_empty() && replay.trace_len > 0 {
-        notes.push("no repeating training steps found".into());
+        notes.push("no training steps found".into());
     }
-    let step_method = match &analysis.method {
-        StepMethod::Annotations { name } => format!("annotations:{name}"),
-        StepMethod::CurveShape => "curve_shape".into(),
-        StepMethod::None => "none".into(),
-    };
+    for s in analysis.steps.iter().filter(|s| s.warmup) {
+        notes.push(format!(
+            "step {} is a warm-up step: it creates {} bytes of optimizer state, which stays (not a leak)",
+            s.index, s.optimizer_state_bytes
+        ));
+    }
+    let peak_phase = analysis.phase_at(peak.event).map(|(step, p)| PeakPhase {
+        step,
+        kind: p.kind.name().to_string(),
+    });
+    let step_method = analysis.method.label();
     DeviceSummary {
         device: replay.device,
         entries: replay.trace_len,
@@ -279,7 +404,10 @@ pub fn summarize_device(
         final_reserved_bytes: curves.reserved.at(replay.axis_len() - 1),
         peak_top_sites,
         step_method,
+        setup_phase,
         steps,
+        peak_phase,
+        categories_at_peak: category_map(&by_category[0]),
         step_duration_us,
         drift_bytes_per_step: analysis.drift.min_bytes_per_step,
         peak_drift_bytes_per_step: analysis.drift.peak_bytes_per_step,

@@ -13,7 +13,7 @@ use crate::layout::{Layout, LayoutRequest};
 use crate::ranges::{named_ranges, NamedRange};
 use crate::replay::{AllocId, Lifetime, Replay};
 use crate::sites::{GroupBy, SiteKey, SiteKeyer};
-use crate::steps::{find_steps, StepAnalysis, StepOptions};
+use crate::steps::{find_steps, StackEvidence, StepAnalysis, StepOptions};
 
 /// An instant of the history.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -107,6 +107,7 @@ pub struct DeviceTimeline {
     curves: Curves,
     time: TimeAxis,
     ranges: Vec<NamedRange>,
+    evidence: StackEvidence,
     /// Built on first use: only drawing (the layout, curve envelopes) needs it, and a
     /// summary is done sooner without.
     drawing: OnceLock<DrawingIndex>,
@@ -157,11 +158,16 @@ impl DeviceTimeline {
         let curves = Curves::build(snapshot, &replay);
         let time = TimeAxis::build(snapshot, device);
         let ranges = named_ranges(snapshot, device, &time);
+        let (evidence, python_only) = crate::phases::allocation_evidence(snapshot, &replay);
         Ok(DeviceTimeline {
             replay,
             curves,
             time,
             ranges,
+            evidence: StackEvidence {
+                evidence,
+                python_only,
+            },
             drawing: OnceLock::new(),
         })
     }
@@ -407,15 +413,22 @@ impl DeviceTimeline {
         segs
     }
 
-    /// Training steps and drift of the active curve.
+    /// Training steps, their phases, the allocations' categories and drift, on the active
+    /// curve.
     pub fn steps(&self, options: &StepOptions) -> StepAnalysis {
         find_steps(
             &self.curves.active,
             &self.time,
             &self.ranges,
             &self.replay,
+            &self.evidence,
             options,
         )
+    }
+
+    /// What each allocation's stack says about the phase that made it.
+    pub fn evidence(&self) -> &StackEvidence {
+        &self.evidence
     }
 
     /// The stacked layout of a range at a pixel width (see [`crate::layout`]).

@@ -65,10 +65,13 @@ pub fn format_delta(bytes: i64) -> String {
     format!("{sign}{}", format_size(bytes.unsigned_abs()))
 }
 
-/// A rate in binary units per second.
-pub fn format_rate(bytes_per_s: Option<f64>) -> String {
+/// A signed rate: `+1.5 GiB/s`, `-3.0 MiB/s`.
+pub fn format_signed_rate(bytes: i64, bytes_per_s: Option<f64>) -> String {
     match bytes_per_s {
-        Some(r) if r.is_finite() => format!("{}/s", format_size(r.abs() as u64)),
+        Some(r) if r.is_finite() => {
+            let sign = if bytes < 0 { "-" } else { "+" };
+            format!("{sign}{}/s", format_size(r.abs() as u64))
+        }
         _ => "-".into(),
     }
 }
@@ -128,42 +131,54 @@ fn render(name: &str, summary: &Summary) -> String {
                 );
             }
         }
+        if let Some(p) = &d.peak_phase {
+            let _ = match p.step {
+                Some(i) => writeln!(out, "  the peak falls in the {} phase of step {i}", p.kind),
+                None => writeln!(out, "  the peak falls in the {} phase", p.kind),
+            };
+        }
+        let at_peak: Vec<String> = d
+            .categories_at_peak
+            .iter()
+            .filter(|(_, &b)| b > 0)
+            .map(|(c, &b)| format!("{} {}", c.replace('_', " "), format_size(b)))
+            .collect();
+        if !at_peak.is_empty() {
+            let _ = writeln!(out, "  at the peak by category: {}", at_peak.join(", "));
+        }
+        if let Some(p) = &d.setup_phase {
+            let _ = writeln!(
+                out,
+                "  set-up: events {}..={}, {} -> {}",
+                p.start_event,
+                p.end_event,
+                format_size(p.start_bytes),
+                format_size(p.end_bytes)
+            );
+        }
         if d.steps.is_empty() {
             let _ = writeln!(out, "  steps: none found");
         } else {
             let _ = writeln!(out, "  steps ({}, {}):", d.steps.len(), d.step_method);
             let _ = writeln!(
                 out,
-                "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}",
-                "#",
-                "start",
-                "peak",
-                "end",
-                "start",
-                "peak",
-                "end",
-                "forward",
-                "backward",
-                "outliving"
+                "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  phases",
+                "#", "start", "peak", "end", "start", "peak", "end", "outliving"
             );
             for (i, s) in d.steps.iter().enumerate() {
-                let fwd = match s.forward_bytes_per_s {
-                    Some(_) => format_rate(s.forward_bytes_per_s),
-                    None => format!(
-                        "{}/ev",
-                        format_size(s.forward_bytes_per_event.max(0.0) as u64)
-                    ),
-                };
-                let bwd = match s.backward_bytes_per_s {
-                    Some(_) => format_rate(s.backward_bytes_per_s),
-                    None => format!(
-                        "{}/ev",
-                        format_size(s.backward_bytes_per_event.max(0.0) as u64)
-                    ),
-                };
+                let mut tags = Vec::new();
+                if s.partial {
+                    tags.push("partial".to_string());
+                }
+                if s.warmup {
+                    tags.push(format!(
+                        "warm-up: creates {} optimizer state",
+                        format_size(s.optimizer_state_bytes)
+                    ));
+                }
                 let _ = writeln!(
                     out,
-                    "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10}",
+                    "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  {}{}",
                     i,
                     s.start_event,
                     s.peak_event,
@@ -171,10 +186,35 @@ fn render(name: &str, summary: &Summary) -> String {
                     format_size(s.start_bytes),
                     format_size(s.peak_bytes),
                     format_size(s.end_bytes),
-                    fwd,
-                    bwd,
-                    format_size(s.outliving_bytes)
+                    format_size(s.outliving_bytes),
+                    s.phases
+                        .iter()
+                        .map(|p| p.kind.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" > "),
+                    if tags.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", tags.join("; "))
+                    }
                 );
+                for p in &s.phases {
+                    let rate = match p.bytes_per_s {
+                        Some(_) => format_signed_rate(p.bytes, p.bytes_per_s),
+                        None => format!("{}/event", format_delta(p.bytes_per_event.round() as i64)),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "          {:<9} events {:>7}..={:<7} {:>10} -> {:>10}  {:>11}  {}",
+                        p.kind,
+                        p.start_event,
+                        p.end_event,
+                        format_size(p.start_bytes),
+                        format_size(p.end_bytes),
+                        format_delta(p.bytes),
+                        rate
+                    );
+                }
             }
             if let Some(us) = d.step_duration_us {
                 let _ = writeln!(out, "  median step time {}", format_duration_us(us));

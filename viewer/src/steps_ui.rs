@@ -73,6 +73,7 @@ fn slope_text(slope: &Slope) -> String {
 /// The steps table. Returns the step whose row was clicked.
 pub fn steps_ui(ui: &mut egui::Ui, steps: &StepAnalysis, state: &mut StepsState) -> Option<usize> {
     let method = match &steps.method {
+        StepMethod::Stacks => "phases from the allocation stacks".to_owned(),
         StepMethod::Annotations { name } => format!("from record_function annotations \"{name}\""),
         StepMethod::CurveShape => "from the rise and fall of memory".to_owned(),
         StepMethod::None => "none found".to_owned(),

@@ -1,0 +1,178 @@
+//! What each allocation is for — torch.profiler's memory categories, from a snapshot alone.
+//!
+//! With the phases of every step known ([`crate::phases`]), an allocation's category follows
+//! from the phase that allocated it and when it was freed (its active lifetime, alloc to
+//! `free_completed`):
+//!
+//! | category | rule |
+//! |---|---|
+//! | parameter | live before the window or allocated in the set-up, and never freed in the window |
+//! | optimizer state | allocated in an optimizer phase, outlives the step |
+//! | gradient | allocated in backward, outlives the backward phase |
+//! | activation | allocated in forward, freed in the backward phase of the same step |
+//! | temporary | freed in the phase that allocated it |
+//! | unknown | anything else (forward tensors that outlive the step, memory from before the window that is freed in it, files without phases) |
+//!
+//! Memory live for the whole window whose stack says optimizer or backward (state or
+//! gradients from steps before the window) is optimizer state or gradient, not a parameter.
+
+use serde::Serialize;
+
+use crate::phases::{Evidence, PhaseKind};
+use crate::replay::{Lifetime, Replay};
+
+/// The category of an allocation (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Parameter,
+    OptimizerState,
+    Gradient,
+    Activation,
+    Temporary,
+    Unknown,
+}
+
+impl Category {
+    /// Every category, in report order.
+    pub const ALL: [Category; 6] = [
+        Category::Parameter,
+        Category::OptimizerState,
+        Category::Gradient,
+        Category::Activation,
+        Category::Temporary,
+        Category::Unknown,
+    ];
+
+    /// The name used in reports and JSON (`optimizer_state`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::OptimizerState => "optimizer_state",
+            Category::Gradient => "gradient",
+            Category::Activation => "activation",
+            Category::Temporary => "temporary",
+            Category::Unknown => "unknown",
+        }
+    }
+
+    /// A label for people: `optimizer state`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::OptimizerState => "optimizer state",
+            other => other.name(),
+        }
+    }
+}
+
+impl std::fmt::Display for Category {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Bytes per category, indexed like [`Category::ALL`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CategoryBytes(pub [u64; 6]);
+
+impl CategoryBytes {
+    pub fn get(&self, c: Category) -> u64 {
+        self.0[c as usize]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// `(category, bytes)` in report order.
+    pub fn iter(&self) -> impl Iterator<Item = (Category, u64)> + '_ {
+        Category::ALL.iter().map(|&c| (c, self.get(c)))
+    }
+}
+
+/// A phase on the event axis: its step (`None` for the set-up), kind and inclusive range.
+pub(crate) type PhaseSpan = (Option<usize>, PhaseKind, u32, u32);
+
+/// The category of every allocation of the replay (same order).
+pub(crate) fn categorize(
+    replay: &Replay,
+    evidence: &[Evidence],
+    phases: &[PhaseSpan],
+) -> Vec<Category> {
+    let phase_of = |event: u32| -> Option<usize> {
+        let i = phases.partition_point(|p| p.2 <= event);
+        (i > 0 && event <= phases[i - 1].3).then(|| i - 1)
+    };
+    replay
+        .allocations
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let freed = a.free_completed;
+            let Some(alloc) = a.alloc_event else {
+                return match (freed, evidence.get(i)) {
+                    (Some(_), _) => Category::Unknown,
+                    (None, Some(Evidence::Optimizer)) => Category::OptimizerState,
+                    (None, Some(Evidence::Backward)) => Category::Gradient,
+                    (None, _) => Category::Parameter,
+                };
+            };
+            let Some(p) = phase_of(alloc) else {
+                return Category::Unknown;
+            };
+            let (step, kind, _, _) = phases[p];
+            let freed_phase = freed.map(phase_of);
+            let same_phase = freed_phase == Some(Some(p));
+            match kind {
+                PhaseKind::Setup => match freed {
+                    None => Category::Parameter,
+                    Some(_) if same_phase => Category::Temporary,
+                    Some(_) => Category::Unknown,
+                },
+                PhaseKind::Forward => match freed_phase {
+                    _ if same_phase => Category::Temporary,
+                    Some(Some(q)) if phases[q].0 == step && phases[q].1 == PhaseKind::Backward => {
+                        Category::Activation
+                    }
+                    _ => Category::Unknown,
+                },
+                PhaseKind::Backward if same_phase => Category::Temporary,
+                PhaseKind::Backward => Category::Gradient,
+                PhaseKind::Optimizer if same_phase => Category::Temporary,
+                PhaseKind::Optimizer => Category::OptimizerState,
+            }
+        })
+        .collect()
+}
+
+/// Bytes live after each of `events` (ascending) by category, active lifetime.
+pub(crate) fn bytes_at(
+    replay: &Replay,
+    categories: &[Category],
+    events: &[u32],
+) -> Vec<CategoryBytes> {
+    let axis = replay.axis_len();
+    // (event, category, signed size): +size at the start, -size at the end (live while
+    // start <= e < end).
+    let mut deltas: Vec<(u32, u8, i128)> = Vec::with_capacity(replay.allocations.len() * 2);
+    for (a, c) in replay.allocations.iter().zip(categories) {
+        let (start, end) = (a.start(), a.end(Lifetime::Active, axis));
+        if start < end {
+            deltas.push((start, *c as u8, i128::from(a.size)));
+            deltas.push((end, *c as u8, -i128::from(a.size)));
+        }
+    }
+    deltas.sort_unstable_by_key(|d| d.0);
+    let mut live = [0i128; 6];
+    let mut next = 0;
+    events
+        .iter()
+        .map(|&e| {
+            while next < deltas.len() && deltas[next].0 <= e {
+                live[deltas[next].1 as usize] += deltas[next].2;
+                next += 1;
+            }
+            CategoryBytes(live.map(|v| u64::try_from(v.max(0)).unwrap_or(u64::MAX)))
+        })
+        .collect()
+}

@@ -1,0 +1,565 @@
+//! Phases of a training step: forward, backward and optimizer, and the set-up before the
+//! first step.
+//!
+//! A training step runs **forward** (activations pile up), **backward** (the autograd engine
+//! frees them and creates gradients) and the **optimizer** step (state and temporaries, then
+//! the gradients are zeroed). Any part can be missing at the ends of a recorded window; a
+//! forward-only capture (inference) is one step with only a forward phase. Memory set up
+//! before the first step (the model, its weights) is the **set-up** phase, not a step.
+//!
+//! Phases come from the best evidence a file has, in this order:
+//!
+//! 1. **Stacks.** Every allocation's stack is classified ([`Evidence`]): the autograd engine
+//!    (C++ `torch::autograd::Engine::…` or generated `…Backward…` nodes, Python
+//!    `_engine_run_backward`, `torch/autograd/__init__.py:backward`, `torch/_tensor.py:backward`,
+//!    or any function named `backward`/`*_backward`) marks backward work; frames under an
+//!    `optim*` package or functions named like an optimizer (`adam`, `sgd`, `optimizer`,
+//!    `zero_grad`) the optimizer; `nn.Module` calls or functions named `forward`/`*_forward`
+//!    the forward pass; module construction, `Module.to`/`cuda`/`_apply`, `load_state_dict`,
+//!    `torch/nn/init.py` or functions named `init_*` the set-up. Allocations with other user
+//!    frames (data loading, the loss, logging) join the phase around them. Python-only stacks
+//!    record no frames on the autograd thread, so an allocation without frames after forward
+//!    work is backward work.
+//! 2. **Annotations** (`record_function` ranges from `external_annotations`):
+//!    `Optimizer.step#…` and `Optimizer.zero_grad#…` mark optimizer work,
+//!    `enumerate(DataLoader)#…` the start of a forward pass, and any range whose name says
+//!    `forward`, `backward` or `optimizer` its kind; they label allocations the stacks leave
+//!    open. Without any stack evidence, `ProfilerStep#N` ranges (or the ends of optimizer
+//!    ranges) give the steps.
+//! 3. **The curve's shape** when a file has neither (generated runs without stacks,
+//!    `context=None` recordings): steps where the curve rises and falls; forward up to the
+//!    step's peak, backward after it.
+//!
+//! A new step begins where forward work follows backward or optimizer work; allocations with
+//! neutral stacks just before it (loading the next batch) open it. A phase runs from its
+//! first event to the event before the next phase, so a step's phases tile it exactly and the
+//! first phase of the window starts at event 0.
+
+use serde::Serialize;
+
+use memsnap_format::{Frame, Snapshot, StackId};
+
+use crate::curve::{Curve, TimeAxis};
+use crate::ranges::NamedRange;
+use crate::replay::Replay;
+
+/// The kind of a phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PhaseKind {
+    /// Before the first step: the model and its weights are built or loaded.
+    Setup,
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+impl PhaseKind {
+    /// The name used in reports and JSON: `setup`, `forward`, `backward`, `optimizer`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PhaseKind::Setup => "setup",
+            PhaseKind::Forward => "forward",
+            PhaseKind::Backward => "backward",
+            PhaseKind::Optimizer => "optimizer",
+        }
+    }
+}
+
+impl std::fmt::Display for PhaseKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What an allocation's stack says about the work that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Evidence {
+    Backward,
+    Optimizer,
+    Forward,
+    Setup,
+    /// Frames, none of which marks a phase (user code between phases: data, loss, logging).
+    Neutral,
+    /// An empty stack, or no `frames` at all.
+    NoFrames,
+}
+
+impl Evidence {
+    fn phase(self) -> Option<PhaseKind> {
+        match self {
+            Evidence::Backward => Some(PhaseKind::Backward),
+            Evidence::Optimizer => Some(PhaseKind::Optimizer),
+            Evidence::Forward => Some(PhaseKind::Forward),
+            Evidence::Setup => Some(PhaseKind::Setup),
+            Evidence::Neutral | Evidence::NoFrames => None,
+        }
+    }
+}
+
+const BACKWARD: u8 = 1;
+const OPTIMIZER: u8 = 2;
+const FORWARD: u8 = 4;
+const SETUP: u8 = 8;
+/// A C++ (or other native) frame: the file was recorded with `stacks="all"`.
+const NATIVE: u8 = 16;
+
+/// Classifies stacks (see the module docs), each frame and stack once.
+#[derive(Clone, Debug)]
+pub struct StackClassifier {
+    frame_flags: Vec<u8>,
+    /// Per stack: 0 = not yet classified, else `flags | 0x80`.
+    stack_flags: Vec<u8>,
+    /// No frame of the file is native: stacks were recorded with `stacks="python"`.
+    python_only: bool,
+}
+
+impl StackClassifier {
+    pub fn new(snapshot: &Snapshot) -> Self {
+        let frame_flags: Vec<u8> = snapshot.frames.iter().map(frame_flags).collect();
+        let python_only = !frame_flags.iter().any(|f| f & NATIVE != 0);
+        StackClassifier {
+            frame_flags,
+            stack_flags: vec![0; snapshot.stacks.len()],
+            python_only,
+        }
+    }
+
+    /// Whether the file's stacks hold Python frames only (no native frames anywhere).
+    pub fn python_only(&self) -> bool {
+        self.python_only
+    }
+
+    /// The evidence of one stack (`None`: no `frames` recorded).
+    pub fn classify(&mut self, snapshot: &Snapshot, stack: Option<StackId>) -> Evidence {
+        let Some(stack) = stack else {
+            return Evidence::NoFrames;
+        };
+        let Some(slot) = self.stack_flags.get(stack.0 as usize).copied() else {
+            return Evidence::NoFrames;
+        };
+        let flags = if slot != 0 {
+            slot & 0x7f
+        } else {
+            let ids = snapshot.stacks.get(stack);
+            if ids.is_empty() {
+                self.stack_flags[stack.0 as usize] = 0x80 | 0x40;
+                return Evidence::NoFrames;
+            }
+            let flags = ids.iter().fold(0u8, |acc, f| {
+                acc | self.frame_flags.get(f.0 as usize).copied().unwrap_or(0)
+            });
+            self.stack_flags[stack.0 as usize] = 0x80 | flags;
+            flags
+        };
+        if flags & 0x40 != 0 {
+            Evidence::NoFrames
+        } else if flags & BACKWARD != 0 {
+            Evidence::Backward
+        } else if flags & OPTIMIZER != 0 {
+            Evidence::Optimizer
+        } else if flags & FORWARD != 0 {
+            Evidence::Forward
+        } else if flags & SETUP != 0 {
+            Evidence::Setup
+        } else {
+            Evidence::Neutral
+        }
+    }
+}
+
+/// The function's own name: the last `::` component of a C++ or Rust symbol, without
+/// arguments, template arguments, closures or a Rust hash suffix.
+fn short_name(name: &str) -> &str {
+    let head = name.split('(').next().unwrap_or(name);
+    let mut parts: Vec<&str> = head.split("::").collect();
+    while let Some(last) = parts.last() {
+        let is_hash = last.len() == 17
+            && last.starts_with('h')
+            && last[1..].bytes().all(|b| b.is_ascii_hexdigit());
+        if parts.len() > 1 && (is_hash || last.starts_with('{') || last.is_empty()) {
+            parts.pop();
+        } else {
+            break;
+        }
+    }
+    let last = parts.last().copied().unwrap_or(head);
+    last.split('<').next().unwrap_or(last).trim()
+}
+
+fn named(short: &str, word: &str) -> bool {
+    short == word
+        || short.strip_suffix(word).is_some_and(|p| p.ends_with('_'))
+        || short.strip_prefix(word).is_some_and(|s| s.starts_with('_'))
+}
+
+fn frame_flags(frame: &Frame) -> u8 {
+    let name = frame.name.as_str();
+    let path = frame.filename.replace('\\', "/");
+    let python = path.ends_with(".py");
+    let short = short_name(name);
+    let lower = short.to_ascii_lowercase();
+    let mut flags = 0;
+    if !python && (name.contains("::") || !path.is_empty() && !path.contains('<')) {
+        flags |= NATIVE;
+    }
+    let in_torch = |suffix: &str| path.ends_with(suffix);
+
+    let backward = name.contains("torch::autograd::Engine::")
+        || name.contains("torch::autograd::python::PythonEngine")
+        || (name.contains("torch::autograd::generated::") && name.contains("Backward"))
+        || (python
+            && ((in_torch("torch/autograd/graph.py") && name == "_engine_run_backward")
+                || (in_torch("torch/autograd/__init__.py") && name == "backward")
+                || (in_torch("torch/_tensor.py") && name == "backward")))
+        || named(&lower, "backward");
+    if backward {
+        flags |= BACKWARD;
+    }
+
+    let optim_package = python
+        && path
+            .split('/')
+            .any(|c| c.to_ascii_lowercase().starts_with("optim"));
+    let optimizer = optim_package
+        || ["adam", "sgd", "optimizer", "zero_grad", "lamb"]
+            .iter()
+            .any(|w| lower.contains(w))
+        || named(&lower, "optim");
+    if optimizer {
+        flags |= OPTIMIZER;
+    }
+
+    let module_call = python
+        && in_torch("torch/nn/modules/module.py")
+        && matches!(name, "_call_impl" | "_wrapped_call_impl" | "__call__");
+    if module_call || named(&lower, "forward") {
+        flags |= FORWARD;
+    }
+
+    let setup = (python && name == "__init__")
+        || (python
+            && in_torch("torch/nn/modules/module.py")
+            && matches!(
+                name,
+                "_apply" | "to" | "cuda" | "to_empty" | "load_state_dict" | "_load_from_state_dict"
+            ))
+        || (python && (in_torch("torch/nn/init.py") || in_torch("torch/serialization.py")))
+        || matches!(
+            short,
+            "reset_parameters"
+                | "from_pretrained"
+                | "load_state_dict"
+                | "build_model"
+                | "load_model"
+        )
+        || lower.starts_with("init_");
+    if setup {
+        flags |= SETUP;
+    }
+    flags
+}
+
+/// Per traced allocation (in [`Replay::allocations`] order, from `before_window_allocations`
+/// on), the evidence its stack gives.
+pub fn allocation_evidence(snapshot: &Snapshot, replay: &Replay) -> (Vec<Evidence>, bool) {
+    let mut classifier = StackClassifier::new(snapshot);
+    let evidence = replay
+        .allocations
+        .iter()
+        .map(|a| classifier.classify(snapshot, a.stack))
+        .collect();
+    (evidence, classifier.python_only())
+}
+
+/// Growth or release over an event range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Slope {
+    /// Bytes gained (forward) or released (backward); negative if the other way.
+    pub bytes: i64,
+    pub events: u32,
+    pub duration_us: Option<i64>,
+    /// `bytes` per second; `None` without times or for a zero duration.
+    pub bytes_per_s: Option<f64>,
+    /// `bytes` per event; 0 for zero events.
+    pub bytes_per_event: f64,
+}
+
+impl Slope {
+    pub(crate) fn between(bytes: i64, from: u32, to: u32, time: &TimeAxis) -> Slope {
+        let events = to.saturating_sub(from);
+        let duration_us = match (time.time_of(from), time.time_of(to)) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+        Slope {
+            bytes,
+            events,
+            duration_us,
+            bytes_per_s: duration_us
+                .filter(|&d| d > 0)
+                .map(|d| bytes as f64 / (d as f64 / 1e6)),
+            bytes_per_event: if events > 0 {
+                bytes as f64 / f64::from(events)
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// One phase on the event axis.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Phase {
+    pub kind: PhaseKind,
+    /// First and last event, inclusive.
+    pub start_event: u32,
+    pub end_event: u32,
+    /// Live bytes (active curve) when the phase begins, before its first event.
+    pub start_bytes: u64,
+    /// Live bytes after its last event.
+    pub end_bytes: u64,
+    pub peak_bytes: u64,
+    /// First event after which the phase's peak is reached.
+    pub peak_event: u32,
+    pub start_time_us: Option<i64>,
+    pub end_time_us: Option<i64>,
+    /// `end_bytes - start_bytes` over the phase, per second and per event.
+    pub slope: Slope,
+    /// Allocations made in the phase.
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+}
+
+impl Phase {
+    pub(crate) fn measure(
+        kind: PhaseKind,
+        start: u32,
+        end: u32,
+        curve: &Curve,
+        time: &TimeAxis,
+        replay: &Replay,
+    ) -> Phase {
+        let start_bytes = if start == 0 {
+            curve.initial
+        } else {
+            curve.at(start - 1)
+        };
+        let (mut peak_event, mut peak_bytes) = (start, curve.at(start));
+        for e in start..=end {
+            let v = curve.at(e);
+            if v > peak_bytes {
+                peak_bytes = v;
+                peak_event = e;
+            }
+        }
+        let end_bytes = curve.at(end);
+        let delta = i64::try_from(i128::from(end_bytes) - i128::from(start_bytes)).unwrap_or(0);
+        // The slope is measured from just before the first event (the previous event's time).
+        let from = start.saturating_sub(1);
+        let mut slope = Slope::between(delta, from, end, time);
+        slope.events = end - start + 1;
+        slope.bytes_per_event = delta as f64 / f64::from(slope.events);
+        let first = replay
+            .allocations
+            .partition_point(|a| a.alloc_event.is_none_or(|e| e < start));
+        let (mut allocations, mut allocated_bytes) = (0u64, 0u64);
+        for a in replay.allocations[first..]
+            .iter()
+            .take_while(|a| a.alloc_event.is_some_and(|e| e <= end))
+        {
+            allocations += 1;
+            allocated_bytes = allocated_bytes.saturating_add(a.size);
+        }
+        Phase {
+            kind,
+            start_event: start,
+            end_event: end,
+            start_bytes,
+            end_bytes,
+            peak_bytes,
+            peak_event,
+            start_time_us: time.time_of(start),
+            end_time_us: time.time_of(end),
+            slope,
+            allocations,
+            allocated_bytes,
+        }
+    }
+}
+
+/// Phase boundaries of a window: the set-up, then steps as lists of `(kind, first event)`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct PhasePlan {
+    /// First event of the set-up phase (always 0) when there is one.
+    pub setup: bool,
+    /// Per step, its phases' kinds and first events, in order.
+    pub steps: Vec<Vec<(PhaseKind, u32)>>,
+}
+
+impl PhasePlan {
+    /// `(kind, start, end)` of every phase, steps in order, with the step index (`None` for
+    /// the set-up).
+    pub fn phases(&self, trace_len: u32) -> Vec<(Option<usize>, PhaseKind, u32, u32)> {
+        let mut starts: Vec<(Option<usize>, PhaseKind, u32)> = Vec::new();
+        if self.setup {
+            starts.push((None, PhaseKind::Setup, 0));
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            starts.extend(step.iter().map(|&(k, s)| (Some(i), k, s)));
+        }
+        (0..starts.len())
+            .map(|i| {
+                let end = starts
+                    .get(i + 1)
+                    .map_or(trace_len.saturating_sub(1), |n| n.2.saturating_sub(1));
+                (starts[i].0, starts[i].1, starts[i].2, end.max(starts[i].2))
+            })
+            .collect()
+    }
+}
+
+/// The kind a `record_function` range's name gives the work inside it.
+fn range_kind(name: &str) -> Option<PhaseKind> {
+    if name.starts_with("Optimizer.step#") || name.starts_with("Optimizer.zero_grad#") {
+        return Some(PhaseKind::Optimizer);
+    }
+    if name.starts_with("enumerate(DataLoader)#") {
+        return Some(PhaseKind::Forward);
+    }
+    let lower = name.to_ascii_lowercase();
+    if lower.contains("backward") {
+        Some(PhaseKind::Backward)
+    } else if lower.contains("optimizer") {
+        Some(PhaseKind::Optimizer)
+    } else if lower.contains("forward") {
+        Some(PhaseKind::Forward)
+    } else {
+        None
+    }
+}
+
+/// Phases from stack evidence (helped by annotations); `None` when no allocation's stack or
+/// annotation says which phase it belongs to.
+pub(crate) fn plan_from_evidence(
+    replay: &Replay,
+    evidence: &[Evidence],
+    python_only: bool,
+    ranges: &[NamedRange],
+) -> Option<PhasePlan> {
+    // Traced allocations in alloc order, with their phase label (None = neutral).
+    let first_traced = replay.before_window_allocations as usize;
+    let traced = replay.allocations.get(first_traced..)?;
+    let mut events: Vec<u32> = Vec::with_capacity(traced.len());
+    let mut labels: Vec<Option<PhaseKind>> = Vec::with_capacity(traced.len());
+    let mut no_frames: Vec<bool> = Vec::with_capacity(traced.len());
+    for (a, e) in traced.iter().zip(evidence.get(first_traced..)?) {
+        let Some(event) = a.alloc_event else {
+            continue;
+        };
+        events.push(event);
+        labels.push(e.phase());
+        no_frames.push(*e == Evidence::NoFrames);
+    }
+    // Annotations label what the stacks leave open; inner ranges last so they win.
+    let mut ordered: Vec<&NamedRange> = ranges.iter().collect();
+    ordered.sort_by_key(|r| r.depth);
+    for r in ordered {
+        let (Some(kind), Some(s), Some(e)) = (range_kind(&r.name), r.start_event, r.end_event)
+        else {
+            continue;
+        };
+        let from = events.partition_point(|&x| x < s);
+        let to = events.partition_point(|&x| x <= e);
+        for label in &mut labels[from..to] {
+            if label.is_none() {
+                *label = Some(kind);
+            }
+        }
+    }
+    if !labels.iter().any(|l| {
+        matches!(
+            l,
+            Some(PhaseKind::Forward | PhaseKind::Backward | PhaseKind::Optimizer)
+        )
+    }) {
+        return None;
+    }
+    // Allocations without frames: backward work after forward work when stacks are
+    // Python-only (the autograd thread records none), else part of the phase around them.
+    let mut last: Option<PhaseKind> = None;
+    for (label, &empty) in labels.iter_mut().zip(&no_frames) {
+        match *label {
+            Some(PhaseKind::Setup) if last.is_some_and(|k| k != PhaseKind::Setup) => {
+                // Construction after the first step (a lazily built module) is not set-up.
+                *label = None;
+            }
+            Some(k) => last = Some(k),
+            None if empty && python_only => {
+                if matches!(last, Some(PhaseKind::Forward | PhaseKind::Backward)) {
+                    *label = Some(PhaseKind::Backward);
+                    last = *label;
+                }
+            }
+            None => {}
+        }
+    }
+    // Runs of equal labels: (kind, first index, last index, count).
+    let mut runs: Vec<(PhaseKind, usize, usize, usize)> = Vec::new();
+    for (i, label) in labels.iter().enumerate() {
+        let Some(kind) = *label else { continue };
+        match runs.last_mut() {
+            Some(run) if run.0 == kind => {
+                run.2 = i;
+                run.3 += 1;
+            }
+            _ => runs.push((kind, i, i, 1)),
+        }
+    }
+    // A stray allocation or two inside a phase (X, y, X with y tiny) belongs to that phase.
+    let mut i = 1;
+    while i + 1 < runs.len() {
+        let (prev, cur, next) = (runs[i - 1], runs[i], runs[i + 1]);
+        if cur.3 <= 2 && prev.0 == next.0 && prev.3 > cur.3 && next.3 > cur.3 {
+            runs[i - 1] = (prev.0, prev.1, next.2, prev.3 + cur.3 + next.3);
+            runs.drain(i..=i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    let mut plan = PhasePlan::default();
+    let mut prev_last: Option<usize> = None;
+    for &(kind, first, last_index, _) in &runs {
+        // Neutral allocations between the previous run and this one open a new step, and
+        // otherwise belong to the previous phase.
+        let opens_step = match (kind, plan.steps.last().and_then(|s| s.last())) {
+            (PhaseKind::Setup, _) => false,
+            (_, None) => true,
+            (PhaseKind::Forward, Some((PhaseKind::Backward | PhaseKind::Optimizer, _))) => true,
+            (PhaseKind::Backward, Some((PhaseKind::Optimizer, _))) => true,
+            _ => false,
+        };
+        let first_index = match prev_last {
+            Some(p) if opens_step => p + 1,
+            _ => first,
+        };
+        let start = if prev_last.is_none() {
+            0
+        } else {
+            events[first_index]
+        };
+        prev_last = Some(last_index);
+        if kind == PhaseKind::Setup {
+            plan.setup = true;
+            continue;
+        }
+        if opens_step {
+            plan.steps.push(vec![(kind, start)]);
+        } else if let Some(step) = plan.steps.last_mut() {
+            if step.last().map(|p| p.0) != Some(kind) {
+                step.push((kind, start));
+            }
+        }
+    }
+    Some(plan)
+}
