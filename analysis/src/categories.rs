@@ -1,8 +1,8 @@
 //! What each allocation is for — torch.profiler's memory categories, from a snapshot alone.
 //!
 //! With the phases of every step known ([`crate::phases`]), an allocation's category follows
-//! from the phase that allocated it and when it was freed (its active lifetime, alloc to
-//! `free_completed`):
+//! from the phase that allocated it and the phase whose code freed it (`free_requested`: when
+//! the tensor died, even if its block returned to the cache later):
 //!
 //! | category | rule |
 //! |---|---|
@@ -108,7 +108,7 @@ pub(crate) fn categorize(
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            let freed = a.free_completed;
+            let freed = a.free_requested.or(a.free_completed);
             let Some(alloc) = a.alloc_event else {
                 return match (freed, evidence.get(i)) {
                     (Some(_), _) => Category::Unknown,

@@ -461,6 +461,16 @@ pub(crate) fn plan_from_evidence(
         labels.push(e.phase());
         no_frames.push(*e == Evidence::NoFrames);
     }
+    // Without a stack that says forward, backward or optimizer, annotations alone do not
+    // make a plan here (see `crate::steps` for steps from annotations).
+    if !labels.iter().any(|l| {
+        matches!(
+            l,
+            Some(PhaseKind::Forward | PhaseKind::Backward | PhaseKind::Optimizer)
+        )
+    }) {
+        return None;
+    }
     // Annotations label what the stacks leave open; inner ranges last so they win.
     let mut ordered: Vec<&NamedRange> = ranges.iter().collect();
     ordered.sort_by_key(|r| r.depth);
@@ -476,14 +486,6 @@ pub(crate) fn plan_from_evidence(
                 *label = Some(kind);
             }
         }
-    }
-    if !labels.iter().any(|l| {
-        matches!(
-            l,
-            Some(PhaseKind::Forward | PhaseKind::Backward | PhaseKind::Optimizer)
-        )
-    }) {
-        return None;
     }
     // Allocations without frames: backward work after forward work when stacks are
     // Python-only (the autograd thread records none), else part of the phase around them.

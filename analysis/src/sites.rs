@@ -189,8 +189,10 @@ fn is_python(frame: &Frame) -> bool {
 ///
 /// The innermost Python frame outside PyTorch's own package wins; else the innermost native
 /// (C++ or Rust) frame outside the machinery ([`is_internal_frame`]), such as an autograd node
-/// (`torch::autograd::generated::MmBackward0::apply`) or the user's own function; else the
-/// innermost frame PyTorch's viewers show; else the innermost frame.
+/// (`torch::autograd::generated::MmBackward0::apply`) or the user's own function; else (a
+/// stack of machinery only) the outermost `at::_ops::…` call, the op its caller ran; else the
+/// innermost frame PyTorch's viewers show that is not the allocator or the unwinder; else the
+/// innermost frame.
 pub fn top_frame(snapshot: &Snapshot, stack: StackId) -> Option<FrameId> {
     if stack.0 as usize >= snapshot.stacks.len() {
         return None;
@@ -209,7 +211,20 @@ pub fn top_frame(snapshot: &Snapshot, stack: StackId) -> Option<FrameId> {
             ids.iter()
                 .find(|f| !is_python(frame(f)) && !is_internal_frame(frame(f)))
         })
-        .or_else(|| ids.iter().find(|f| !is_filtered_frame(frame(f))))
+        // All machinery (an op the autograd engine called): the op, as the caller called it.
+        .or_else(|| {
+            ids.iter()
+                .rev()
+                .find(|f| frame(f).name.starts_with("at::_ops::"))
+        })
+        .or_else(|| {
+            ids.iter().find(|f| {
+                let fr = frame(f);
+                !is_filtered_frame(fr)
+                    && !fr.name.contains("CachingAllocator")
+                    && !fr.name.contains("torch::unwind")
+            })
+        })
         .or_else(|| ids.first())
         .copied()
 }

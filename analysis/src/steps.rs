@@ -295,9 +295,9 @@ pub fn find_steps(
     analysis
 }
 
-/// Optimizer state created per step; a step that creates a notable amount (the first that
-/// runs the optimizer) is a warm-up.
+/// Optimizer state created per step; the first step that creates some is a warm-up.
 fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
+    let mut seen_state = false;
     for step in &mut analysis.steps {
         let Some(opt) = step.phases.iter().find(|p| p.kind == PhaseKind::Optimizer) else {
             continue;
@@ -312,7 +312,8 @@ fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
             .filter(|(_, c)| **c == Category::OptimizerState)
             .fold(0u64, |acc, (a, _)| acc.saturating_add(a.size));
         step.optimizer_state_bytes = bytes;
-        step.warmup = bytes > 0 && bytes.saturating_mul(20) >= step.peak_bytes.max(1);
+        step.warmup = bytes > 0 && !seen_state;
+        seen_state |= bytes > 0;
     }
 }
 

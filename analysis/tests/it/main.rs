@@ -4,6 +4,7 @@
 mod layout;
 mod odd_histories;
 mod real;
+mod real_phases;
 mod size_filter;
 mod synth_truth;
 mod util;

@@ -1,7 +1,7 @@
 //! Synthetic training runs (`memsnap_format::synth`) with known steps, leaks and truncation.
 
-use memsnap_analysis::{CurveKind, DeviceTimeline, StepMethod, StepOptions, StepSource};
-use memsnap_format::synth::{generate, GroundTruth, TrainingRun};
+use memsnap_analysis::{CurveKind, DeviceTimeline, PhaseKind, StepMethod, StepOptions, StepSource};
+use memsnap_format::synth::{generate, GroundTruth, PhaseName, TrainingRun};
 
 fn runs() -> Vec<(&'static str, TrainingRun)> {
     let base = TrainingRun::default();
@@ -131,7 +131,10 @@ fn annotated_runs_give_the_exact_steps() {
         let (snapshot, truth) = generate(&run);
         for device in 0..run.devices {
             let timeline = DeviceTimeline::build(&snapshot, device as i64).unwrap();
-            let analysis = timeline.steps(&StepOptions::default());
+            let analysis = timeline.steps(&StepOptions {
+                source: StepSource::Annotations,
+                ..Default::default()
+            });
             assert!(
                 matches!(analysis.method, StepMethod::Annotations { .. }),
                 "{name}: {:?}",
@@ -264,6 +267,191 @@ fn peak_is_the_highest_step_peak() {
         let peak = timeline.peak(CurveKind::Active);
         for s in &truth.devices[0].steps {
             assert!(peak.bytes >= s.peak_bytes, "{name}");
+        }
+    }
+}
+
+fn phase_kind(name: PhaseName) -> PhaseKind {
+    match name {
+        PhaseName::Forward => PhaseKind::Forward,
+        PhaseName::Backward => PhaseKind::Backward,
+        PhaseName::Optimizer => PhaseKind::Optimizer,
+    }
+}
+
+/// The stacks find every step, the first one after the model's set-up included, and each
+/// phase begins at the phase's first allocation.
+#[test]
+fn stacks_give_every_step_and_its_phases() {
+    for (name, run) in runs() {
+        let (snapshot, truth) = generate(&run);
+        for device in 0..run.devices {
+            let timeline = DeviceTimeline::build(&snapshot, device as i64).unwrap();
+            let analysis = timeline.steps(&StepOptions::default());
+            assert_eq!(analysis.method, StepMethod::Stacks, "{name}");
+            let t = &truth.devices[device];
+            // Whole steps: those that begin with their forward phase, less a first step that
+            // may have lost its start to the ring buffer.
+            let whole: Vec<_> = analysis
+                .steps
+                .iter()
+                .filter(|s| !s.partial)
+                .filter(|s| !(t.dropped_entries > 0 && s.start_event == 0))
+                .collect();
+            let got: Vec<Vec<(PhaseKind, u32)>> = whole
+                .iter()
+                .map(|s| s.phases.iter().map(|p| (p.kind, p.start_event)).collect())
+                .collect();
+            let want: Vec<Vec<(PhaseKind, u32)>> = t
+                .steps
+                .iter()
+                .map(|s| {
+                    s.phases
+                        .iter()
+                        .map(|&(p, e)| (phase_kind(p), e as u32))
+                        .collect()
+                })
+                .collect();
+            assert_eq!(got, want, "{name} device {device}");
+            // Phases tile each step, steps tile the window after the set-up.
+            let mut next = analysis.setup.as_ref().map_or(0, |p| p.end_event + 1);
+            for s in &analysis.steps {
+                assert_eq!(s.start_event, next, "{name}: steps tile the window");
+                for p in &s.phases {
+                    assert_eq!(p.start_event, next, "{name}: phases tile the step");
+                    assert!(p.end_event >= p.start_event);
+                    next = p.end_event + 1;
+                }
+                assert_eq!(s.end_event + 1, next, "{name}");
+                // Phases chain: each starts where the one before ended.
+                for w in s.phases.windows(2) {
+                    assert_eq!(w[0].end_bytes, w[1].start_bytes, "{name}");
+                }
+            }
+            assert_eq!(next, timeline.replay().trace_len, "{name}: to the end");
+            // The set-up (the parameters) is seen exactly when the window holds it, and ends
+            // right before the first step's first allocation.
+            assert_eq!(analysis.setup.is_some(), t.has_setup, "{name}");
+            if let (Some(setup), Some(first)) = (&analysis.setup, t.steps.first()) {
+                assert_eq!(setup.start_event, 0);
+                assert_eq!(
+                    setup.end_event + 1,
+                    first.phases[0].1 as u32,
+                    "{name}: set-up ends before the first forward allocation"
+                );
+                assert_eq!(setup.end_bytes, setup.peak_bytes, "{name}: only parameters");
+            }
+            // Every step that runs the optimizer the first time is a warm-up.
+            if run.optimizer && t.has_setup {
+                assert!(
+                    analysis.steps[0].warmup,
+                    "{name}: step 0 creates Adam's state"
+                );
+                assert!(analysis.steps[1..].iter().all(|s| !s.warmup), "{name}");
+            }
+        }
+    }
+}
+
+/// Every allocation's category is the role the simulation gave it.
+#[test]
+fn categories_are_the_roles_of_the_allocations() {
+    for (name, run) in runs() {
+        let (snapshot, truth) = generate(&run);
+        for device in 0..run.devices {
+            let timeline = DeviceTimeline::build(&snapshot, device as i64).unwrap();
+            let analysis = timeline.steps(&StepOptions::default());
+            let replay = timeline.replay();
+            let by_event: std::collections::HashMap<u32, usize> = replay
+                .allocations
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| Some((a.alloc_event?, i)))
+                .collect();
+            let t = &truth.devices[device];
+            // In a truncated window the first (partial) step can hold forward allocations
+            // whose step began before the window: their role needs its backward phase, which
+            // the analysis sees, so they are checked too.
+            let mut wrong = Vec::new();
+            for &(event, role) in &t.roles {
+                let i = by_event[&(event as u32)];
+                let got = analysis.categories[i].name();
+                if got != role.name() {
+                    wrong.push((event, role.name(), got));
+                }
+            }
+            assert!(
+                wrong.is_empty(),
+                "{name} device {device}: {} of {} wrong, first {:?}",
+                wrong.len(),
+                t.roles.len(),
+                &wrong[..wrong.len().min(5)]
+            );
+            // Memory from before the window that stays is a parameter or optimizer state.
+            for (a, c) in replay.allocations.iter().zip(&analysis.categories) {
+                if a.alloc_event.is_none()
+                    && a.free_requested.is_none()
+                    && a.free_completed.is_none()
+                {
+                    assert!(
+                        matches!(c.name(), "parameter" | "optimizer_state" | "gradient"),
+                        "{name}: {c:?}"
+                    );
+                }
+            }
+            // At the peak the categories add up to the peak.
+            let peak = timeline.peak(CurveKind::Active);
+            let at = analysis.categories_at(replay, &[peak.event]);
+            assert_eq!(at[0].total(), peak.bytes, "{name}");
+        }
+    }
+}
+
+/// Without stacks (`context=None`) annotations give the steps, their optimizer phase from the
+/// `Optimizer.step#` ranges; without annotations either, the curve's shape does, forward up to
+/// each step's peak and backward after it.
+#[test]
+fn without_stacks_annotations_then_the_curve_give_the_phases() {
+    for (name, run) in runs() {
+        let (mut snapshot, truth) = generate(&run);
+        for trace in snapshot.device_traces.iter_mut().flatten() {
+            for entry in trace {
+                entry.frames = None;
+            }
+        }
+        let annotated = run.with_time && run.with_annotations;
+        for device in 0..run.devices {
+            let timeline = DeviceTimeline::build(&snapshot, device as i64).unwrap();
+            let analysis = timeline.steps(&StepOptions::default());
+            let t = &truth.devices[device];
+            if annotated {
+                assert!(
+                    matches!(analysis.method, StepMethod::Annotations { .. }),
+                    "{name}: {:?}",
+                    analysis.method
+                );
+                assert_eq!(analysis.steps.len(), t.steps.len(), "{name}");
+                for (s, want) in analysis.steps.iter().zip(&t.steps) {
+                    let kinds: Vec<_> = s.phases.iter().map(|p| p.kind).collect();
+                    let want_kinds: Vec<_> = want.phases.iter().map(|p| phase_kind(p.0)).collect();
+                    assert_eq!(kinds, want_kinds, "{name}");
+                    if run.optimizer {
+                        let opt = s.phases.last().unwrap();
+                        let (_, first_alloc) = want.phases[2];
+                        // The range starts just before its first allocation.
+                        assert!(opt.start_event as usize <= first_alloc, "{name}");
+                    }
+                }
+            } else {
+                assert_eq!(analysis.method, StepMethod::CurveShape, "{name}");
+                for s in &analysis.steps {
+                    assert_eq!(s.phases[0].kind, PhaseKind::Forward, "{name}");
+                    assert_eq!(s.phases[0].end_event, s.peak_event, "{name}");
+                    if let Some(b) = s.phases.get(1) {
+                        assert_eq!(b.kind, PhaseKind::Backward, "{name}");
+                    }
+                }
+            }
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! [`generate`] simulates a training script on top of a small model of PyTorch's caching
 //! allocator and returns the snapshot PyTorch would have written, plus the [`GroundTruth`] an
-//! analysis should recover from it (per-step start, peak and end, the leak rate, what the ring
+//! analysis should recover from it (per-step start, peak and end, each step's forward /
+//! backward / optimizer phases, the role of every allocation, the leak rate, what the ring
 //! buffer dropped).
 //!
 //! The simulated script, per device:
@@ -113,6 +114,52 @@ pub struct DeviceTruth {
     pub dropped_entries: u64,
     /// Requested bytes live at the start of the emitted trace (allocated before the window).
     pub before_window_bytes: u64,
+    /// The window starts with the model's set-up (parameters allocated before the first step).
+    pub has_setup: bool,
+    /// `(alloc event, role)` of every allocation in the window, in event order.
+    pub roles: Vec<(usize, Role)>,
+}
+
+/// What an allocation is for, by the categories an analysis should find: the phase that
+/// allocates it and the phase whose code frees it (`free_requested`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A weight or bias: allocated in the set-up, never freed.
+    Parameter,
+    /// Adam's moments: allocated in the first optimizer phase, never freed.
+    OptimizerState,
+    /// A parameter's gradient: allocated in backward, freed by `zero_grad` after the optimizer
+    /// step.
+    Gradient,
+    /// Kept from forward for backward, freed there (the loss too).
+    Activation,
+    /// Freed in the phase that allocated it (forward temporaries, input gradients, the
+    /// optimizer's temporaries, and gradients when there is no optimizer phase to outlive).
+    Temporary,
+    /// Outlives its step without being state (the simulated leak).
+    Unknown,
+}
+
+impl Role {
+    /// The category name an analysis reports (`optimizer_state`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Parameter => "parameter",
+            Role::OptimizerState => "optimizer_state",
+            Role::Gradient => "gradient",
+            Role::Activation => "activation",
+            Role::Temporary => "temporary",
+            Role::Unknown => "unknown",
+        }
+    }
+}
+
+/// A phase of a simulated step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PhaseName {
+    Forward,
+    Backward,
+    Optimizer,
 }
 
 /// One training step. Event indices point into the device's emitted trace; byte counts are the
@@ -130,6 +177,10 @@ pub struct StepTruth {
     pub start_bytes: u64,
     pub peak_bytes: u64,
     pub end_bytes: u64,
+    /// Each phase with the event of its first allocation, in order. A step's first event can
+    /// lie before its forward phase's first allocation: a `free_completed` deferred from the
+    /// step before is recorded just before the next allocation.
+    pub phases: Vec<(PhaseName, usize)>,
 }
 
 /// Simulates `run` and returns the snapshot and its ground truth.
@@ -169,6 +220,9 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
             },
             annotations: Vec::new(),
             steps: Vec::new(),
+            roles: Vec::new(),
+            phases: Vec::new(),
+            opening: None,
         };
         sim.simulate();
         let DeviceRun {
@@ -176,12 +230,13 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
             recorder,
             annotations: device_annotations,
             steps,
+            roles,
             ..
         } = sim;
         snapshot
             .segments
             .extend(allocator.export(device as i64, no_stack));
-        let (trace, truth) = cut_window(recorder.entries, steps, run);
+        let (trace, truth) = cut_window(recorder.entries, steps, roles, run);
         traces.push(trace);
         truths.push(truth);
         annotations.extend(device_annotations);
@@ -214,6 +269,7 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
 fn cut_window(
     mut entries: Vec<TraceEntry>,
     steps: Vec<StepTruth>,
+    roles: Vec<(usize, Role)>,
     run: &TrainingRun,
 ) -> (Vec<TraceEntry>, DeviceTruth) {
     let dropped = run
@@ -230,14 +286,22 @@ fn cut_window(
             start_event: s.start_event - dropped,
             peak_event: s.peak_event - dropped,
             end_event: s.end_event - dropped,
+            phases: s.phases.iter().map(|&(p, e)| (p, e - dropped)).collect(),
             ..s
         })
+        .collect();
+    let roles = roles
+        .into_iter()
+        .filter(|&(e, _)| e >= dropped)
+        .map(|(e, r)| (e - dropped, r))
         .collect();
     let truth = DeviceTruth {
         steps,
         leak_bytes_per_step: run.leak_bytes_per_step,
         dropped_entries: dropped as u64,
         before_window_bytes,
+        has_setup: dropped == 0 && run.param_bytes_per_layer > 0 && run.layers > 0,
+        roles,
     };
     (entries, truth)
 }
@@ -338,12 +402,23 @@ struct DeviceRun<'a> {
     recorder: Recorder,
     annotations: Vec<Annotation>,
     steps: Vec<StepTruth>,
+    roles: Vec<(usize, Role)>,
+    /// Phases of the step being simulated, with their first allocation's event.
+    phases: Vec<(PhaseName, usize)>,
+    /// The phase the next allocation opens.
+    opening: Option<PhaseName>,
 }
 
 impl DeviceRun<'_> {
-    fn malloc(&mut self, bytes: u64, site: Site, key: usize) -> Tensor {
+    fn malloc(&mut self, bytes: u64, site: Site, key: usize, role: Role) -> Tensor {
         let stack = self.sites.pick(site, key);
         let addr = self.allocator.malloc(bytes, stack, &mut self.recorder);
+        // The allocator records the `alloc` last.
+        let event = self.recorder.entries.len() - 1;
+        self.roles.push((event, role));
+        if let Some(phase) = self.opening.take() {
+            self.phases.push((phase, event));
+        }
         Tensor { addr, bytes }
     }
 
@@ -406,7 +481,12 @@ impl DeviceRun<'_> {
             let mut layer_params = Vec::with_capacity(2);
             for (i, bytes) in [weight_bytes, bias_bytes].into_iter().enumerate() {
                 if bytes > 0 {
-                    layer_params.push(self.malloc(bytes, Site::Parameter, layer * 2 + i));
+                    layer_params.push(self.malloc(
+                        bytes,
+                        Site::Parameter,
+                        layer * 2 + i,
+                        Role::Parameter,
+                    ));
                 }
             }
             params.push(layer_params);
@@ -429,6 +509,7 @@ impl DeviceRun<'_> {
                 peak: (0, 0),
             });
             self.annotate("START", format!("ProfilerStep#{step}"));
+            self.phases.clear();
             self.step(step, &shapes, &params, &mut optimizer_state);
             self.annotate("END", format!("ProfilerStep#{step}"));
             let progress = self.recorder.step.take();
@@ -444,6 +525,7 @@ impl DeviceRun<'_> {
                     start_bytes,
                     peak_bytes,
                     end_bytes: self.recorder.live_bytes,
+                    phases: std::mem::take(&mut self.phases),
                 }),
                 // A step that allocates nothing would never reach the target.
                 _ => break,
@@ -461,34 +543,48 @@ impl DeviceRun<'_> {
     ) {
         let run = self.run;
         // Forward: activations pile up, one temporary per layer comes and goes.
+        self.opening = Some(PhaseName::Forward);
         let mut saved: Vec<Vec<Tensor>> = Vec::with_capacity(run.layers);
         for (layer, sizes) in shapes.iter().enumerate() {
             let mut kept = Vec::with_capacity(sizes.len());
             for (a, &bytes) in sizes.iter().enumerate() {
-                kept.push(self.malloc(bytes, Site::Activation, layer * 7 + a));
+                kept.push(self.malloc(bytes, Site::Activation, layer * 7 + a, Role::Activation));
             }
             if let Some(&largest) = sizes.iter().max() {
-                let temporary = self.malloc(largest / 3 + 2, Site::ForwardTemporary, layer);
+                let temporary = self.malloc(
+                    largest / 3 + 2,
+                    Site::ForwardTemporary,
+                    layer,
+                    Role::Temporary,
+                );
                 self.free(temporary);
             }
             saved.push(kept);
             self.recorder.pause(10, 200);
         }
-        let loss = self.malloc(4, Site::Loss, 0);
+        let loss = self.malloc(4, Site::Loss, 0, Role::Activation);
         if run.leak_bytes_per_step > 0 {
-            self.malloc(run.leak_bytes_per_step, Site::Leak, step);
+            self.malloc(run.leak_bytes_per_step, Site::Leak, step, Role::Unknown);
         }
         self.recorder.pause(50, 500);
 
         // Backward: gradients appear, activations go.
+        self.opening = Some(PhaseName::Backward);
+        // Without an optimizer phase, zero_grad frees the gradients in the backward phase.
+        let gradient = if run.optimizer {
+            Role::Gradient
+        } else {
+            Role::Temporary
+        };
         let mut grads = Vec::new();
         let mut grad_output: Option<Tensor> = None;
         for layer in (0..run.layers).rev() {
             for (i, param) in params[layer].iter().enumerate() {
-                grads.push(self.malloc(param.bytes, Site::Gradient, layer * 2 + i));
+                grads.push(self.malloc(param.bytes, Site::Gradient, layer * 2 + i, gradient));
             }
             let input_bytes = shapes[layer].first().copied().unwrap_or(2);
-            let grad_input = self.malloc(input_bytes, Site::Gradient, 1000 + layer);
+            let grad_input =
+                self.malloc(input_bytes, Site::Gradient, 1000 + layer, Role::Temporary);
             if let Some(previous) = grad_output.replace(grad_input) {
                 self.free(previous);
             }
@@ -509,17 +605,33 @@ impl DeviceRun<'_> {
         let params: Vec<Tensor> = params.iter().flatten().copied().collect();
         if run.optimizer {
             self.annotate("START", "Optimizer.step#Adam.step".into());
+            self.opening = Some(PhaseName::Optimizer);
             if optimizer_state.is_empty() {
                 for (i, param) in params.iter().enumerate() {
                     for moment in 0..2 {
-                        let state = self.malloc(param.bytes, Site::OptimizerState, i * 2 + moment);
+                        let state = self.malloc(
+                            param.bytes,
+                            Site::OptimizerState,
+                            i * 2 + moment,
+                            Role::OptimizerState,
+                        );
                         optimizer_state.push(state);
                     }
                 }
             }
             for (i, param) in params.iter().enumerate() {
-                let numerator = self.malloc(param.bytes, Site::OptimizerTemporary, i * 2);
-                let denominator = self.malloc(param.bytes, Site::OptimizerTemporary, i * 2 + 1);
+                let numerator = self.malloc(
+                    param.bytes,
+                    Site::OptimizerTemporary,
+                    i * 2,
+                    Role::Temporary,
+                );
+                let denominator = self.malloc(
+                    param.bytes,
+                    Site::OptimizerTemporary,
+                    i * 2 + 1,
+                    Role::Temporary,
+                );
                 self.free(numerator);
                 self.free(denominator);
             }
