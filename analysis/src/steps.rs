@@ -186,6 +186,17 @@ impl StepAnalysis {
         )
     }
 
+    /// Bytes by category live before the first event (memory from before the window).
+    pub fn categories_before_window(&self, replay: &Replay) -> CategoryBytes {
+        let mut out = CategoryBytes::default();
+        for (a, c) in replay.allocations.iter().zip(&self.categories) {
+            if a.alloc_event.is_none() {
+                out.0[*c as usize] = out.0[*c as usize].saturating_add(a.size);
+            }
+        }
+        out
+    }
+
     /// Bytes by category live after each of `events`.
     pub fn categories_at(&self, replay: &Replay, events: &[u32]) -> Vec<CategoryBytes> {
         let mut order: Vec<usize> = (0..events.len()).collect();

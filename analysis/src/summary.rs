@@ -301,6 +301,12 @@ pub fn summarize_device(
     queries.extend(analysis.phases().map(|(_, p)| p.peak_event));
     let by_category = analysis.categories_at(replay, &queries);
     let mut phase_categories = by_category[1..].iter();
+    // A peak before the first event (the window only frees) is the memory from before it.
+    let peak_categories = if curves.active.at(peak.event) == peak.bytes {
+        by_category[0]
+    } else {
+        analysis.categories_before_window(replay)
+    };
     let setup_phase = analysis.setup.as_ref().map(|p| {
         phase_summary(
             p,
@@ -407,7 +413,7 @@ pub fn summarize_device(
         setup_phase,
         steps,
         peak_phase,
-        categories_at_peak: category_map(&by_category[0]),
+        categories_at_peak: category_map(&peak_categories),
         step_duration_us,
         drift_bytes_per_step: analysis.drift.min_bytes_per_step,
         peak_drift_bytes_per_step: analysis.drift.peak_bytes_per_step,

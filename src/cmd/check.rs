@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 
 use crate::cmd::common::{format_size, parse_size};
 use crate::cmd::summary::summarize_file;
+use memsnap_analysis::StepSource;
 
 /// Check a snapshot against a memory budget: exit 0 within budget, 1 over it (with the reason),
 /// 2 on bad input.
@@ -38,7 +39,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             bail!("--max-drift must be a non-negative percentage, not {p}");
         }
     }
-    let summary = summarize_file(&args.file, 0, args.max_drift.unwrap_or(1.0))?;
+    let summary = summarize_file(
+        &args.file,
+        0,
+        args.max_drift.unwrap_or(1.0),
+        StepSource::Auto,
+    )?;
     let mut failures = Vec::new();
     for d in &summary.devices {
         if let Some(max) = args.max_peak {

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, Result};
 use memsnap_analysis::compare::{RankRow, Skew};
+use memsnap_analysis::StepSource;
 use serde::Serialize;
 
 use crate::cmd::common::format_size;
@@ -54,7 +55,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let Some(path) = args.files.get(i) else {
                     break;
                 };
-                let row = summarize_file(path, 0, 1.0).map(|summary| {
+                let row = summarize_file(path, 0, 1.0, StepSource::Auto).map(|summary| {
                     RankRow::from_summary(path.display().to_string(), &summary.devices)
                 });
                 if let Ok(mut r) = results.lock() {

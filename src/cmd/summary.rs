@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use memsnap_analysis::summary::{DeviceSummary, Summary, SummaryOptions};
-use memsnap_analysis::{GroupBy, StepOptions};
+use memsnap_analysis::{GroupBy, StepOptions, StepSource};
 
 use crate::cmd::common::{format_size, load};
 
@@ -32,10 +32,39 @@ pub struct Args {
     /// Floor or peak growth over all steps above this percentage of the peak is flagged.
     #[arg(long, default_value_t = 1.0, value_name = "PCT")]
     pub drift_tolerance: f64,
+    /// Where steps and phases come from: `auto` (the best evidence: stacks, then
+    /// annotations, then the curve's shape), or one of them only.
+    #[arg(long, value_enum, default_value_t = StepsFrom::Auto, value_name = "SOURCE")]
+    pub steps_from: StepsFrom,
+}
+
+/// `--steps-from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StepsFrom {
+    Auto,
+    Stacks,
+    Annotations,
+    Shape,
+}
+
+impl From<StepsFrom> for StepSource {
+    fn from(s: StepsFrom) -> Self {
+        match s {
+            StepsFrom::Auto => StepSource::Auto,
+            StepsFrom::Stacks => StepSource::Stacks,
+            StepsFrom::Annotations => StepSource::Annotations,
+            StepsFrom::Shape => StepSource::CurveShape,
+        }
+    }
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let summary = summarize_file(&args.file, args.top, args.drift_tolerance)?;
+    let summary = summarize_file(
+        &args.file,
+        args.top,
+        args.drift_tolerance,
+        args.steps_from.into(),
+    )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -45,12 +74,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 /// Loads and summarises a file.
-pub fn summarize_file(path: &std::path::Path, top: usize, tolerance: f64) -> Result<Summary> {
+pub fn summarize_file(
+    path: &std::path::Path,
+    top: usize,
+    tolerance: f64,
+    source: StepSource,
+) -> Result<Summary> {
     let (snapshot, _) = load(path)?;
     let options = SummaryOptions {
         steps: StepOptions {
             drift_tolerance_percent: tolerance,
-            ..Default::default()
+            source,
         },
         top_sites: top,
         group_by: GroupBy::Frame,

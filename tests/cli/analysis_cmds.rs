@@ -52,13 +52,17 @@ fn summary_json_reports_the_true_steps_and_peak() {
         ),
     ] {
         let (path, truth) = synth_file(dir.path(), name, &run);
-        let v = json(&memsnap(&["summary", path.to_str().unwrap(), "--json"]));
-        assert_eq!(v["schema"], "memsnap.summary/1");
-        let d = &v["devices"][0];
-        assert_eq!(d["device"], 0);
         let t = &truth.devices[0];
-        assert_eq!(d["before_window_bytes"], t.before_window_bytes, "{name}");
-        assert_eq!(d["dropped_entries"], t.dropped_entries, "{name}");
+        // Annotations (`ProfilerStep#N`) give the simulator's step bounds exactly.
+        let v = json(&memsnap(&[
+            "summary",
+            path.to_str().unwrap(),
+            "--json",
+            "--steps-from",
+            "annotations",
+        ]));
+        let d = &v["devices"][0];
+        assert_eq!(d["step_method"], "annotations:ProfilerStep#", "{name}");
         let steps = d["steps"].as_array().unwrap();
         assert_eq!(steps.len(), t.steps.len(), "{name}");
         for (s, want) in steps.iter().zip(&t.steps) {
@@ -71,6 +75,42 @@ fn summary_json_reports_the_true_steps_and_peak() {
             assert!(s["forward_bytes_per_s"].as_f64().unwrap() > 0.0);
             assert!(s["backward_bytes_per_s"].as_f64().unwrap() > 0.0);
         }
+        // By default the stacks do, with each phase starting at its first allocation.
+        let v = json(&memsnap(&["summary", path.to_str().unwrap(), "--json"]));
+        assert_eq!(v["schema"], "memsnap.summary/1");
+        let d = &v["devices"][0];
+        assert_eq!(d["device"], 0);
+        assert_eq!(d["step_method"], "stacks", "{name}");
+        assert_eq!(d["before_window_bytes"], t.before_window_bytes, "{name}");
+        assert_eq!(d["dropped_entries"], t.dropped_entries, "{name}");
+        // Every true step is found, by its backward phase's first allocation (a first step
+        // cut by the ring buffer is found too, but it is not in the truth).
+        let found = d["steps"].as_array().unwrap();
+        assert!(found.len() <= t.steps.len() + 1, "{name}");
+        for want in &t.steps {
+            let s = found
+                .iter()
+                .find(|s| s["phases"][1]["start_event"] == want.phases[1].1)
+                .unwrap_or_else(|| panic!("{name}: no step like {:?}", want.phases));
+            assert_eq!(s["partial"], false);
+            let phases = s["phases"].as_array().unwrap();
+            let kinds: Vec<&str> = phases.iter().map(|p| p["kind"].as_str().unwrap()).collect();
+            assert_eq!(kinds, ["forward", "backward", "optimizer"], "{name}");
+            for (i, (p, &(_, first_alloc))) in phases.iter().zip(&want.phases).enumerate() {
+                // The window's first phase starts at its first event, which may come before
+                // the phase's first allocation (the step before's last frees).
+                if !(i == 0 && s["start_event"] == 0) {
+                    assert_eq!(p["start_event"], first_alloc, "{name}");
+                }
+                assert!(p["end_event"].as_u64() >= p["start_event"].as_u64());
+                assert!(p["bytes_per_s"].is_f64(), "{name}: {p}");
+            }
+            assert_eq!(s["peak_bytes"], want.peak_bytes, "{name}");
+        }
+        let cats = d["categories_at_peak"].as_object().unwrap();
+        let total: u64 = cats.values().map(|b| b.as_u64().unwrap()).sum();
+        assert_eq!(total, d["peak"]["bytes"].as_u64().unwrap(), "{name}");
+        assert!(cats["activation"].as_u64().unwrap() > 0, "{name}");
         let max_step_peak = t.steps.iter().map(|s| s.peak_bytes).max().unwrap();
         assert!(d["peak"]["bytes"].as_u64().unwrap() >= max_step_peak);
         assert!(d["peak"]["event"].is_u64());
@@ -282,9 +322,10 @@ fn analysis_commands_run_on_every_real_snapshot() {
     assert!(memsnap(&args).status.success());
 }
 
-/// `memsnap demo`'s run (no annotations; its first step allocates the optimizer state after
-/// dipping low in backward): `summary` finds every step from the curve's shape, for several
-/// step and layer counts.
+/// `memsnap demo`'s run (native Rust stacks, no annotations; its first step allocates the
+/// optimizer state): `summary` finds the set-up and every step with its forward, backward and
+/// optimizer phases from the stacks, for several step and layer counts, and names the first
+/// step a warm-up.
 #[test]
 fn summary_finds_every_step_of_the_demo_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -309,8 +350,83 @@ fn summary_finds_every_step_of_the_demo_run() {
         );
         let v = json(&memsnap(&["summary", out.to_str().unwrap(), "--json"]));
         let d = &v["devices"][0];
-        assert_eq!(d["step_method"], "curve_shape", "{v}");
-        let found = d["steps"].as_array().expect("steps").len();
-        assert_eq!(found.to_string(), steps, "--steps {steps}: {v}");
+        assert_eq!(d["step_method"], "stacks", "{v}");
+        let found = d["steps"].as_array().expect("steps");
+        assert_eq!(found.len().to_string(), steps, "--steps {steps}: {v}");
+        assert_eq!(d["setup_phase"]["kind"], "setup");
+        for (i, s) in found.iter().enumerate() {
+            let kinds: Vec<&str> = s["phases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["kind"].as_str().unwrap())
+                .collect();
+            assert_eq!(kinds, ["forward", "backward", "optimizer"], "step {i}: {s}");
+            assert_eq!(s["warmup"], i == 0, "step {i}");
+        }
+        assert_eq!(d["leak_suspected"], false);
     }
+}
+
+/// `summary --json` on every real snapshot keeps the contract: each step's `phases` tile it
+/// (kind, inclusive events, bytes, rate), and the categories at the peak add up to the peak.
+/// The training runs (11: ten steps; 13: one warm-up step) are named in text too.
+#[test]
+fn summary_of_real_snapshots_gives_phases_and_categories() {
+    let Some(dir) = crate::common::real_snapshots_dir() else {
+        return;
+    };
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
+        .collect();
+    files.sort();
+    for path in &files {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let v = json(&memsnap(&["summary", path.to_str().unwrap(), "--json"]));
+        for d in v["devices"].as_array().unwrap() {
+            let cats = d["categories_at_peak"]
+                .as_object()
+                .expect("categories_at_peak");
+            assert_eq!(cats.len(), 6, "{name}");
+            let total: u64 = cats.values().map(|b| b.as_u64().unwrap()).sum();
+            assert_eq!(total, d["peak"]["bytes"].as_u64().unwrap(), "{name}");
+            for s in d["steps"].as_array().unwrap() {
+                let phases = s["phases"].as_array().expect("phases");
+                assert!(!phases.is_empty(), "{name}");
+                let mut next = s["start_event"].as_u64().unwrap();
+                for p in phases {
+                    assert!(
+                        ["forward", "backward", "optimizer"].contains(&p["kind"].as_str().unwrap()),
+                        "{name}: {p}"
+                    );
+                    assert_eq!(p["start_event"].as_u64().unwrap(), next, "{name}");
+                    next = p["end_event"].as_u64().unwrap() + 1;
+                    assert!(p["start_bytes"].is_u64() && p["end_bytes"].is_u64());
+                    assert!(p["bytes_per_s"].is_f64() || p["bytes_per_s"].is_null());
+                }
+                assert_eq!(next, s["end_event"].as_u64().unwrap() + 1, "{name}");
+            }
+        }
+        let steps = |i: usize| v["devices"][i]["steps"].as_array().unwrap().len();
+        match &name[..3] {
+            "11_" => assert_eq!(steps(0), 10, "{name}"),
+            "13_" | "09_" | "10_" | "12_" | "15_" => assert_eq!(steps(0), 1, "{name}"),
+            _ => {}
+        }
+    }
+    let Some(path) = files.iter().find(|p| p.to_string_lossy().contains("13_")) else {
+        return;
+    };
+    let text = stdout(&memsnap(&["summary", path.to_str().unwrap()]));
+    assert!(
+        text.contains("forward > backward > optimizer (warm-up: creates"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the peak falls in the optimizer phase of step 0"),
+        "{text}"
+    );
+    assert!(!text.contains("LEAK"), "{text}");
 }
