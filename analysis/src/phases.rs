@@ -355,9 +355,9 @@ impl Phase {
         }
         let end_bytes = curve.at(end);
         let delta = i64::try_from(i128::from(end_bytes) - i128::from(start_bytes)).unwrap_or(0);
-        // The slope is measured from just before the first event (the previous event's time).
-        let from = start.saturating_sub(1);
-        let mut slope = Slope::between(delta, from, end, time);
+        // Timed from the phase's first event to its last: the pause before a step (the host
+        // loading the next batch) is not part of its forward pass.
+        let mut slope = Slope::between(delta, start, end, time);
         slope.events = end - start + 1;
         slope.bytes_per_event = delta as f64 / f64::from(slope.events);
         let first = replay

@@ -4,11 +4,14 @@
 //! (`memsnap plot FILE -o out.png|svg`), and for the viewer's SVG export.
 //!
 //! The picture is the same stacked chart the viewer draws: each allocation is a band coloured
-//! by its stack, stacked in allocation order and sliding down when something below it is freed;
-//! memory from before the recorded window is grey-blue; allocations smaller than the size
-//! threshold fold into one "smaller than X" band on top, so the stack's height is always the
-//! exact total. Reserved memory is a dashed outline; detected training steps are marked with
-//! their forward (up) and backward (down) slopes.
+//! by its call site (the user's code that allocated it), by its category (parameter,
+//! optimizer state, gradient, activation, temporary) or by the phase that allocated it
+//! ([`ColourBy`]), stacked in allocation order and sliding down when something below it is
+//! freed; memory from before the recorded window is grey-blue; allocations smaller than the
+//! size threshold fold into one "smaller than X" band on top, so the stack's height is always
+//! the exact total. Reserved memory is a dashed outline. The phases of each training step
+//! (set-up, forward, backward, optimizer) are shaded behind the bands, and each phase's slope is
+//! drawn over them with its rate.
 //!
 //! All geometry comes from [`memsnap_analysis::Layout`]; this crate only turns it into SVG
 //! text, and rasterises that SVG with `resvg` for PNG. Text uses a font compiled into the
@@ -16,8 +19,10 @@
 
 use std::fmt::Write as _;
 
+use memsnap_analysis::sites::top_frame;
 use memsnap_analysis::{
-    format_size, AllocId, Axis, CurveKind, DeviceTimeline, LayoutRequest, Lifetime, StepOptions,
+    format_size, AllocId, Axis, Category, CurveKind, DeviceTimeline, LayoutRequest, Lifetime,
+    PhaseKind, StepOptions,
 };
 use memsnap_format::Snapshot;
 
@@ -51,8 +56,10 @@ pub struct PlotOptions {
     pub min_size: u64,
     /// At most this many allocations get their own band.
     pub max_bands: usize,
-    /// Mark detected training steps with their slopes.
+    /// Shade the phases of the training steps and draw each phase's slope with its rate.
     pub show_steps: bool,
+    /// What a band's colour says.
+    pub colour_by: ColourBy,
     /// A title; `None` writes a default one.
     pub title: Option<String>,
     pub dark: bool,
@@ -68,9 +75,44 @@ impl Default for PlotOptions {
             min_size: 0,
             max_bands: 5000,
             show_steps: true,
+            colour_by: ColourBy::Site,
             title: None,
             dark: false,
         }
+    }
+}
+
+/// What a band's colour says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ColourBy {
+    /// The allocation's call site (the innermost frame of the user's code): one site, one colour.
+    #[default]
+    Site,
+    /// Its category: parameter, optimizer state, gradient, activation, temporary, unknown.
+    Category,
+    /// The phase that allocated it: set-up, forward, backward, optimizer.
+    Phase,
+}
+
+/// The colour of a category's bands.
+pub fn category_colour(category: Category) -> &'static str {
+    match category {
+        Category::Parameter => "#4e79a7",
+        Category::OptimizerState => "#b07aa1",
+        Category::Gradient => "#f28e2b",
+        Category::Activation => "#59a14f",
+        Category::Temporary => "#edc948",
+        Category::Unknown => "#9c9c9c",
+    }
+}
+
+/// The colour of a phase's bands (and, lighter, of its shading).
+pub fn phase_colour(kind: PhaseKind) -> &'static str {
+    match kind {
+        PhaseKind::Setup => "#7f7f7f",
+        PhaseKind::Forward => "#1a9850",
+        PhaseKind::Backward => "#d73027",
+        PhaseKind::Optimizer => "#7b3294",
     }
 }
 
@@ -255,17 +297,57 @@ pub fn render_svg(snapshot: &Snapshot, options: &PlotOptions) -> Result<String, 
         r#"<clipPath id="plot-area"><rect x="{MARGIN_LEFT}" y="{MARGIN_TOP}" width="{plot_w:.1}" height="{plot_h:.1}"/></clipPath><g clip-path="url(#plot-area)">"#
     );
 
+    let analysis = timeline.steps(&StepOptions::default());
+    let visible = |s: u32, e: u32| f64::from(e + 1) > request.start && f64::from(s) < request.end;
+
+    // Phases: shaded behind the bands.
+    if options.show_steps {
+        for (_, phase) in analysis.phases() {
+            if !visible(phase.start_event, phase.end_event) {
+                continue;
+            }
+            let x0 = x_of(f64::from(phase.start_event));
+            let x1 = x_of(f64::from(phase.end_event) + 1.0);
+            let _ = writeln!(
+                svg,
+                r#"<rect x="{x0:.1}" y="{MARGIN_TOP}" width="{:.1}" height="{plot_h:.1}" fill="{}" fill-opacity="{}"/>"#,
+                (x1 - x0).max(0.0),
+                phase_colour(phase.kind),
+                if options.dark { 0.16 } else { 0.09 }
+            );
+        }
+    }
+
     // Bands.
     let replay = timeline.replay();
+    let mut sites = std::collections::HashMap::new();
     let _ = writeln!(svg, r#"<g stroke="none">"#);
     for band in &layout.bands {
         let Some(alloc) = replay.get(band.alloc) else {
             continue;
         };
-        let colour = if alloc.before_window() {
-            theme.before_window.to_string()
-        } else {
-            stack_colour(alloc.stack.map(|s| s.0), band.alloc)
+        let colour = match options.colour_by {
+            _ if alloc.before_window() && options.colour_by != ColourBy::Category => {
+                theme.before_window.to_string()
+            }
+            ColourBy::Site => {
+                let site = alloc.stack.and_then(|stack| {
+                    *sites
+                        .entry(stack)
+                        .or_insert_with(|| top_frame(snapshot, stack).map(|f| f.0))
+                });
+                site_colour(site, band.alloc)
+            }
+            ColourBy::Category => analysis
+                .categories
+                .get(band.alloc.0 as usize)
+                .map_or(theme.residual, |c| category_colour(*c))
+                .to_string(),
+            ColourBy::Phase => alloc
+                .alloc_event
+                .and_then(|e| analysis.phase_at(e))
+                .map_or(theme.residual, |(_, p)| phase_colour(p.kind))
+                .to_string(),
         };
         let mut top = String::new();
         let mut bottom = Vec::with_capacity(band.steps.len() * 2);
@@ -341,54 +423,74 @@ pub fn render_svg(snapshot: &Snapshot, options: &PlotOptions) -> Result<String, 
         );
     }
 
-    // Steps: boundaries and the forward/backward slopes.
-    let steps = if options.show_steps {
-        timeline.steps(&StepOptions::default()).steps
-    } else {
-        Vec::new()
-    };
-    for step in &steps {
-        let visible = |e: u32| f64::from(e) >= request.start && f64::from(e) <= request.end;
-        if !(visible(step.start_event) || visible(step.end_event)) {
-            continue;
+    // Steps: boundaries, and each phase's slope with its rate.
+    let mut kinds_shown: Vec<PhaseKind> = Vec::new();
+    if options.show_steps {
+        for (step, phase) in analysis.phases() {
+            if !visible(phase.start_event, phase.end_event) {
+                continue;
+            }
+            if !kinds_shown.contains(&phase.kind) {
+                kinds_shown.push(phase.kind);
+            }
+            let (x0, x1) = (
+                x_of(f64::from(phase.start_event)),
+                x_of(f64::from(phase.end_event) + 1.0),
+            );
+            let first_of_step =
+                step.is_some_and(|i| analysis.steps[i].start_event == phase.start_event);
+            if first_of_step {
+                let _ = writeln!(
+                    svg,
+                    r#"<line x1="{x0:.1}" y1="{MARGIN_TOP}" x2="{x0:.1}" y2="{:.1}" stroke="{}" stroke-dasharray="2 3"/>"#,
+                    MARGIN_TOP + plot_h,
+                    theme.step_line
+                );
+            }
+            let (y0, y1) = (y_of(phase.start_bytes), y_of(phase.end_bytes));
+            let colour = match phase.kind {
+                PhaseKind::Forward => theme.forward,
+                PhaseKind::Backward => theme.backward,
+                other => phase_colour(other),
+            };
+            let _ = writeln!(
+                svg,
+                r#"<line x1="{x0:.1}" y1="{y0:.1}" x2="{x1:.1}" y2="{y1:.1}" stroke="{colour}" stroke-width="2.5"/>"#
+            );
+            // The rate, where there is room for it.
+            if x1 - x0 >= 90.0 {
+                let rate = match phase.slope.bytes_per_s {
+                    Some(r) => format!(
+                        "{}{}/s",
+                        sign(phase.slope.bytes),
+                        format_size(r.abs() as u64)
+                    ),
+                    None => format!(
+                        "{}{}/event",
+                        sign(phase.slope.bytes),
+                        format_size(phase.slope.bytes_per_event.abs() as u64)
+                    ),
+                };
+                let _ = writeln!(
+                    svg,
+                    r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="{colour}">{}</text>"#,
+                    (x0 + x1) / 2.0,
+                    (y0 + y1) / 2.0 - 6.0,
+                    escape(&rate)
+                );
+            }
         }
-        let (xs, xp, xe) = (
-            x_of(f64::from(step.start_event)),
-            x_of(f64::from(step.peak_event)),
-            x_of(f64::from(step.end_event)),
-        );
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{xs:.1}" y1="{MARGIN_TOP}" x2="{xs:.1}" y2="{:.1}" stroke="{}" stroke-dasharray="2 3"/>"#,
-            MARGIN_TOP + plot_h,
-            theme.step_line
-        );
-        let (ys, yp, ye) = (
-            y_of(step.start_bytes),
-            y_of(step.peak_bytes),
-            y_of(step.end_bytes),
-        );
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{xs:.1}" y1="{ys:.1}" x2="{xp:.1}" y2="{yp:.1}" stroke="{}" stroke-width="2.5"/>"#,
-            theme.forward
-        );
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{xp:.1}" y1="{yp:.1}" x2="{xe:.1}" y2="{ye:.1}" stroke="{}" stroke-width="2.5"/>"#,
-            theme.backward
-        );
     }
-
     let _ = writeln!(svg, "</g>");
 
     // Legend: only what the picture shows.
     let threshold = layout.drawn_min_size.max(options.min_size);
     let has_residual = layout.columns.iter().any(|c| c.total_bytes > c.drawn_bytes);
-    let has_before_window = layout
-        .bands
-        .iter()
-        .any(|b| replay.get(b.alloc).is_some_and(|a| a.before_window()));
+    let has_before_window = options.colour_by != ColourBy::Category
+        && layout
+            .bands
+            .iter()
+            .any(|b| replay.get(b.alloc).is_some_and(|a| a.before_window()));
     let mut legend: Vec<(&str, String)> = Vec::new();
     if has_before_window {
         legend.push((
@@ -402,9 +504,26 @@ pub fn render_svg(snapshot: &Snapshot, options: &PlotOptions) -> Result<String, 
             format!("allocations smaller than {}", format_size(threshold)),
         ));
     }
-    if !steps.is_empty() {
-        legend.push((theme.forward, "forward (growth)".into()));
-        legend.push((theme.backward, "backward (release)".into()));
+    let kind_colour = |k: PhaseKind| match k {
+        PhaseKind::Forward => theme.forward,
+        PhaseKind::Backward => theme.backward,
+        other => phase_colour(other),
+    };
+    kinds_shown.sort();
+    for kind in kinds_shown {
+        legend.push((kind_colour(kind), kind.name().to_string()));
+    }
+    if options.colour_by == ColourBy::Category {
+        let mut shown: Vec<Category> = layout
+            .bands
+            .iter()
+            .filter_map(|b| analysis.categories.get(b.alloc.0 as usize).copied())
+            .collect();
+        shown.sort();
+        shown.dedup();
+        for c in shown {
+            legend.push((category_colour(c), c.label().to_string()));
+        }
     }
     let mut lx = MARGIN_LEFT + plot_w;
     for (colour, label) in legend.iter().rev() {
@@ -450,9 +569,17 @@ pub fn render_png(snapshot: &Snapshot, options: &PlotOptions) -> Result<Vec<u8>,
     svg_to_png(&render_svg(snapshot, options)?)
 }
 
-/// A stable, well-spread colour per stack (so one call site keeps its colour across views).
-fn stack_colour(stack: Option<u32>, alloc: AllocId) -> String {
-    let key = stack.map_or(u64::from(alloc.0) ^ 0x5bd1_e995, u64::from);
+fn sign(bytes: i64) -> &'static str {
+    if bytes < 0 {
+        "-"
+    } else {
+        "+"
+    }
+}
+
+/// A stable, well-spread colour per call site (so one site keeps its colour across views).
+fn site_colour(site: Option<u32>, alloc: AllocId) -> String {
+    let key = site.map_or(u64::from(alloc.0) ^ 0x5bd1_e995, u64::from);
     let mut h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     h ^= h >> 29;
     let hue = (h % 360) as f64;

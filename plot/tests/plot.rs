@@ -1,9 +1,12 @@
 //! The picture is built from the analysis layout: one path per drawn band, a residual band
 //! when a threshold folds allocations, and a PNG of the requested size.
 
+use memsnap_analysis::{Category, PhaseKind, StepOptions};
 use memsnap_analysis::{DeviceTimeline, LayoutRequest};
 use memsnap_format::synth::{generate, TrainingRun};
-use memsnap_plot::{render_png, render_svg, PlotError, PlotOptions};
+use memsnap_plot::{
+    category_colour, phase_colour, render_png, render_svg, ColourBy, PlotError, PlotOptions,
+};
 
 fn run() -> memsnap_format::Snapshot {
     generate(&TrainingRun {
@@ -34,7 +37,12 @@ fn svg_has_one_path_per_layout_band() {
     assert_eq!(band_paths(&svg), layout.bands.len());
     assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
     assert!(svg.trim_end().ends_with("</svg>"));
-    assert!(svg.contains("forward (growth)"), "steps are marked");
+    for phase in ["setup", "forward", "backward", "optimizer"] {
+        assert!(
+            svg.contains(&format!(">{phase}</text>")),
+            "{phase} in the legend"
+        );
+    }
 }
 
 #[test]
@@ -110,4 +118,96 @@ fn range_outside_the_trace_is_clamped() {
     )
     .unwrap();
     assert!(band_paths(&svg) > 0);
+}
+
+/// Every phase of every step is shaded behind the bands, and its slope drawn with its rate.
+#[test]
+fn phases_are_shaded_and_their_slopes_drawn() {
+    let snapshot = run();
+    let svg = render_svg(&snapshot, &PlotOptions::default()).unwrap();
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions::default());
+    let phases = analysis.phases().count();
+    assert_eq!(
+        phases,
+        1 + 3 * 3,
+        "set-up, then forward/backward/optimizer per step"
+    );
+    let shades = svg
+        .lines()
+        .filter(|l| l.starts_with("<rect") && l.contains("fill-opacity"))
+        .count();
+    assert_eq!(shades, phases);
+    for kind in [PhaseKind::Setup, PhaseKind::Optimizer] {
+        assert!(svg.contains(phase_colour(kind)), "{kind}");
+    }
+    assert!(svg.contains("/s</text>"), "rates are written");
+    let plain = render_svg(
+        &snapshot,
+        &PlotOptions {
+            show_steps: false,
+            ..PlotOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(!plain.contains("fill-opacity=\"0.09\""));
+}
+
+/// `ColourBy::Category` paints each band with its allocation's category colour.
+#[test]
+fn bands_take_their_category_or_phase_colour() {
+    let snapshot = run();
+    let by_category = render_svg(
+        &snapshot,
+        &PlotOptions {
+            colour_by: ColourBy::Category,
+            ..PlotOptions::default()
+        },
+    )
+    .unwrap();
+    for c in [
+        Category::Parameter,
+        Category::OptimizerState,
+        Category::Gradient,
+        Category::Activation,
+        Category::Temporary,
+    ] {
+        let fill = format!("fill=\"{}\"", category_colour(c));
+        assert!(by_category.contains(&fill), "{c} bands");
+        assert!(
+            by_category.contains(&format!(">{}</text>", c.label())),
+            "{c} legend"
+        );
+    }
+    let by_phase = render_svg(
+        &snapshot,
+        &PlotOptions {
+            colour_by: ColourBy::Phase,
+            ..PlotOptions::default()
+        },
+    )
+    .unwrap();
+    let band_fills = |svg: &str| {
+        let start = svg.find(r#"<g stroke="none">"#).unwrap();
+        let end = start + svg[start..].find("</g>").unwrap();
+        let mut fills: Vec<String> = svg[start..end]
+            .split("fill=\"")
+            .skip(1)
+            .map(|s| s.split('"').next().unwrap().to_string())
+            .collect();
+        fills.sort();
+        fills.dedup();
+        fills
+    };
+    let mut want: Vec<String> = [
+        PhaseKind::Setup,
+        PhaseKind::Forward,
+        PhaseKind::Backward,
+        PhaseKind::Optimizer,
+    ]
+    .iter()
+    .map(|k| phase_colour(*k).to_string())
+    .collect();
+    want.sort();
+    assert_eq!(band_fills(&by_phase), want);
 }

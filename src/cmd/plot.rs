@@ -4,21 +4,24 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use memsnap_plot::{render_png, render_svg, PlotOptions};
+use memsnap_plot::{render_png, render_svg, ColourBy, PlotOptions};
 
 use super::common::{load, parse_size};
 
 /// Draw the active-memory timeline to a PNG or SVG file (headless).
 ///
-/// The picture is the viewer's main chart: one band per allocation coloured by its stack,
-/// memory from before the recorded window in grey-blue, allocations below --min-size folded
-/// into one band (the total stays exact), reserved memory as a dashed outline, and each
-/// detected training step's forward (green) and backward (red) slope.
+/// The picture is the viewer's main chart: one band per allocation coloured by its call site
+/// (or by category, or by phase: --colour-by), memory from before the recorded window in
+/// grey-blue, allocations below --min-size folded into one band (the total stays exact),
+/// reserved memory as a dashed outline, and each training step's phases shaded behind the
+/// bands (set-up grey, forward green, backward red, optimizer purple) with each phase's slope
+/// and rate drawn over them.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     memsnap plot snapshot.pickle -o timeline.png\n  \
     memsnap plot snapshot.pickle -o timeline.svg --min-size 1MiB --range 1000..5000\n  \
-    memsnap plot rank3.pickle -o r3.png --device 3 --width 2400 --height 1200 --dark")]
+    memsnap plot rank3.pickle -o r3.png --device 3 --width 2400 --height 1200 --dark\n  \
+    memsnap plot snapshot.pickle -o categories.png --colour-by category")]
 pub struct Args {
     /// Snapshot file (pickle, msgpack or JSON; gzip/zstd allowed).
     pub file: PathBuf,
@@ -40,12 +43,24 @@ pub struct Args {
     /// Picture height in pixels.
     #[arg(long, default_value_t = 900)]
     pub height: u32,
-    /// Don't mark training steps.
+    /// Don't shade the steps' phases or draw their slopes.
     #[arg(long)]
     pub no_steps: bool,
+    /// Band colours: `site` (the user's code that allocated it), `category` (parameter,
+    /// optimizer state, gradient, activation, temporary) or `phase` (that allocated it).
+    #[arg(long, value_enum, default_value_t = Colouring::Site, alias = "color-by")]
+    pub colour_by: Colouring,
     /// Dark background.
     #[arg(long)]
     pub dark: bool,
+}
+
+/// `--colour-by`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Colouring {
+    Site,
+    Category,
+    Phase,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -70,6 +85,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         range: args.range,
         min_size: args.min_size,
         show_steps: !args.no_steps,
+        colour_by: match args.colour_by {
+            Colouring::Site => ColourBy::Site,
+            Colouring::Category => ColourBy::Category,
+            Colouring::Phase => ColourBy::Phase,
+        },
         dark: args.dark,
         ..PlotOptions::default()
     };

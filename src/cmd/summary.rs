@@ -10,15 +10,42 @@ use memsnap_analysis::{GroupBy, StepOptions, StepSource};
 
 use crate::cmd::common::{format_size, load};
 
-/// Summarise a snapshot: peak, top sites, training steps and slopes, drift (leaks).
+/// Summarise a snapshot: peak, top sites, training steps with their phases, categories, drift.
 ///
 /// Bytes are the requested sizes of the trace, live from `alloc` to `free_completed` (as in
 /// PyTorch's Active Memory Timeline), counting memory allocated before a truncated history's
-/// window. `--json` prints one object with the schema documented in
-/// `memsnap_analysis::summary` (`"schema": "memsnap.summary/1"`).
+/// window.
+///
+/// Steps and phases. A training step is forward (activations pile up), backward (the autograd
+/// engine frees them and creates gradients), then the optimizer step; memory set up before the
+/// first step (building or loading the model) is the set-up, not a step. They are found from
+/// the best evidence the file has: the allocations' stacks (autograd engine frames mark
+/// backward, `torch/optim` frames the optimizer, `nn.Module` calls the forward pass; with
+/// Python-only stacks an allocation without frames after forward work is backward work), then
+/// `record_function` annotations (`ProfilerStep#N`, `Optimizer.step#...`), then the curve's
+/// rise and fall. A capture of one step is one step; an inference capture is one step with
+/// only a forward phase; a step cut by the start of a ring-buffer window is marked partial.
+/// Each phase prints its events, the bytes at its start and end, and its rate (bytes per second,
+/// or per event without times). A warm-up step, the first to create the optimizer's state, is
+/// named as such and is not a leak; drift (a floor that rises step after step) is.
+///
+/// Categories. Every allocation is a parameter (live before the window or from the set-up,
+/// never freed), optimizer state (made in an optimizer phase, outlives the step), gradient
+/// (made in backward, outlives it), activation (made in forward, freed in backward), temporary
+/// (freed in the phase that made it) or unknown; the summary gives the bytes of each at the
+/// peak and at each phase's peak.
+///
+/// Sites. An allocation's site is the innermost frame of the user's code: the unwinder, the
+/// caching allocator, c10/at dispatch and CPython's eval loop are skipped, the innermost Python
+/// frame outside PyTorch's own package wins, else the innermost native frame outside that
+/// machinery (an autograd node such as MmBackward0 on the autograd thread).
+///
+/// `--json` prints one object with the schema documented in `memsnap_analysis::summary`
+/// (`"schema": "memsnap.summary/1"`): `devices[].steps[].phases` (kind, start_event,
+/// end_event, start_bytes, end_bytes, bytes_per_s, ...) and `devices[].categories_at_peak`.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  memsnap summary run.pickle\n  memsnap summary run.pickle --json | jq '.devices[0].peak'"
+    after_help = "Examples:\n  memsnap summary run.pickle\n  memsnap summary run.pickle --json | jq '.devices[0].peak'\n  memsnap summary run.pickle --json | jq '.devices[0].steps[0].phases[] | {kind, bytes, bytes_per_s}'\n  memsnap summary run.pickle --json | jq '.devices[0].categories_at_peak'\n  memsnap summary run.pickle --steps-from annotations"
 )]
 pub struct Args {
     /// Snapshot file (pickle, msgpack or JSON, optionally .gz/.zst; `-` for stdin).
