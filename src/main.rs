@@ -34,6 +34,7 @@ enum Command {
     Check(cmd::check::Args),
     Diff(cmd::diff::Args),
     Ranks(cmd::ranks::Args),
+    Simulate(cmd::simulate::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         Command::Check(args) => cmd::check::run(args),
         Command::Diff(args) => cmd::diff::run(args),
         Command::Ranks(args) => cmd::ranks::run(args),
+        Command::Simulate(args) => cmd::simulate::run(args),
     };
     match result {
         Ok(code) => code,

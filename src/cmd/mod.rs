@@ -12,6 +12,7 @@ pub mod info;
 pub mod memviz;
 pub mod plot;
 pub mod ranks;
+pub mod simulate;
 pub mod summary;
 pub mod top;
 pub mod validate;

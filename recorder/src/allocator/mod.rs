@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use memsnap_format::Snapshot;
+use memsnap_format::{BlockState, SegmentType, Snapshot};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::AllocatorConfig;
@@ -20,7 +20,7 @@ use crate::error::{Error, OomInfo, Result};
 use crate::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
 use crate::stacks::{CapturedStack, Unwinder};
 use crate::stats::DeviceStats;
-use state::{MallocFailure, State};
+use state::{MallocFailure, RestoreBlock, RestoreKind, RestoreSegment, State};
 
 /// A callback run after an allocation finally failed, outside the allocator lock (so it may
 /// call [`CachingAllocator::dump_snapshot`]).
@@ -280,6 +280,109 @@ impl<D: Device> CachingAllocator<D> {
         Ok(())
     }
 
+    /// Puts a segment described the way a snapshot does (its blocks with their states) into
+    /// the cache, without asking the device for memory: the way to start from a recorded
+    /// state, for example to replay a trace from the middle of a run (`memsnap simulate`).
+    ///
+    /// **The device must already hold `[address, address + total_size)`** and let the
+    /// allocator free it later: use a [`Device`] built for the purpose (memsnap-simulate's
+    /// trace device adopts the recorded ranges); [`crate::SimulatedDevice`] does not.
+    ///
+    /// `active_allocated` and `active_pending_free` blocks become allocated blocks at their
+    /// addresses (free them with [`CachingAllocator::free`]), sized by `size` and with
+    /// `requested_size` as the caller's size; `inactive` blocks become cached free blocks,
+    /// adjacent ones merged as PyTorch keeps them. The pool is `segment_type` (a 2 MiB segment
+    /// without one is small). Statistics count the restored memory; no trace entry is
+    /// recorded. For an expandable segment use [`CachingAllocator::restore_expandable_segment`].
+    ///
+    /// Returns false and changes nothing when the segment cannot be restored: blocks that do
+    /// not tile the segment or are not multiples of 512 bytes, an unknown block state or
+    /// segment type, `is_expandable`, or an overlap with a segment already held.
+    pub fn restore_segment(&self, segment: &memsnap_format::Segment) -> bool {
+        if segment.is_expandable == Some(true) {
+            return false;
+        }
+        let Some(small) = segment_is_small(segment) else {
+            return false;
+        };
+        let Some(blocks) = restore_blocks(segment.address, segment) else {
+            return false;
+        };
+        let seg = RestoreSegment {
+            base: segment.address,
+            size: segment.total_size,
+            stream: segment.stream,
+            small,
+            expandable: false,
+        };
+        self.state.lock().restore_segment(&seg, &blocks)
+    }
+
+    /// Restores an expandable segment: a reservation `[base, base + size)` of which the
+    /// snapshot segments in `mapped` (each one contiguous mapped range, `is_expandable`) are
+    /// mapped and the rest is not. The ranges must lie inside the reservation, in address
+    /// order, and share one stream and pool. Otherwise as
+    /// [`CachingAllocator::restore_segment`]: the device must already hold the reservation
+    /// and the mapped memory, and false means nothing changed.
+    pub fn restore_expandable_segment(
+        &self,
+        base: u64,
+        size: u64,
+        mapped: &[memsnap_format::Segment],
+    ) -> bool {
+        let Some(first) = mapped.first() else {
+            return false;
+        };
+        let Some(small) = segment_is_small(first) else {
+            return false;
+        };
+        let Some(end) = base.checked_add(size) else {
+            return false;
+        };
+        let mut blocks = Vec::new();
+        let mut cursor = base;
+        for segment in mapped {
+            if segment.stream != first.stream
+                || segment_is_small(segment) != Some(small)
+                || segment.address < cursor
+            {
+                return false;
+            }
+            if segment.address > cursor {
+                blocks.push(RestoreBlock {
+                    size: segment.address - cursor,
+                    kind: RestoreKind::Unmapped,
+                });
+            }
+            let Some(mut seg_blocks) = restore_blocks(segment.address, segment) else {
+                return false;
+            };
+            blocks.append(&mut seg_blocks);
+            cursor = match segment.address.checked_add(segment.total_size) {
+                Some(c) => c,
+                None => return false,
+            };
+        }
+        if cursor > end {
+            return false;
+        }
+        if cursor < end {
+            blocks.push(RestoreBlock {
+                size: end - cursor,
+                kind: RestoreKind::Unmapped,
+            });
+        }
+        let seg = RestoreSegment {
+            base,
+            size,
+            stream: first.stream,
+            small,
+            expandable: true,
+        };
+        let vm = self.device.supports_virtual_memory();
+        vm && self.state.lock().restore_segment(&seg, &blocks)
+    }
+
     /// Checks the allocator's invariants (blocks tile segments, no mergeable free neighbours,
     /// reserved ≥ active ≥ allocated, stats equal a recomputation from the block lists).
     /// Returns the violations; empty when sound. Costs a walk over every block.
@@ -296,4 +399,43 @@ impl<D: Device> CachingAllocator<D> {
     pub fn history_len(&self) -> usize {
         self.state.lock().history.len()
     }
+}
+
+/// The pool of a snapshot segment: its `segment_type`, or (older files) small when it is one
+/// small-pool segment of 2 MiB.
+fn segment_is_small(segment: &memsnap_format::Segment) -> Option<bool> {
+    match segment.segment_type {
+        Some(SegmentType::Small) => Some(true),
+        Some(SegmentType::Large) => Some(false),
+        Some(SegmentType::Other(_)) => None,
+        None => Some(segment.total_size == crate::config::SMALL_BUFFER),
+    }
+}
+
+/// The blocks of a snapshot segment as restore blocks; `None` unless they tile it from
+/// `start` (block addresses, when given, must follow on).
+fn restore_blocks(start: u64, segment: &memsnap_format::Segment) -> Option<Vec<RestoreBlock>> {
+    let mut blocks = Vec::with_capacity(segment.blocks.len());
+    let mut expected = start;
+    for (addr, block) in segment.block_addresses() {
+        if addr != expected {
+            return None;
+        }
+        let kind = match block.state {
+            BlockState::ActiveAllocated | BlockState::ActivePendingFree => {
+                RestoreKind::Allocated(block.requested_size.unwrap_or(block.size))
+            }
+            BlockState::Inactive => RestoreKind::Free,
+            BlockState::Other(_) => return None,
+        };
+        blocks.push(RestoreBlock {
+            size: block.size,
+            kind,
+        });
+        expected = expected.checked_add(block.size)?;
+    }
+    if expected.checked_sub(start)? != segment.total_size {
+        return None;
+    }
+    Some(blocks)
 }

@@ -97,6 +97,32 @@ pub(crate) struct SegmentRec {
     pub live: bool,
 }
 
+/// A segment to restore (see [`State::restore_segment`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RestoreSegment {
+    pub base: u64,
+    pub size: u64,
+    pub stream: i64,
+    pub small: bool,
+    pub expandable: bool,
+}
+
+/// What a restored block is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RestoreKind {
+    Free,
+    /// Allocated, with the caller's requested size.
+    Allocated(u64),
+    /// An unmapped part of an expandable reservation.
+    Unmapped,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RestoreBlock {
+    pub size: u64,
+    pub kind: RestoreKind,
+}
+
 /// A free mapped block's key in its pool: (stream, size, address, block).
 pub(crate) type FreeKey = (i64, u64, u64, Idx);
 
@@ -401,6 +427,11 @@ impl State {
     /// Best fit: the smallest free block of the same stream with size >= `rounded`, lowest
     /// address on ties, subject to the oversize rules. The block stays in its pool; its
     /// position and key are returned for [`State::alloc_found_block`].
+    ///
+    /// Expandable segments (PyTorch's `get_free_block`): when the block found is expandable,
+    /// its size for best fit is what it can grow to (its size plus a following unmapped
+    /// block), so the search walks on to the next blocks while theirs is smaller. With
+    /// expandable segments switched off, expandable blocks are skipped instead.
     #[inline]
     fn get_free_block(
         &mut self,
@@ -413,35 +444,69 @@ impl State {
         let max_non_split = self.config.max_non_split_rounding_size;
         let expandable_active = self.expandable_active;
         let (blocks, segments) = (&self.blocks, &self.segments);
+        let is_expandable = |idx: Idx| {
+            blocks
+                .get(idx as usize)
+                .and_then(|b| segments.get(b.segment as usize))
+                .is_some_and(|s| s.expandable)
+        };
         let pool = &mut self.pools[pool_index(small)];
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let (pos, key) = pool
-            .blocks
-            .find_from((stream, rounded, 0, 0), |&(s, size, _, idx)| {
-                if s != stream {
-                    return Scan::Stop;
-                }
-                if !expandable_active {
-                    let seg = blocks.get(idx as usize).map(|b| b.segment as usize);
-                    if seg
-                        .and_then(|s| segments.get(s))
-                        .is_some_and(|s| s.expandable)
+        let (mut pos, mut key) =
+            pool.blocks
+                .find_from((stream, rounded, 0, 0), |&(s, _, _, _)| {
+                    if s != stream {
+                        Scan::Stop
+                    } else {
+                        Scan::Take
+                    }
+                })?;
+        if is_expandable(key.3) {
+            if expandable_active {
+                let expandable_size = |idx: Idx| {
+                    let b = &blocks[idx as usize];
+                    let tail = blocks
+                        .get(b.next as usize)
+                        .filter(|n| !n.mapped)
+                        .map_or(0, |n| n.size);
+                    b.size + tail
+                };
+                let mut cur = key;
+                for &next in pool.blocks.range_from(key).skip(1) {
+                    if !is_expandable(cur.3)
+                        || next.0 != stream
+                        || expandable_size(next.3) >= expandable_size(cur.3)
                     {
-                        return Scan::Skip;
+                        break;
                     }
+                    cur = next;
                 }
-                if max_split != u64::MAX {
-                    if rounded < max_split && size >= max_split {
-                        return Scan::Stop;
-                    }
-                    if rounded >= max_split && size >= rounded.saturating_add(max_non_split) {
-                        return Scan::Stop;
-                    }
+                if cur != key {
+                    (pos, key) = pool.blocks.find_from(cur, |_| Scan::Take)?;
                 }
-                Scan::Take
-            })?;
+            } else {
+                (pos, key) = pool.blocks.find_from(key, |&(s, _, _, idx)| {
+                    if s != stream {
+                        Scan::Stop
+                    } else if is_expandable(idx) {
+                        Scan::Skip
+                    } else {
+                        Scan::Take
+                    }
+                })?;
+            }
+        }
+        let size = key.1;
+        if max_split != u64::MAX {
+            if rounded < max_split && size >= max_split {
+                return None;
+            }
+            if rounded >= max_split && size >= rounded.saturating_add(max_non_split) {
+                return None;
+            }
+        }
         Some((key.3, pos, key))
     }
 
@@ -632,8 +697,9 @@ impl State {
         !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
     }
 
-    /// Expandable segments: maps pages at the end of a free block (or into a fresh reservation)
-    /// so that a free block of at least `rounded` bytes exists; returns it out of the pool.
+    /// Expandable segments (PyTorch's `try_allocate_expandable_block`): finds a run of free
+    /// and unmapped blocks with room for `rounded` bytes (`find_expandable_block`), maps pages
+    /// into it until one free block is big enough, and returns that block out of the pool.
     fn try_allocate_expandable_block<D: Device>(
         &mut self,
         device: &D,
@@ -644,34 +710,39 @@ impl State {
     ) -> Result<Option<Idx>, DeviceError> {
         let page = self.page_size(small);
         let pool = pool_index(small);
+        // The lowest unmapped block of the stream (or the free block right before it) that
+        // starts a run of free and unmapped blocks of at least `rounded` bytes.
         let mut candidate = None;
         for &(s, _, u) in self.pools[pool].unmapped.range_from((stream, 0, 0)) {
             if s != stream {
                 break;
             }
-            let ub = self.b(u);
-            let prev_free =
-                if ub.prev != NIL && self.b(ub.prev).mapped && self.mergeable_free(ub.prev) {
-                    self.b(ub.prev).size
-                } else {
-                    0
-                };
-            let needed = rounded.saturating_sub(prev_free).next_multiple_of(page);
-            if needed > 0 && needed <= ub.size {
-                candidate = Some((u, needed));
+            let prev = self.b(u).prev;
+            let c = if prev != NIL && self.mergeable_free(prev) {
+                prev
+            } else {
+                u
+            };
+            let mut bytes = 0u64;
+            let mut b = c;
+            while bytes < rounded && b != NIL && self.mergeable_free(b) {
+                bytes = bytes.saturating_add(self.b(b).size);
+                b = self.b(b).next;
+            }
+            if bytes >= rounded {
+                candidate = Some(c);
                 break;
             }
         }
-        let (u, needed, fresh) = match candidate {
-            Some((u, needed)) => (u, needed, false),
+        let (mut cand, fresh) = match candidate {
+            Some(c) => (c, false),
             None => {
                 let total = device
                     .mem_info()
                     .map(|m| m.total)
                     .unwrap_or(self.allowed_max);
                 let reserve = (total + total / 8).div_ceil(page).max(1) * page;
-                let needed = rounded.next_multiple_of(page);
-                if needed > reserve {
+                if rounded.next_multiple_of(page) > reserve {
                     return Ok(None);
                 }
                 let base = match device.reserve(reserve) {
@@ -706,53 +777,92 @@ impl State {
                     live: true,
                 });
                 self.pool_insert(u);
-                (u, needed, true)
+                (u, true)
             }
         };
-        let addr = self.b(u).addr;
-        if let Err(e) = device.map(addr, needed) {
-            if fresh {
-                // Do not keep a reservation nothing was ever mapped into.
-                self.pool_remove(u);
-                let (seg, base, size) = (self.b(u).segment, self.b(u).addr, self.b(u).size);
-                device.release_reservation(base, size)?;
-                self.delete_segment(seg);
-                self.delete_block(u);
+        if !self.b(cand).mapped {
+            let size = self.b(cand).size.min(rounded);
+            if !self.map_block(device, cand, size, ctx)? {
+                if fresh {
+                    // Do not keep a reservation nothing was ever mapped into.
+                    self.pool_remove(cand);
+                    let b = self.b(cand);
+                    let (seg, base, size) = (b.segment, b.addr, b.size);
+                    device.release_reservation(base, size)?;
+                    self.delete_segment(seg);
+                    self.delete_block(cand);
+                }
+                return Ok(None);
             }
+        }
+        // Invariant: a free mapped block followed by an unmapped one; each mapping merges
+        // the newly mapped pages into the block before them.
+        while self.b(cand).size < rounded {
+            let next = self.b(cand).next;
+            if next == NIL || self.b(next).mapped {
+                return Ok(None);
+            }
+            let remaining = rounded - self.b(cand).size;
+            let size = remaining.min(self.b(next).size);
+            if !self.map_block(device, next, size, ctx)? {
+                return Ok(None);
+            }
+            cand = next;
+        }
+        self.pool_remove(cand);
+        Ok(Some(cand))
+    }
+
+    /// `map_block`: maps whole pages at the start of the unmapped block `u` covering `size`
+    /// bytes, splits off the still unmapped rest, merges the mapped block with its free
+    /// neighbours and puts it in the pool. `Ok(false)`: out of memory.
+    fn map_block<D: Device>(
+        &mut self,
+        device: &D,
+        u: Idx,
+        size: u64,
+        ctx: RawStackId,
+    ) -> Result<bool, DeviceError> {
+        let ub = self.b(u).clone();
+        let seg_base = self.segments[ub.segment as usize].base;
+        let page = self.page_size(ub.small);
+        let end = seg_base + (ub.addr + size - seg_base).next_multiple_of(page);
+        let bytes = (end - ub.addr).min(ub.size);
+        if let Err(e) = device.map(ub.addr, bytes) {
             return match e {
-                DeviceError::OutOfMemory { .. } => Ok(None),
+                DeviceError::OutOfMemory { .. } => Ok(false),
                 e => Err(e),
             };
         }
         self.pool_remove(u);
-        if self.b(u).size > needed {
-            let ub = self.b(u).clone();
+        if ub.size > bytes {
             let rest = self.new_block(Block {
-                addr: ub.addr + needed,
-                size: ub.size - needed,
+                addr: ub.addr + bytes,
+                size: ub.size - bytes,
                 prev: u,
                 next: ub.next,
                 stream_uses: Vec::new(),
-                ..ub
+                ..ub.clone()
             });
             if ub.next != NIL {
                 self.bm(ub.next).prev = rest;
             }
             let b = self.bm(u);
             b.next = rest;
-            b.size = needed;
+            b.size = bytes;
             self.pool_insert(rest);
         }
         self.bm(u).mapped = true;
-        self.total_allocated_memory += needed;
-        self.stats.reserved_bytes.increase(small, needed);
+        self.total_allocated_memory += bytes;
+        self.stats.reserved_bytes.increase(ub.small, bytes);
         self.stats.num_device_alloc += 1;
-        self.record(RawAction::SegmentMap, addr, needed, stream, ctx);
-        // The newly mapped pages join free mapped neighbours on both sides.
+        self.record(RawAction::SegmentMap, ub.addr, bytes, ub.stream, ctx);
         for neighbour in [self.b(u).prev, self.b(u).next] {
             self.try_merge_blocks(u, neighbour);
         }
-        Ok(Some(u))
+        self.bm(u).gc_count_base = self.pools[pool_index(ub.small)].get_free_blocks_call_count;
+        self.pool_insert(u);
+        Ok(true)
     }
 
     // ---- free --------------------------------------------------------------------------
@@ -1248,6 +1358,141 @@ impl State {
         self.fraction = fraction;
         self.allowed_max = (fraction * device_total as f64) as u64;
         self.set_fraction = fraction < 1.0;
+    }
+
+    // ---- restoring recorded state --------------------------------------------------------
+
+    /// Puts a segment the device already holds into the cache with the given block layout
+    /// (see [`super::CachingAllocator::restore_segment`]). Blocks must be non-empty multiples of
+    /// 512 bytes that tile `[base, base + size)`; adjacent free (or unmapped) blocks are merged
+    /// as PyTorch keeps them. Returns false, changing nothing, when the layout is invalid or
+    /// overlaps a segment, an allocated pointer or a block already held.
+    pub fn restore_segment(&mut self, seg: &RestoreSegment, blocks: &[RestoreBlock]) -> bool {
+        let Some(end) = seg.base.checked_add(seg.size) else {
+            return false;
+        };
+        if seg.size == 0 || blocks.is_empty() {
+            return false;
+        }
+        let mut total = 0u64;
+        for b in blocks {
+            if b.size == 0 || b.size % MIN_BLOCK_SIZE != 0 {
+                return false;
+            }
+            if !seg.expandable && b.kind == RestoreKind::Unmapped {
+                return false;
+            }
+            total = match total.checked_add(b.size) {
+                Some(t) => t,
+                None => return false,
+            };
+        }
+        if total != seg.size {
+            return false;
+        }
+        let overlaps = self
+            .segments
+            .iter()
+            .any(|s| s.live && s.base < end && seg.base < s.base.saturating_add(s.size));
+        if overlaps {
+            return false;
+        }
+        // Merge neighbours PyTorch would have merged.
+        let mut merged: Vec<RestoreBlock> = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            if let Some(last) = merged.last_mut() {
+                if last.kind == b.kind
+                    && matches!(b.kind, RestoreKind::Free | RestoreKind::Unmapped)
+                {
+                    last.size += b.size;
+                    continue;
+                }
+            }
+            merged.push(*b);
+        }
+        let mut addr = seg.base;
+        for b in &merged {
+            if matches!(b.kind, RestoreKind::Allocated(_)) && self.live.contains_key(&addr) {
+                return false;
+            }
+            addr += b.size;
+        }
+        if seg.expandable && merged.iter().all(|b| b.kind == RestoreKind::Unmapped) {
+            // PyTorch destroys a reservation once it is wholly unmapped.
+            return false;
+        }
+        let small = seg.small;
+        let segment = self.new_segment(SegmentRec {
+            base: seg.base,
+            size: seg.size,
+            stream: seg.stream,
+            small,
+            expandable: seg.expandable,
+            stack: NO_STACK,
+            live: true,
+        });
+        let split = merged.len() > 1;
+        let count = self.pools[pool_index(small)].get_free_blocks_call_count;
+        let mut prev = NIL;
+        let mut addr = seg.base;
+        for b in &merged {
+            let (allocated, requested) = match b.kind {
+                RestoreKind::Allocated(requested) => (true, requested),
+                _ => (false, 0),
+            };
+            let mapped = b.kind != RestoreKind::Unmapped;
+            let idx = self.new_block(Block {
+                addr,
+                size: b.size,
+                requested,
+                stream: seg.stream,
+                small,
+                segment,
+                prev,
+                next: NIL,
+                allocated,
+                mapped,
+                event_count: 0,
+                stream_uses: Vec::new(),
+                gc_count_base: count,
+                stack: NO_STACK,
+                live: true,
+            });
+            if prev != NIL {
+                self.bm(prev).next = idx;
+            }
+            if mapped {
+                self.total_allocated_memory += b.size;
+                self.stats.reserved_bytes.increase(small, b.size);
+            }
+            if allocated {
+                self.live.insert(addr, idx);
+                let s = &mut self.stats;
+                s.allocation.increase(small, 1);
+                s.allocated_bytes.increase(small, b.size);
+                s.active.increase(small, 1);
+                s.active_bytes.increase(small, b.size);
+                s.requested_bytes.increase(small, requested);
+                if b.size >= self.config.max_split_size {
+                    s.oversize_allocations.increase(1);
+                }
+            } else {
+                self.pool_insert(idx);
+                if mapped && split && !seg.expandable {
+                    self.stats.inactive_split.increase(small, 1);
+                    self.stats.inactive_split_bytes.increase(small, b.size);
+                }
+            }
+            prev = idx;
+            addr += b.size;
+        }
+        if !seg.expandable {
+            self.stats.segment.increase(small, 1);
+            if seg.size >= self.config.max_split_size {
+                self.stats.oversize_segments.increase(1);
+            }
+        }
+        true
     }
 
     // ---- introspection -----------------------------------------------------------------
