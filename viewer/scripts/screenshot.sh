@@ -3,7 +3,8 @@
 #
 #   viewer/scripts/screenshot.sh [SNAPSHOT_FILE]
 #
-# Without a file it opens the built-in demo run. Needs: xvfb, imagemagick (import),
+# Without a file it opens the built-in demo run. Needs: xvfb, imagemagick (import), xdotool
+# (optional: moves the pointer off the plot),
 # libgl1-mesa-dri libegl1 libgl1 (software GL), and a release build of memsnap-viewer
 # (built here if missing; or set VIEWER_BIN). Uses display :97 unless DISPLAY_NUMBER is set.
 set -euo pipefail
@@ -43,6 +44,11 @@ sleep "${SCREENSHOT_DELAY:-6}"
 if ! kill -0 "$viewer_pid" 2>/dev/null; then
   echo "screenshot.sh: the viewer exited early" >&2
   exit 1
+fi
+# Park the pointer in the bottom-right corner, so no hover card covers the timeline.
+if command -v xdotool >/dev/null 2>&1; then
+  DISPLAY="$display" xdotool mousemove 1279 799 || true
+  sleep 1
 fi
 DISPLAY="$display" import -window root "$out"
 echo "wrote $out"

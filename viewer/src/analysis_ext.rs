@@ -3,6 +3,7 @@
 //! move into the analysis crate unchanged:
 //!
 //! * [`StackMatch`]: which stacks contain a function or file name (the search box).
+//! * [`StackSites`]: the user-code site of every stack, once (band colours, labels).
 //! * [`flame_tree`]: the live set at an instant as a frame tree (the flame graph).
 //! * [`segment_blocks`]: each segment's live blocks at an instant, allocated or pending free.
 //! * [`device_profile`]: `compare::profile` for one device whose timeline is already built
@@ -11,11 +12,44 @@
 use std::collections::HashMap;
 
 use memsnap_analysis::compare::DeviceProfile;
-use memsnap_analysis::sites::is_filtered_frame;
+use memsnap_analysis::sites::{is_filtered_frame, top_frame};
 use memsnap_analysis::summary::summarize_device;
 use memsnap_analysis::{AllocId, DeviceTimeline, Instant, Lifetime};
-use memsnap_analysis::{GroupBy, SummaryOptions};
+use memsnap_analysis::{GroupBy, SiteKey, SummaryOptions};
 use memsnap_format::{FrameId, Snapshot, StackId};
+
+/// The user-code site ([`top_frame`]) of every stack of a snapshot, found once (on the loader
+/// thread) so that colouring thousands of bands per frame does not walk their stacks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StackSites {
+    /// Indexed by `StackId`.
+    by_stack: Vec<Option<FrameId>>,
+}
+
+impl StackSites {
+    pub fn new(snapshot: &Snapshot) -> Self {
+        let count = u32::try_from(snapshot.stacks.len()).unwrap_or(u32::MAX);
+        StackSites {
+            by_stack: (0..count)
+                .map(|i| top_frame(snapshot, StackId(i)))
+                .collect(),
+        }
+    }
+
+    /// The site of a stack; `None` without a stack, for an empty one or an unknown id.
+    pub fn site(&self, stack: Option<StackId>) -> Option<FrameId> {
+        stack.and_then(|s| self.by_stack.get(s.0 as usize).copied().flatten())
+    }
+
+    /// `file:line:function` of the site, or why there is none.
+    pub fn label(&self, snapshot: &Snapshot, stack: Option<StackId>) -> String {
+        match (stack, self.site(stack)) {
+            (None, _) => SiteKey::Unknown.label(snapshot),
+            (Some(_), None) => "<no frames>".to_owned(),
+            (Some(_), Some(frame)) => SiteKey::Frame(frame).label(snapshot),
+        }
+    }
+}
 
 /// The stacks whose frames mention a search text (function name or file path,
 /// case-insensitive).

@@ -137,12 +137,14 @@ pub fn bench_snapshot(
     timeline.prepare_drawing();
     let steps = timeline.steps(&memsnap_analysis::StepOptions::default());
     let _profile = crate::analysis_ext::device_profile(snapshot, &timeline);
+    let sites = crate::analysis_ext::StackSites::new(snapshot);
     let analysis = started.elapsed();
     let mut state = TimelineState::new(&timeline);
     let timeline_model = TimelineModel {
         snapshot,
         timeline: &timeline,
         steps: &steps,
+        sites: &sites,
     };
 
     let ctx = egui::Context::default();

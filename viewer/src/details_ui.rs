@@ -1,10 +1,12 @@
-//! Details of one allocation: a hover card with the top frames, and the side panel with the
-//! pinned allocation's full, copyable stack.
+//! Details of one allocation (its user-code site, category and the phase that allocated it): a
+//! hover card with the top frames, and the side panel with the pinned allocation's full,
+//! copyable stack.
 
 use memsnap_analysis::sites::is_filtered_frame;
 use memsnap_analysis::{AllocId, CurveKind, Origin};
 use memsnap_format::{Snapshot, StackId};
 
+use crate::steps_ui::phase_label;
 use crate::timeline_ui::{TimelineModel, TimelineState};
 use crate::units::{format_bytes, format_bytes_exact, format_duration_us};
 
@@ -60,8 +62,24 @@ pub fn allocation_facts(model: &TimelineModel<'_>, id: AllocId) -> Vec<(&'static
             }
         }
     };
+    let category = model
+        .steps
+        .categories
+        .get(id.0 as usize)
+        .map_or("–".to_owned(), |c| c.label().to_owned());
+    let phase = match a.alloc_event {
+        None => "before the recorded window".to_owned(),
+        Some(event) => match model.steps.phase_at(event) {
+            Some((Some(step), p)) => format!("step {step}, {}", phase_label(p.kind)),
+            Some((None, p)) => phase_label(p.kind).to_owned(),
+            None => "– (no phases found)".to_owned(),
+        },
+    };
     let mut facts = vec![
         ("size", format_bytes_exact(a.size)),
+        ("site", model.sites.label(model.snapshot, a.stack)),
+        ("category", category),
+        ("allocated in", phase),
         ("address", format!("{:#x}", a.addr)),
         ("stream", a.stream.to_string()),
         (

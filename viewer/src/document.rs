@@ -66,6 +66,8 @@ pub struct Document {
     pub decode_time: Duration,
     pub analysis_time: Duration,
     pub snapshot: Arc<Snapshot>,
+    /// The user-code site of every stack (band colours and labels).
+    pub sites: crate::analysis_ext::StackSites,
     /// Devices with a trace or segments, ascending.
     pub devices: Vec<DeviceModel>,
     pub states: Vec<DeviceState>,
@@ -105,6 +107,7 @@ impl Document {
             .max_by_key(|(i, d)| (d.timeline.replay().trace_len, std::cmp::Reverse(*i)))
             .map_or(0, |(i, _)| i);
         let states = devices.iter().map(DeviceState::new).collect();
+        let sites = crate::analysis_ext::StackSites::new(&snapshot);
         Ok(Document {
             id,
             name: loaded.name,
@@ -114,6 +117,7 @@ impl Document {
             decode_time: loaded.decode_time,
             analysis_time: started.elapsed(),
             snapshot: Arc::new(snapshot),
+            sites,
             devices,
             states,
             device_index,
@@ -164,7 +168,8 @@ impl Document {
             Command::PreviousStep | Command::NextStep => {
                 let forward = command == Command::NextStep;
                 if let Some(step) = state.steps.step_after(&model.steps, forward) {
-                    state.steps.selected = Some(step);
+                    state.steps.select_step(step);
+                    state.steps.scroll_to_selected = true;
                     state
                         .timeline
                         .zoom_to_step(&model.timeline, &model.steps.steps[step]);
@@ -196,6 +201,7 @@ impl Document {
             snapshot,
             timeline: &model.timeline,
             steps: &model.steps,
+            sites: &self.sites,
         };
         crate::timeline_ui::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
         crate::steps_ui::drift_banner_ui(ui, &model.steps);
@@ -208,12 +214,12 @@ impl Document {
             });
         egui::Panel::bottom("steps_panel")
             .resizable(true)
-            .default_size(190.0)
+            .default_size(220.0)
             .show(ui, |ui| {
-                if let Some(step) = crate::steps_ui::steps_ui(ui, &model.steps, &mut state.steps) {
-                    state
-                        .timeline
-                        .zoom_to_step(&model.timeline, &model.steps.steps[step]);
+                if let Some((start, end)) =
+                    crate::steps_ui::steps_ui(ui, &model.steps, &mut state.steps)
+                {
+                    state.timeline.zoom_to_events(&model.timeline, start, end);
                 }
             });
         egui::CentralPanel::default().show(ui, |ui| {
@@ -234,6 +240,7 @@ impl Document {
         };
         let instant_model = crate::instant_ui::InstantModel {
             snapshot: &self.snapshot,
+            sites: &self.sites,
             timeline: &model.timeline,
             at,
             min_size: state.timeline.min_size,

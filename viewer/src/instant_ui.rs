@@ -6,13 +6,17 @@ use egui_extras::{Column, TableBuilder};
 use memsnap_analysis::{DeviceTimeline, GroupBy, Instant, Lifetime, LiveGroup, SegmentUsage};
 use memsnap_format::Snapshot;
 
-use crate::analysis_ext::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
+use crate::analysis_ext::{
+    flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks, StackSites,
+};
 use crate::palette;
 use crate::units::{format_bytes, format_duration_us};
 
 /// What the page reads.
 pub struct InstantModel<'a> {
     pub snapshot: &'a Snapshot,
+    /// The user-code site of each stack, so blocks have their timeline band's colour.
+    pub sites: &'a StackSites,
     pub timeline: &'a DeviceTimeline,
     pub at: Instant,
     /// The size filter of the timeline: smaller allocations are left out of the live set.
@@ -238,7 +242,7 @@ pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) 
                 let frame = snapshot.frames.get(f);
                 (
                     format!("{}:{}:{}", frame.basename(), frame.line, frame.name),
-                    palette::stack_color(Some(memsnap_format::StackId(f.0))),
+                    palette::site_color(Some(f)),
                 )
             }
             None => ("all live memory".to_owned(), Color32::GRAY),
@@ -343,8 +347,8 @@ fn segments_ui(
                 let x0 = bar.left() + ((block.addr - segment.addr) as f64 * scale) as f32;
                 let x1 = x0 + ((block.size as f64 * scale) as f32).max(1.0);
                 let color = match block.kind {
-                    BlockKind::Allocated => palette::stack_color(
-                        model.timeline.replay().get(block.alloc).and_then(|a| a.stack),
+                    BlockKind::Allocated => palette::site_color(
+                        model.sites.site(model.timeline.replay().get(block.alloc).and_then(|a| a.stack)),
                     ),
                     BlockKind::PendingFree => palette::WARNING,
                 };

@@ -23,6 +23,7 @@ pub enum Command {
     ExportPng,
     ExportSvg,
     FocusSearch,
+    CycleColorMode,
 }
 
 /// Each command with its keys (the first is shown in menus) and what it does.
@@ -103,6 +104,11 @@ pub const COMMANDS: &[(Command, &[KeyboardShortcut], &str)] = &[
         Command::FocusSearch,
         &[cmd(Key::F)],
         "Search allocations by function or file name",
+    ),
+    (
+        Command::CycleColorMode,
+        &[key(Key::C)],
+        "Colour bands by user-code site, category or phase (cycles)",
     ),
 ];
 

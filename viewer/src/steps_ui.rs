@@ -1,19 +1,38 @@
-//! The training steps table (peak, growth, release, drift) and the leak banner. Clicking a row
-//! zooms the timeline to that step.
+//! The training steps table and the leak banner: the set-up phase, then each step (start and
+//! end, peak, what it keeps, warm-up or partial) with its phases under it (forward, backward,
+//! optimizer: events, bytes, change and rate). Clicking a row zooms the timeline to that step
+//! or phase.
+
+use std::collections::BTreeSet;
 
 use egui_extras::{Column, TableBuilder};
-use memsnap_analysis::{Slope, StepAnalysis, StepMethod};
+use memsnap_analysis::{Phase, PhaseKind, Slope, Step, StepAnalysis, StepMethod};
 
 use crate::palette;
-use crate::units::{format_bytes, format_bytes_signed, format_duration_us, format_rate};
+use crate::units::{
+    format_bytes, format_bytes_signed, format_duration_us, format_per_event_signed,
+    format_rate_signed,
+};
 
-/// The table's state: the selected row.
+/// The table's state: the selected step or phase, and the steps whose phases are listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepsState {
     pub selected: Option<usize>,
+    pub selected_phase: Option<PhaseRef>,
+    /// Steps listed with their phases under them (a step opens when it is selected).
+    pub expanded: BTreeSet<usize>,
+    /// Bring the selected step into view on the next frame (it was picked with `[` or `]`).
+    pub scroll_to_selected: bool,
 }
 
 impl StepsState {
+    /// Selects a step and lists its phases.
+    pub fn select_step(&mut self, step: usize) {
+        self.selected = Some(step);
+        self.selected_phase = None;
+        self.expanded.insert(step);
+    }
+
     /// The step after (or before) the selected one, for `]` and `[`.
     pub fn step_after(&self, steps: &StepAnalysis, forward: bool) -> Option<usize> {
         let n = steps.steps.len();
@@ -55,25 +74,107 @@ pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
     }
 }
 
-fn slope_text(slope: &Slope) -> String {
-    match slope.bytes_per_s {
-        Some(rate) => format!(
-            "{} ({})",
-            format_bytes(slope.bytes.unsigned_abs()),
-            format_rate(rate)
-        ),
-        None => format!(
-            "{} ({}/event)",
-            format_bytes(slope.bytes.unsigned_abs()),
-            format_bytes(slope.bytes_per_event.abs().round() as u64)
-        ),
+/// How people name a phase kind: `set-up`, `forward`, `backward`, `optimizer`.
+pub fn phase_label(kind: PhaseKind) -> &'static str {
+    match kind {
+        PhaseKind::Setup => "set-up",
+        PhaseKind::Forward => "forward",
+        PhaseKind::Backward => "backward",
+        PhaseKind::Optimizer => "optimizer",
     }
 }
 
-/// The steps table. Returns the step whose row was clicked.
-pub fn steps_ui(ui: &mut egui::Ui, steps: &StepAnalysis, state: &mut StepsState) -> Option<usize> {
+/// A slope's signed rate: per second when the trace has times (`+1.2 GiB/s`), else per event
+/// (`-12.3 MiB/event`).
+pub fn slope_rate_text(slope: &Slope) -> String {
+    match slope.bytes_per_s {
+        Some(rate) => format_rate_signed(rate),
+        None => format_per_event_signed(slope.bytes_per_event),
+    }
+}
+
+/// Where a phase is: the set-up, or phase `index` of step `step`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PhaseRef {
+    Setup,
+    Step { step: usize, index: usize },
+}
+
+/// One row of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Row {
+    Step(usize),
+    Phase(PhaseRef),
+}
+
+impl StepsState {
+    /// The rows shown: the set-up, then each step, followed by its phases when expanded.
+    fn rows(&self, steps: &StepAnalysis) -> Vec<Row> {
+        let mut rows = Vec::new();
+        if steps.setup.is_some() {
+            rows.push(Row::Phase(PhaseRef::Setup));
+        }
+        for (i, step) in steps.steps.iter().enumerate() {
+            rows.push(Row::Step(i));
+            if self.expanded.contains(&i) {
+                rows.extend(
+                    (0..step.phases.len())
+                        .map(|index| Row::Phase(PhaseRef::Step { step: i, index })),
+                );
+            }
+        }
+        rows
+    }
+}
+
+fn phase_of(steps: &StepAnalysis, at: PhaseRef) -> Option<&Phase> {
+    match at {
+        PhaseRef::Setup => steps.setup.as_ref(),
+        PhaseRef::Step { step, index } => steps.steps.get(step)?.phases.get(index),
+    }
+}
+
+fn duration_text(start: Option<i64>, end: Option<i64>) -> String {
+    start
+        .zip(end)
+        .map_or("–".to_owned(), |(a, b)| format_duration_us(b - a))
+}
+
+/// What the notes column says about a step: warm-up, partial, memory it keeps.
+fn step_notes(step: &Step) -> String {
+    let mut notes = Vec::new();
+    if step.partial {
+        notes.push("partial: the recording starts inside this step".to_owned());
+    }
+    if step.warmup {
+        notes.push(format!(
+            "warm-up: creates {} optimizer state",
+            format_bytes(step.optimizer_state_bytes)
+        ));
+    }
+    if step.outliving_count > 0 {
+        notes.push(format!(
+            "{} in {} outlive the step",
+            format_bytes(step.outliving_bytes),
+            step.outliving_count
+        ));
+    }
+    if notes.is_empty() {
+        "–".to_owned()
+    } else {
+        notes.join("; ")
+    }
+}
+
+/// The steps table: the set-up phase, then a row per step with its phases under it. Returns
+/// the events (first, last) of the step or phase whose row was clicked, to zoom to.
+pub fn steps_ui(
+    ui: &mut egui::Ui,
+    steps: &StepAnalysis,
+    state: &mut StepsState,
+) -> Option<(u32, u32)> {
     let method = match &steps.method {
-        StepMethod::Stacks => "phases from the allocation stacks".to_owned(),
+        StepMethod::Stacks => "from the allocation stacks".to_owned(),
         StepMethod::Annotations { name } => format!("from record_function annotations \"{name}\""),
         StepMethod::CurveShape => "from the rise and fall of memory".to_owned(),
         StepMethod::None => "none found".to_owned(),
@@ -90,43 +191,67 @@ pub fn steps_ui(ui: &mut egui::Ui, steps: &StepAnalysis, state: &mut StepsState)
                 format_bytes_signed(drift.peak_bytes_per_step.round() as i64)
             ))
             .on_hover_text(format!(
-                "Growth over the run: minimum {:.2}%, peak {:.2}% of the highest step peak (flagged above {:.1}%)",
+                "Growth over the run: minimum {:.2}%, peak {:.2}% of the highest step peak (flagged above {:.1}%); partial steps do not count",
                 drift.min_growth_percent, drift.peak_growth_percent, drift.tolerance_percent
             ));
         }
+        if steps.steps.iter().any(|s| !s.phases.is_empty()) {
+            ui.separator();
+            let all_expanded = state.expanded.len() >= steps.steps.len();
+            let (text, tip) = if all_expanded {
+                ("hide phases", "List the steps only")
+            } else {
+                ("show all phases", "List every step's phases under it")
+            };
+            if ui.small_button(text).on_hover_text(tip).clicked() {
+                if all_expanded {
+                    state.expanded.clear();
+                } else {
+                    state.expanded = (0..steps.steps.len()).collect();
+                }
+            }
+        }
     });
-    if steps.steps.is_empty() {
+    if steps.steps.is_empty() && steps.setup.is_none() {
         ui.weak("No repeating step shape and no step annotations in this trace.");
         return None;
     }
-    let mut clicked = None;
+    let rows = state.rows(steps);
+    let mut clicked: Option<Row> = None;
+    let mut toggled: Option<usize> = None;
     let row_height = ui.text_style_height(&egui::TextStyle::Body) + 4.0;
-    TableBuilder::new(ui)
+    let mut table = TableBuilder::new(ui);
+    if std::mem::take(&mut state.scroll_to_selected) {
+        if let Some(row) = rows
+            .iter()
+            .position(|r| Some(*r) == state.selected.map(Row::Step))
+        {
+            table = table.scroll_to_row(row, Some(egui::Align::Center));
+        }
+    }
+    table
         .id_salt("steps_table")
         .striped(true)
         .sense(egui::Sense::click())
         .cell_layout(egui::Layout::left_to_right(egui::Align::Center))
-        .column(Column::exact(64.0))
-        .column(Column::auto().at_least(80.0))
-        .column(Column::auto().at_least(80.0))
-        .column(Column::auto().at_least(150.0))
-        .column(Column::auto().at_least(150.0))
-        .column(Column::auto().at_least(80.0))
-        .column(Column::auto().at_least(90.0))
+        .column(Column::exact(112.0))
+        .column(Column::auto().at_least(64.0))
+        .column(Column::auto().at_least(120.0))
+        .column(Column::auto().at_least(64.0))
+        .column(Column::auto().at_least(72.0))
+        .column(Column::auto().at_least(96.0))
+        .column(Column::auto().at_least(56.0))
         .column(Column::remainder())
         .header(row_height, |mut header| {
             for (title, tip) in [
-                ("step", "Step number (click a row to zoom to it)"),
-                ("start", "Memory at the start of the step"),
-                ("peak", "Highest memory in the step"),
-                ("growth", "Forward: start to peak, and its rate"),
-                ("release", "Backward: peak to end, and its rate"),
-                ("drift", "End minus start: memory the step kept"),
-                (
-                    "outliving",
-                    "Allocations made in the step and still live after it",
-                ),
-                ("duration", "Wall time of the step"),
+                ("step / phase", "Click a row to zoom to that step or phase; + / - shows or hides a step's phases"),
+                ("events", "First and last trace event"),
+                ("start to end", "Memory before the first event and after the last"),
+                ("peak", "Highest memory inside"),
+                ("change", "End minus start: memory a step keeps, or a phase adds (+) or frees (-)"),
+                ("rate", "The phase's slope: its change per second (per event without times)"),
+                ("duration", "Wall time"),
+                ("notes", "Warm-up and partial steps, memory that outlives a step, allocations of a phase"),
             ] {
                 header.col(|ui| {
                     ui.strong(title).on_hover_text(tip);
@@ -134,60 +259,128 @@ pub fn steps_ui(ui: &mut egui::Ui, steps: &StepAnalysis, state: &mut StepsState)
             }
         })
         .body(|body| {
-            body.rows(row_height, steps.steps.len(), |mut row| {
-                let i = row.index();
-                let step = &steps.steps[i];
-                row.set_selected(state.selected == Some(i));
-                let drift = step.end_bytes as i64 - step.start_bytes as i64;
-                let leaky = step.outliving_bytes > 0 && drift > 0;
-                let duration = step
-                    .start_time_us
-                    .zip(step.end_time_us)
-                    .map_or("–".to_owned(), |(a, b)| format_duration_us(b - a));
-                row.col(|ui| {
-                    if ui
-                        .add(egui::Button::new(format!("step {}", step.index)).frame(false))
-                        .on_hover_text("Zoom the timeline to this step")
-                        .clicked()
-                    {
-                        clicked = Some(i);
-                    }
-                });
-                let cells = [
-                    format_bytes(step.start_bytes),
-                    format_bytes(step.peak_bytes),
-                    slope_text(&step.forward),
-                    slope_text(&step.backward),
-                    format_bytes_signed(drift),
-                    if step.outliving_count == 0 {
-                        "–".to_owned()
-                    } else {
-                        format!(
-                            "{} in {}",
-                            format_bytes(step.outliving_bytes),
-                            step.outliving_count
-                        )
-                    },
-                    duration,
-                ];
-                for (c, text) in cells.into_iter().enumerate() {
-                    row.col(|ui| {
-                        let rich = egui::RichText::new(text);
-                        let rich = if leaky && (c == 4 || c == 5) {
-                            rich.color(palette::WARNING)
-                        } else {
-                            rich
+            body.rows(row_height, rows.len(), |mut row| {
+                let Some(&kind) = rows.get(row.index()) else {
+                    return;
+                };
+                match kind {
+                    Row::Step(i) => {
+                        let Some(step) = steps.steps.get(i) else {
+                            return;
                         };
-                        ui.add(egui::Label::new(rich).selectable(false));
-                    });
-                }
-                if row.response().clicked() {
-                    clicked = Some(i);
+                        row.set_selected(state.selected == Some(i) && state.selected_phase.is_none());
+                        let change = step.end_bytes as i64 - step.start_bytes as i64;
+                        // A warm-up step keeps its optimizer state on purpose: not a leak.
+                        let leaky = step.outliving_bytes > 0 && change > 0 && !step.warmup;
+                        row.col(|ui| {
+                            let open = state.expanded.contains(&i);
+                            if !step.phases.is_empty()
+                                && ui
+                                    .add(egui::Button::new(if open { "-" } else { "+" }).small())
+                                    .on_hover_text(if open { "Hide this step's phases" } else { "Show this step's phases" })
+                                    .clicked()
+                            {
+                                toggled = Some(i);
+                            }
+                            if ui
+                                .add(egui::Button::new(format!("step {}", step.index)).frame(false))
+                                .on_hover_text("Zoom the timeline to this step")
+                                .clicked()
+                            {
+                                clicked = Some(Row::Step(i));
+                            }
+                        });
+                        let cells = [
+                            format!("{}–{}", step.start_event, step.end_event),
+                            format!("{} to {}", format_bytes(step.start_bytes), format_bytes(step.end_bytes)),
+                            format_bytes(step.peak_bytes),
+                            format_bytes_signed(change),
+                            "–".to_owned(),
+                            duration_text(step.start_time_us, step.end_time_us),
+                            step_notes(step),
+                        ];
+                        for (c, text) in cells.into_iter().enumerate() {
+                            row.col(|ui| {
+                                let rich = egui::RichText::new(text);
+                                let rich = if leaky && (c == 3 || c == 6) {
+                                    rich.color(palette::WARNING)
+                                } else if step.partial && c == 6 {
+                                    rich.italics()
+                                } else {
+                                    rich
+                                };
+                                ui.add(egui::Label::new(rich).selectable(false));
+                            });
+                        }
+                        if row.response().clicked() {
+                            clicked = Some(Row::Step(i));
+                        }
+                    }
+                    Row::Phase(at) => {
+                        let Some(phase) = phase_of(steps, at) else {
+                            return;
+                        };
+                        row.set_selected(state.selected_phase == Some(at));
+                        let color = palette::phase_color(phase.kind);
+                        row.col(|ui| {
+                            if at != PhaseRef::Setup {
+                                ui.add_space(18.0);
+                            }
+                            let (rect, _) = ui.allocate_exact_size(egui::vec2(10.0, 10.0), egui::Sense::hover());
+                            ui.painter().rect_filled(rect, 2.0, color);
+                            if ui
+                                .add(egui::Button::new(phase_label(phase.kind)).frame(false))
+                                .on_hover_text("Zoom the timeline to this phase")
+                                .clicked()
+                            {
+                                clicked = Some(Row::Phase(at));
+                            }
+                        });
+                        let cells = [
+                            format!("{}–{}", phase.start_event, phase.end_event),
+                            format!("{} to {}", format_bytes(phase.start_bytes), format_bytes(phase.end_bytes)),
+                            format_bytes(phase.peak_bytes),
+                            format_bytes_signed(phase.slope.bytes),
+                            slope_rate_text(&phase.slope),
+                            duration_text(phase.start_time_us, phase.end_time_us),
+                            format!(
+                                "{} allocations, {} allocated",
+                                phase.allocations,
+                                format_bytes(phase.allocated_bytes)
+                            ),
+                        ];
+                        for (c, text) in cells.into_iter().enumerate() {
+                            row.col(|ui| {
+                                let rich = egui::RichText::new(text);
+                                let rich = if c == 4 { rich.color(color) } else { rich };
+                                ui.add(egui::Label::new(rich).selectable(false));
+                            });
+                        }
+                        if row.response().clicked() {
+                            clicked = Some(Row::Phase(at));
+                        }
+                    }
                 }
             });
         });
-    if let Some(i) = clicked {
-        state.selected = Some(i);
+    if let Some(i) = toggled {
+        if !state.expanded.remove(&i) {
+            state.expanded.insert(i);
+        }
     }
-    clicked
+    match clicked? {
+        Row::Step(i) => {
+            state.select_step(i);
+            let step = steps.steps.get(i)?;
+            Some((step.start_event, step.end_event))
+        }
+        Row::Phase(at) => {
+            state.selected_phase = Some(at);
+            if let PhaseRef::Step { step, .. } = at {
+                state.selected = Some(step);
+            }
+            let phase = phase_of(steps, at)?;
+            Some((phase.start_event, phase.end_event))
+        }
+    }
 }

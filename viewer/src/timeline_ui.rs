@@ -1,21 +1,24 @@
-//! The active memory timeline: stacked allocation bands over time, the residual band of the
-//! size filter, the reserved-memory outline, step markers with their slopes, and an overview
-//! strip. The bands come from [`DeviceTimeline::layout`]; this module only maps them to pixels
-//! and handles zoom, pan, hover and click.
+//! The active memory timeline: stacked allocation bands over time (coloured by site, category
+//! or phase), the residual band of the size filter, the reserved-memory outline, step markers,
+//! each phase shaded behind the bands with its slope and rate, and an overview strip. The
+//! bands come from [`DeviceTimeline::layout`] and the phases from [`StepAnalysis`]; this
+//! module only maps them to pixels and handles zoom, pan, hover and click.
 
 use egui::epaint::Mesh;
 use egui::{Color32, Pos2, Rect, Sense, Shape, Stroke, Vec2};
 use memsnap_analysis::{
-    AllocId, Axis, DeviceTimeline, Hit, Layout, LayoutRequest, Lifetime, Step, StepAnalysis,
+    AllocId, Allocation, Axis, Category, DeviceTimeline, Hit, Layout, LayoutRequest, Lifetime,
+    PhaseKind, Step, StepAnalysis,
 };
 use memsnap_format::Snapshot;
 
-use crate::analysis_ext::StackMatch;
+use crate::analysis_ext::{StackMatch, StackSites};
 use crate::export::Svg;
-use crate::palette;
+use crate::palette::{self, ColorMode};
 use crate::shortcuts::Command;
+use crate::steps_ui::{phase_label, slope_rate_text};
 use crate::units::{
-    bytes_to_slider, format_bytes, format_duration_us, format_rate, slider_to_bytes, LOG_SLIDER_MAX,
+    bytes_to_slider, format_bytes, format_duration_us, slider_to_bytes, LOG_SLIDER_MAX,
 };
 use crate::view::TimeWindow;
 
@@ -24,6 +27,8 @@ pub struct TimelineModel<'a> {
     pub snapshot: &'a Snapshot,
     pub timeline: &'a DeviceTimeline,
     pub steps: &'a StepAnalysis,
+    /// The user-code site of each stack (band colours in [`ColorMode::Site`], labels).
+    pub sites: &'a StackSites,
 }
 
 /// Most bands drawn at once; the rest join the residual band (PyTorch's viewer uses 15 000).
@@ -42,6 +47,8 @@ const OVERVIEW_HEIGHT: f32 = 44.0;
 const Y_LABEL_WIDTH: f32 = 72.0;
 /// Space for the x-axis labels.
 const X_LABEL_HEIGHT: f32 = 18.0;
+/// Phases narrower than this (in points) get no slope line: it would be a vertical tick.
+const MIN_SLOPE_WIDTH: f32 = 4.0;
 
 /// The timeline's view state.
 pub struct TimelineState {
@@ -54,6 +61,9 @@ pub struct TimelineState {
     /// Search text; bands whose stack does not mention it are faded.
     pub search: String,
     search_match: Option<StackMatch>,
+    /// What a band's colour says: its site, its category or its phase.
+    pub color_mode: ColorMode,
+    /// Step markers, phase shading and phase slopes.
     pub show_steps: bool,
     pub show_reserved: bool,
     /// Scale y to what is visible (else to the whole run's peak).
@@ -73,6 +83,8 @@ pub struct TimelineState {
     band_cache: Option<BandCache>,
     /// Axes, step marks and labels of the last frame (for SVG export).
     last_overlay: Option<Drawing>,
+    /// The phase shading of the last frame, drawn under the bands (for SVG export).
+    last_shading: Option<Drawing>,
     /// Milliseconds of the last layout computation (shown in the debug line and the bench).
     pub last_layout_ms: f64,
     /// Input time of the last zoom or pan, for the lighter layout while moving.
@@ -91,6 +103,7 @@ impl TimelineState {
             max_bands: DEFAULT_MAX_BANDS,
             search: String::new(),
             search_match: None,
+            color_mode: ColorMode::default(),
             show_steps: true,
             show_reserved: true,
             fit_y: true,
@@ -102,6 +115,7 @@ impl TimelineState {
             box_start: None,
             band_cache: None,
             last_overlay: None,
+            last_shading: None,
             last_layout_ms: 0.0,
             last_move_time: None,
             drawn_window: None,
@@ -129,8 +143,13 @@ impl TimelineState {
 
     /// Shows a training step with a little margin.
     pub fn zoom_to_step(&mut self, timeline: &DeviceTimeline, step: &Step) {
-        let a = event_to_axis(timeline, self.axis, f64::from(step.start_event));
-        let b = event_to_axis(timeline, self.axis, f64::from(step.end_event) + 1.0);
+        self.zoom_to_events(timeline, step.start_event, step.end_event);
+    }
+
+    /// Shows the events `first..=last` (a step or a phase) with a little margin.
+    pub fn zoom_to_events(&mut self, timeline: &DeviceTimeline, first: u32, last: u32) {
+        let a = event_to_axis(timeline, self.axis, f64::from(first));
+        let b = event_to_axis(timeline, self.axis, f64::from(last) + 1.0);
         let margin = (b - a) * 0.05;
         self.window.show_range(a - margin, b + margin);
     }
@@ -145,6 +164,7 @@ impl TimelineState {
             Command::PanRight => self.window.pan_by_fraction(0.2),
             Command::ResetZoom => self.window.reset(),
             Command::FocusSearch => self.search_focus_requested = true,
+            Command::CycleColorMode => self.color_mode = self.color_mode.next(),
             _ => {}
         }
     }
@@ -214,11 +234,23 @@ impl TimelineState {
         self.overview.as_ref()
     }
 
-    /// The last drawn timeline as SVG.
+    /// The last drawn timeline as SVG: phase shading, bands, then axes, marks and slopes.
     pub fn last_svg(&self) -> Option<String> {
         let overlay = self.last_overlay.as_ref()?;
         let bands = &self.band_cache.as_ref()?.drawing;
-        Some(overlay.to_svg(&[bands, overlay]))
+        let empty = Drawing::default();
+        let shading = self.last_shading.as_ref().unwrap_or(&empty);
+        Some(overlay.to_svg(&[shading, bands, overlay]))
+    }
+
+    /// The band geometry last drawn (tests compare its colours with the model).
+    pub fn last_band_drawing(&self) -> Option<&Drawing> {
+        self.band_cache.as_ref().map(|c| &c.drawing)
+    }
+
+    /// The phase shading last drawn.
+    pub fn last_phase_shading(&self) -> Option<&Drawing> {
+        self.last_shading.as_ref()
     }
 }
 
@@ -315,11 +347,18 @@ pub fn filter_bar_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut T
             };
         }
         ui.checkbox(&mut state.show_steps, "steps")
-            .on_hover_text("Mark training steps and draw the forward and backward slopes");
+            .on_hover_text("Mark training steps, shade their phases (set-up, forward, backward, optimizer) and draw each phase's slope with its rate");
         ui.checkbox(&mut state.show_reserved, "reserved")
             .on_hover_text("Outline the memory reserved from CUDA (segments)");
         ui.checkbox(&mut state.fit_y, "fit y")
             .on_hover_text("Scale the memory axis to what is visible (else to the whole run)");
+        ui.separator();
+        ui.label("colour by")
+            .on_hover_text("What a band's colour says (C cycles)");
+        for mode in ColorMode::ALL {
+            ui.selectable_value(&mut state.color_mode, mode, mode.label())
+                .on_hover_text(mode.tooltip());
+        }
         if ui
             .add_enabled(state.window.is_zoomed(), egui::Button::new("Reset zoom"))
             .on_hover_text("Show the whole run (0 or Home)")
@@ -330,9 +369,11 @@ pub fn filter_bar_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut T
     });
 }
 
-/// A one-line key to the special colours of the plot.
+/// A one-line key to the colours of the plot: what band colours mean in the current mode,
+/// the special bands, and the phases.
 pub fn legend_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &TimelineState) {
     let dark = ui.visuals().dark_mode;
+    let kinds = phase_kinds_present(model.steps);
     ui.horizontal_wrapped(|ui| {
         ui.spacing_mut().item_spacing.x = 4.0;
         let swatch = |ui: &mut egui::Ui, color: Color32, text: String, tip: &str| {
@@ -341,12 +382,34 @@ pub fn legend_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &TimelineS
             ui.label(text).on_hover_text(tip);
             ui.add_space(8.0);
         };
-        swatch(
-            ui,
-            Color32::from_rgb(31, 119, 180),
-            "allocations (colour = stack)".into(),
-            "Each band is one allocation, stacked in allocation order; one colour per call stack",
-        );
+        match state.color_mode {
+            ColorMode::Site => swatch(
+                ui,
+                Color32::from_rgb(31, 119, 180),
+                "allocations (colour = user-code site)".into(),
+                "Each band is one allocation, stacked in allocation order; one colour per user-code site (the innermost frame of your code in its stack)",
+            ),
+            ColorMode::Category => {
+                for category in Category::ALL {
+                    swatch(
+                        ui,
+                        palette::category_color(category),
+                        category.label().to_owned(),
+                        category_tooltip(category),
+                    );
+                }
+            }
+            ColorMode::Phase => {
+                if kinds.is_empty() {
+                    swatch(
+                        ui,
+                        palette::NO_SITE,
+                        "no phase found".into(),
+                        "This trace has no steps or phases, so no allocation has a phase",
+                    );
+                }
+            }
+        }
         let replay = model.timeline.replay();
         if replay.before_window_allocations > 0 {
             swatch(
@@ -370,11 +433,74 @@ pub fn legend_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &TimelineS
         if state.show_reserved {
             swatch(ui, palette::reserved(dark), "reserved".into(), "Memory reserved from CUDA (segments)");
         }
-        if state.show_steps && !model.steps.steps.is_empty() {
-            swatch(ui, palette::FORWARD_SLOPE, "forward".into(), "Growth from step start to peak, with its rate");
-            swatch(ui, palette::BACKWARD_SLOPE, "backward".into(), "Release from peak to step end, with its rate");
+        // One entry per phase kind: its tint behind the bands, its slope line, and (colouring
+        // by phase) its bands.
+        if state.show_steps || state.color_mode == ColorMode::Phase {
+            for kind in kinds {
+                let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), Sense::hover());
+                ui.painter().rect_filled(rect, 2.0, palette::phase_shade(kind, dark));
+                ui.painter().rect_filled(rect.shrink(3.0), 1.0, palette::phase_color(kind));
+                ui.label(phase_label(kind)).on_hover_text(phase_tooltip(kind));
+                ui.add_space(8.0);
+            }
         }
     });
+}
+
+/// The phase kinds the analysis found, in the order they run.
+pub fn phase_kinds_present(steps: &StepAnalysis) -> Vec<PhaseKind> {
+    let mut kinds: Vec<PhaseKind> = steps.phases().map(|(_, p)| p.kind).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds
+}
+
+fn phase_tooltip(kind: PhaseKind) -> &'static str {
+    match kind {
+        PhaseKind::Setup => "Set-up before the first step: the model and its weights are built or loaded. Shaded behind the bands; the line is its slope with its rate",
+        PhaseKind::Forward => "Forward pass: activations pile up. Shaded behind the bands; the line is its slope with its rate",
+        PhaseKind::Backward => "Backward pass: autograd frees the activations and creates gradients. Shaded behind the bands; the line is its slope with its rate",
+        PhaseKind::Optimizer => "Optimizer step: state and temporaries, then the gradients are zeroed. Shaded behind the bands; the line is its slope with its rate",
+    }
+}
+
+fn category_tooltip(category: Category) -> &'static str {
+    match category {
+        Category::Parameter => "Live before the window or allocated in the set-up, never freed: weights and buffers",
+        Category::OptimizerState => "Allocated in an optimizer phase and outliving the step (e.g. Adam's moments)",
+        Category::Gradient => "Allocated in backward and outliving the backward phase",
+        Category::Activation => "Allocated in forward and freed in the backward phase of the same step",
+        Category::Temporary => "Freed in the phase that allocated it",
+        Category::Unknown => "Anything else: forward tensors that outlive their step (a leak?), memory from before the window freed in it, files without phases",
+    }
+}
+
+/// The colour of an allocation's band in `mode`. Memory from before the recorded window keeps
+/// its own muted colour in every mode.
+pub fn band_color(
+    model: &TimelineModel<'_>,
+    id: AllocId,
+    allocation: &Allocation,
+    mode: ColorMode,
+    dark: bool,
+) -> Color32 {
+    if allocation.before_window() {
+        return palette::before_window(dark);
+    }
+    match mode {
+        ColorMode::Site => palette::site_color(model.sites.site(allocation.stack)),
+        ColorMode::Category => model
+            .steps
+            .categories
+            .get(id.0 as usize)
+            .map_or(palette::NO_SITE, |&c| palette::category_color(c)),
+        ColorMode::Phase => allocation
+            .alloc_event
+            .and_then(|e| model.steps.phase_at(e))
+            .map_or(palette::NO_SITE, |(_, phase)| {
+                palette::phase_color(phase.kind)
+            }),
+    }
 }
 
 /// Geometry of one drawn frame, in screen points: painted as one mesh and exported as SVG.
@@ -429,6 +555,7 @@ struct BandKey {
     dark: bool,
     show_reserved: bool,
     search: Option<String>,
+    color_mode: ColorMode,
 }
 
 /// Band geometry and its mesh, kept while the [`BandKey`] is unchanged.
@@ -470,6 +597,7 @@ pub struct DrawStyle<'a> {
     pub search: Option<&'a StackMatch>,
     pub show_reserved: bool,
     pub dark: bool,
+    pub color_mode: ColorMode,
 }
 
 /// Builds the drawing of a layout: bands, residual band, spike envelope and reserved outline.
@@ -485,6 +613,7 @@ pub fn layout_drawing(
         search,
         show_reserved,
         dark,
+        color_mode,
     } = style;
     let t = Transform {
         plot,
@@ -501,11 +630,7 @@ pub fn layout_drawing(
         let Some(a) = replay.get(band.alloc) else {
             continue;
         };
-        let mut color = if a.before_window() {
-            palette::before_window(dark)
-        } else {
-            palette::stack_color(a.stack)
-        };
+        let mut color = band_color(model, band.alloc, a, color_mode, dark);
         if search.is_some_and(|m| !m.matches(a.stack)) {
             color = palette::unmatched(dark);
         }
@@ -742,12 +867,14 @@ pub fn timeline_ui(
         dark,
         show_reserved,
         search: search.as_ref().map(|m| m.query.clone()),
+        color_mode: state.color_mode,
     };
     if state.band_cache.as_ref().is_none_or(|c| c.key != key) {
         let style = DrawStyle {
             search: search.as_ref(),
             show_reserved,
             dark,
+            color_mode: state.color_mode,
         };
         let drawing = layout_drawing(&layout, model, style, plot, window, y_max);
         let mesh = std::sync::Arc::new(drawing.mesh());
@@ -759,6 +886,10 @@ pub fn timeline_ui(
         background: ui.visuals().panel_fill,
         ..Drawing::default()
     };
+    let mut shading = Drawing::default();
+    if state.show_steps {
+        phase_shading(&painter, model, state.axis, &t, dark, &mut shading);
+    }
     axes_ui(&painter, ui, state.axis, &t, &mut overlay);
     if let Some(cache) = &state.band_cache {
         painter.add(Shape::mesh(cache.mesh.clone()));
@@ -767,7 +898,8 @@ pub fn timeline_ui(
         }
     }
     if state.show_steps {
-        steps_overlay(&painter, model, state.axis, &t, &mut overlay);
+        let halo = ui.visuals().extreme_bg_color;
+        steps_overlay(&painter, model, state.axis, &t, halo, &mut overlay);
     }
 
     // Highlight the pinned allocation.
@@ -879,6 +1011,7 @@ pub fn timeline_ui(
     };
     let _ = response;
     state.last_overlay = Some(overlay);
+    state.last_shading = Some(shading);
     state.layout = Some(layout);
     output
 }
@@ -1002,22 +1135,58 @@ fn axes_ui(
     );
 }
 
-/// Step boundaries, forward and backward slopes with their rates.
+/// Screen x of an event position on the plot's axis.
+fn event_x(model: &TimelineModel<'_>, axis: Axis, t: &Transform, event: f64) -> f32 {
+    t.x(event_to_axis(model.timeline, axis, event))
+}
+
+/// The light tint of each phase behind the bands (the set-up and every step's phases).
+fn phase_shading(
+    painter: &egui::Painter,
+    model: &TimelineModel<'_>,
+    axis: Axis,
+    t: &Transform,
+    dark: bool,
+    shading: &mut Drawing,
+) {
+    for (_, phase) in model.steps.phases() {
+        let x0 = event_x(model, axis, t, f64::from(phase.start_event)).max(t.plot.left());
+        let x1 = event_x(model, axis, t, f64::from(phase.end_event) + 1.0).min(t.plot.right());
+        if x1 <= x0 {
+            continue;
+        }
+        let rect = Rect::from_x_y_ranges(x0..=x1, t.plot.y_range());
+        let color = palette::phase_shade(phase.kind, dark);
+        painter.rect_filled(rect, 0.0, color);
+        shading.rects.push((rect, color));
+    }
+}
+
+/// The part of the segment `a`–`b` (with `a.x <= b.x`) between `left` and `right`.
+fn clip_segment(a: Pos2, b: Pos2, left: f32, right: f32) -> Option<(Pos2, Pos2)> {
+    if b.x < left || a.x > right || b.x <= a.x {
+        return None;
+    }
+    let y_at = |x: f32| a.y + (b.y - a.y) * (x - a.x) / (b.x - a.x);
+    let (x0, x1) = (a.x.max(left), b.x.min(right));
+    Some((Pos2::new(x0, y_at(x0)), Pos2::new(x1, y_at(x1))))
+}
+
+/// Step boundaries and labels, and every phase's slope (start bytes to end bytes) with its
+/// rate where there is room. `halo` outlines lines and labels so they read over the bands.
 fn steps_overlay(
     painter: &egui::Painter,
     model: &TimelineModel<'_>,
     axis: Axis,
     t: &Transform,
+    halo: Color32,
     drawing: &mut Drawing,
 ) {
     let font = egui::FontId::proportional(11.0);
-    let x_of = |event: u32| t.x(event_to_axis(model.timeline, axis, f64::from(event)));
+    let x_of = |event: u32| event_x(model, axis, t, f64::from(event));
+    let label_halo = halo.gamma_multiply(0.8);
     for step in &model.steps.steps {
-        let (x0, xp, x1) = (
-            x_of(step.start_event),
-            x_of(step.peak_event),
-            x_of(step.end_event),
-        );
+        let (x0, x1) = (x_of(step.start_event), x_of(step.end_event));
         if x1 < t.plot.left() || x0 > t.plot.right() {
             continue;
         }
@@ -1029,7 +1198,35 @@ fn steps_overlay(
                 mark.color,
                 1.0,
             ));
-            let label = format!("step {}", step.index);
+            // The longest label that ends before the next step's mark.
+            let room = model
+                .steps
+                .steps
+                .get(step.index + 1)
+                .map_or(t.plot.right(), |next| x_of(next.start_event))
+                .min(t.plot.right())
+                - x0
+                - 6.0;
+            let short = format!("step {}", step.index);
+            let long = if step.warmup {
+                format!("{short} · warm-up")
+            } else if step.partial {
+                format!("{short} · partial")
+            } else {
+                short.clone()
+            };
+            let width = |text: &str| {
+                painter
+                    .layout_no_wrap(text.to_owned(), font.clone(), palette::STEP_MARK)
+                    .size()
+                    .x
+            };
+            let Some(label) = [long, short, step.index.to_string()]
+                .into_iter()
+                .find(|l| width(l) <= room)
+            else {
+                continue;
+            };
             painter.text(
                 Pos2::new(x0 + 3.0, t.plot.top() + 2.0),
                 egui::Align2::LEFT_TOP,
@@ -1043,32 +1240,58 @@ fn steps_overlay(
                 palette::STEP_MARK,
             ));
         }
-        // Slopes are only legible when the step is wide enough.
-        if x1 - x0 < 40.0 {
+    }
+    let mut placed_labels: Vec<Rect> = Vec::new();
+    for (_, phase) in model.steps.phases() {
+        let a = Pos2::new(x_of(phase.start_event), t.y(phase.start_bytes));
+        let b = Pos2::new(
+            event_x(model, axis, t, f64::from(phase.end_event) + 1.0),
+            t.y(phase.end_bytes),
+        );
+        // Too narrow to read as a slope (also skips phases out of view).
+        if b.x - a.x < MIN_SLOPE_WIDTH {
             continue;
         }
-        let start = Pos2::new(x0, t.y(step.start_bytes));
-        let peak = Pos2::new(xp, t.y(step.peak_bytes));
-        let end = Pos2::new(x1, t.y(step.end_bytes));
-        for (a, b, color, slope) in [
-            (start, peak, palette::FORWARD_SLOPE, &step.forward),
-            (peak, end, palette::BACKWARD_SLOPE, &step.backward),
-        ] {
-            painter.line_segment([a, b], Stroke::new(2.0, color));
-            drawing.lines.push((vec![a, b], color, 2.0));
-            let rate = match slope.bytes_per_s {
-                Some(r) => format_rate(r),
-                None => format!(
-                    "{}/event",
-                    format_bytes(slope.bytes_per_event.abs().round() as u64)
-                ),
-            };
-            let mid = Pos2::new((a.x + b.x) / 2.0, (a.y + b.y) / 2.0 - 10.0);
-            if (b.x - a.x) > 60.0 {
-                painter.text(mid, egui::Align2::CENTER_BOTTOM, &rate, font.clone(), color);
-                drawing.texts.push((mid, rate, color));
-            }
-        }
+        let Some((a, b)) = clip_segment(a, b, t.plot.left(), t.plot.right()) else {
+            continue;
+        };
+        let color = palette::phase_color(phase.kind);
+        painter.line_segment([a, b], Stroke::new(4.0, label_halo));
+        painter.line_segment([a, b], Stroke::new(2.0, color));
+        drawing.lines.push((vec![a, b], label_halo, 4.0));
+        drawing.lines.push((vec![a, b], color, 2.0));
+        let rate = slope_rate_text(&phase.slope);
+        let galley = painter.layout_no_wrap(rate.clone(), font.clone(), color);
+        let size = galley.size();
+        // Beside the middle of its line (above, right, left or below), only where it overlaps
+        // no other label and stays in the plot; it may reach past a narrow phase.
+        let mid = Pos2::new((a.x + b.x) / 2.0, (a.y + b.y) / 2.0);
+        let candidates = [
+            Pos2::new(mid.x - size.x / 2.0, mid.y - 6.0 - size.y),
+            Pos2::new(mid.x + 6.0, mid.y - size.y / 2.0),
+            Pos2::new(mid.x - 6.0 - size.x, mid.y - size.y / 2.0),
+            Pos2::new(mid.x - size.x / 2.0, mid.y + 6.0),
+        ];
+        let free = |min: Pos2| {
+            let rect = Rect::from_min_size(min, size);
+            let background = rect.expand2(egui::vec2(2.0, 0.0));
+            // Clear of the step labels along the top.
+            let inside = t.plot.contains_rect(background) && background.top() > t.plot.top() + 14.0;
+            let clear = !placed_labels
+                .iter()
+                .any(|r| r.intersects(background.expand(2.0)));
+            (inside && clear).then_some((rect, background))
+        };
+        let Some((rect, background)) = candidates.into_iter().find_map(free) else {
+            continue;
+        };
+        placed_labels.push(background);
+        painter.rect_filled(background, 2.0, label_halo);
+        painter.galley(rect.min, galley, color);
+        drawing.rects.push((background, label_halo));
+        drawing
+            .texts
+            .push((Pos2::new(rect.left(), rect.bottom() - 2.0), rate, color));
     }
 }
 
@@ -1203,10 +1426,12 @@ mod tests {
         let (snapshot, _) = generate(&TrainingRun::default());
         let timeline = DeviceTimeline::build(&snapshot, 0).expect("timeline");
         let steps = timeline.steps(&Default::default());
+        let sites = StackSites::new(&snapshot);
         let model = TimelineModel {
             snapshot: &snapshot,
             timeline: &timeline,
             steps: &steps,
+            sites: &sites,
         };
         let layout = timeline
             .layout(&LayoutRequest::whole(&timeline, 400))
@@ -1220,6 +1445,7 @@ mod tests {
             search: Some(&nothing),
             show_reserved: false,
             dark: true,
+            color_mode: ColorMode::Site,
         };
         let drawing = layout_drawing(&layout, &model, style, plot, window, y_max);
         let faded = palette::unmatched(true);
@@ -1237,12 +1463,174 @@ mod tests {
             search: None,
             show_reserved: true,
             dark: true,
+            color_mode: ColorMode::Site,
         };
         let drawing = layout_drawing(&layout, &model, style, plot, window, y_max);
         assert!(drawing.rects.iter().any(|(_, c)| !special.contains(c)));
         let inside = plot.expand(1.0);
         assert!(drawing.rects.iter().all(|(r, _)| inside.contains_rect(*r)));
         assert_eq!(drawing.lines.len(), 1, "the reserved outline");
+    }
+
+    /// The generated default run: its snapshot, timeline, steps and sites.
+    fn generated_run() -> (Snapshot, DeviceTimeline, StepAnalysis, StackSites) {
+        let (snapshot, _) = generate(&TrainingRun::default());
+        let timeline = DeviceTimeline::build(&snapshot, 0).expect("timeline");
+        let steps = timeline.steps(&Default::default());
+        let sites = StackSites::new(&snapshot);
+        (snapshot, timeline, steps, sites)
+    }
+
+    fn drawing_in(model: &TimelineModel<'_>, layout: &Layout, mode: ColorMode) -> Drawing {
+        let plot = Rect::from_min_size(Pos2::ZERO, egui::vec2(800.0, 300.0));
+        let window = full_window(model.timeline, Axis::Event);
+        let style = DrawStyle {
+            search: None,
+            show_reserved: false,
+            dark: false,
+            color_mode: mode,
+        };
+        layout_drawing(layout, model, style, plot, window, layout.y_max as f64)
+    }
+
+    #[test]
+    fn colour_modes_colour_bands_by_category_phase_or_site() {
+        let (snapshot, timeline, steps, sites) = generated_run();
+        let model = TimelineModel {
+            snapshot: &snapshot,
+            timeline: &timeline,
+            steps: &steps,
+            sites: &sites,
+        };
+        let replay = timeline.replay();
+        assert_eq!(steps.categories.len(), replay.allocations.len());
+        // Every traced allocation: its category's colour, its phase's colour, its site's.
+        for (i, a) in replay.allocations.iter().enumerate() {
+            let id = AllocId(i as u32);
+            if a.before_window() {
+                for mode in ColorMode::ALL {
+                    assert_eq!(
+                        band_color(&model, id, a, mode, true),
+                        palette::before_window(true)
+                    );
+                }
+                continue;
+            }
+            assert_eq!(
+                band_color(&model, id, a, ColorMode::Category, true),
+                palette::category_color(steps.categories[i])
+            );
+            let event = a.alloc_event.expect("traced");
+            let (_, phase) = steps.phase_at(event).expect("phases tile the run");
+            assert_eq!(
+                band_color(&model, id, a, ColorMode::Phase, true),
+                palette::phase_color(phase.kind)
+            );
+            assert_eq!(
+                band_color(&model, id, a, ColorMode::Site, true),
+                palette::site_color(
+                    a.stack
+                        .and_then(|s| memsnap_analysis::sites::top_frame(&snapshot, s))
+                )
+            );
+        }
+
+        // The drawn bands: only the mode's colours (plus the residual and envelope greys), and
+        // the run's main categories and phases all show.
+        let layout = timeline
+            .layout(&LayoutRequest::whole(&timeline, 800))
+            .expect("layout");
+        let special = [palette::residual(false), palette::envelope(false)];
+        let colours = |mode| -> std::collections::HashSet<Color32> {
+            drawing_in(&model, &layout, mode)
+                .rects
+                .iter()
+                .map(|(_, c)| *c)
+                .filter(|c| !special.contains(c))
+                .collect()
+        };
+        let by_category = colours(ColorMode::Category);
+        for category in [
+            Category::Parameter,
+            Category::OptimizerState,
+            Category::Gradient,
+            Category::Activation,
+        ] {
+            assert!(
+                by_category.contains(&palette::category_color(category)),
+                "{category} is drawn"
+            );
+        }
+        assert!(by_category.iter().all(|c| Category::ALL
+            .iter()
+            .any(|&k| palette::category_color(k) == *c)));
+        let by_phase = colours(ColorMode::Phase);
+        let kinds = [
+            PhaseKind::Forward,
+            PhaseKind::Backward,
+            PhaseKind::Optimizer,
+        ];
+        for kind in kinds {
+            assert!(
+                by_phase.contains(&palette::phase_color(kind)),
+                "{kind} is drawn"
+            );
+        }
+        assert!(by_phase.len() <= 4, "{by_phase:?}");
+        assert_ne!(colours(ColorMode::Site), by_category);
+    }
+
+    #[test]
+    fn stacks_with_the_same_user_code_site_share_a_colour() {
+        use memsnap_format::{Action, Frame, TraceEntry};
+        let mut snapshot = Snapshot::new(1);
+        let user = Frame::new("train_step", "train.py", 12);
+        let other_user = Frame::new("evaluate", "train.py", 40);
+        let torch_a = Frame::new("forward", "torch/nn/modules/linear.py", 116);
+        let torch_b = Frame::new("forward", "torch/nn/modules/conv.py", 450);
+        let stacks = [
+            snapshot.intern_stack([torch_a.clone(), user.clone()]),
+            snapshot.intern_stack([torch_b, user]),
+            snapshot.intern_stack([torch_a, other_user]),
+        ];
+        let trace = &mut snapshot.device_traces.as_mut().expect("traces")[0];
+        for (i, stack) in stacks.iter().enumerate() {
+            let mut entry = TraceEntry::new(Action::Alloc, 0x1000 * (i as u64 + 1), 512, 0);
+            entry.frames = Some(*stack);
+            trace.push(entry);
+        }
+        let timeline = DeviceTimeline::build(&snapshot, 0).expect("timeline");
+        let steps = timeline.steps(&Default::default());
+        let sites = StackSites::new(&snapshot);
+        let model = TimelineModel {
+            snapshot: &snapshot,
+            timeline: &timeline,
+            steps: &steps,
+            sites: &sites,
+        };
+        let colour = |i: usize| {
+            let a = &timeline.replay().allocations[i];
+            band_color(&model, AllocId(i as u32), a, ColorMode::Site, true)
+        };
+        assert_ne!(stacks[0], stacks[1]);
+        assert_eq!(colour(0), colour(1), "same site, different stacks");
+        assert_eq!(
+            sites.label(&snapshot, Some(stacks[1])),
+            "train.py:12:train_step"
+        );
+        assert_eq!(sites.site(Some(stacks[0])), sites.site(Some(stacks[1])));
+        assert_ne!(sites.site(Some(stacks[0])), sites.site(Some(stacks[2])));
+    }
+
+    #[test]
+    fn phase_slopes_clip_to_the_plot() {
+        let a = Pos2::new(-10.0, 100.0);
+        let b = Pos2::new(10.0, 0.0);
+        let (p, q) = clip_segment(a, b, 0.0, 5.0).expect("visible");
+        assert_eq!((p.x, q.x), (0.0, 5.0));
+        assert!((p.y - 50.0).abs() < 1e-4 && (q.y - 25.0).abs() < 1e-4);
+        assert!(clip_segment(a, b, 20.0, 30.0).is_none());
+        assert!(clip_segment(b, b, 0.0, 30.0).is_none());
     }
 
     #[test]

@@ -81,6 +81,29 @@ pub fn format_rate(bytes_per_s: f64) -> String {
     format!("{sign}{}/s", format_bytes(bytes_per_s.abs().round() as u64))
 }
 
+/// Formats a rate with an explicit sign: `+1.2 GiB/s`, `-800.0 MiB/s`, `0 B/s`.
+pub fn format_rate_signed(bytes_per_s: f64) -> String {
+    format_signed_per(bytes_per_s, "s")
+}
+
+/// Formats bytes per trace event with an explicit sign: `+12.3 MiB/event`.
+pub fn format_per_event_signed(bytes_per_event: f64) -> String {
+    format_signed_per(bytes_per_event, "event")
+}
+
+fn format_signed_per(value: f64, unit: &str) -> String {
+    if !value.is_finite() {
+        return "–".to_owned();
+    }
+    let magnitude = value.abs().round() as u64;
+    let sign = match value {
+        _ if magnitude == 0 => "",
+        v if v < 0.0 => "-",
+        _ => "+",
+    };
+    format!("{sign}{}/{unit}", format_bytes(magnitude))
+}
+
 /// The byte slider works on a log2 scale: position `p` in `0..=LOG_SLIDER_MAX` means
 /// `2^p` bytes, and position 0 means "no filter" (0 bytes).
 pub const LOG_SLIDER_MAX: f64 = 40.0;
@@ -146,5 +169,16 @@ mod tests {
         assert_eq!(format_duration_us(12_345), "12.3 ms");
         assert_eq!(format_duration_us(4_200_000), "4.20 s");
         assert_eq!(format_rate(1024.0 * 1024.0), "1.0 MiB/s");
+        assert_eq!(
+            format_rate_signed(1.2 * 1024.0 * 1024.0 * 1024.0),
+            "+1.2 GiB/s"
+        );
+        assert_eq!(format_rate_signed(-800.0 * 1024.0 * 1024.0), "-800.0 MiB/s");
+        assert_eq!(format_rate_signed(0.2), "0 B/s");
+        assert_eq!(format_rate_signed(f64::NAN), "–");
+        assert_eq!(
+            format_per_event_signed(12.3 * 1024.0 * 1024.0),
+            "+12.3 MiB/event"
+        );
     }
 }

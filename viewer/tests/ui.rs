@@ -5,6 +5,7 @@
 //! `WGPU_BACKEND=gl`). Record them with `UPDATE_SNAPSHOTS=1 cargo test -p memsnap-viewer`;
 //! the tolerance is in `viewer/kittest.toml`.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,10 +13,12 @@ use std::time::{Duration, Instant};
 use egui::accesskit::Role;
 use egui_kittest::kittest::{NodeT, Queryable};
 use egui_kittest::Harness;
+use memsnap_analysis::{Category, PhaseKind};
 use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::Format;
 use memsnap_viewer::app::MainView;
 use memsnap_viewer::loader::Source;
+use memsnap_viewer::palette::{self, ColorMode};
 use memsnap_viewer::settings::{Settings, ThemeChoice};
 use memsnap_viewer::ViewerApp;
 
@@ -252,6 +255,11 @@ fn clicking_a_band_pins_it_and_shows_its_full_stack() {
     );
     h.get_by_label("Pinned allocation");
     h.get_by_role_and_label(Role::Button, "Copy");
+    // The details name the allocation's site, category and phase: this band is a parameter
+    // made in the set-up.
+    for label in ["site", "category", "parameter", "allocated in"] {
+        assert!(h.query_all_by_label(label).count() >= 1, "{label}");
+    }
     // The SVG export draws the same picture.
     let svg = h
         .state()
@@ -355,6 +363,212 @@ fn files_from_the_command_line_open_and_enter_the_recent_list() {
     assert_eq!(app.documents[0].path.as_deref(), Some(path.as_path()));
     let canonical = std::fs::canonicalize(&path).expect("canonical");
     assert_eq!(app.settings.recent_files.first(), Some(&canonical));
+}
+
+#[test]
+fn phases_are_shaded_and_listed_in_the_step_table() {
+    let mut h = loaded_app(
+        &[("run.pickle", training_pickle(17, 0))],
+        Settings::default(),
+    );
+    let doc = h.state().active_document().expect("open");
+    let steps = doc.device().steps.clone();
+    assert!(steps.steps.len() >= 3, "{}", steps.steps.len());
+    // Every phase in view is shaded behind the bands, in its kind's tint.
+    let shading = doc
+        .state()
+        .timeline
+        .last_phase_shading()
+        .expect("drawn")
+        .clone();
+    assert_eq!(shading.rects.len(), steps.phases().count());
+    for kind in [
+        PhaseKind::Forward,
+        PhaseKind::Backward,
+        PhaseKind::Optimizer,
+    ] {
+        let tint = palette::phase_shade(kind, true);
+        assert!(
+            shading.rects.iter().any(|(_, c)| *c == tint),
+            "{kind} shaded"
+        );
+        // The legend names each phase kind present.
+        h.get_by_role_and_label(Role::Label, memsnap_viewer::steps_ui::phase_label(kind));
+    }
+    // The table lists the set-up, then the steps, with the method that found them.
+    h.get_by_label("from the allocation stacks");
+    h.get_by_role_and_label(Role::Button, "set-up");
+    assert!(h.query_by_role_and_label(Role::Button, "forward").is_none());
+    // Selecting a step lists its phases under it.
+    h.get_by_label("step 1").click();
+    h.run();
+    for kind in ["forward", "backward", "optimizer"] {
+        h.get_by_role_and_label(Role::Button, kind);
+    }
+    // Clicking a phase zooms the timeline to it.
+    let phase = steps.steps[1]
+        .phases
+        .iter()
+        .find(|p| p.kind == PhaseKind::Backward)
+        .expect("step 1 has a backward phase")
+        .clone();
+    h.get_by_role_and_label(Role::Button, "backward").click();
+    h.run();
+    let doc = h.state().active_document().expect("open");
+    let window = doc.state().timeline.window;
+    let span = f64::from(phase.end_event - phase.start_event + 1);
+    assert!(window.is_zoomed());
+    assert!(
+        window.start <= f64::from(phase.start_event) && window.end >= f64::from(phase.end_event)
+    );
+    assert!(
+        window.span() < 1.5 * span.max(2.0),
+        "{window:?} vs {phase:?}"
+    );
+    assert_eq!(doc.state().steps.selected, Some(1));
+    // The header button lists every step's phases, and hides them again.
+    h.get_by_role_and_label(Role::Button, "show all phases")
+        .click();
+    h.run();
+    assert!(
+        h.query_all_by_role_and_label(Role::Button, "forward")
+            .count()
+            >= 2
+    );
+    h.get_by_role_and_label(Role::Button, "hide phases").click();
+    h.run();
+    assert!(h.query_by_role_and_label(Role::Button, "forward").is_none());
+}
+
+#[test]
+fn a_warm_up_step_is_labelled_warm_up_not_a_leak() {
+    let h = loaded_app(
+        &[("run.pickle", training_pickle(18, 0))],
+        Settings::default(),
+    );
+    let steps = &h.state().active_document().expect("open").device().steps;
+    let warmup = steps
+        .steps
+        .iter()
+        .find(|s| s.warmup)
+        .expect("the first optimizer step creates Adam's state");
+    let text = format!(
+        "warm-up: creates {} optimizer state",
+        memsnap_viewer::units::format_bytes(warmup.optimizer_state_bytes)
+    );
+    h.get_by_label_contains(&text);
+    assert!(h.query_by_label_contains("Leak suspected").is_none());
+}
+
+#[test]
+fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
+    let mut h = loaded_app(
+        &[("run.pickle", training_pickle(19, 0))],
+        Settings::default(),
+    );
+    let band_colours = |h: &Harness<'_, ViewerApp>| -> HashSet<egui::Color32> {
+        let doc = h.state().active_document().expect("open");
+        let drawing = doc.state().timeline.last_band_drawing().expect("drawn");
+        drawing.rects.iter().map(|(_, c)| *c).collect()
+    };
+    let by_site = band_colours(&h);
+    h.get_by_label("allocations (colour = user-code site)");
+    h.get_by_role_and_label(Role::Button, "category").click();
+    h.run();
+    assert_eq!(timeline_state(&h).color_mode, ColorMode::Category);
+    let by_category = band_colours(&h);
+    assert_ne!(by_site, by_category);
+    let category_colours: HashSet<_> = Category::ALL
+        .iter()
+        .map(|&c| palette::category_color(c))
+        .collect();
+    let special = [palette::residual(true), palette::envelope(true)];
+    assert!(by_category
+        .iter()
+        .all(|c| category_colours.contains(c) || special.contains(c)));
+    // The legend lists the categories.
+    h.get_by_label("optimizer state");
+    h.get_by_label("activation");
+    // C cycles on to phase colouring, and round to site.
+    h.key_press(egui::Key::C);
+    h.run();
+    assert_eq!(timeline_state(&h).color_mode, ColorMode::Phase);
+    let phase_colours: HashSet<_> = [
+        PhaseKind::Forward,
+        PhaseKind::Backward,
+        PhaseKind::Optimizer,
+    ]
+    .iter()
+    .map(|&k| palette::phase_color(k))
+    .collect();
+    let by_phase = band_colours(&h);
+    assert!(phase_colours.is_subset(&by_phase), "{by_phase:?}");
+    h.key_press(egui::Key::C);
+    h.run();
+    assert_eq!(timeline_state(&h).color_mode, ColorMode::Site);
+    assert_eq!(band_colours(&h), by_site);
+    // The help lists the shortcut.
+    h.key_press(egui::Key::F1);
+    h.run();
+    h.get_by_label_contains("Colour bands by user-code site, category or phase");
+}
+
+fn timeline_state<'h>(
+    h: &'h Harness<'_, ViewerApp>,
+) -> &'h memsnap_viewer::timeline_ui::TimelineState {
+    &h.state().active_document().expect("open").state().timeline
+}
+
+/// A real snapshot from `MEMSNAP_REAL_SNAPSHOTS`, or `None` (the test is skipped) when unset.
+fn real_snapshot(name: &str) -> Option<Vec<u8>> {
+    let Some(dir) = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS") else {
+        eprintln!("MEMSNAP_REAL_SNAPSHOTS is not set: skipping {name}");
+        return None;
+    };
+    Some(std::fs::read(Path::new(&dir).join(name)).expect("read the real snapshot"))
+}
+
+#[test]
+fn a_real_training_run_lists_ten_steps_with_their_phases() {
+    let Some(bytes) = real_snapshot("11_jaspersolt_snapshot_actions.pickle") else {
+        return;
+    };
+    let h = loaded_app(&[("jaspersolt.pickle", bytes)], Settings::default());
+    h.get_by_label("Training steps: 10");
+    h.get_by_label("from the allocation stacks");
+    let steps = &h.state().active_document().expect("open").device().steps;
+    // Whole steps run forward, backward, optimizer; the shading covers every phase.
+    for step in steps.steps.iter().filter(|s| !s.partial) {
+        let kinds: Vec<PhaseKind> = step.phases.iter().map(|p| p.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                PhaseKind::Forward,
+                PhaseKind::Backward,
+                PhaseKind::Optimizer
+            ],
+            "step {}",
+            step.index
+        );
+    }
+    let shading = timeline_state(&h).last_phase_shading().expect("drawn");
+    assert_eq!(shading.rects.len(), steps.phases().count());
+    for kind in [
+        PhaseKind::Forward,
+        PhaseKind::Backward,
+        PhaseKind::Optimizer,
+    ] {
+        h.get_by_role_and_label(Role::Label, memsnap_viewer::steps_ui::phase_label(kind));
+    }
+}
+
+#[test]
+fn a_real_warm_up_step_is_labelled() {
+    let Some(bytes) = real_snapshot("13_bcrafton_new_cpp_frames_annotations.pickle") else {
+        return;
+    };
+    let h = loaded_app(&[("bcrafton.pickle", bytes)], Settings::default());
+    h.get_by_label_contains("warm-up: creates");
 }
 
 // ---- image snapshots -----------------------------------------------------------------
