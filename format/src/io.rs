@@ -134,9 +134,10 @@ pub fn read_path(path: &Path) -> Result<(Snapshot, Detected)> {
     read_path_with(path, &mut |_, _| true)
 }
 
-/// [`read_path`] with a progress callback. An uncompressed pickle is decoded as it is read,
-/// through a small buffer, so the file is never held in memory whole; other encodings and
-/// compressed files are read into memory first.
+/// [`read_path`] with a progress callback. A pickle, compressed (gzip, zstd) or not, is
+/// decoded as it is read (and inflated), through a small buffer, so neither the file nor its
+/// inflated bytes are ever held in memory whole; msgpack and JSON are read into memory first.
+/// Progress counts the file's bytes (compressed bytes for a compressed file).
 pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, Detected)> {
     let io_err = |source| FormatError::Io {
         path: path.to_owned(),
@@ -152,25 +153,132 @@ pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, 
         .take(64)
         .read_to_end(&mut head)
         .map_err(io_err)?;
-    let streamable = Compression::detect(&head) == Compression::None
-        && Format::detect(&head) == Some(Format::Pickle);
-    let Some(len) = len.filter(|_| streamable) else {
+    let compression = Compression::detect(&head);
+    let Some(len) = len else {
         let mut bytes = head;
         file.read_to_end(&mut bytes).map_err(io_err)?;
         return read_bytes_with(&bytes, progress);
     };
-    let reader = std::io::Cursor::new(head).chain(file);
-    let snapshot = crate::pickle::read_from(reader, len, progress).map_err(|e| match e {
-        FormatError::Read { source, .. } => io_err(source),
+    let raw = std::io::Cursor::new(head).chain(file);
+    if compression == Compression::None {
+        if Format::detect(raw.get_ref().0.get_ref()) != Some(Format::Pickle) {
+            return read_whole(raw, progress, path, false);
+        }
+        let snapshot = crate::pickle::read_from(raw, len, progress).map_err(|e| match e {
+            FormatError::Read { source, .. } => io_err(source),
+            other => other,
+        })?;
+        return Ok((
+            snapshot,
+            Detected {
+                format: Format::Pickle,
+                compression,
+            },
+        ));
+    }
+    // Compressed: count the compressed bytes for progress, inflate as the reader asks.
+    let consumed = std::cell::Cell::new(0u64);
+    let counted = Counted {
+        inner: raw,
+        count: &consumed,
+    };
+    let (codec, mut inflated): (&'static str, Box<dyn Read + '_>) = match compression {
+        Compression::Gzip => ("gzip", Box::new(flate2::read::MultiGzDecoder::new(counted))),
+        _ => (
+            "zstd",
+            Box::new(zstd::stream::read::Decoder::new(counted).map_err(|e| {
+                FormatError::Decompress {
+                    codec: "zstd",
+                    what: e.to_string(),
+                }
+            })?),
+        ),
+    };
+    let mut inner_head = Vec::with_capacity(64);
+    (&mut inflated)
+        .take(64)
+        .read_to_end(&mut inner_head)
+        .map_err(|e| decompress_err(codec, e))?;
+    let format = Format::detect(&inner_head).ok_or_else(|| FormatError::UnknownFormat {
+        what: describe_start(&inner_head),
+    })?;
+    let inflated = std::io::Cursor::new(inner_head)
+        .chain(inflated)
+        .take(MAX_DECOMPRESSED_BYTES);
+    if format != Format::Pickle {
+        let (snapshot, detected) = read_whole(inflated, progress, path, true)?;
+        return Ok((
+            snapshot,
+            Detected {
+                compression,
+                ..detected
+            },
+        ));
+    }
+    // The inflated length is unknown: declared lengths are bounded by the decompression
+    // limit, and payloads are copied as they arrive, so a lying length cannot allocate more
+    // than the input holds.
+    let mut by_file_bytes = |_: u64, _: u64| progress(consumed.get(), len);
+    let snapshot = crate::pickle::read_from(inflated, MAX_DECOMPRESSED_BYTES, &mut by_file_bytes)
+        .map_err(|e| match e {
+        FormatError::Read { source, offset } => FormatError::Decompress {
+            codec,
+            what: format!("{source} (at inflated byte {offset})"),
+        },
         other => other,
     })?;
     Ok((
         snapshot,
         Detected {
             format: Format::Pickle,
-            compression: Compression::None,
+            compression,
         },
     ))
+}
+
+/// Reads a whole stream into memory and decodes it; an inflated one (limited to
+/// [`MAX_DECOMPRESSED_BYTES`]) is refused when it reaches the limit.
+fn read_whole(
+    mut reader: impl Read,
+    progress: Progress<'_>,
+    path: &Path,
+    inflated: bool,
+) -> Result<(Snapshot, Detected)> {
+    let mut bytes = Vec::new();
+    reader
+        .read_to_end(&mut bytes)
+        .map_err(|source| FormatError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+    if inflated && bytes.len() as u64 >= MAX_DECOMPRESSED_BYTES {
+        return Err(FormatError::Decompress {
+            codec: "gzip or zstd",
+            what: format!("output exceeds {MAX_DECOMPRESSED_BYTES} bytes"),
+        });
+    }
+    read_bytes_with(&bytes, progress)
+}
+
+fn decompress_err(codec: &'static str, e: std::io::Error) -> FormatError {
+    FormatError::Decompress {
+        codec,
+        what: e.to_string(),
+    }
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<'a, R> {
+    inner: R,
+    count: &'a std::cell::Cell<u64>,
+}
+
+impl<R: Read> Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.set(self.count.get() + n as u64);
+        Ok(n)
+    }
 }
 
 /// Encodes a snapshot.
