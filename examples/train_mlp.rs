@@ -15,8 +15,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use memsnap_recorder::ffi::HostTensor;
-use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice};
+use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice, HostTensor};
 
 type Gpu = CachingAllocator<HostDevice>;
 

@@ -9,9 +9,11 @@ cargo fmt --all -- --check
 
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The GPU backends are cargo features; their tests drive stub driver libraries built with gcc.
-cargo clippy -p memsnap-recorder --all-targets --features cuda,hip,frame-pointers --locked -- -D warnings
+# The GPU backends are cargo features (the C ABI crate forwards them); their tests drive stub
+# driver libraries built with gcc.
+cargo clippy -p memsnap-recorder -p memsnap-recorder-ffi --all-targets \
+  --features cuda,hip,frame-pointers --locked -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace --locked
-cargo test -p memsnap-recorder --features cuda,hip --locked
+cargo test -p memsnap-recorder -p memsnap-recorder-ffi --features cuda,hip --locked

@@ -30,7 +30,14 @@
 //!   frame-pointer walk with the `frame-pointers` feature), interned per device so a stack seen
 //!   before costs no allocation, and symbolised only when a snapshot is taken.
 //! * [`CachingAllocator::snapshot`] returns the [`memsnap_format::Snapshot`] model;
-//!   [`CachingAllocator::dump_snapshot`] writes it atomically.
+//!   [`CachingAllocator::dump_snapshot`] writes it atomically;
+//!   [`snapshot::merge_device_snapshots`] puts the snapshots of several devices in one.
+//! * [`HostTensor`]: an `f32` buffer in a block of a [`HostDevice`] allocator, for Rust
+//!   training code whose tensors should show in the history.
+//!
+//! This crate is a plain Rust library. The C ABI (`libmemsnap_recorder.so`/`.a`, `memsnap.h`),
+//! PyTorch's `CUDAPluggableAllocator` entry points and the `MEMSNAP_*` environment
+//! configuration are the `memsnap-recorder-ffi` crate (`recorder-ffi/`), built over this one.
 //!
 //! Nothing reachable from an allocation panics: out of memory is [`Error::OutOfMemory`]
 //! (after the `oom` trace entry is recorded and the OOM observers ran, outside the lock).
@@ -84,9 +91,9 @@ mod clock;
 pub mod config;
 pub mod device;
 pub mod error;
-pub mod ffi;
 pub mod global_alloc;
 pub mod history;
+pub mod snapshot;
 pub mod stacks;
 pub mod stats;
 
@@ -96,7 +103,7 @@ pub use config::AllocatorConfig;
 pub use device::cuda::CudaDevice;
 #[cfg(feature = "hip")]
 pub use device::hip::HipDevice;
-pub use device::{Device, Event, HostDevice, MemInfo, SimulatedDevice, Stream};
+pub use device::{Device, Event, HostDevice, HostTensor, MemInfo, SimulatedDevice, Stream};
 pub use error::{ConfigError, DeviceError, Error, OomInfo, Result};
 pub use history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
 pub use stacks::Unwinder;

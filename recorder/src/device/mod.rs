@@ -5,6 +5,7 @@
 use crate::error::DeviceError;
 
 mod host;
+mod host_tensor;
 mod simulated;
 
 #[cfg(feature = "cuda")]
@@ -13,6 +14,7 @@ pub mod cuda;
 pub mod hip;
 
 pub use host::HostDevice;
+pub use host_tensor::HostTensor;
 pub use simulated::SimulatedDevice;
 
 /// A stream: the raw `cudaStream_t` value as an integer (0 is the legacy default stream).

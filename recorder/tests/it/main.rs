@@ -2,11 +2,10 @@
 
 mod common;
 mod deps;
+mod global_alloc;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod gpu;
 mod host;
 mod model;
 mod snapshot;
 mod stress;
-
-mod ffi;

@@ -1,18 +1,18 @@
 //! The device behind the C ABI, chosen at run time (`MEMSNAP_BACKEND`).
 
-use crate::device::{Device, Event, HostDevice, MemInfo, SimulatedDevice, Stream};
-use crate::error::DeviceError;
+use recorder::device::{Device, Event, HostDevice, MemInfo, SimulatedDevice, Stream};
+use recorder::DeviceError;
 
-use super::env::BackendKind;
+use crate::env::BackendKind;
 
 /// One of the backends, behind one type so the C ABI holds a single allocator type.
 pub enum AnyDevice {
     Simulated(SimulatedDevice),
     Host(HostDevice),
     #[cfg(feature = "cuda")]
-    Cuda(crate::device::cuda::CudaDevice),
+    Cuda(recorder::CudaDevice),
     #[cfg(feature = "hip")]
-    Hip(crate::device::hip::HipDevice),
+    Hip(recorder::HipDevice),
 }
 
 impl AnyDevice {
@@ -29,7 +29,7 @@ impl AnyDevice {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(index: usize) -> Result<AnyDevice, DeviceError> {
-    crate::device::cuda::CudaDevice::new(index).map(AnyDevice::Cuda)
+    recorder::CudaDevice::new(index).map(AnyDevice::Cuda)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -37,7 +37,7 @@ fn open_cuda(_index: usize) -> Result<AnyDevice, DeviceError> {
     Err(DeviceError::Unavailable {
         backend: "cuda",
         reason: "this library was built without the `cuda` feature \
-                 (cargo build --release -p memsnap-recorder --features cuda); \
+                 (cargo build --release -p memsnap-recorder-ffi --features cuda); \
                  MEMSNAP_BACKEND=simulated or host run without a GPU"
             .into(),
     })
@@ -45,7 +45,7 @@ fn open_cuda(_index: usize) -> Result<AnyDevice, DeviceError> {
 
 #[cfg(feature = "hip")]
 fn open_hip(index: usize) -> Result<AnyDevice, DeviceError> {
-    crate::device::hip::HipDevice::new(index).map(AnyDevice::Hip)
+    recorder::HipDevice::new(index).map(AnyDevice::Hip)
 }
 
 #[cfg(not(feature = "hip"))]
@@ -53,7 +53,7 @@ fn open_hip(_index: usize) -> Result<AnyDevice, DeviceError> {
     Err(DeviceError::Unavailable {
         backend: "hip",
         reason: "this library was built without the `hip` feature \
-                 (cargo build --release -p memsnap-recorder --features hip)"
+                 (cargo build --release -p memsnap-recorder-ffi --features hip)"
             .into(),
     })
 }

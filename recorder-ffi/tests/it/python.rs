@@ -1,4 +1,4 @@
-//! `recorder/python/test_memsnap_ctypes.py`: the library loaded into python3 through ctypes
+//! `recorder-ffi/python/test_memsnap_ctypes.py`: the library loaded into python3 through ctypes
 //! (no torch), with Python frames recorded.
 
 use std::path::Path;

@@ -33,7 +33,7 @@ fn the_heap_of_a_rust_program_is_recorded() {
         let exe = std::env::current_exe().unwrap();
         let out = Command::new(exe)
             .args([
-                "ffi::global_alloc::the_heap_of_a_rust_program_is_recorded",
+                "global_alloc::the_heap_of_a_rust_program_is_recorded",
                 "--exact",
                 "--test-threads=1",
                 "--nocapture",

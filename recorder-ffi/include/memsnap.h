@@ -29,9 +29,9 @@
  *   MEMSNAP_ALLOC_CONF   allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
  *                        (falls back to PYTORCH_CUDA_ALLOC_CONF when unset)
  *
- * Zero-code use with PyTorch: see recorder/python/memsnap_torch.py.
+ * Zero-code use with PyTorch: see recorder-ffi/python/memsnap_torch.py.
  * Linking a C program against the static library (Linux):
- *   cc app.c -Irecorder/include target/release/libmemsnap_recorder.a \
+ *   cc app.c -Irecorder-ffi/include target/release/libmemsnap_recorder.a \
  *      -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
  */
 #ifndef MEMSNAP_H

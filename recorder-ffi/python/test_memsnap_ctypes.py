@@ -1,11 +1,11 @@
 """Drives libmemsnap_recorder.so through ctypes, the way memsnap_torch does, without torch.
 
-    MEMSNAP_BACKEND=host python3 recorder/python/test_memsnap_ctypes.py \
+    MEMSNAP_BACKEND=host python3 recorder-ffi/python/test_memsnap_ctypes.py \
         --library target/debug/libmemsnap_recorder.so --out /tmp/py.pickle --expect /tmp/py-frames.tsv
 
 It allocates "activations" from Python functions of this file, checks memory_stats(), dumps a
 snapshot, and writes to --expect the Python frames the snapshot must contain, outermost first,
-one "function<TAB>line<TAB>file" per line. The Rust test recorder/tests/it/ffi/python.rs runs it and checks the snapshot.
+one "function<TAB>line<TAB>file" per line. The Rust test recorder-ffi/tests/it/python.rs runs it and checks the snapshot.
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """memsnap_torch: record PyTorch's GPU memory with memsnap's allocator.
 
 Plain Python (ctypes), no build step. Copy this file next to your script or put
-``recorder/python`` on ``PYTHONPATH``.
+``recorder-ffi/python`` on ``PYTHONPATH``.
 
     import memsnap_torch
     memsnap_torch.enable(max_entries=200_000, stacks="all", dump_on_oom="oom.pickle")

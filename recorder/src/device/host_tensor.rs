@@ -1,24 +1,24 @@
-//! [`HostTensor`]: an `f32` buffer allocated through a [`CachingAllocator`] on host memory, for
-//! Rust training code that wants its tensors in the recorded history.
-//!
-//! ```
-//! use memsnap_recorder::ffi::HostTensor;
-//! use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice};
-//!
-//! let gpu = CachingAllocator::new(HostDevice::new(1 << 30));
-//! gpu.record_memory_history(HistoryOptions::default());
-//! let mut weights = HostTensor::zeros(&gpu, 1024)?;
-//! weights[3] = 1.5;
-//! assert_eq!(weights.iter().sum::<f32>(), 1.5);
-//! drop(weights); // freed through the allocator: a free_requested/free_completed pair
-//! # Ok::<(), memsnap_recorder::Error>(())
-//! ```
+//! [`HostTensor`]: an `f32` buffer in a block of a host-memory caching allocator.
+#![allow(unsafe_code)]
 
 use std::ops::{Deref, DerefMut};
 
 use crate::{CachingAllocator, HostDevice, Stream};
 
-/// `len` zero-initialised `f32`s in a block of a host-memory caching allocator, freed on drop.
+/// `len` zero-initialised `f32`s in a block of a host-memory caching allocator, freed on drop:
+/// for Rust training code that wants its tensors in the recorded history.
+///
+/// ```
+/// use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice, HostTensor};
+///
+/// let gpu = CachingAllocator::new(HostDevice::new(1 << 30));
+/// gpu.record_memory_history(HistoryOptions::default());
+/// let mut weights = HostTensor::zeros(&gpu, 1024)?;
+/// weights[3] = 1.5;
+/// assert_eq!(weights.iter().sum::<f32>(), 1.5);
+/// drop(weights); // freed through the allocator: a free_requested/free_completed pair
+/// # Ok::<(), memsnap_recorder::Error>(())
+/// ```
 ///
 /// The block belongs to this value alone: the allocator hands each live block out once, and
 /// the pointer is only freed by `Drop`. (Calling [`CachingAllocator::free`] yourself with

@@ -7,13 +7,13 @@
 //! ABI holds this log's lock across the allocator call). When a snapshot is built, the newest
 //! `alloc`/`free_requested` entries of each device are paired with the newest log events, from
 //! the end, as long as action and address agree; each paired entry's frames become the native
-//! frames with the Python frames spliced in ([`super::python::merge_stacks`]).
+//! frames with the Python frames spliced in ([`crate::python::merge_stacks`]).
 
 use std::collections::{HashMap, VecDeque};
 
 use memsnap_format::{Action, BlockState, Frame, Snapshot, StackId};
 
-use super::python::merge_stacks;
+use crate::python::merge_stacks;
 
 /// Index of a Python stack in [`PythonStacks`].
 type PyStackId = u32;

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::history::{ContextMode, HistoryMode};
+use recorder::history::{ContextMode, HistoryMode};
 
 /// The device memory of a simulated or host backend when `MEMSNAP_DEVICE_MEMORY` is unset.
 pub const DEFAULT_DEVICE_MEMORY: u64 = 80 << 30;
@@ -81,7 +81,7 @@ pub fn parse_context_mode(text: &str) -> Option<ContextMode> {
 
 pub const CONTEXT_EXPECTED: &str = "never, state, alloc or all";
 
-/// Which frames a stack holds (the core allocator's [`crate::StackMode`] plus Python frames).
+/// Which frames a stack holds (the core allocator's [`recorder::StackMode`] plus Python frames).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StackSelection {
     None,

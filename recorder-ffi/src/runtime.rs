@@ -1,0 +1,359 @@
+//! The process-wide state behind the C ABI: a [`CachingAllocator`] per device (created on
+//! first use from the environment, see [`crate::env`]), the Python-stack log, and the dumps
+//! (on request, at exit, on out-of-memory and on `SIGUSR1`).
+#![allow(unsafe_code)]
+
+use std::ffi::c_int;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Once, OnceLock};
+
+use memsnap_format::{Frame, Snapshot};
+use parking_lot::Mutex;
+use recorder::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
+use recorder::snapshot::merge_device_snapshots;
+use recorder::{AllocatorConfig, CachingAllocator, Error, Stream};
+
+use crate::abi::EXPORTED;
+use crate::backend::AnyDevice;
+use crate::env::{BackendKind, EnvConfig, StackSelection};
+use crate::error::{FfiError, FfiResult, MEMSNAP_ERR_BACKEND};
+use crate::python;
+use crate::python_stacks::PythonStacks;
+use crate::signal;
+
+/// Devices a process may use (CUDA ordinals 0..64).
+pub const MAX_DEVICES: usize = 64;
+
+/// History settings of the C ABI: the core's options plus whether Python frames are wanted.
+#[derive(Clone, Copy, Debug)]
+struct Recording {
+    options: HistoryOptions,
+    stacks: StackSelection,
+}
+
+/// Everything the C ABI shares between calls.
+pub struct Runtime {
+    config: EnvConfig,
+    devices: Vec<OnceLock<Result<CachingAllocator<AnyDevice>, String>>>,
+    recording: Mutex<Recording>,
+    /// Python frames are captured (a Python interpreter is present and asked for).
+    python_wanted: AtomicBool,
+    /// The context level of the Python capture (a [`ContextMode`] as `u8`).
+    python_context: AtomicU8,
+    /// Python stacks of allocations; its lock also orders allocator calls when it is in use.
+    python_log: Mutex<PythonStacks>,
+    /// Written on out-of-memory (`MEMSNAP_DUMP`, then `memsnap_set_oom_dump_path`).
+    pub oom_dump_path: Mutex<Option<PathBuf>>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static RUNTIME_INIT: Mutex<()> = Mutex::new(());
+
+/// The runtime, created from the environment on first use.
+pub fn runtime() -> FfiResult<&'static Runtime> {
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    init_runtime(None)
+}
+
+/// Creates the runtime (once); `backend` overrides `MEMSNAP_BACKEND`.
+pub fn init_runtime(backend: Option<BackendKind>) -> FfiResult<&'static Runtime> {
+    let _serialise = RUNTIME_INIT.lock();
+    if let Some(rt) = RUNTIME.get() {
+        return match backend {
+            Some(kind) if kind != rt.config.backend => Err(FfiError::invalid(format!(
+                "memsnap already runs on the {} backend; it cannot switch to {}",
+                rt.config.backend.name(),
+                kind.name()
+            ))),
+            _ => Ok(rt),
+        };
+    }
+    let mut config = EnvConfig::from_env().map_err(|e| FfiError::invalid(e.to_string()))?;
+    if let Some(kind) = backend {
+        config.backend = kind;
+    }
+    if let Some(conf) = &config.alloc_conf {
+        // Fail early (and once) on a bad configuration string.
+        AllocatorConfig::parse(conf).map_err(|e| FfiError::invalid(e.to_string()))?;
+    }
+    let rt = Runtime {
+        devices: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
+        recording: Mutex::new(Recording {
+            options: HistoryOptions::off(),
+            stacks: config.stacks,
+        }),
+        python_wanted: AtomicBool::new(false),
+        python_context: AtomicU8::new(ContextMode::Never as u8),
+        python_log: Mutex::new(PythonStacks::new(config.max_entries)),
+        oom_dump_path: Mutex::new(config.dump_path.clone()),
+        config,
+    };
+    let rt = RUNTIME.get_or_init(|| rt);
+    if rt.config.history != HistoryMode::Off {
+        rt.set_recording(
+            HistoryOptions {
+                enabled: rt.config.history,
+                context: rt.config.context,
+                max_entries: rt.config.max_entries,
+                ..HistoryOptions::default()
+            },
+            rt.config.stacks,
+        );
+    }
+    if let Some(path) = rt.config.dump_path.clone() {
+        register_exit_dump();
+        if rt.config.dump_on_sigusr1 {
+            let installed = signal::install(move || match dump_all(&path) {
+                Ok(()) => eprintln!("memsnap: SIGUSR1: wrote {}", path.display()),
+                Err(err) => eprintln!("memsnap: SIGUSR1: {err}"),
+            });
+            if let Err(err) = installed {
+                eprintln!("memsnap: MEMSNAP_DUMP_ON_SIGUSR1: {err}");
+            }
+        }
+    } else if rt.config.dump_on_sigusr1 {
+        eprintln!(
+            "memsnap: MEMSNAP_DUMP_ON_SIGUSR1 is set but MEMSNAP_DUMP is not; no dump on SIGUSR1"
+        );
+    }
+    Ok(rt)
+}
+
+impl Runtime {
+    /// The allocator of `device`, created on first use.
+    pub fn device(&self, device: c_int) -> FfiResult<&CachingAllocator<AnyDevice>> {
+        let index = usize::try_from(device)
+            .ok()
+            .filter(|&i| i < MAX_DEVICES)
+            .ok_or_else(|| {
+                FfiError::invalid(format!("device {device} is out of range 0..{MAX_DEVICES}"))
+            })?;
+        let slot = self.devices[index].get_or_init(|| self.open_device(index));
+        slot.as_ref().map_err(|message| FfiError {
+            code: MEMSNAP_ERR_BACKEND,
+            message: message.clone(),
+        })
+    }
+
+    fn open_device(&self, index: usize) -> Result<CachingAllocator<AnyDevice>, String> {
+        let device = AnyDevice::open(self.config.backend, index, self.config.device_memory)
+            .map_err(|e| format!("device {index}: {e}"))?;
+        let allocator = match &self.config.alloc_conf {
+            Some(conf) => CachingAllocator::with_conf(device, conf).map_err(|e| e.to_string())?,
+            None => CachingAllocator::new(device),
+        }
+        .with_device_index(index as i64);
+        let recording = *self.recording.lock();
+        allocator.record_memory_history(core_options(recording));
+        Ok(allocator)
+    }
+
+    /// Allocators created so far, by device index.
+    pub fn open_devices(&self) -> impl Iterator<Item = &CachingAllocator<AnyDevice>> {
+        self.devices
+            .iter()
+            .filter_map(|slot| slot.get()?.as_ref().ok())
+    }
+
+    pub fn set_recording(&self, options: HistoryOptions, stacks: StackSelection) {
+        let recording = Recording { options, stacks };
+        // The log lock first: no allocation may run between the two updates.
+        let mut log = self.python_log.lock();
+        *self.recording.lock() = recording;
+        for allocator in self.open_devices() {
+            allocator.record_memory_history(core_options(recording));
+        }
+        let python = options.enabled != HistoryMode::Off
+            && stacks.wants_python()
+            && options.context != ContextMode::Never
+            && python::available();
+        if options.enabled == HistoryMode::Off || options.clear_history {
+            log.clear(options.max_entries);
+        }
+        log.set_capacity(match options.enabled {
+            HistoryMode::State => 1,
+            _ => options.max_entries,
+        });
+        self.python_context
+            .store(options.context as u8, Ordering::Relaxed);
+        self.python_wanted.store(python, Ordering::Relaxed);
+    }
+
+    fn python_context(&self) -> u8 {
+        self.python_context.load(Ordering::Relaxed)
+    }
+
+    pub fn malloc(&self, size: u64, device: c_int, stream: Stream) -> FfiResult<u64> {
+        let allocator = self.device(device)?;
+        let result = if self.python_wanted.load(Ordering::Relaxed) {
+            // Captured before any lock: reading Python frames needs the GIL, which the caller
+            // holds; lock order is GIL, then memsnap's locks (as in PyTorch).
+            let frames = python::capture();
+            let mut log = self.python_log.lock();
+            let result = allocator.malloc(size, stream);
+            if let Ok(ptr) = result {
+                if ptr != 0 {
+                    log.record_alloc(device as usize, ptr, frames);
+                }
+            }
+            result
+        } else {
+            allocator.malloc(size, stream)
+        };
+        match result {
+            Ok(ptr) => Ok(ptr),
+            Err(err @ Error::OutOfMemory(_)) => {
+                let mut failure = FfiError::from(err);
+                let path = self.oom_dump_path.lock().clone();
+                if let Some(path) = path {
+                    match self.dump(&path) {
+                        Ok(()) => eprintln!("memsnap: out of memory; wrote {}", path.display()),
+                        Err(dump_err) => {
+                            failure.message =
+                                format!("{}; the OOM dump failed: {dump_err}", failure.message)
+                        }
+                    }
+                }
+                Err(failure)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    pub fn free(&self, ptr: u64, device: c_int) -> FfiResult<()> {
+        let allocator = self.device(device)?;
+        if self.python_wanted.load(Ordering::Relaxed) {
+            let free_site = (self.python_context() >= ContextMode::All as u8).then(python::capture);
+            let mut log = self.python_log.lock();
+            allocator.free(ptr)?;
+            log.record_free(device as usize, ptr, free_site);
+            Ok(())
+        } else {
+            Ok(allocator.free(ptr)?)
+        }
+    }
+
+    /// The snapshot of every device used so far, with Python frames merged in.
+    fn snapshot(&self) -> Snapshot {
+        // Holding the log lock keeps the log and the allocators' traces in step.
+        let log = self.python_log.lock();
+        let snapshots: Vec<Snapshot> = self
+            .open_devices()
+            .map(CachingAllocator::snapshot)
+            .collect();
+        let mut snapshot = merge_device_snapshots(snapshots, trim_abi_frames);
+        if self.python_wanted.load(Ordering::Relaxed) || log.has_events() {
+            let blocks_too = self.python_context() >= ContextMode::State as u8;
+            log.merge_into(&mut snapshot, blocks_too);
+        }
+        snapshot
+    }
+
+    pub fn dump(&self, path: &Path) -> FfiResult<()> {
+        let snapshot = self.snapshot();
+        memsnap_format::write_path(path, &snapshot, None)?;
+        Ok(())
+    }
+}
+
+/// The core allocator's options for the C ABI's settings (Python frames are added by the C ABI).
+fn core_options(recording: Recording) -> HistoryOptions {
+    HistoryOptions {
+        stacks: if recording.stacks.wants_native() {
+            StackMode::Native
+        } else {
+            StackMode::None
+        },
+        ..recording.options
+    }
+}
+
+/// Drops the C ABI's own frames from the top of a stack: the exported function the program
+/// called (`memsnap_alloc`, ...) and the plumbing under it (`catch_unwind`, the runtime). The
+/// stack then starts at the program's code that called memsnap.
+fn trim_abi_frames(mut frames: Vec<Frame>) -> Vec<Frame> {
+    let ours = frames.iter().rposition(is_abi_frame).map_or(0, |i| i + 1);
+    frames.drain(..ours);
+    frames
+}
+
+/// Whether a frame is memsnap's: an exported function or memsnap's Rust code
+/// (`memsnap_recorder::...`) by name, or this crate's code by source file.
+fn is_abi_frame(frame: &Frame) -> bool {
+    const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+    let name = frame.name.trim_start_matches('<');
+    name.starts_with("memsnap_recorder::")
+        || EXPORTED.contains(&name)
+        || frame.filename.starts_with(SRC)
+        || frame.filename.starts_with("recorder-ffi/src/")
+}
+
+/// Writes the snapshot of the running allocator (used by the exit and signal dumps).
+fn dump_all(path: &Path) -> FfiResult<()> {
+    match RUNTIME.get() {
+        Some(rt) => rt.dump(path),
+        None => Err(FfiError::invalid("memsnap was never used in this process")),
+    }
+}
+
+fn register_exit_dump() {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: `dump_at_exit` is an `extern "C" fn()` that never unwinds.
+        if unsafe { libc::atexit(dump_at_exit) } != 0 {
+            eprintln!("memsnap: cannot register the exit-time dump");
+        }
+    });
+}
+
+extern "C" fn dump_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(rt) = RUNTIME.get() else {
+            return;
+        };
+        let Some(path) = rt.config.dump_path.as_ref() else {
+            return;
+        };
+        match rt.dump(path) {
+            Ok(()) => eprintln!("memsnap: wrote {}", path.display()),
+            Err(err) => eprintln!(
+                "memsnap: exit-time dump to {} failed: {err}",
+                path.display()
+            ),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(frames: &[Frame]) -> Vec<&str> {
+        frames.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_abi_frames_are_trimmed_from_the_top() {
+        let frame = |name: &str, file: &str| Frame::new(name, file, 1);
+        let ours = concat!(env!("CARGO_MANIFEST_DIR"), "/src/runtime.rs");
+        let stack = vec![
+            frame("std::panicking::try", "/rustc/library/std/src/panicking.rs"),
+            frame("memsnap_recorder::runtime::Runtime::malloc", ours),
+            frame("{closure#0}", ours),
+            frame("memsnap_empty_cache", "??"),
+            frame("memsnap_reset_hook", "??"),
+            frame("memsnap_helper", "pattern.c"),
+            frame("main", "pattern.c"),
+        ];
+        // A program's own function with memsnap's prefix stays.
+        assert_eq!(names(&trim_abi_frames(stack)), ["memsnap_helper", "main"]);
+        let theirs = vec![
+            frame("forward_pass", "pattern.c"),
+            frame("main", "pattern.c"),
+        ];
+        assert_eq!(names(&trim_abi_frames(theirs)), ["forward_pass", "main"]);
+    }
+}
