@@ -133,3 +133,67 @@ fn frame_line_u64_max_info_convert_and_memviz_print_it_exactly() {
     let back = dir.path().join("out.pickle");
     assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&path).unwrap());
 }
+
+/// A segment whose sizes arrive negative (int64 casts of huge values): `stats` does Python's
+/// arithmetic on them; a segment too large to map fails like Python (MemoryError), no abort.
+#[test]
+fn memviz_stats_of_negative_and_huge_sizes() {
+    let mut snap = Snapshot::new(1);
+    let mut seg = Segment::new(0, 0, 0, -1);
+    let x = &mut seg.exact;
+    seg.address = x.store_u64(IntField::Address, PyInt::Small(-4096));
+    seg.total_size = x.store_u64(IntField::TotalSize, PyInt::Small(-(2 << 20)));
+    seg.allocated_size = Some(x.store_u64(IntField::AllocatedSize, PyInt::Small(-5)));
+    let empty = snap.intern_stack([]);
+    let mut used = Block {
+        state: BlockState::ActiveAllocated,
+        frames: Some(empty),
+        ..Block::default()
+    };
+    used.address = Some(used.exact.store_u64(IntField::Address, PyInt::Small(-4096)));
+    used.size = used.exact.store_u64(IntField::Size, PyInt::Small(-512));
+    used.requested_size = Some(
+        used.exact
+            .store_u64(IntField::RequestedSize, PyInt::Small(-600)),
+    );
+    let mut free = Block {
+        address: Some(0),
+        requested_size: Some(0),
+        state: BlockState::Inactive,
+        frames: Some(empty),
+        ..Block::default()
+    };
+    free.size = free
+        .exact
+        .store_u64(IntField::Size, PyInt::Small(-(2 << 20) + 512));
+    seg.blocks = vec![used, free];
+    snap.segments.push(seg);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("negative.pickle");
+    std::fs::write(&path, memsnap_format::pickle::to_vec(&snap)).unwrap();
+    let stats = ok(&memsnap(&["memviz", "stats", arg(&path)]));
+    // Python: _format_size(-2097152) divides on abs(); 88 / -2096640 * 100 is -0.0042.
+    assert!(
+        stats.contains(
+            "segments: 1\ntotal_reserved: -2.0MiB\ntotal_allocated: -600.0B\ntotal_free: -2.0MiB (-0.0% internal)\n"
+        ),
+        "{stats}"
+    );
+    let segments = ok(&memsnap(&["memviz", "segments", arg(&path)]));
+    assert_eq!(
+        segments,
+        "stream_-1;seg_-4096;active_allocated;<non-python> -600\n\
+         stream_-1;seg_-4096;active_allocated;<gaps> 88\n\
+         stream_-1;seg_-4096;inactive;<non-python> 0\n\
+         stream_-1;seg_-4096;inactive;<gaps> -2096640\n"
+    );
+
+    let seg = &mut snap.segments[0];
+    seg.exact = ExactInts::default();
+    seg.total_size = u64::MAX;
+    std::fs::write(&path, memsnap_format::pickle::to_vec(&snap)).unwrap();
+    let out = memsnap(&["memviz", "stats", arg(&path)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("MemoryError"), "{err}");
+}

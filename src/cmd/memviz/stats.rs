@@ -11,6 +11,9 @@ use super::{checked, wide, ReferenceFailure};
 /// One character of the page map stands for this many bytes.
 const PAGE_SIZE: i128 = 20 * 1024 * 1024;
 
+/// Most pages we map (2^32 pages is 80 PiB, far beyond any GPU).
+const MAX_PAGES: i128 = 1 << 32;
+
 /// The text `print(segsum(data))` writes, final newline included.
 pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
     let mut out = String::new();
@@ -71,6 +74,15 @@ pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
         free_external = add(free_external, seg_free_external)?;
         free_internal = add(free_internal, seg_free_internal)?;
 
+        if total_size.saturating_sub(1).div_euclid(PAGE_SIZE) >= MAX_PAGES {
+            // Python builds a list of one item per page and runs out of memory.
+            return Err(ReferenceFailure::new(
+                "MemoryError",
+                format!(
+                    "segments[{si}]: total_size {total_size} is too large to map in 20 MiB pages"
+                ),
+            ));
+        }
         let body = page_map(total_size, &ranges).map_err(|what| {
             ReferenceFailure::new(
                 "IndexError: list index out of range",
@@ -134,10 +146,6 @@ pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
 fn page_map(total_size: i128, ranges: &[(i128, i128)]) -> Result<String, String> {
     let pages = total_size.saturating_sub(1).div_euclid(PAGE_SIZE) + 1;
     let pages = usize::try_from(pages).unwrap_or(0);
-    if pages > 1 << 32 {
-        // Python would build a list of this many pages (and raise MemoryError).
-        return Err(format!("a segment of {pages} pages is too large to map"));
-    }
     let mut occupied = vec![b' '; pages];
     let mut frac = vec![0.0f64; pages];
     for (i, &(start_, size)) in ranges.iter().enumerate() {
