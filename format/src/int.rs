@@ -8,7 +8,7 @@
 //! writes for values ≥ 2^63 since it casts them to `int64_t`; a stream or time ≥ 2^63; anything
 //! beyond 64 bits), the exact value is kept beside the struct in an [`ExactInts`] override, so
 //! writers emit it and printers print it exactly. Fields that few values have and analysis
-//! does not use (frame lines, allocator settings, pool ids) are [`PyInt`]s outright.
+//! does not use (frame lines, allocator settings) are [`PyInt`]s outright.
 //!
 //! An override whose low 64 bits disagree with the typed field is stale (code changed the
 //! typed field and not the override) and is ignored: the typed field wins.
@@ -118,8 +118,10 @@ impl PyInt {
         match self {
             PyInt::Small(i) => *i as u64,
             PyInt::Big(b) => {
-                let mut buf = [0u8; 8];
-                buf.copy_from_slice(&b[..8]);
+                let fill = if self.is_negative() { 0xff } else { 0 };
+                let mut buf = [fill; 8];
+                let n = b.len().min(8);
+                buf[..n].copy_from_slice(&b[..n]);
                 u64::from_le_bytes(buf)
             }
         }
@@ -410,10 +412,10 @@ impl ExactInts {
     }
 
     /// Records `exact` for `field`: returns the typed field's bits and keeps an override when
-    /// the typed field alone would not write it back.
+    /// the typed field alone would not write it back (and drops an earlier one otherwise).
     pub fn store(&mut self, field: IntField, exact: PyInt) -> u64 {
         let (bits, over) = field.split(exact);
-        if over.is_some() {
+        if over.is_some() || !self.is_empty() {
             self.set(field, over);
         }
         bits
@@ -670,5 +672,12 @@ mod tests {
         // Stale: the typed field changed.
         assert_eq!(exact.u(IntField::Size, 5), PyInt::Small(5));
         assert_eq!(exact.u(IntField::Addr, u64::MAX), PyInt::from(u64::MAX));
+        // A repeated key: the later value replaces the override, even with the same bits.
+        assert_eq!(
+            exact.store_u64(IntField::Size, PyInt::from(u64::MAX)),
+            u64::MAX
+        );
+        assert_eq!(exact.u(IntField::Size, u64::MAX), PyInt::from(u64::MAX));
+        assert!(exact.is_empty());
     }
 }

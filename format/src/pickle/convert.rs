@@ -323,7 +323,7 @@ impl<'b> Conv<'b> {
     #[inline]
     fn field(&self, v: Val, field: IntField, exact: &mut ExactInts) -> Result<u64> {
         match v {
-            Val::Int(i) if i >= 0 || !field.is_unsigned() => Ok(i as u64),
+            Val::Int(i) if exact.is_empty() && (i >= 0 || !field.is_unsigned()) => Ok(i as u64),
             _ => Ok(exact.store(field, self.int(v)?)),
         }
     }
@@ -338,7 +338,8 @@ impl<'b> Conv<'b> {
         exact: &mut ExactInts,
     ) -> Result<u64> {
         if let Val::Int(i) = v {
-            if i >= 0 || !field.is_unsigned() {
+            // A repeated key replaces an earlier exact value, as in a Python dict.
+            if exact.is_empty() && (i >= 0 || !field.is_unsigned()) {
                 return Ok(i as u64);
             }
         }
