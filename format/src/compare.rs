@@ -7,11 +7,14 @@
 //! (`device_traces[0][17].frames[3].line: 54 vs 55`).
 //!
 //! Integers compare by value whatever their encoding (`Value::Int` or `Value::BigInt`), floats
-//! by their bits (so `NaN` equals itself and `-0.0` differs from `0.0`).
+//! by their bits (so `NaN` equals itself and `-0.0` differs from `0.0`). Typed int fields
+//! compare by their exact values (`exact_int`): a size of −1 differs from one of 2^64 − 1,
+//! though both hold the same 64 bits.
 
 use std::fmt::Debug;
 
 use crate::error::{FormatError, Result};
+use crate::int::IntField;
 use crate::intern::{StackId, StrId};
 use crate::model::*;
 use crate::value::{Extras, Value};
@@ -251,8 +254,12 @@ impl Cmp<'_> {
             |x, y| {
                 list("", x, y, |p, q| {
                     extras(".metadata", &p.metadata, &q.metadata)?;
-                    field(".device", &p.device, &q.device)?;
-                    field(".time_us", &p.time_us, &q.time_us)?;
+                    ints(
+                        p,
+                        q,
+                        &[IntField::Device, IntField::TimeUs],
+                        Annotation::exact_int,
+                    )?;
                     extras(".extra", &p.extra, &q.extra)
                 })
             },
@@ -268,7 +275,11 @@ impl Cmp<'_> {
         })?;
         option("memsnap", &a.recorder_info, &b.recorder_info, |x, y| {
             field(".producer", &x.producer, &y.producer)?;
-            field(".dropped_entries", &x.dropped_entries, &y.dropped_entries)?;
+            field(
+                ".dropped_entries",
+                &x.dropped_entry_ints(),
+                &y.dropped_entry_ints(),
+            )?;
             extras(".extra", &x.extra, &y.extra)
         })?;
         extras("extra", &a.extra, &b.extra)
@@ -294,17 +305,27 @@ impl Cmp<'_> {
     }
 
     fn segment(&self, a: &Segment, b: &Segment) -> Diff {
-        field(".device", &a.device, &b.device)?;
-        field(".address", &a.address, &b.address)?;
-        field(".total_size", &a.total_size, &b.total_size)?;
-        field(".allocated_size", &a.allocated_size, &b.allocated_size)?;
-        field(".active_size", &a.active_size, &b.active_size)?;
-        field(".requested_size", &a.requested_size, &b.requested_size)?;
-        field(".stream", &a.stream, &b.stream)?;
+        let fields = [
+            IntField::Device,
+            IntField::Address,
+            IntField::TotalSize,
+            IntField::AllocatedSize,
+            IntField::ActiveSize,
+            IntField::RequestedSize,
+            IntField::Stream,
+        ];
+        ints(a, b, &fields, Segment::exact_int)?;
         let type_a = a.segment_type.map(|t| t.name(&self.a.strings));
         let type_b = b.segment_type.map(|t| t.name(&self.b.strings));
         field(".segment_type", &type_a, &type_b)?;
-        field(".segment_pool_id", &a.segment_pool_id, &b.segment_pool_id)?;
+        let pool = |s: &Segment| {
+            s.segment_pool_id?;
+            Some((
+                s.exact_int(IntField::PoolId0)?,
+                s.exact_int(IntField::PoolId1)?,
+            ))
+        };
+        field(".segment_pool_id", &pool(a), &pool(b))?;
         field(".is_expandable", &a.is_expandable, &b.is_expandable)?;
         self.stack(".frames", a.frames, b.frames)?;
         field(
@@ -317,9 +338,8 @@ impl Cmp<'_> {
     }
 
     fn block(&self, a: &Block, b: &Block) -> Diff {
-        field(".address", &a.address, &b.address)?;
-        field(".size", &a.size, &b.size)?;
-        field(".requested_size", &a.requested_size, &b.requested_size)?;
+        let fields = [IntField::Address, IntField::Size, IntField::RequestedSize];
+        ints(a, b, &fields, Block::exact_int)?;
         field(
             ".state",
             a.state.name(&self.a.strings),
@@ -329,8 +349,12 @@ impl Cmp<'_> {
         field(".forward_frames", &a.forward_frames, &b.forward_frames)?;
         option(".history", &a.history, &b.history, |x, y| {
             list("", x, y, |p, q| {
-                field(".addr", &p.addr, &q.addr)?;
-                field(".real_size", &p.real_size, &q.real_size)?;
+                ints(
+                    p,
+                    q,
+                    &[IntField::Addr, IntField::RealSize],
+                    HistoryItem::exact_int,
+                )?;
                 self.stack(".frames", p.frames, q.frames)?;
                 extras(".extra", &p.extra, &q.extra)
             })
@@ -344,10 +368,14 @@ impl Cmp<'_> {
             a.action.name(&self.a.strings),
             b.action.name(&self.b.strings),
         )?;
-        field(".addr", &a.addr, &b.addr)?;
-        field(".size", &a.size, &b.size)?;
-        field(".stream", &a.stream, &b.stream)?;
-        field(".time_us", &a.time_us, &b.time_us)?;
+        let fields = [
+            IntField::Addr,
+            IntField::DeviceFree,
+            IntField::Size,
+            IntField::Stream,
+            IntField::TimeUs,
+        ];
+        ints(a, b, &fields, TraceEntry::exact_int)?;
         self.string(".compile_context", a.compile_context, b.compile_context)?;
         self.string(".user_metadata", a.user_metadata, b.user_metadata)?;
         self.stack(".frames", a.frames, b.frames)?;
@@ -356,7 +384,6 @@ impl Cmp<'_> {
             a.rare.as_deref().unwrap_or(&none),
             b.rare.as_deref().unwrap_or(&none),
         );
-        field(".device_free", &ra.device_free, &rb.device_free)?;
         field("(has no addr key)", &ra.no_addr, &rb.no_addr)?;
         self.string(
             ".internal_metadata",
@@ -418,6 +445,23 @@ fn settings(a: &AllocatorSettings, b: &AllocatorSettings) -> Diff {
     )?;
     field(".max_cached_size", &a.max_cached_size, &b.max_cached_size)?;
     extras(".extra", &a.extra, &b.extra)
+}
+
+/// Compares the exact values of int fields.
+fn ints<T>(
+    a: &T,
+    b: &T,
+    fields: &[IntField],
+    get: impl Fn(&T, IntField) -> Option<crate::int::PyInt>,
+) -> Diff {
+    for &f in fields {
+        let name = format!(".{}", f.key());
+        match (get(a, f), get(b, f)) {
+            (Some(x), Some(y)) => field(&name, &x, &y)?,
+            (x, y) => field(&name, &x, &y)?,
+        }
+    }
+    Ok(())
 }
 
 fn extras(name: &str, a: &Extras, b: &Extras) -> Diff {

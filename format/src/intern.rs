@@ -11,6 +11,7 @@ use foldhash::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::int::PyInt;
 use crate::value::Extras;
 
 /// Index of a frame in [`FrameTable`].
@@ -32,19 +33,24 @@ pub struct Frame {
     pub name: String,
     /// Python file path, or a C++ source basename, `"??"` or `""`.
     pub filename: String,
-    /// Line number; usually 0 for C++ frames.
-    pub line: i64,
+    /// Line number; usually 0 for C++ frames. Any Python int: `torch.compile`d runs write
+    /// 2^64 − 1 (an unsigned "no line"), which must stay distinct from −1.
+    pub line: PyInt,
     /// Keys beyond the three above (the `fx_*` keys of FX-augmented snapshots), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra: Extras,
 }
 
 impl Frame {
-    pub fn new(name: impl Into<String>, filename: impl Into<String>, line: i64) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        filename: impl Into<String>,
+        line: impl Into<PyInt>,
+    ) -> Self {
         Frame {
             name: name.into(),
             filename: filename.into(),
-            line,
+            line: line.into(),
             extra: Vec::new(),
         }
     }
@@ -62,7 +68,7 @@ impl Frame {
 #[derive(Clone, Debug, Default)]
 pub struct FrameTable {
     frames: Vec<Frame>,
-    index: HashMap<(String, String, i64), FrameId>,
+    index: HashMap<(String, String, PyInt), FrameId>,
     /// Frames with extra keys (FX-augmented), keyed by their full debug rendering: `Value`
     /// holds floats and so has no `Hash`, and a linear scan would let a hostile file with
     /// many such frames make reading quadratic.
@@ -82,7 +88,7 @@ impl FrameTable {
             }
             let id = FrameId(self.frames.len() as u32);
             self.frames
-                .push(Frame::new(key.0.clone(), key.1.clone(), key.2));
+                .push(Frame::new(key.0.clone(), key.1.clone(), key.2.clone()));
             self.index.insert(key, id);
             id
         } else {
@@ -215,10 +221,14 @@ mod tests {
         let b = table.intern(fx("call_function"));
         let c = table.intern(fx("placeholder"));
         let plain = table.intern(Frame::new("forward", "model.py", 3));
+        let no_line = table.intern(Frame::new("f", "x.py", u64::MAX));
+        let minus_one = table.intern(Frame::new("f", "x.py", -1));
+        assert_ne!(no_line, minus_one);
+        assert_eq!(table.get(no_line).line.to_string(), "18446744073709551615");
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, plain);
-        assert_eq!(table.len(), 3);
+        assert_eq!(table.len(), 5);
     }
 
     #[test]

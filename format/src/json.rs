@@ -6,7 +6,8 @@
 //! `{"name", "filename", "line"}` dicts, tuples such as `segment_pool_id` as arrays, and
 //! `memsnap`'s [`crate::RecorderInfo`] under the top-level key `"memsnap"`.
 //!
-//! Integers are written exactly, however large (`Value::BigInt` too). Values JSON has no type
+//! Integers are written exactly, however large (`Value::BigInt` too, and the exact values the
+//! typed fields keep: a negative address, a frame line of 2^64 − 1). Values JSON has no type
 //! for, found only under unknown keys, are written as one-key objects so they read back
 //! unchanged: `{"$tuple": [...]}`, `{"$bytes": "<hex>"}`, and `{"$dict": [[key, value], ...]}`
 //! for dicts with non-string keys (or a single key that looks like one of these tags). Floats
@@ -23,6 +24,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::error::{FormatError, Result};
+use crate::int::{ExactInts, IntField, PyInt};
 use crate::intern::{Frame, FrameId, StackId, StrId};
 use crate::model::*;
 use crate::value::{Extras, Value};
@@ -90,6 +92,53 @@ impl Writer<'_> {
         let _ = write!(Bytes(&mut self.out), "{v}");
     }
 
+    /// Any int, in decimal; fails past [`MAX_INT_DIGITS`] digits, which [`read`] refuses.
+    fn pyint(&mut self, v: &PyInt) -> Result<()> {
+        match v {
+            PyInt::Small(i) => self.int(*i),
+            PyInt::Big(bytes) => self.big(bytes)?,
+        }
+        Ok(())
+    }
+
+    fn big(&mut self, bytes: &[u8]) -> Result<()> {
+        let text = bigint_to_decimal(bytes).ok_or_else(|| {
+            FormatError::schema(
+                "(an integer)",
+                format!(
+                    "an integer of {} bytes is longer than JSON's {MAX_INT_DIGITS}-digit limit",
+                    bytes.len()
+                ),
+            )
+        })?;
+        self.out.extend_from_slice(text.as_bytes());
+        Ok(())
+    }
+
+    /// An unsigned typed field: its exact value when `exact` has a current one.
+    #[inline]
+    fn uint_x(&mut self, exact: Option<&ExactInts>, field: IntField, v: u64) -> Result<()> {
+        match exact.and_then(|x| x.current(field, v)) {
+            Some(x) => self.pyint(x),
+            None => {
+                self.uint(v);
+                Ok(())
+            }
+        }
+    }
+
+    /// A signed typed field: its exact value when `exact` has a current one.
+    #[inline]
+    fn int_x(&mut self, exact: Option<&ExactInts>, field: IntField, v: i64) -> Result<()> {
+        match exact.and_then(|x| x.current(field, v as u64)) {
+            Some(x) => self.pyint(x),
+            None => {
+                self.int(v);
+                Ok(())
+            }
+        }
+    }
+
     fn str(&mut self, s: &str) {
         write_str(&mut self.out, s);
     }
@@ -129,7 +178,7 @@ impl Writer<'_> {
             self.key("filename");
             self.str(&frame.filename);
             self.key("line");
-            self.int(frame.line);
+            self.pyint(&frame.line)?;
             self.extras(&frame.extra)?;
             self.out.push(b'}');
         }
@@ -159,18 +208,7 @@ impl Writer<'_> {
             Value::None => self.out.extend_from_slice(b"null"),
             Value::Bool(b) => self.bool(*b),
             Value::Int(i) => self.int(*i),
-            Value::BigInt(bytes) => {
-                let text = bigint_to_decimal(bytes).ok_or_else(|| {
-                    FormatError::schema(
-                        "(an unknown key's value)",
-                        format!(
-                            "an integer of {} bytes is longer than JSON's {MAX_INT_DIGITS}-digit limit",
-                            bytes.len()
-                        ),
-                    )
-                })?;
-                self.out.extend_from_slice(text.as_bytes());
-            }
+            Value::BigInt(bytes) => self.big(bytes)?,
             Value::Float(f) => write_float(&mut self.out, *f),
             Value::Str(s) => self.str(s),
             Value::Bytes(b) => {
@@ -262,10 +300,11 @@ impl Writer<'_> {
                 self.sep();
                 self.out.push(b'{');
                 self.extras(&a.metadata)?;
+                let x = Some(&a.exact);
                 self.key("device");
-                self.int(a.device);
+                self.int_x(x, IntField::Device, a.device)?;
                 self.key("time_us");
-                self.int(a.time_us);
+                self.int_x(x, IntField::TimeUs, a.time_us)?;
                 self.extras(&a.extra)?;
                 self.out.push(b'}');
             }
@@ -287,9 +326,19 @@ impl Writer<'_> {
             self.str(&info.producer);
             self.key("dropped_entries");
             self.out.push(b'[');
-            for n in &info.dropped_entries {
-                self.sep();
-                self.uint(*n);
+            match info.current_dropped_entries_exact() {
+                Some(exact) => {
+                    for n in exact {
+                        self.sep();
+                        self.pyint(n)?;
+                    }
+                }
+                None => {
+                    for n in &info.dropped_entries {
+                        self.sep();
+                        self.uint(*n);
+                    }
+                }
             }
             self.out.push(b']');
             self.extras(&info.extra)?;
@@ -311,32 +360,37 @@ impl Writer<'_> {
 
     fn segment(&mut self, seg: &Segment) -> Result<()> {
         self.out.push(b'{');
+        let x = Some(&seg.exact);
         self.key("device");
-        self.int(seg.device);
+        self.int_x(x, IntField::Device, seg.device)?;
         self.key("address");
-        self.uint(seg.address);
+        self.uint_x(x, IntField::Address, seg.address)?;
         self.key("total_size");
-        self.uint(seg.total_size);
+        self.uint_x(x, IntField::TotalSize, seg.total_size)?;
         let sums = [
-            ("allocated_size", seg.allocated_size),
-            ("active_size", seg.active_size),
-            ("requested_size", seg.requested_size),
+            (IntField::AllocatedSize, seg.allocated_size),
+            (IntField::ActiveSize, seg.active_size),
+            (IntField::RequestedSize, seg.requested_size),
         ];
-        for (key, v) in sums {
+        for (field, v) in sums {
             if let Some(v) = v {
-                self.key(key);
-                self.uint(v);
+                self.key(field.key());
+                self.uint_x(x, field, v)?;
             }
         }
         self.key("stream");
-        self.int(seg.stream);
+        self.int_x(x, IntField::Stream, seg.stream)?;
         if let Some(t) = seg.segment_type {
             self.key("segment_type");
             self.str(t.name(&self.snap.strings));
         }
         if let Some((a, b)) = seg.segment_pool_id {
             self.key("segment_pool_id");
-            let _ = write!(Bytes(&mut self.out), "[{a},{b}]");
+            self.out.push(b'[');
+            self.int_x(x, IntField::PoolId0, a)?;
+            self.out.push(b',');
+            self.int_x(x, IntField::PoolId1, b)?;
+            self.out.push(b']');
         }
         if let Some(v) = seg.is_expandable {
             self.key("is_expandable");
@@ -364,15 +418,16 @@ impl Writer<'_> {
 
     fn block(&mut self, b: &Block) -> Result<()> {
         self.out.push(b'{');
+        let x = Some(&b.exact);
         if let Some(a) = b.address {
             self.key("address");
-            self.uint(a);
+            self.uint_x(x, IntField::Address, a)?;
         }
         self.key("size");
-        self.uint(b.size);
+        self.uint_x(x, IntField::Size, b.size)?;
         if let Some(r) = b.requested_size {
             self.key("requested_size");
-            self.uint(r);
+            self.uint_x(x, IntField::RequestedSize, r)?;
         }
         self.key("state");
         self.str(b.state.name(&self.snap.strings));
@@ -390,10 +445,11 @@ impl Writer<'_> {
             for item in history {
                 self.sep();
                 self.out.push(b'{');
+                let x = Some(&item.exact);
                 self.key("addr");
-                self.uint(item.addr);
+                self.uint_x(x, IntField::Addr, item.addr)?;
                 self.key("real_size");
-                self.uint(item.real_size);
+                self.uint_x(x, IntField::RealSize, item.real_size)?;
                 if let Some(f) = item.frames {
                     self.key("frames");
                     self.stack(f)?;
@@ -426,21 +482,22 @@ impl Writer<'_> {
         }
         self.key("action");
         self.str(e.action.name(&self.snap.strings));
+        let x = rare.map(|r| &r.exact);
         if e.has_addr() {
             self.key("addr");
-            self.uint(e.addr);
+            self.uint_x(x, IntField::Addr, e.addr)?;
         }
         if let Some(f) = e.device_free() {
             self.key("device_free");
-            self.uint(f);
+            self.uint_x(x, IntField::DeviceFree, f)?;
         }
         self.key("size");
-        self.uint(e.size);
+        self.uint_x(x, IntField::Size, e.size)?;
         self.key("stream");
-        self.int(e.stream);
+        self.int_x(x, IntField::Stream, e.stream)?;
         if let Some(t) = e.time_us {
             self.key("time_us");
-            self.int(t);
+            self.int_x(x, IntField::TimeUs, t)?;
         }
         if let Some(c) = e.compile_context {
             self.key("compile_context");
@@ -481,18 +538,18 @@ impl Writer<'_> {
             self.key("PYTORCH_CUDA_ALLOC_CONF");
             self.str(v);
         }
-        if let Some(v) = s.max_split_size {
+        if let Some(v) = &s.max_split_size {
             self.key("max_split_size");
-            self.int(v);
+            self.pyint(v)?;
         }
         if let Some(v) = s.garbage_collection_threshold {
             self.key("garbage_collection_threshold");
             write_float(&mut self.out, v);
         }
         self.flag("expandable_segments", s.expandable_segments);
-        if let Some(v) = s.pinned_num_register_threads {
+        if let Some(v) = &s.pinned_num_register_threads {
             self.key("pinned_num_register_threads");
-            self.int(v);
+            self.pyint(v)?;
         }
         self.flag("release_lock_on_cudamalloc", s.release_lock_on_cudamalloc);
         self.flag(
@@ -508,17 +565,17 @@ impl Writer<'_> {
             self.out.push(b'{');
             for (k, v) in d {
                 self.key(k);
-                self.int(*v);
+                self.pyint(v)?;
             }
             self.out.push(b'}');
         }
-        if let Some(v) = s.max_round_threshold {
+        if let Some(v) = &s.max_round_threshold {
             self.key("max_round_threshold");
-            self.int(v);
+            self.pyint(v)?;
         }
-        if let Some(v) = s.max_cached_size {
+        if let Some(v) = &s.max_cached_size {
             self.key("max_cached_size");
-            self.int(v);
+            self.pyint(v)?;
         }
         self.extras(&s.extra)?;
         self.out.push(b'}');
@@ -592,87 +649,13 @@ fn bigint_to_decimal(bytes: &[u8]) -> Option<String> {
     if bytes.len() > MAX_INT_DIGITS * 10 / 24 {
         return None;
     }
-    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
-    let mut magnitude: Vec<u8> = bytes.to_vec();
-    if negative {
-        // Two's complement negation: invert, add one.
-        let mut carry = true;
-        for b in &mut magnitude {
-            let (v, c) = (!*b).overflowing_add(u8::from(carry));
-            *b = v;
-            carry = c;
-        }
-    }
-    // Repeated division by 10^9, most significant limb first.
-    let mut limbs: Vec<u32> = magnitude
-        .chunks(4)
-        .rev()
-        .map(|c| {
-            c.iter()
-                .rev()
-                .fold(0u32, |acc, &b| (acc << 8) | u32::from(b))
-        })
-        .collect();
-    let mut groups = Vec::new();
-    while limbs.iter().any(|&l| l != 0) {
-        let mut rem = 0u64;
-        for limb in &mut limbs {
-            let cur = (rem << 32) | u64::from(*limb);
-            *limb = (cur / 1_000_000_000) as u32;
-            rem = cur % 1_000_000_000;
-        }
-        groups.push(rem as u32);
-    }
-    let mut text = String::new();
-    if negative {
-        text.push('-');
-    }
-    match groups.split_last() {
-        None => text.push('0'),
-        Some((most, rest)) => {
-            let _ = write!(text, "{most}");
-            for g in rest.iter().rev() {
-                let _ = write!(text, "{g:09}");
-            }
-        }
-    }
+    let text = crate::int::le_to_decimal(bytes);
     (text.len() <= MAX_INT_DIGITS + 1).then_some(text)
 }
 
 /// Minimal little-endian two's complement of a decimal integer (`digits` are ASCII digits).
 fn decimal_to_bigint(negative: bool, digits: &[u8]) -> Vec<u8> {
-    let mut magnitude: Vec<u8> = vec![0];
-    for &d in digits {
-        let mut carry = u32::from(d - b'0');
-        for b in &mut magnitude {
-            let v = u32::from(*b) * 10 + carry;
-            *b = v as u8;
-            carry = v >> 8;
-        }
-        while carry > 0 {
-            magnitude.push(carry as u8);
-            carry >>= 8;
-        }
-    }
-    magnitude.push(0); // room for the sign bit
-    if negative {
-        let mut carry = true;
-        for b in &mut magnitude {
-            let (v, c) = (!*b).overflowing_add(u8::from(carry));
-            *b = v;
-            carry = c;
-        }
-    }
-    while magnitude.len() > 1 {
-        let last = magnitude[magnitude.len() - 1];
-        let sign_below = magnitude[magnitude.len() - 2] & 0x80;
-        if (last == 0 && sign_below == 0) || (last == 0xff && sign_below != 0) {
-            magnitude.pop();
-        } else {
-            break;
-        }
-    }
-    magnitude
+    crate::int::decimal_to_le(negative, digits)
 }
 
 // ================================================================================== reading
@@ -1024,33 +1007,25 @@ impl<'a> Parser<'a> {
 
     // ------------------------------------------------------------------ typed values
 
-    fn u64(&mut self) -> Result<u64> {
+    /// Any integer, exactly.
+    fn int(&mut self) -> Result<PyInt> {
         let start = self.pos;
         let n = self.number()?;
-        if n.is_float {
+        let int = if n.is_float {
+            None
+        } else {
+            PyInt::parse_decimal(n.text)
+        };
+        int.ok_or_else(|| {
             self.pos = start;
-            return Err(self.error(format!("expected an unsigned integer, found {}", n.text)));
-        }
-        n.text.parse().map_err(|_| {
-            self.pos = start;
-            self.error(format!(
-                "{} does not fit an unsigned 64-bit integer",
-                n.text
-            ))
+            self.error(format!("expected an integer, found {}", n.text))
         })
     }
 
-    fn i64(&mut self) -> Result<i64> {
-        let start = self.pos;
-        let n = self.number()?;
-        if n.is_float {
-            self.pos = start;
-            return Err(self.error(format!("expected an integer, found {}", n.text)));
-        }
-        n.text.parse().map_err(|_| {
-            self.pos = start;
-            self.error(format!("{} does not fit a 64-bit integer", n.text))
-        })
+    /// An integer for a typed field under `key`: its 64 bits, the exact value kept in `exact`
+    /// if they do not say it all.
+    fn int_at(&mut self, key: &'static str, field: IntField, exact: &mut ExactInts) -> Result<u64> {
+        self.at(Seg::Key(key), |p| Ok(exact.store(field, p.int()?)))
     }
 
     fn bool(&mut self) -> Result<bool> {
@@ -1234,7 +1209,7 @@ impl<'a> Parser<'a> {
                 "filename" => {
                     filename = Some(p.at(Seg::Key("filename"), Self::string)?.into_owned())
                 }
-                "line" => line = Some(p.at(Seg::Key("line"), Self::i64)?),
+                "line" => line = Some(p.at(Seg::Key("line"), Self::int)?),
                 _ => p.extra(key, &mut extra)?,
             }
             Ok(())
@@ -1317,14 +1292,15 @@ impl<'a> Parser<'a> {
                     producer = Some(p.at(Seg::Key("producer"), Self::string)?.into_owned())
                 }
                 "dropped_entries" => {
-                    info.dropped_entries = p.at(Seg::Key("dropped_entries"), |p| {
+                    let exact = p.at(Seg::Key("dropped_entries"), |p| {
                         let mut out = Vec::new();
                         p.array(|p, _| {
-                            out.push(p.u64()?);
+                            out.push(p.int()?);
                             Ok(())
                         })?;
                         Ok(out)
-                    })?
+                    })?;
+                    info.set_dropped_entries(exact);
                 }
                 _ => p.extra(key, &mut info.extra)?,
             }
@@ -1355,17 +1331,31 @@ impl<'a> Parser<'a> {
         let mut blocks = None;
         self.object(|p, key| {
             match &*key {
-                "device" => device = Some(p.at(Seg::Key("device"), Self::i64)?),
-                "address" => address = Some(p.at(Seg::Key("address"), Self::u64)?),
-                "total_size" => total_size = Some(p.at(Seg::Key("total_size"), Self::u64)?),
+                "device" => {
+                    device = Some(p.int_at("device", IntField::Device, &mut seg.exact)? as i64)
+                }
+                "address" => {
+                    address = Some(p.int_at("address", IntField::Address, &mut seg.exact)?)
+                }
+                "total_size" => {
+                    total_size =
+                        Some(p.int_at("total_size", IntField::TotalSize, &mut seg.exact)?)
+                }
                 "allocated_size" => {
-                    seg.allocated_size = Some(p.at(Seg::Key("allocated_size"), Self::u64)?)
+                    seg.allocated_size =
+                        Some(p.int_at("allocated_size", IntField::AllocatedSize, &mut seg.exact)?)
                 }
-                "active_size" => seg.active_size = Some(p.at(Seg::Key("active_size"), Self::u64)?),
+                "active_size" => {
+                    seg.active_size =
+                        Some(p.int_at("active_size", IntField::ActiveSize, &mut seg.exact)?)
+                }
                 "requested_size" => {
-                    seg.requested_size = Some(p.at(Seg::Key("requested_size"), Self::u64)?)
+                    seg.requested_size =
+                        Some(p.int_at("requested_size", IntField::RequestedSize, &mut seg.exact)?)
                 }
-                "stream" => stream = Some(p.at(Seg::Key("stream"), Self::i64)?),
+                "stream" => {
+                    stream = Some(p.int_at("stream", IntField::Stream, &mut seg.exact)? as i64)
+                }
                 "segment_type" => {
                     let t = p.at(Seg::Key("segment_type"), Self::string)?;
                     seg.segment_type = Some(
@@ -1374,7 +1364,9 @@ impl<'a> Parser<'a> {
                     );
                 }
                 "segment_pool_id" => {
-                    seg.segment_pool_id = Some(p.at(Seg::Key("segment_pool_id"), Self::pool_id)?)
+                    let exact = &mut seg.exact;
+                    seg.segment_pool_id =
+                        Some(p.at(Seg::Key("segment_pool_id"), |p| p.pool_id(exact))?)
                 }
                 "is_expandable" => {
                     seg.is_expandable = Some(p.at(Seg::Key("is_expandable"), Self::bool)?)
@@ -1397,13 +1389,14 @@ impl<'a> Parser<'a> {
         Ok(seg)
     }
 
-    fn pool_id(&mut self) -> Result<(i64, i64)> {
+    fn pool_id(&mut self, exact: &mut ExactInts) -> Result<(i64, i64)> {
         let mut items = Vec::new();
         self.array(|p, i| {
             if i >= 2 {
                 return Err(p.error("expected a 2-item [int, int] pool id"));
             }
-            items.push(p.i64()?);
+            let field = [IntField::PoolId0, IntField::PoolId1][i];
+            items.push(exact.store_i64(field, p.int()?));
             Ok(())
         })?;
         match items[..] {
@@ -1429,10 +1422,13 @@ impl<'a> Parser<'a> {
         let (mut size, mut state) = (None, None);
         self.object(|p, key| {
             match &*key {
-                "address" => b.address = Some(p.at(Seg::Key("address"), Self::u64)?),
-                "size" => size = Some(p.at(Seg::Key("size"), Self::u64)?),
+                "address" => {
+                    b.address = Some(p.int_at("address", IntField::Address, &mut b.exact)?)
+                }
+                "size" => size = Some(p.int_at("size", IntField::Size, &mut b.exact)?),
                 "requested_size" => {
-                    b.requested_size = Some(p.at(Seg::Key("requested_size"), Self::u64)?)
+                    b.requested_size =
+                        Some(p.int_at("requested_size", IntField::RequestedSize, &mut b.exact)?)
                 }
                 "state" => {
                     let s = p.at(Seg::Key("state"), Self::string)?;
@@ -1463,12 +1459,15 @@ impl<'a> Parser<'a> {
                 real_size: 0,
                 frames: None,
                 extra: Extras::new(),
+                exact: ExactInts::default(),
             };
             let (mut addr, mut real_size) = (None, None);
             p.object(|p, key| {
                 match &*key {
-                    "addr" => addr = Some(p.at(Seg::Key("addr"), Self::u64)?),
-                    "real_size" => real_size = Some(p.at(Seg::Key("real_size"), Self::u64)?),
+                    "addr" => addr = Some(p.int_at("addr", IntField::Addr, &mut h.exact)?),
+                    "real_size" => {
+                        real_size = Some(p.int_at("real_size", IntField::RealSize, &mut h.exact)?)
+                    }
                     "frames" => h.frames = Some(p.at(Seg::Key("frames"), Self::stack)?),
                     _ => p.extra(key, &mut h.extra)?,
                 }
@@ -1500,6 +1499,7 @@ impl<'a> Parser<'a> {
         let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
         let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
         let mut rare: Option<Box<EntryRare>> = None;
+        let mut exact = ExactInts::default();
         let mut first = true;
         self.object(|p, key| {
             match &*key {
@@ -1510,10 +1510,12 @@ impl<'a> Parser<'a> {
                             .unwrap_or_else(|| Action::Other(p.snap.strings.intern(&name))),
                     );
                 }
-                "addr" => addr = Some(p.at(Seg::Key("addr"), Self::u64)?),
-                "size" => size = Some(p.at(Seg::Key("size"), Self::u64)?),
-                "stream" => stream = Some(p.at(Seg::Key("stream"), Self::i64)?),
-                "time_us" => e.time_us = Some(p.at(Seg::Key("time_us"), Self::i64)?),
+                "addr" => addr = Some(p.int_at("addr", IntField::Addr, &mut exact)?),
+                "size" => size = Some(p.int_at("size", IntField::Size, &mut exact)?),
+                "stream" => stream = Some(p.int_at("stream", IntField::Stream, &mut exact)? as i64),
+                "time_us" => {
+                    e.time_us = Some(p.int_at("time_us", IntField::TimeUs, &mut exact)? as i64)
+                }
                 "compile_context" => {
                     e.compile_context = Some(p.at(Seg::Key("compile_context"), Self::intern)?)
                 }
@@ -1528,7 +1530,7 @@ impl<'a> Parser<'a> {
                     }
                 }
                 "device_free" => {
-                    let f = p.at(Seg::Key("device_free"), Self::u64)?;
+                    let f = p.int_at("device_free", IntField::DeviceFree, &mut exact)?;
                     rare.get_or_insert_with(Default::default).device_free = Some(f);
                 }
                 "internal_metadata" => {
@@ -1551,6 +1553,9 @@ impl<'a> Parser<'a> {
             Some(a) => e.addr = a,
             None => rare.get_or_insert_with(Default::default).no_addr = true,
         }
+        if !exact.is_empty() {
+            rare.get_or_insert_with(Default::default).exact = exact;
+        }
         e.rare = rare;
         Ok(e)
     }
@@ -1565,8 +1570,10 @@ impl<'a> Parser<'a> {
                     s.alloc_conf = Some(v);
                     None
                 }
-                ("max_split_size", Value::Int(i)) if s.max_split_size.is_none() => {
-                    s.max_split_size = Some(i);
+                ("max_split_size", v @ (Value::Int(_) | Value::BigInt(_)))
+                    if s.max_split_size.is_none() =>
+                {
+                    s.max_split_size = PyInt::from_value(&v);
                     None
                 }
                 ("garbage_collection_threshold", Value::Float(f))
@@ -1575,30 +1582,34 @@ impl<'a> Parser<'a> {
                     s.garbage_collection_threshold = Some(f);
                     None
                 }
-                ("pinned_num_register_threads", Value::Int(i))
+                ("pinned_num_register_threads", v @ (Value::Int(_) | Value::BigInt(_)))
                     if s.pinned_num_register_threads.is_none() =>
                 {
-                    s.pinned_num_register_threads = Some(i);
+                    s.pinned_num_register_threads = PyInt::from_value(&v);
                     None
                 }
-                ("max_round_threshold", Value::Int(i)) if s.max_round_threshold.is_none() => {
-                    s.max_round_threshold = Some(i);
+                ("max_round_threshold", v @ (Value::Int(_) | Value::BigInt(_)))
+                    if s.max_round_threshold.is_none() =>
+                {
+                    s.max_round_threshold = PyInt::from_value(&v);
                     None
                 }
-                ("max_cached_size", Value::Int(i)) if s.max_cached_size.is_none() => {
-                    s.max_cached_size = Some(i);
+                ("max_cached_size", v @ (Value::Int(_) | Value::BigInt(_)))
+                    if s.max_cached_size.is_none() =>
+                {
+                    s.max_cached_size = PyInt::from_value(&v);
                     None
                 }
                 ("roundup_power2_divisions", Value::Dict(pairs))
                     if s.roundup_power2_divisions.is_none()
-                        && pairs
-                            .iter()
-                            .all(|(k, v)| matches!((k, v), (Value::Str(_), Value::Int(_)))) =>
+                        && pairs.iter().all(|(k, v)| {
+                            matches!(k, Value::Str(_)) && PyInt::from_value(v).is_some()
+                        }) =>
                 {
                     let divisions = pairs
                         .into_iter()
-                        .filter_map(|(k, v)| match (k, v) {
-                            (Value::Str(k), Value::Int(v)) => Some((k, v)),
+                        .filter_map(|(k, v)| match k {
+                            Value::Str(k) => Some((k, PyInt::from_value(&v)?)),
                             _ => None,
                         })
                         .collect();
@@ -1648,11 +1659,14 @@ impl<'a> Parser<'a> {
         let (mut device, mut time_us) = (None, None);
         let mut metadata = Extras::new();
         let mut extra = Extras::new();
+        let mut exact = ExactInts::default();
         self.object(|p, key| {
             match &*key {
-                "device" if device.is_none() => device = Some(p.at(Seg::Key("device"), Self::i64)?),
+                "device" if device.is_none() => {
+                    device = Some(p.int_at("device", IntField::Device, &mut exact)? as i64)
+                }
                 "time_us" if time_us.is_none() => {
-                    time_us = Some(p.at(Seg::Key("time_us"), Self::i64)?)
+                    time_us = Some(p.int_at("time_us", IntField::TimeUs, &mut exact)? as i64)
                 }
                 _ if device.is_none() && time_us.is_none() => p.extra(key, &mut metadata)?,
                 _ => p.extra(key, &mut extra)?,
@@ -1664,6 +1678,7 @@ impl<'a> Parser<'a> {
             device: device.ok_or_else(|| self.error("annotation lacks key 'device'"))?,
             time_us: time_us.ok_or_else(|| self.error("annotation lacks key 'time_us'"))?,
             extra,
+            exact,
         })
     }
 }

@@ -27,9 +27,17 @@
 //! atomically.
 //!
 //! [`validate()`] checks the invariants PyTorch's exporter guarantees.
+//!
+//! ## Numbers
+//!
+//! Every int is kept exactly, whatever its size or sign ([`int`]): typed fields hold the 64
+//! bits analysis uses, and an [`ExactInts`] override beside them keeps a number those bits do
+//! not say (a negative C++-path address, a stream ≥ 2^63, a 100-bit size); frame lines are
+//! [`PyInt`]s. Each codec writes the exact value back (see the README's "Numbers").
 
 pub mod compare;
 pub mod error;
+pub mod int;
 pub mod intern;
 pub mod io;
 pub mod json;
@@ -41,6 +49,7 @@ pub mod validate;
 pub mod value;
 
 pub use error::{FormatError, Result};
+pub use int::{ExactInts, IntField, PyInt};
 pub use intern::{Frame, FrameId, FrameTable, StackId, StackTable, StrId, StrTable};
 pub use io::{read_bytes, read_path, write_path, Compression, Format};
 pub use model::*;

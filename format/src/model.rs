@@ -3,9 +3,16 @@
 //! Field names follow PyTorch's keys. Keys that some eras lack are `Option`s; keys no era we
 //! know has are kept in `extra` and written back. Stacks are [`StackId`]s into the snapshot's
 //! [`StackTable`] (see [`crate::intern`]).
+//!
+//! Integers: the typed int fields hold the 64-bit value analysis uses; when the file's number
+//! is not what writing that field back gives (negative where the field is unsigned, ≥ 2^63
+//! where it is signed, beyond 64 bits), the struct's `exact` ([`ExactInts`]) keeps the exact
+//! value, and `exact_int` gives every field's exact value (see [`crate::int`]). Frame lines and
+//! allocator settings are [`PyInt`]s outright.
 
 use serde::{Deserialize, Serialize};
 
+use crate::int::{ExactInts, IntField, PyInt};
 use crate::intern::{Frame, FrameId, FrameTable, StackId, StackTable, StrId, StrTable};
 use crate::value::{Extras, Value};
 
@@ -51,8 +58,45 @@ pub struct RecorderInfo {
     /// Per device: trace entries the ring buffer dropped (oldest events lost).
     pub dropped_entries: Vec<u64>,
     /// Unknown keys of the `"memsnap"` dict, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub extra: Extras,
+    /// The exact `dropped_entries`, when one of them is not a `u64` (a foreign or damaged
+    /// file); see [`RecorderInfo::dropped_entry_ints`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_entries_exact: Option<Vec<PyInt>>,
+}
+
+impl RecorderInfo {
+    /// Sets `dropped_entries` from exact values (keeping them exactly when one is not a
+    /// `u64`).
+    pub fn set_dropped_entries(&mut self, exact: Vec<PyInt>) {
+        self.dropped_entries = exact.iter().map(PyInt::low_u64).collect();
+        self.dropped_entries_exact = exact.iter().any(|e| e.as_u64().is_none()).then_some(exact);
+    }
+
+    /// [`RecorderInfo::dropped_entries_exact`] when it is current (same length, same low 64
+    /// bits as `dropped_entries`).
+    pub fn current_dropped_entries_exact(&self) -> Option<&[PyInt]> {
+        self.dropped_entries_exact.as_deref().filter(|exact| {
+            exact.len() == self.dropped_entries.len()
+                && exact
+                    .iter()
+                    .zip(&self.dropped_entries)
+                    .all(|(e, &d)| e.low_u64() == d)
+        })
+    }
+
+    /// The exact `dropped_entries` values.
+    pub fn dropped_entry_ints(&self) -> Vec<PyInt> {
+        match self.current_dropped_entries_exact() {
+            Some(exact) => exact.to_vec(),
+            None => self
+                .dropped_entries
+                .iter()
+                .map(|&d| PyInt::from(d))
+                .collect(),
+        }
+    }
 }
 
 /// One segment: a `cudaMalloc` or one mapped range of an expandable segment.
@@ -78,6 +122,9 @@ pub struct Segment {
     pub frames_after_blocks: bool,
     pub blocks: Vec<Block>,
     pub extra: Extras,
+    /// Exact values of the int fields where the typed field differs (see [`crate::int`]).
+    #[serde(default, skip_serializing_if = "ExactInts::is_empty")]
+    pub exact: ExactInts,
 }
 
 impl Segment {
@@ -98,7 +145,27 @@ impl Segment {
             frames_after_blocks: false,
             blocks: Vec::new(),
             extra: Vec::new(),
+            exact: ExactInts::default(),
         }
+    }
+
+    /// The exact value of an int field (`None` for a field the segment has not):
+    /// `device`, `address`, `total_size`, `allocated_size`, `active_size`, `requested_size`,
+    /// `stream`, and the two ints of `segment_pool_id` ([`IntField::PoolId0`], `PoolId1`).
+    pub fn exact_int(&self, field: IntField) -> Option<PyInt> {
+        let bits = match field {
+            IntField::Device => self.device as u64,
+            IntField::Address => self.address,
+            IntField::TotalSize => self.total_size,
+            IntField::AllocatedSize => self.allocated_size?,
+            IntField::ActiveSize => self.active_size?,
+            IntField::RequestedSize => self.requested_size?,
+            IntField::Stream => self.stream as u64,
+            IntField::PoolId0 => self.segment_pool_id?.0 as u64,
+            IntField::PoolId1 => self.segment_pool_id?.1 as u64,
+            _ => return None,
+        };
+        Some(self.exact.exact(field, bits))
     }
 
     /// Block addresses: the stored `address`, or (legacy files) the running sum from the segment
@@ -134,6 +201,23 @@ pub struct Block {
     /// Legacy (≤2.0) per-block history.
     pub history: Option<Vec<HistoryItem>>,
     pub extra: Extras,
+    /// Exact values of the int fields where the typed field differs (see [`crate::int`]).
+    #[serde(default, skip_serializing_if = "ExactInts::is_empty")]
+    pub exact: ExactInts,
+}
+
+impl Block {
+    /// The exact value of `address`, `size` or `requested_size` (`None` for another field or
+    /// an absent key).
+    pub fn exact_int(&self, field: IntField) -> Option<PyInt> {
+        let bits = match field {
+            IntField::Address => self.address?,
+            IntField::Size => self.size,
+            IntField::RequestedSize => self.requested_size?,
+            _ => return None,
+        };
+        Some(self.exact.exact(field, bits))
+    }
 }
 
 impl Default for Block {
@@ -148,6 +232,7 @@ impl Default for Block {
             forward_frames: None,
             history: None,
             extra: Vec::new(),
+            exact: ExactInts::default(),
         }
     }
 }
@@ -167,6 +252,21 @@ pub struct HistoryItem {
     pub real_size: u64,
     pub frames: Option<StackId>,
     pub extra: Extras,
+    /// Exact values of the int fields where the typed field differs (see [`crate::int`]).
+    #[serde(default, skip_serializing_if = "ExactInts::is_empty")]
+    pub exact: ExactInts,
+}
+
+impl HistoryItem {
+    /// The exact value of `addr` or `real_size` (`None` for another field).
+    pub fn exact_int(&self, field: IntField) -> Option<PyInt> {
+        let bits = match field {
+            IntField::Addr => self.addr,
+            IntField::RealSize => self.real_size,
+            _ => return None,
+        };
+        Some(self.exact.exact(field, bits))
+    }
 }
 
 /// One event of a device trace.
@@ -220,6 +320,30 @@ impl TraceEntry {
     pub fn rare_mut(&mut self) -> &mut EntryRare {
         self.rare.get_or_insert_with(Default::default)
     }
+
+    /// The exact value of `addr`, `device_free`, `size`, `stream` or `time_us` (`None` for
+    /// another field or an absent key). The common entry has no override and this is the typed
+    /// field's value.
+    #[inline]
+    pub fn exact_int(&self, field: IntField) -> Option<PyInt> {
+        let bits = match field {
+            IntField::Addr if self.has_addr() => self.addr,
+            IntField::DeviceFree => self.device_free()?,
+            IntField::Size => self.size,
+            IntField::Stream => self.stream as u64,
+            IntField::TimeUs => self.time_us? as u64,
+            _ => return None,
+        };
+        Some(match &self.rare {
+            Some(r) => r.exact.exact(field, bits),
+            None => field.natural(bits),
+        })
+    }
+
+    /// Whether any int field has an exact value the typed field does not give.
+    pub fn has_exact_ints(&self) -> bool {
+        self.rare.as_ref().is_some_and(|r| !r.exact.is_empty())
+    }
 }
 
 /// Trace-entry keys that few entries carry.
@@ -237,6 +361,10 @@ pub struct EntryRare {
     pub legacy_frames_first: bool,
     /// Unknown keys, in order (legacy `cpp_frames` among them).
     pub extra: Extras,
+    /// Exact values of the entry's int fields where the typed field differs (see
+    /// [`crate::int`]; kept here so the common entry stays small).
+    #[serde(default, skip_serializing_if = "ExactInts::is_empty")]
+    pub exact: ExactInts,
 }
 
 /// Trace actions (`TraceEntry::Action` in PyTorch).
@@ -345,17 +473,17 @@ pub struct AllocatorSettings {
     /// Key `PYTORCH_CUDA_ALLOC_CONF`.
     pub alloc_conf: Option<String>,
     /// `-1` means unlimited.
-    pub max_split_size: Option<i64>,
+    pub max_split_size: Option<PyInt>,
     pub garbage_collection_threshold: Option<f64>,
     pub expandable_segments: Option<bool>,
-    pub pinned_num_register_threads: Option<i64>,
+    pub pinned_num_register_threads: Option<PyInt>,
     pub release_lock_on_cudamalloc: Option<bool>,
     pub pinned_use_cuda_host_register: Option<bool>,
     pub graph_capture_record_stream_reuse: Option<bool>,
     /// `("1", divisions), ("2", ...), ...` in file order.
-    pub roundup_power2_divisions: Option<Vec<(String, i64)>>,
-    pub max_round_threshold: Option<i64>,
-    pub max_cached_size: Option<i64>,
+    pub roundup_power2_divisions: Option<Vec<(String, PyInt)>>,
+    pub max_round_threshold: Option<PyInt>,
+    pub max_cached_size: Option<PyInt>,
     pub extra: Extras,
 }
 
@@ -368,9 +496,22 @@ pub struct Annotation {
     pub time_us: i64,
     /// Keys after `time_us`, if any.
     pub extra: Extras,
+    /// Exact `device` / `time_us` where the typed field differs (see [`crate::int`]).
+    #[serde(default, skip_serializing_if = "ExactInts::is_empty")]
+    pub exact: ExactInts,
 }
 
 impl Annotation {
+    /// The exact value of `device` or `time_us` (`None` for another field).
+    pub fn exact_int(&self, field: IntField) -> Option<PyInt> {
+        let bits = match field {
+            IntField::Device => self.device as u64,
+            IntField::TimeUs => self.time_us as u64,
+            _ => return None,
+        };
+        Some(self.exact.exact(field, bits))
+    }
+
     pub fn stage(&self) -> Option<&str> {
         self.meta_str("stage")
     }

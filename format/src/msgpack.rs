@@ -17,6 +17,14 @@
 //! `82 af 6d 65 6d ...`) is what [`looks_like`] detects; it cannot be mistaken for a pickle,
 //! which starts `80 02`..`80 05`.
 //!
+//! Integers: typed fields are native msgpack integers (`u64` or `i64` as the field is). An
+//! exact value the typed field does not hold (see [`crate::int`]) is kept in the struct's
+//! trailing `exact` list as `[field, int]` pairs; frame lines and allocator settings are
+//! [`crate::PyInt`]s. A `PyInt` is a native integer when it fits `i64` or `u64` (so 2^64 − 1
+//! is `cf ff..ff`, −1 is `ff`), and otherwise a `bin` of its minimal little-endian
+//! two's-complement bytes (as pickle's `LONG1` holds it). Generic values under unknown keys
+//! keep their own encoding (`Value::BigInt` as its bytes).
+//!
 //! Reading untrusted bytes: a first pass walks the msgpack structure without recursion and
 //! checks every length against the bytes that remain and the nesting depth, so the decoder
 //! never reserves memory a small file cannot back and never recurses deeply. Then every id is
@@ -32,8 +40,12 @@ use crate::intern::{Frame, FrameId};
 use crate::model::*;
 use crate::value::{Extras, Value};
 
-/// The version this code writes and the only one it reads.
-pub const FORMAT_VERSION: u8 = 1;
+/// The version this code writes. Version 2 added exact integers (see the module docs); this
+/// code also reads version 1, whose files are version 2 files without them.
+pub const FORMAT_VERSION: u8 = 2;
+
+/// The oldest version this code reads.
+pub const OLDEST_VERSION: u8 = 1;
 
 /// Deepest msgpack nesting accepted by the structure check (the snapshot's own structure needs
 /// under ten levels; the rest is for values under unknown keys).
@@ -154,9 +166,9 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot> {
         }
         None => return Err(msgpack_error("the file ends inside its header")),
     };
-    if version != FORMAT_VERSION {
+    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(msgpack_error(format!(
-            "format version {version} is not supported (this build reads version {FORMAT_VERSION}; a newer memsnap may read it)"
+            "format version {version} is not supported (this build reads versions {OLDEST_VERSION} to {FORMAT_VERSION}; a newer memsnap may read it)"
         )));
     }
     pos += 1;
@@ -436,7 +448,7 @@ mod tests {
         bytes[HEADER_START.len() + MAGIC.len()] = FORMAT_VERSION + 1;
         let err = read(&bytes).unwrap_err();
         assert!(
-            err.to_string().contains("version 2 is not supported"),
+            err.to_string().contains("version 3 is not supported"),
             "{err}"
         );
     }

@@ -3,11 +3,13 @@
 //! The invariants are the ones PyTorch's exporter guarantees and `_memory_viz.py` asserts:
 //! blocks tile their segment, the segment's size sums match its blocks, segments of one device
 //! do not overlap, trace times never go backwards, and each free matches the size of the
-//! allocation it frees.
+//! allocation it frees. Numbers no allocator can produce (a negative size, anything beyond 64
+//! bits) load as data (see [`crate::int`]) and are reported here.
 
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::int::{ExactInts, IntField};
 use crate::model::{Action, BlockState, Snapshot};
 
 /// One broken invariant and where it is.
@@ -27,9 +29,52 @@ impl fmt::Display for Violation {
 /// Checks every invariant and returns the violations (empty when the snapshot is sound).
 pub fn validate(snapshot: &Snapshot) -> Vec<Violation> {
     let mut out = Vec::new();
+    check_numbers(snapshot, &mut out);
     check_segments(snapshot, &mut out);
     check_traces(snapshot, &mut out);
     out
+}
+
+/// Exact values no allocator writes: negative sizes, and anything beyond 64 bits (addresses
+/// may be negative: PyTorch's C++ path writes addresses as `int64_t`).
+fn check_numbers(snapshot: &Snapshot, out: &mut Vec<Violation>) {
+    let mut check = |place: &dyn Fn() -> String, exact: &ExactInts| {
+        for (field, v) in exact.iter() {
+            let what = if v.as_i64().is_none() && v.as_u64().is_none() {
+                "does not fit 64 bits"
+            } else if v.is_negative()
+                && !matches!(field, IntField::Addr | IntField::Address)
+                && field.is_unsigned()
+            {
+                "is negative"
+            } else {
+                continue;
+            };
+            out.push(Violation {
+                place: place(),
+                what: format!("{} {v} {what}", field.key()),
+            });
+        }
+    };
+    for (si, seg) in snapshot.segments.iter().enumerate() {
+        check(&|| format!("segments[{si}]"), &seg.exact);
+        for (bi, block) in seg.blocks.iter().enumerate() {
+            check(&|| format!("segments[{si}].blocks[{bi}]"), &block.exact);
+            for (hi, item) in block.history.iter().flatten().enumerate() {
+                check(
+                    &|| format!("segments[{si}].blocks[{bi}].history[{hi}]"),
+                    &item.exact,
+                );
+            }
+        }
+    }
+    for (d, trace) in snapshot.traces().iter().enumerate() {
+        for (i, e) in trace.iter().enumerate() {
+            if let Some(rare) = &e.rare {
+                check(&|| format!("device_traces[{d}][{i}]"), &rare.exact);
+            }
+        }
+    }
 }
 
 fn check_segments(snapshot: &Snapshot, out: &mut Vec<Violation>) {

@@ -32,7 +32,7 @@ struct Event {
 }
 
 /// What a stack key compares: name, file, line.
-type FrameKey = (String, String, i64);
+type FrameKey = (String, String, memsnap_format::PyInt);
 
 /// The log of one process: per device, the newest events (at most `capacity`), and the Python
 /// stack of every live allocation.
@@ -81,7 +81,7 @@ impl PythonStacks {
     fn intern(&mut self, frames: Vec<Frame>) -> PyStackId {
         let key: Vec<FrameKey> = frames
             .iter()
-            .map(|f| (f.name.clone(), f.filename.clone(), f.line))
+            .map(|f| (f.name.clone(), f.filename.clone(), f.line.clone()))
             .collect();
         if let Some(&id) = self.index.get(&key) {
             return id;
@@ -268,6 +268,7 @@ mod tests {
                 forward_frames: None,
                 history: None,
                 extra: Vec::new(),
+                exact: Default::default(),
             });
         }
         snapshot.segments.push(segment);

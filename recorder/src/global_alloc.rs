@@ -365,6 +365,7 @@ pub fn snapshot() -> Option<Snapshot> {
             forward_frames: None,
             history: None,
             extra: Vec::new(),
+            exact: Default::default(),
         });
         snapshot.segments.push(segment);
     }
@@ -372,6 +373,7 @@ pub fn snapshot() -> Option<Snapshot> {
         producer: format!("memsnap-recorder {} (host heap)", env!("CARGO_PKG_VERSION")),
         dropped_entries: vec![dropped],
         extra: Vec::new(),
+        dropped_entries_exact: None,
     });
     Some(snapshot)
 }

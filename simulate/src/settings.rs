@@ -40,7 +40,9 @@ pub fn file_config(snapshot: &Snapshot) -> (AllocatorConfig, &'static str) {
         .and_then(|c| AllocatorConfig::parse(c).ok())
         .unwrap_or_default();
     // The typed values are what the allocator used (settings can change at run time).
-    if let Some(m) = settings.max_split_size {
+    if let Some(m) = settings.max_split_size.as_ref() {
+        // -1 (SIZE_MAX as int64) and values beyond i64 mean unlimited.
+        let m = m.as_i64().unwrap_or(UNLIMITED);
         config.max_split_size = if m <= 0 || m >= UNLIMITED {
             u64::MAX
         } else {
@@ -58,11 +60,12 @@ pub fn file_config(snapshot: &Snapshot) -> (AllocatorConfig, &'static str) {
     if let Some(divisions) = &settings.roundup_power2_divisions {
         for (key, n) in divisions {
             let Ok(mb) = key.parse::<u64>() else { continue };
-            if !mb.is_power_of_two() || *n < 0 {
+            let Some(n) = n.as_u64() else { continue };
+            if !mb.is_power_of_two() {
                 continue;
             }
             let index = (mb.ilog2() as usize).min(ROUNDUP_BUCKETS - 1);
-            config.roundup_power2_divisions[index] = *n as u64;
+            config.roundup_power2_divisions[index] = n;
         }
     }
     (config, "the file's allocator_settings")

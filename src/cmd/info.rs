@@ -276,7 +276,11 @@ fn truncation(snapshot: &Snapshot) -> String {
     let dropped: u64 = snapshot
         .recorder_info
         .as_ref()
-        .map(|r| r.dropped_entries.iter().sum())
+        .map(|r| {
+            r.dropped_entries
+                .iter()
+                .fold(0u64, |a, &d| a.saturating_add(d))
+        })
         .unwrap_or(0);
     let mut reasons = Vec::new();
     if orphan_frees > 0 {

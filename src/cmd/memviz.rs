@@ -95,10 +95,39 @@ impl ReferenceFailure {
     fn key_error(key: &str, why: String) -> Self {
         ReferenceFailure::new(format!("KeyError: '{key}'"), why)
     }
+
+    /// A limit of ours where Python goes on (`python` stays empty).
+    fn ours(why: String) -> Self {
+        ReferenceFailure::new("", why)
+    }
+}
+
+/// An exact int as `i128`, which holds every value PyTorch writes (and sums of them). Python's
+/// ints are unbounded; we refuse what does not fit rather than print a wrong number.
+fn wide(v: &memsnap_format::PyInt, place: &dyn Fn() -> String) -> Result<i128, ReferenceFailure> {
+    v.as_i128().ok_or_else(|| {
+        ReferenceFailure::ours(format!(
+            "{}: the integer {v} is too large for memsnap memviz (128-bit arithmetic)",
+            place()
+        ))
+    })
+}
+
+/// `a + b` or `a - b` on exact ints, refused where 128 bits overflow.
+fn checked(r: Option<i128>, place: &dyn Fn() -> String) -> Result<i128, ReferenceFailure> {
+    r.ok_or_else(|| {
+        ReferenceFailure::ours(format!(
+            "{}: a sum overflows memsnap memviz's 128-bit arithmetic",
+            place()
+        ))
+    })
 }
 
 impl fmt::Display for ReferenceFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.python.is_empty() {
+            return f.write_str(&self.why);
+        }
         write!(
             f,
             "{} (PyTorch's _memory_viz.py fails here too: {})",

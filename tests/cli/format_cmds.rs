@@ -265,6 +265,7 @@ fn broken_snapshot() -> Snapshot {
             forward_frames: None,
             history: None,
             extra: Vec::new(),
+            exact: Default::default(),
         },
         Block {
             address: Some(0x10_0800),
@@ -275,6 +276,7 @@ fn broken_snapshot() -> Snapshot {
             forward_frames: None,
             history: None,
             extra: Vec::new(),
+            exact: Default::default(),
         },
     ];
     seg.frames = Some(stack);

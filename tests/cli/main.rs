@@ -4,4 +4,5 @@ mod analysis_cmds;
 mod common;
 mod demo;
 mod format_cmds;
+mod numbers;
 mod plot_cmd;

@@ -79,6 +79,7 @@ fn live_blocks_the_trace_never_allocated_come_from_the_segments() {
         forward_frames: None,
         history: None,
         extra: Vec::new(),
+        exact: Default::default(),
     };
     seg.blocks = vec![
         block(0x1000, 1024, 700, BlockState::ActiveAllocated),
@@ -112,6 +113,7 @@ fn state_only_snapshot_shows_its_live_blocks_at_event_zero() {
         forward_frames: None,
         history: None,
         extra: Vec::new(),
+        exact: Default::default(),
     }];
     snapshot.segments.push(seg);
     exercise(&snapshot);

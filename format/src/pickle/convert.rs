@@ -8,11 +8,12 @@
 use std::fmt::Write as _;
 
 use crate::error::{FormatError, Result};
+use crate::int::{ExactInts, IntField, PyInt};
 use crate::intern::{Frame, FrameId, StackId, StrId};
 use crate::model::*;
 use crate::value::{Extras, Value};
 
-use super::vm::{long_to_u64, Arena, Kind, Val, NONE};
+use super::vm::{Arena, Kind, Val, NONE};
 
 /// Deepest nesting of unknown values we expand (and later drop) recursively; real snapshots
 /// nest a few levels, and 256 levels fit in a 2 MiB thread stack even in debug builds.
@@ -308,21 +309,50 @@ impl<'b> Conv<'b> {
         }
     }
 
-    fn i64(&self, v: Val) -> Result<i64> {
+    /// Any int, exactly.
+    fn int(&self, v: Val) -> Result<PyInt> {
         match v {
-            Val::Int(i) => Ok(i),
-            Val::BigInt { .. } => Err(self.schema("integer out of the 64-bit signed range")),
+            Val::Int(i) => Ok(PyInt::Small(i)),
+            Val::BigInt { start, len } => Ok(PyInt::from_le_bytes(self.arena.bytes(start, len))),
             other => Err(self.expected("an int", other)),
         }
     }
 
-    fn u64(&self, v: Val) -> Result<u64> {
+    /// An int for a typed field: its 64 bits, the exact value kept in `exact` if they do not
+    /// say it all.
+    #[inline]
+    fn field(&self, v: Val, field: IntField, exact: &mut ExactInts) -> Result<u64> {
         match v {
-            Val::Int(i) => u64::try_from(i).map_err(|_| self.schema(format!("negative value {i}"))),
-            Val::BigInt { start, len } => long_to_u64(self.arena.bytes(start, len))
-                .ok_or_else(|| self.schema("integer out of the 64-bit unsigned range")),
-            other => Err(self.expected("an int", other)),
+            Val::Int(i) if exact.is_empty() && (i >= 0 || !field.is_unsigned()) => Ok(i as u64),
+            _ => Ok(exact.store(field, self.int(v)?)),
         }
+    }
+
+    /// [`Conv::field`] under the key `key` of the error path.
+    #[inline]
+    fn int_at(
+        &mut self,
+        key: &'static str,
+        v: Val,
+        field: IntField,
+        exact: &mut ExactInts,
+    ) -> Result<u64> {
+        if let Val::Int(i) = v {
+            // A repeated key replaces an earlier exact value, as in a Python dict.
+            if exact.is_empty() && (i >= 0 || !field.is_unsigned()) {
+                return Ok(i as u64);
+            }
+        }
+        self.at(Seg::Key(key), |c| c.field(v, field, exact))
+    }
+
+    /// Fills an int setting once; `false` (keep it in `extra`) for a repeat or a non-int.
+    fn set_int(&self, slot: &mut Option<PyInt>, v: Val) -> bool {
+        if slot.is_some() {
+            return false;
+        }
+        *slot = self.int(v).ok();
+        slot.is_some()
     }
 
     fn bool(&self, v: Val) -> Result<bool> {
@@ -522,7 +552,7 @@ impl<'b> Conv<'b> {
             match self.key_bytes(k) {
                 Some(b"name") => name = Some(self.at(Seg::Key("name"), |c| c.str(v))?),
                 Some(b"filename") => filename = Some(self.at(Seg::Key("filename"), |c| c.str(v))?),
-                Some(b"line") => line = Some(self.at(Seg::Key("line"), |c| c.i64(v))?),
+                Some(b"line") => line = Some(self.at(Seg::Key("line"), |c| c.int(v))?),
                 _ => self.extra(k, v, &mut extra)?,
             }
         }
@@ -608,16 +638,17 @@ impl<'b> Conv<'b> {
                     producer = Some(self.at(Seg::Key("producer"), |c| c.str(v))?.to_owned())
                 }
                 Some(b"dropped_entries") => {
-                    info.dropped_entries = self.at(Seg::Key("dropped_entries"), |c| {
+                    let exact: Vec<PyInt> = self.at(Seg::Key("dropped_entries"), |c| {
                         let id = c.list(v)?;
                         c.charge(c.arena.node(id).len.into())?;
                         let items: Vec<Val> = c.arena.items(id).collect();
                         items
                             .into_iter()
                             .enumerate()
-                            .map(|(i, x)| c.at(Seg::Index(i), |c| c.u64(x)))
+                            .map(|(i, x)| c.at(Seg::Index(i), |c| c.int(x)))
                             .collect()
-                    })?
+                    })?;
+                    info.set_dropped_entries(exact);
                 }
                 _ => self.extra(k, v, &mut info.extra)?,
             }
@@ -651,21 +682,41 @@ impl<'b> Conv<'b> {
         let mut blocks = None;
         for (k, v) in self.dict_pairs(v)? {
             match self.key_bytes(k) {
-                Some(b"device") => device = Some(self.at(Seg::Key("device"), |c| c.i64(v))?),
-                Some(b"address") => address = Some(self.at(Seg::Key("address"), |c| c.u64(v))?),
+                Some(b"device") => {
+                    device =
+                        Some(self.int_at("device", v, IntField::Device, &mut seg.exact)? as i64)
+                }
+                Some(b"address") => {
+                    address = Some(self.int_at("address", v, IntField::Address, &mut seg.exact)?)
+                }
                 Some(b"total_size") => {
-                    total_size = Some(self.at(Seg::Key("total_size"), |c| c.u64(v))?)
+                    total_size =
+                        Some(self.int_at("total_size", v, IntField::TotalSize, &mut seg.exact)?)
                 }
                 Some(b"allocated_size") => {
-                    seg.allocated_size = Some(self.at(Seg::Key("allocated_size"), |c| c.u64(v))?)
+                    seg.allocated_size = Some(self.int_at(
+                        "allocated_size",
+                        v,
+                        IntField::AllocatedSize,
+                        &mut seg.exact,
+                    )?)
                 }
                 Some(b"active_size") => {
-                    seg.active_size = Some(self.at(Seg::Key("active_size"), |c| c.u64(v))?)
+                    seg.active_size =
+                        Some(self.int_at("active_size", v, IntField::ActiveSize, &mut seg.exact)?)
                 }
                 Some(b"requested_size") => {
-                    seg.requested_size = Some(self.at(Seg::Key("requested_size"), |c| c.u64(v))?)
+                    seg.requested_size = Some(self.int_at(
+                        "requested_size",
+                        v,
+                        IntField::RequestedSize,
+                        &mut seg.exact,
+                    )?)
                 }
-                Some(b"stream") => stream = Some(self.at(Seg::Key("stream"), |c| c.i64(v))?),
+                Some(b"stream") => {
+                    stream =
+                        Some(self.int_at("stream", v, IntField::Stream, &mut seg.exact)? as i64)
+                }
                 Some(b"segment_type") => {
                     let t = self.at(Seg::Key("segment_type"), |c| c.str(v))?;
                     seg.segment_type = Some(
@@ -674,8 +725,10 @@ impl<'b> Conv<'b> {
                     );
                 }
                 Some(b"segment_pool_id") => {
+                    let mut exact = std::mem::take(&mut seg.exact);
                     seg.segment_pool_id =
-                        Some(self.at(Seg::Key("segment_pool_id"), |c| c.pool_id(v))?)
+                        Some(self.at(Seg::Key("segment_pool_id"), |c| c.pool_id(v, &mut exact))?);
+                    seg.exact = exact;
                 }
                 Some(b"is_expandable") => {
                     seg.is_expandable = Some(self.at(Seg::Key("is_expandable"), |c| c.bool(v))?)
@@ -697,11 +750,14 @@ impl<'b> Conv<'b> {
         Ok(seg)
     }
 
-    fn pool_id(&mut self, v: Val) -> Result<(i64, i64)> {
+    fn pool_id(&mut self, v: Val, exact: &mut ExactInts) -> Result<(i64, i64)> {
         let id = self.node_of(v, Kind::Tuple, "a (int, int) tuple")?;
         let items: Vec<Val> = self.arena.items(id).take(3).collect();
         match items[..] {
-            [a, b] => Ok((self.i64(a)?, self.i64(b)?)),
+            [a, b] => Ok((
+                self.field(a, IntField::PoolId0, exact)? as i64,
+                self.field(b, IntField::PoolId1, exact)? as i64,
+            )),
             _ => Err(self.schema(format!(
                 "expected a 2-tuple, found {} items",
                 self.arena.node(id).len
@@ -725,10 +781,19 @@ impl<'b> Conv<'b> {
         let (mut size, mut state) = (None, None);
         for (k, v) in self.dict_pairs(v)? {
             match self.key_bytes(k) {
-                Some(b"address") => b.address = Some(self.at(Seg::Key("address"), |c| c.u64(v))?),
-                Some(b"size") => size = Some(self.at(Seg::Key("size"), |c| c.u64(v))?),
+                Some(b"address") => {
+                    b.address = Some(self.int_at("address", v, IntField::Address, &mut b.exact)?)
+                }
+                Some(b"size") => {
+                    size = Some(self.int_at("size", v, IntField::Size, &mut b.exact)?)
+                }
                 Some(b"requested_size") => {
-                    b.requested_size = Some(self.at(Seg::Key("requested_size"), |c| c.u64(v))?)
+                    b.requested_size = Some(self.int_at(
+                        "requested_size",
+                        v,
+                        IntField::RequestedSize,
+                        &mut b.exact,
+                    )?)
                 }
                 Some(b"state") => {
                     let s = self.at(Seg::Key("state"), |c| c.str(v))?;
@@ -765,13 +830,17 @@ impl<'b> Conv<'b> {
                     real_size: 0,
                     frames: None,
                     extra: Extras::new(),
+                    exact: ExactInts::default(),
                 };
                 let (mut addr, mut real_size) = (None, None);
                 for (k, v) in c.dict_pairs(item)? {
                     match c.key_bytes(k) {
-                        Some(b"addr") => addr = Some(c.at(Seg::Key("addr"), |c| c.u64(v))?),
+                        Some(b"addr") => {
+                            addr = Some(c.int_at("addr", v, IntField::Addr, &mut h.exact)?)
+                        }
                         Some(b"real_size") => {
-                            real_size = Some(c.at(Seg::Key("real_size"), |c| c.u64(v))?)
+                            real_size =
+                                Some(c.int_at("real_size", v, IntField::RealSize, &mut h.exact)?)
                         }
                         Some(b"frames") => {
                             h.frames = Some(c.at(Seg::Key("frames"), |c| c.stack(v))?)
@@ -865,6 +934,7 @@ impl<'b> Conv<'b> {
         let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
         let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
         let mut rare: Option<Box<EntryRare>> = None;
+        let mut exact = ExactInts::default();
         let (mut canonical, mut last_rank) = (true, -1i32);
         for (i, pair) in items.chunks_exact(2).enumerate() {
             let (k, v) = (pair[0], pair[1]);
@@ -881,24 +951,25 @@ impl<'b> Conv<'b> {
                     1
                 }
                 Sym::Addr => {
-                    addr = Some(self.at(Seg::Key("addr"), |c| c.u64(v))?);
+                    addr = Some(self.int_at("addr", v, IntField::Addr, &mut exact)?);
                     2
                 }
                 Sym::DeviceFree => {
-                    let f = self.at(Seg::Key("device_free"), |c| c.u64(v))?;
+                    let f = self.int_at("device_free", v, IntField::DeviceFree, &mut exact)?;
                     rare.get_or_insert_with(Default::default).device_free = Some(f);
                     3
                 }
                 Sym::Size => {
-                    size = Some(self.at(Seg::Key("size"), |c| c.u64(v))?);
+                    size = Some(self.int_at("size", v, IntField::Size, &mut exact)?);
                     4
                 }
                 Sym::Stream => {
-                    stream = Some(self.at(Seg::Key("stream"), |c| c.i64(v))?);
+                    stream = Some(self.int_at("stream", v, IntField::Stream, &mut exact)? as i64);
                     5
                 }
                 Sym::TimeUs => {
-                    e.time_us = Some(self.at(Seg::Key("time_us"), |c| c.i64(v))?);
+                    e.time_us =
+                        Some(self.int_at("time_us", v, IntField::TimeUs, &mut exact)? as i64);
                     6
                 }
                 Sym::CompileContext => {
@@ -951,6 +1022,9 @@ impl<'b> Conv<'b> {
             Some(a) => e.addr = a,
             None => rare.get_or_insert_with(Default::default).no_addr = true,
         }
+        if !exact.is_empty() {
+            rare.get_or_insert_with(Default::default).exact = exact;
+        }
         e.rare = rare;
         Ok((e, canonical))
     }
@@ -989,16 +1063,17 @@ impl<'b> Conv<'b> {
             }
         }
         d.push((s("action"), s(e.action.name(strings))));
-        if e.has_addr() {
-            d.push((s("addr"), uint_value(e.addr)));
+        let int = |field| e.exact_int(field).map(|v| v.to_value());
+        if let Some(a) = int(IntField::Addr) {
+            d.push((s("addr"), a));
         }
-        if let Some(f) = e.device_free() {
-            d.push((s("device_free"), uint_value(f)));
+        if let Some(f) = int(IntField::DeviceFree) {
+            d.push((s("device_free"), f));
         }
-        d.push((s("size"), uint_value(e.size)));
-        d.push((s("stream"), Value::Int(e.stream)));
-        if let Some(t) = e.time_us {
-            d.push((s("time_us"), Value::Int(t)));
+        for field in [IntField::Size, IntField::Stream, IntField::TimeUs] {
+            if let Some(v) = int(field) {
+                d.push((s(field.key()), v));
+            }
         }
         if let Some(c) = e.compile_context {
             d.push((s("compile_context"), s(strings.get(c))));
@@ -1034,7 +1109,7 @@ impl<'b> Conv<'b> {
                             Value::Str("filename".into()),
                             Value::Str(f.filename.clone()),
                         ),
-                        (Value::Str("line".into()), Value::Int(f.line)),
+                        (Value::Str("line".into()), f.line.to_value()),
                     ];
                     d.extend(
                         f.extra
@@ -1060,7 +1135,7 @@ impl<'b> Conv<'b> {
                     }
                     s.alloc_conf.is_some()
                 }
-                Some(b"max_split_size") => set_int(&mut s.max_split_size, v),
+                Some(b"max_split_size") => self.set_int(&mut s.max_split_size, v),
                 Some(b"garbage_collection_threshold") => match v {
                     Val::Float(f) if s.garbage_collection_threshold.is_none() => {
                         s.garbage_collection_threshold = Some(f);
@@ -1070,7 +1145,7 @@ impl<'b> Conv<'b> {
                 },
                 Some(b"expandable_segments") => set_bool(&mut s.expandable_segments, v),
                 Some(b"pinned_num_register_threads") => {
-                    set_int(&mut s.pinned_num_register_threads, v)
+                    self.set_int(&mut s.pinned_num_register_threads, v)
                 }
                 Some(b"release_lock_on_cudamalloc") => {
                     set_bool(&mut s.release_lock_on_cudamalloc, v)
@@ -1090,8 +1165,8 @@ impl<'b> Conv<'b> {
                         None => false,
                     }
                 }
-                Some(b"max_round_threshold") => set_int(&mut s.max_round_threshold, v),
-                Some(b"max_cached_size") => set_int(&mut s.max_cached_size, v),
+                Some(b"max_round_threshold") => self.set_int(&mut s.max_round_threshold, v),
+                Some(b"max_cached_size") => self.set_int(&mut s.max_cached_size, v),
                 _ => false,
             };
             if !kept {
@@ -1102,7 +1177,7 @@ impl<'b> Conv<'b> {
     }
 
     /// `{'1': 0, '2': 0, ...}`, or `None` when it has another shape (then kept as a value).
-    fn divisions(&mut self, v: Val) -> Result<Option<Vec<(String, i64)>>> {
+    fn divisions(&mut self, v: Val) -> Result<Option<Vec<(String, PyInt)>>> {
         let Val::Node(id) = v else { return Ok(None) };
         if self.arena.node(id).kind != Kind::Dict {
             return Ok(None);
@@ -1112,7 +1187,9 @@ impl<'b> Conv<'b> {
         let mut out = Vec::with_capacity(pairs.len());
         for (k, v) in pairs {
             match (k, v) {
-                (Val::Str { .. }, Val::Int(i)) => out.push((self.str(k)?.to_owned(), i)),
+                (Val::Str { .. }, Val::Int(_) | Val::BigInt { .. }) => {
+                    out.push((self.str(k)?.to_owned(), self.int(v)?))
+                }
                 _ => return Ok(None),
             }
         }
@@ -1134,13 +1211,14 @@ impl<'b> Conv<'b> {
         let (mut device, mut time_us) = (None, None);
         let mut metadata = Vec::new();
         let mut extra = Extras::new();
+        let mut exact = ExactInts::default();
         for (k, v) in self.dict_pairs(v)? {
             match self.key_bytes(k) {
                 Some(b"device") if device.is_none() => {
-                    device = Some(self.at(Seg::Key("device"), |c| c.i64(v))?)
+                    device = Some(self.int_at("device", v, IntField::Device, &mut exact)? as i64)
                 }
                 Some(b"time_us") if time_us.is_none() => {
-                    time_us = Some(self.at(Seg::Key("time_us"), |c| c.i64(v))?)
+                    time_us = Some(self.int_at("time_us", v, IntField::TimeUs, &mut exact)? as i64)
                 }
                 _ if device.is_none() && time_us.is_none() => self.extra(k, v, &mut metadata)?,
                 _ => self.extra(k, v, &mut extra)?,
@@ -1151,17 +1229,8 @@ impl<'b> Conv<'b> {
             device: device.ok_or_else(|| self.schema("annotation lacks key 'device'"))?,
             time_us: time_us.ok_or_else(|| self.schema("annotation lacks key 'time_us'"))?,
             extra,
+            exact,
         })
-    }
-}
-
-fn set_int(slot: &mut Option<i64>, v: Val) -> bool {
-    match v {
-        Val::Int(i) if slot.is_none() => {
-            *slot = Some(i);
-            true
-        }
-        _ => false,
     }
 }
 
@@ -1172,17 +1241,5 @@ fn set_bool(slot: &mut Option<bool>, v: Val) -> bool {
             true
         }
         _ => false,
-    }
-}
-
-fn uint_value(v: u64) -> Value {
-    match i64::try_from(v) {
-        Ok(i) => Value::Int(i),
-        // Minimal little-endian two's complement, as LONG1 writes it: 8 bytes and a 0 sign byte.
-        Err(_) => {
-            let mut bytes = v.to_le_bytes().to_vec();
-            bytes.push(0);
-            Value::BigInt(bytes)
-        }
     }
 }

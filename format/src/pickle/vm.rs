@@ -1759,6 +1759,7 @@ pub(crate) fn long_to_i64(bytes: &[u8]) -> Option<i64> {
 }
 
 /// A little-endian two's-complement integer as `u64`, if it is in range.
+#[cfg(test)]
 pub(crate) fn long_to_u64(bytes: &[u8]) -> Option<u64> {
     if bytes.last().is_some_and(|b| b & 0x80 != 0) {
         return None;

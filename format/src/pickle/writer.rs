@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use crate::int::{ExactInts, IntField, PyInt};
 use crate::intern::{FrameId, StackId, StrId};
 use crate::model::*;
 use crate::value::{Extras, Value};
@@ -204,6 +205,44 @@ impl<'s> Writer<'s> {
         }
     }
 
+    /// Any int, as CPython writes it (`LONG1`, or `LONG4` past 255 bytes).
+    fn pyint(&mut self, v: &PyInt) {
+        match v {
+            PyInt::Small(i) => self.int(*i),
+            PyInt::Big(bytes) => self.long_bytes(bytes),
+        }
+    }
+
+    /// `LONG1` (or `LONG4`) with these little-endian two's-complement bytes.
+    fn long_bytes(&mut self, bytes: &[u8]) {
+        if let Ok(n) = u8::try_from(bytes.len()) {
+            self.out.extend_from_slice(&[op::LONG1, n]);
+        } else {
+            self.out.push(op::LONG4);
+            self.out
+                .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        }
+        self.out.extend_from_slice(bytes);
+    }
+
+    /// An unsigned typed field: its exact value when `exact` has a current one.
+    #[inline]
+    fn uint_x(&mut self, exact: Option<&'s ExactInts>, field: IntField, v: u64) {
+        match exact.and_then(|x| x.current(field, v)) {
+            Some(x) => self.pyint(x),
+            None => self.uint(v),
+        }
+    }
+
+    /// A signed typed field: its exact value when `exact` has a current one.
+    #[inline]
+    fn int_x(&mut self, exact: Option<&'s ExactInts>, field: IntField, v: i64) {
+        match exact.and_then(|x| x.current(field, v as u64)) {
+            Some(x) => self.pyint(x),
+            None => self.int(v),
+        }
+    }
+
     /// `LONG1` with the minimal little-endian two's-complement bytes.
     fn long1(&mut self, v: i128) {
         let bytes = v.to_le_bytes();
@@ -363,16 +402,7 @@ impl<'s> Writer<'s> {
             Value::None => self.out.push(op::NONE),
             Value::Bool(b) => self.bool(*b),
             Value::Int(i) => self.int(*i),
-            Value::BigInt(bytes) => {
-                if let Ok(n) = u8::try_from(bytes.len()) {
-                    self.out.extend_from_slice(&[op::LONG1, n]);
-                } else {
-                    self.out.push(op::LONG4);
-                    self.out
-                        .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-                }
-                self.out.extend_from_slice(bytes);
-            }
+            Value::BigInt(bytes) => self.long_bytes(bytes),
             Value::Float(f) => self.float(*f),
             Value::Str(s) => self.str(s),
             Value::Bytes(b) => {
@@ -464,7 +494,7 @@ impl<'s> Writer<'s> {
         self.s(S::filename);
         self.str(&f.filename);
         self.s(S::line);
-        self.int(f.line);
+        self.pyint(&f.line);
         self.extras(&f.extra);
         self.dict_end(pairs);
     }
@@ -522,7 +552,10 @@ impl<'s> Writer<'s> {
             self.s(S::producer);
             self.str(&info.producer);
             self.s(S::dropped_entries);
-            self.list(&info.dropped_entries, |w, n| w.uint(*n));
+            match info.current_dropped_entries_exact() {
+                Some(exact) => self.list(exact, |w, n| w.pyint(n)),
+                None => self.list(&info.dropped_entries, |w, n| w.uint(*n)),
+            };
             self.extras(&info.extra);
             self.dict_end(pairs);
         }
@@ -540,26 +573,27 @@ impl<'s> Writer<'s> {
             + usize::from(seg.frames.is_some())
             + seg.extra.len();
         self.dict_begin(pairs);
+        let x = Some(&seg.exact);
         self.s(S::device);
-        self.int(seg.device);
+        self.int_x(x, IntField::Device, seg.device);
         self.s(S::address);
-        self.uint(seg.address);
+        self.uint_x(x, IntField::Address, seg.address);
         self.s(S::total_size);
-        self.uint(seg.total_size);
+        self.uint_x(x, IntField::TotalSize, seg.total_size);
         if let Some(v) = seg.allocated_size {
             self.s(S::allocated_size);
-            self.uint(v);
+            self.uint_x(x, IntField::AllocatedSize, v);
         }
         if let Some(v) = seg.active_size {
             self.s(S::active_size);
-            self.uint(v);
+            self.uint_x(x, IntField::ActiveSize, v);
         }
         if let Some(v) = seg.requested_size {
             self.s(S::requested_size);
-            self.uint(v);
+            self.uint_x(x, IntField::RequestedSize, v);
         }
         self.s(S::stream);
-        self.int(seg.stream);
+        self.int_x(x, IntField::Stream, seg.stream);
         if let Some(t) = seg.segment_type {
             self.s(S::segment_type);
             match t {
@@ -570,8 +604,8 @@ impl<'s> Writer<'s> {
         }
         if let Some((a, b)) = seg.segment_pool_id {
             self.s(S::segment_pool_id);
-            self.int(a);
-            self.int(b);
+            self.int_x(x, IntField::PoolId0, a);
+            self.int_x(x, IntField::PoolId1, b);
             self.out.push(op::TUPLE2);
             self.memoize();
         }
@@ -603,15 +637,16 @@ impl<'s> Writer<'s> {
             + usize::from(b.history.is_some())
             + b.extra.len();
         self.dict_begin(pairs);
+        let x = Some(&b.exact);
         if let Some(a) = b.address {
             self.s(S::address);
-            self.uint(a);
+            self.uint_x(x, IntField::Address, a);
         }
         self.s(S::size);
-        self.uint(b.size);
+        self.uint_x(x, IntField::Size, b.size);
         if let Some(r) = b.requested_size {
             self.s(S::requested_size);
-            self.uint(r);
+            self.uint_x(x, IntField::RequestedSize, r);
         }
         self.s(S::state);
         match b.state {
@@ -633,10 +668,11 @@ impl<'s> Writer<'s> {
             self.list(h, |w, item| {
                 let pairs = 2 + usize::from(item.frames.is_some()) + item.extra.len();
                 w.dict_begin(pairs);
+                let x = Some(&item.exact);
                 w.s(S::addr);
-                w.uint(item.addr);
+                w.uint_x(x, IntField::Addr, item.addr);
                 w.s(S::real_size);
-                w.uint(item.real_size);
+                w.uint_x(x, IntField::RealSize, item.real_size);
                 if let Some(f) = item.frames {
                     w.s(S::frames);
                     w.stack(f);
@@ -698,21 +734,22 @@ impl<'s> Writer<'s> {
         }
         self.s(S::action);
         self.action(e.action);
+        let x = rare.map(|r| &r.exact);
         if e.has_addr() {
             self.s(S::addr);
-            self.uint(e.addr);
+            self.uint_x(x, IntField::Addr, e.addr);
         }
         if let Some(f) = e.device_free() {
             self.s(S::device_free);
-            self.uint(f);
+            self.uint_x(x, IntField::DeviceFree, f);
         }
         self.s(S::size);
-        self.uint(e.size);
+        self.uint_x(x, IntField::Size, e.size);
         self.s(S::stream);
-        self.int(e.stream);
+        self.int_x(x, IntField::Stream, e.stream);
         if let Some(t) = e.time_us {
             self.s(S::time_us);
-            self.int(t);
+            self.int_x(x, IntField::TimeUs, t);
         }
         if let Some(c) = e.compile_context {
             self.s(S::compile_context);
@@ -764,9 +801,9 @@ impl<'s> Writer<'s> {
             self.s(S::alloc_conf);
             self.str(v);
         }
-        if let Some(v) = s.max_split_size {
+        if let Some(v) = &s.max_split_size {
             self.s(S::max_split_size);
-            self.int(v);
+            self.pyint(v);
         }
         if let Some(v) = s.garbage_collection_threshold {
             self.s(S::garbage_collection_threshold);
@@ -786,9 +823,9 @@ impl<'s> Writer<'s> {
         ];
         let [expandable, release_lock, host_register, stream_reuse] = flags;
         self.flag(expandable);
-        if let Some(v) = s.pinned_num_register_threads {
+        if let Some(v) = &s.pinned_num_register_threads {
             self.s(S::pinned_num_register_threads);
-            self.int(v);
+            self.pyint(v);
         }
         self.flag(release_lock);
         self.flag(host_register);
@@ -801,7 +838,7 @@ impl<'s> Writer<'s> {
                 [] => {}
                 [(k, v)] => {
                     self.str(k);
-                    self.int(*v);
+                    self.pyint(v);
                     self.out.push(op::SETITEM);
                 }
                 _ => {
@@ -809,7 +846,7 @@ impl<'s> Writer<'s> {
                         self.out.push(op::MARK);
                         for (k, v) in batch {
                             self.str(k);
-                            self.int(*v);
+                            self.pyint(v);
                         }
                         self.out.push(op::SETITEMS);
                     }
@@ -817,13 +854,13 @@ impl<'s> Writer<'s> {
             }
             self.boundary();
         }
-        if let Some(v) = s.max_round_threshold {
+        if let Some(v) = &s.max_round_threshold {
             self.s(S::max_round_threshold);
-            self.int(v);
+            self.pyint(v);
         }
-        if let Some(v) = s.max_cached_size {
+        if let Some(v) = &s.max_cached_size {
             self.s(S::max_cached_size);
-            self.int(v);
+            self.pyint(v);
         }
         self.extras(&s.extra);
         self.dict_end(pairs);
@@ -840,10 +877,11 @@ impl<'s> Writer<'s> {
         let pairs = a.metadata.len() + 2 + a.extra.len();
         self.dict_begin(pairs);
         self.extras(&a.metadata);
+        let x = Some(&a.exact);
         self.s(S::device);
-        self.int(a.device);
+        self.int_x(x, IntField::Device, a.device);
         self.s(S::time_us);
-        self.int(a.time_us);
+        self.int_x(x, IntField::TimeUs, a.time_us);
         self.extras(&a.extra);
         self.dict_end(pairs);
     }

@@ -306,6 +306,7 @@ impl CachingAllocator {
                         forward_frames: None,
                         history: None,
                         extra: Vec::new(),
+                        exact: Default::default(),
                     });
                 }
                 segment.allocated_size = Some(allocated);

@@ -248,6 +248,7 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
         producer: concat!("memsnap-format synth ", env!("CARGO_PKG_VERSION")).into(),
         dropped_entries: dropped,
         extra: Vec::new(),
+        dropped_entries_exact: None,
     });
     if run.with_time {
         snapshot.allocator_settings = Some(allocator_settings());
@@ -317,13 +318,15 @@ fn apply(live: u64, action: Action, size: u64) -> u64 {
 
 /// The 2.10-era defaults.
 fn allocator_settings() -> AllocatorSettings {
-    let divisions = (0..16).map(|i| ((1u64 << i).to_string(), 0)).collect();
+    let divisions = (0..16)
+        .map(|i| ((1u64 << i).to_string(), 0.into()))
+        .collect();
     AllocatorSettings {
         alloc_conf: Some(String::new()),
-        max_split_size: Some(-1),
+        max_split_size: Some((-1).into()),
         garbage_collection_threshold: Some(0.0),
         expandable_segments: Some(false),
-        pinned_num_register_threads: Some(1),
+        pinned_num_register_threads: Some(1.into()),
         release_lock_on_cudamalloc: Some(false),
         pinned_use_cuda_host_register: Some(false),
         graph_capture_record_stream_reuse: Some(false),
@@ -443,6 +446,7 @@ impl DeviceRun<'_> {
             device: self.device as i64,
             time_us: self.recorder.clock_us,
             extra: Vec::new(),
+            exact: Default::default(),
         });
     }
 

@@ -3,6 +3,7 @@
 mod codecs;
 mod common;
 mod hostile;
+mod numbers;
 mod pickle;
 mod reader_paths;
 mod synth;

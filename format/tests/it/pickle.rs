@@ -112,7 +112,7 @@ fn real_snapshot_facts_survive_reading() {
     assert_eq!(empty.traces().len(), 4);
     assert!(empty.segments.is_empty());
     let settings = empty.allocator_settings.as_ref().unwrap();
-    assert_eq!(settings.max_split_size, Some(67108864));
+    assert_eq!(settings.max_split_size, Some(67108864.into()));
     assert_eq!(
         settings.alloc_conf.as_deref(),
         Some("expandable_segments:True,max_split_size_mb:64")

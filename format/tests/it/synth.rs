@@ -294,7 +294,7 @@ fn entries_look_like_pytorch_2_10() {
     assert!(snapshot.segments.iter().any(|s| s.device == 1));
 
     let settings = snapshot.allocator_settings.as_ref().unwrap();
-    assert_eq!(settings.max_split_size, Some(-1));
+    assert_eq!(settings.max_split_size, Some((-1).into()));
     assert_eq!(
         settings.roundup_power2_divisions.as_ref().unwrap().len(),
         16

@@ -112,10 +112,10 @@ fn settings(st: &State) -> AllocatorSettings {
     let c = &st.config;
     AllocatorSettings {
         alloc_conf: Some(c.conf_string.clone()),
-        max_split_size: Some(c.max_split_size_for_snapshot()),
+        max_split_size: Some(c.max_split_size_for_snapshot().into()),
         garbage_collection_threshold: Some(c.garbage_collection_threshold),
         expandable_segments: Some(st.expandable_active),
-        pinned_num_register_threads: Some(c.pinned_num_register_threads),
+        pinned_num_register_threads: Some(c.pinned_num_register_threads.into()),
         release_lock_on_cudamalloc: Some(c.release_lock_on_malloc),
         pinned_use_cuda_host_register: Some(c.pinned_use_host_register),
         graph_capture_record_stream_reuse: Some(c.graph_capture_record_stream_reuse),
@@ -124,7 +124,7 @@ fn settings(st: &State) -> AllocatorSettings {
                 .map(|i| {
                     (
                         (1u64 << i).to_string(),
-                        c.roundup_power2_divisions[i] as i64,
+                        (c.roundup_power2_divisions[i] as i64).into(),
                     )
                 })
                 .collect(),
@@ -203,6 +203,7 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
                 forward_frames: None,
                 history: None,
                 extra: Vec::new(),
+                exact: Default::default(),
             });
         }
         seg.allocated_size = Some(allocated);
@@ -245,6 +246,7 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
         producer: concat!("memsnap-recorder ", env!("CARGO_PKG_VERSION")).to_owned(),
         dropped_entries,
         extra: Vec::new(),
+        dropped_entries_exact: None,
     });
     snap
 }

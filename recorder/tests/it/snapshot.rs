@@ -48,7 +48,7 @@ fn recorded_run_validates_and_has_symbolized_stacks() {
         "innermost frame should be the caller of malloc: {frames:?}"
     );
     let settings = snap.allocator_settings.as_ref().unwrap();
-    assert_eq!(settings.max_split_size, Some(64 * MIB as i64));
+    assert_eq!(settings.max_split_size, Some((64 * MIB as i64).into()));
     assert_eq!(
         settings.roundup_power2_divisions.as_ref().unwrap().len(),
         16

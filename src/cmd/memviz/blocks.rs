@@ -3,18 +3,23 @@
 
 use std::fmt::Write;
 
-use memsnap_format::{Block, Frame, FrameId, Snapshot, StackId};
+use memsnap_format::{Block, Frame, FrameId, IntField, Snapshot, StackId};
 
-use super::ReferenceFailure;
+use super::{wide, ReferenceFailure};
 
 /// `_block_extra(b)`: the block's frames and the bytes it accounts for.
 ///
 /// Current blocks (with a `frames` key) give `frames` and `requested_size`. Legacy blocks
 /// (no `frames` key) give the first history item's frames and `real_size`, or no frames and
 /// `requested_size` (falling back to `size`).
-pub fn block_extra(block: &Block, place: &str) -> Result<(Option<StackId>, u64), ReferenceFailure> {
+pub fn block_extra(
+    block: &Block,
+    place: &str,
+) -> Result<(Option<StackId>, i128), ReferenceFailure> {
+    let at = || place.to_string();
+    let int = |field| block.exact_int(field).map(|v| wide(&v, &at)).transpose();
     if block.frames.is_some() {
-        let requested = block.requested_size.ok_or_else(|| {
+        let requested = int(IntField::RequestedSize)?.ok_or_else(|| {
             ReferenceFailure::key_error(
                 "requested_size",
                 format!("{place} has frames but no requested_size"),
@@ -30,9 +35,13 @@ pub fn block_extra(block: &Block, place: &str) -> Result<(Option<StackId>, u64),
                     format!("{place} has an empty legacy history"),
                 )
             })?;
-            Ok((first.frames, first.real_size))
+            let real_size = first.exact_int(IntField::RealSize).unwrap_or_default();
+            Ok((first.frames, wide(&real_size, &at)?))
         }
-        None => Ok((None, block.requested_size.unwrap_or(block.size))),
+        None => match int(IntField::RequestedSize)? {
+            Some(requested) => Ok((None, requested)),
+            None => Ok((None, int(IntField::Size)?.unwrap_or_default())),
+        },
     }
 }
 

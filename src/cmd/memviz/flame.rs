@@ -2,10 +2,10 @@
 
 use std::fmt::Write;
 
-use memsnap_format::Snapshot;
+use memsnap_format::{IntField, Snapshot};
 
 use super::blocks::{block_extra, StackFormatter};
-use super::ReferenceFailure;
+use super::{checked, wide, ReferenceFailure};
 
 /// One line per block (`prefix;state;frames bytes`) plus a `<gaps>` line for the bytes the
 /// request did not use. `with_segment` adds the `seg_<address>` level (`segments`).
@@ -15,42 +15,41 @@ pub fn collapsed(snapshot: &Snapshot, with_segment: bool) -> Result<String, Refe
     let mut prefix = String::new();
     for (si, seg) in snapshot.segments.iter().enumerate() {
         prefix.clear();
-        let _ = write!(prefix, "stream_{}", seg.stream);
+        let int = |field| seg.exact_int(field).unwrap_or_default();
+        let _ = write!(prefix, "stream_{}", int(IntField::Stream));
         if with_segment {
-            let _ = write!(prefix, ";seg_{}", seg.address);
+            let _ = write!(prefix, ";seg_{}", int(IntField::Address));
         }
         for (bi, block) in seg.blocks.iter().enumerate() {
             let state = block.state.name(&snapshot.strings);
+            let place = || format!("segments[{si}].blocks[{bi}]");
             let accounted: i128 = match &block.history {
                 None => {
-                    let place = format!("segments[{si}].blocks[{bi}]");
-                    let (frames, size) = block_extra(block, &place)?;
+                    let (frames, size) = block_extra(block, &place())?;
                     let _ = writeln!(out, "{prefix};{state};{} {size}", stacks.fragment(frames));
-                    i128::from(size)
+                    size
                 }
                 Some(history) => {
                     let mut accounted = 0i128;
                     for item in history {
-                        accounted += i128::from(item.real_size);
+                        let real_size = item.exact_int(IntField::RealSize).unwrap_or_default();
+                        accounted =
+                            checked(accounted.checked_add(wide(&real_size, &place)?), &place)?;
                         match item.frames {
                             Some(frames) => {
                                 let fragment = stacks.fragment(Some(frames));
-                                let _ =
-                                    writeln!(out, "{prefix};{state};{fragment} {}", item.real_size);
+                                let _ = writeln!(out, "{prefix};{state};{fragment} {real_size}");
                             }
                             None => {
-                                let _ = writeln!(
-                                    out,
-                                    "{prefix};{state};<no-context> {}",
-                                    item.real_size
-                                );
+                                let _ = writeln!(out, "{prefix};{state};<no-context> {real_size}");
                             }
                         }
                     }
                     accounted
                 }
             };
-            let gaps = i128::from(block.size) - accounted;
+            let size = wide(&block.exact_int(IntField::Size).unwrap_or_default(), &place)?;
+            let gaps = checked(size.checked_sub(accounted), &place)?;
             if gaps != 0 {
                 let _ = writeln!(out, "{prefix};{state};<gaps> {gaps}");
             }

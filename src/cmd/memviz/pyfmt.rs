@@ -180,48 +180,7 @@ pub fn float_repr(out: &mut String, x: f64) {
 
 /// The decimal text of a little-endian two's-complement integer (pickle `LONG1`).
 fn big_int_decimal(out: &mut String, le_bytes: &[u8]) {
-    if le_bytes.is_empty() {
-        out.push('0');
-        return;
-    }
-    let negative = le_bytes[le_bytes.len() - 1] & 0x80 != 0;
-    // Magnitude as little-endian bytes (two's complement negated when negative).
-    let mut magnitude: Vec<u8> = le_bytes.to_vec();
-    if negative {
-        let mut carry = true;
-        for b in magnitude.iter_mut() {
-            *b = !*b;
-            if carry {
-                let (v, overflow) = b.overflowing_add(1);
-                *b = v;
-                carry = overflow;
-            }
-        }
-    }
-    // Repeated division by 10^9 on big-endian base-256 digits.
-    let mut digits_be: Vec<u32> = magnitude.iter().rev().map(|&b| u32::from(b)).collect();
-    let mut chunks: Vec<u32> = Vec::new();
-    while digits_be.iter().any(|&d| d != 0) {
-        let mut rem: u64 = 0;
-        for d in digits_be.iter_mut() {
-            let cur = (rem << 8) | u64::from(*d);
-            *d = (cur / 1_000_000_000) as u32;
-            rem = cur % 1_000_000_000;
-        }
-        chunks.push(rem as u32);
-    }
-    if negative {
-        out.push('-');
-    }
-    match chunks.split_last() {
-        None => out.push('0'),
-        Some((most, rest)) => {
-            let _ = write!(out, "{most}");
-            for c in rest.iter().rev() {
-                let _ = write!(out, "{c:09}");
-            }
-        }
-    }
+    let _ = write!(out, "{}", memsnap_format::PyInt::from_le_bytes(le_bytes));
 }
 
 /// `repr()` of a generic value.
@@ -321,7 +280,7 @@ pub fn frame_repr(out: &mut String, frame: &Frame) {
     let mut dict = DictWriter::open(out);
     dict.str("name", &frame.name);
     dict.str("filename", &frame.filename);
-    dict.int("line", frame.line);
+    dict.int("line", &frame.line);
     for (k, v) in &frame.extra {
         dict.value(k, v);
     }
@@ -377,6 +336,12 @@ mod tests {
         assert_eq!(size(2304), "2.2KiB");
         assert_eq!(size(2816), "2.8KiB"); // 2.75 -> 2.8
         assert_eq!(size(i128::from(u64::MAX)), "16.0EiB");
+        // Negative sizes (C++-path int64 casts) divide on `abs`, as Python's loop does.
+        assert_eq!(size(-512), "-512.0B");
+        assert_eq!(size(-1024), "-1.0KiB");
+        assert_eq!(size(i128::from(i64::MIN)), "-8.0EiB");
+        // Past ZiB: the loop ends and prints YiB (2^100 bytes is 2^20 YiB).
+        assert_eq!(size(1 << 100), "1048576.0YiB");
     }
 
     #[test]

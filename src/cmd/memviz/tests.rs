@@ -28,6 +28,7 @@ fn block(
         forward_frames: None,
         history: None,
         extra: Vec::new(),
+        exact: Default::default(),
     }
 }
 
@@ -105,6 +106,7 @@ fn fixture() -> Snapshot {
         real_size,
         frames,
         extra: Vec::new(),
+        exact: Default::default(),
     };
     legacy.history = Some(vec![item(800, Some(a)), item(100, None)]);
     seg2.blocks = vec![

@@ -3,10 +3,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 
-use memsnap_format::{Action, Segment, Snapshot, TraceEntry};
+use memsnap_format::{Action, IntField, Segment, Snapshot, TraceEntry};
 
 use super::pyfmt::{format_size, stack_repr, str_list_repr, DictWriter};
-use super::ReferenceFailure;
+use super::{checked, wide, ReferenceFailure};
 
 /// The text `print(trace(data))` writes, final newline included.
 pub fn trace(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
@@ -20,7 +20,7 @@ pub fn trace(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
         ReferenceFailure::key_error("device_traces", why.to_string())
     })?;
     let mut out = String::new();
-    let static_segments = StaticSegments::new(&snapshot.segments);
+    let static_segments = StaticSegments::new(&snapshot.segments)?;
     for (device, entries) in traces.iter().enumerate() {
         if !entries.is_empty() {
             let _ = writeln!(out, "Device {device} ----------------");
@@ -42,8 +42,8 @@ fn format_device(
     let _ = writeln!(out, "{} entries", entries.len());
     // Python keys both maps by address but tests `name in map` with the name, which never
     // matches: names are never recycled and entries are never removed. We keep that.
-    let mut allocation_names: HashMap<u64, u64> = HashMap::new();
-    let mut segment_names: HashMap<u64, u64> = HashMap::new();
+    let mut allocation_names: HashMap<i128, u64> = HashMap::new();
+    let mut segment_names: HashMap<i128, u64> = HashMap::new();
     let mut segment_intervals = SegmentIntervals::default();
     let mut next_name = 0u64;
     // Python reuses the loop counter as the byte total, so only the last entry's index and
@@ -52,6 +52,7 @@ fn format_device(
     for (i, e) in entries.iter().enumerate() {
         count = i as i128;
         let place = || format!("device_traces[{device}][{i}]");
+        let size = || entry_int(e, IntField::Size, &place);
         match e.action {
             Action::Alloc => {
                 let addr = entry_addr(e, &place)?;
@@ -62,7 +63,7 @@ fn format_device(
                 match segment_intervals
                     .find(addr)
                     .map(|(name, saddr)| (SegName::Traced(name), saddr))
-                    .or_else(|| static_segments.find(addr, &snapshot.segments))
+                    .or_else(|| static_segments.find(addr))
                 {
                     Some(found) => {
                         match found.0 {
@@ -71,7 +72,8 @@ fn format_device(
                                 let _ = write!(out, "seg_{si}");
                             }
                         }
-                        let _ = write!(out, "[{}:", addr - found.1);
+                        let offset = checked(addr.checked_sub(found.1), &place)?;
+                        let _ = write!(out, "[{offset}:");
                     }
                     None => {
                         let missing = static_segments.missing_allocated_size;
@@ -84,26 +86,28 @@ fn format_device(
                         let _ = write!(out, "MEM[{addr}:");
                     }
                 }
-                format_size(out, i128::from(e.size));
+                let size = size()?;
+                format_size(out, size);
                 out.push_str("]\n");
                 allocation_names.insert(addr, name);
-                count += i128::from(e.size);
+                count = checked(count.checked_add(size), &place)?;
             }
             Action::FreeRequested => {
                 let addr = entry_addr(e, &place)?;
                 out.push_str("del ");
                 write_name_or_addr(out, allocation_names.get(&addr).copied(), addr);
                 out.push_str(" # ");
-                format_size(out, i128::from(e.size));
+                format_size(out, size()?);
                 out.push('\n');
             }
             Action::FreeCompleted => {
                 let addr = entry_addr(e, &place)?;
-                count -= i128::from(e.size);
+                let size = size()?;
+                count = checked(count.checked_sub(size), &place)?;
                 out.push_str("# free completed for ");
                 write_name_or_addr(out, allocation_names.get(&addr).copied(), addr);
                 out.push(' ');
-                format_size(out, i128::from(e.size));
+                format_size(out, size);
                 out.push('\n');
             }
             Action::SegmentAlloc => {
@@ -112,9 +116,10 @@ fn format_device(
                 next_name += 1;
                 write_name(out, name);
                 let _ = write!(out, " = cudaMalloc({addr}, ");
-                format_size(out, i128::from(e.size));
+                let size = size()?;
+                format_size(out, size);
                 out.push_str(")\n");
-                segment_intervals.insert(name, addr, e.size);
+                segment_intervals.insert(name, addr, size);
                 segment_names.insert(addr, name);
             }
             Action::SegmentFree => {
@@ -122,20 +127,20 @@ fn format_device(
                 out.push_str("cudaFree(");
                 write_name_or_addr(out, segment_names.get(&addr).copied(), addr);
                 out.push_str(") # ");
-                format_size(out, i128::from(e.size));
+                format_size(out, size()?);
                 out.push('\n');
             }
             Action::Oom => {
-                let free = e.device_free().ok_or_else(|| {
+                let free = e.exact_int(IntField::DeviceFree).ok_or_else(|| {
                     ReferenceFailure::key_error(
                         "device_free",
                         format!("{} is an oom entry without device_free", place()),
                     )
                 })?;
                 out.push_str("raise OutOfMemoryError # ");
-                format_size(out, i128::from(e.size));
+                format_size(out, size()?);
                 out.push_str(" requested, ");
-                format_size(out, i128::from(free));
+                format_size(out, wide(&free, &place)?);
                 out.push_str(" free in CUDA\n");
             }
             Action::Annotate => {
@@ -161,15 +166,24 @@ fn format_device(
     Ok(())
 }
 
-fn entry_addr(e: &TraceEntry, place: &dyn Fn() -> String) -> Result<u64, ReferenceFailure> {
-    if e.has_addr() {
-        Ok(e.addr)
-    } else {
-        Err(ReferenceFailure::key_error(
+fn entry_addr(e: &TraceEntry, place: &dyn Fn() -> String) -> Result<i128, ReferenceFailure> {
+    match e.exact_int(IntField::Addr) {
+        Some(addr) => wide(&addr, place),
+        None => Err(ReferenceFailure::key_error(
             "addr",
             format!("{} has no addr", place()),
-        ))
+        )),
     }
+}
+
+/// An int field every entry has (`size`), exactly.
+fn entry_int(
+    e: &TraceEntry,
+    field: IntField,
+    place: &dyn Fn() -> String,
+) -> Result<i128, ReferenceFailure> {
+    let v = e.exact_int(field).unwrap_or_default();
+    wide(&v, place)
 }
 
 /// `_name()`: `a` .. `z`, then `a1` .. `z1`, `a2`, ...
@@ -182,7 +196,7 @@ fn write_name(out: &mut String, n: u64) {
 }
 
 /// A known name, else the address itself (Python's `dict.get(addr, addr)`).
-fn write_name_or_addr(out: &mut String, name: Option<u64>, addr: u64) {
+fn write_name_or_addr(out: &mut String, name: Option<u64>, addr: i128) {
     match name {
         Some(n) => write_name(out, n),
         None => {
@@ -201,8 +215,8 @@ enum SegName {
 /// The snapshot's segments as `find_segment` scans them: `[address, address +
 /// allocated_size)`, first match in list order.
 struct StaticSegments {
-    /// Sorted by start, non-empty ranges only: `(start, end, index)`.
-    sorted: Vec<(u128, u128, usize)>,
+    /// Sorted by start, non-empty ranges only: `(start, end, index)`, exact.
+    sorted: Vec<(i128, i128, usize)>,
     /// Whether ranges overlap (then the first match in list order needs a scan).
     overlapping: bool,
     /// A segment without `allocated_size`: Python fails when it reaches it.
@@ -210,30 +224,30 @@ struct StaticSegments {
 }
 
 impl StaticSegments {
-    fn new(segments: &[Segment]) -> Self {
+    fn new(segments: &[Segment]) -> Result<Self, ReferenceFailure> {
         let missing_allocated_size = segments.iter().position(|s| s.allocated_size.is_none());
         let limit = missing_allocated_size.unwrap_or(segments.len());
-        let mut sorted: Vec<(u128, u128, usize)> = segments[..limit]
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let start = u128::from(s.address);
-                let end = start + u128::from(s.allocated_size.unwrap_or(0));
-                (end > start).then_some((start, end, i))
-            })
-            .collect();
+        let mut sorted: Vec<(i128, i128, usize)> = Vec::with_capacity(limit);
+        for (i, s) in segments[..limit].iter().enumerate() {
+            let place = || format!("segments[{i}]");
+            let int = |field| wide(&s.exact_int(field).unwrap_or_default(), &place);
+            let start = int(IntField::Address)?;
+            let end = checked(start.checked_add(int(IntField::AllocatedSize)?), &place)?;
+            if end > start {
+                sorted.push((start, end, i));
+            }
+        }
         sorted.sort_unstable();
         let overlapping = sorted.windows(2).any(|w| w[1].0 < w[0].1);
-        StaticSegments {
+        Ok(StaticSegments {
             sorted,
             overlapping,
             missing_allocated_size,
-        }
+        })
     }
 
     /// The first segment (in list order, before any without `allocated_size`) holding `addr`.
-    fn find(&self, addr: u64, segments: &[Segment]) -> Option<(SegName, u64)> {
-        let a = u128::from(addr);
+    fn find(&self, a: i128) -> Option<(SegName, i128)> {
         let hit = if self.overlapping {
             self.sorted
                 .iter()
@@ -246,7 +260,7 @@ impl StaticSegments {
                 .map(|p| self.sorted[p])
                 .filter(|(_, e, _)| a < *e)
         };
-        hit.map(|(_, _, i)| (SegName::Snapshot(i), segments[i].address))
+        hit.map(|(s, _, i)| (SegName::Snapshot(i), s))
     }
 }
 
@@ -255,13 +269,17 @@ impl StaticSegments {
 /// (first-covering) pieces, disjoint, keyed by start: `start -> (end, name, segment base)`.
 #[derive(Default)]
 struct SegmentIntervals {
-    pieces: BTreeMap<u128, (u128, u64, u64)>,
+    pieces: BTreeMap<i128, (i128, u64, i128)>,
 }
 
 impl SegmentIntervals {
-    fn insert(&mut self, name: u64, addr: u64, size: u64) {
-        let start = u128::from(addr);
-        let end = start + u128::from(size);
+    fn insert(&mut self, name: u64, addr: i128, size: i128) {
+        let start = addr;
+        let end = start.saturating_add(size);
+        if end <= start {
+            // An empty (or negative) range covers nothing.
+            return;
+        }
         // Walk the existing pieces overlapping [start, end) and fill the gaps between them.
         let mut cursor = start;
         let mut gaps = Vec::new();
@@ -288,8 +306,7 @@ impl SegmentIntervals {
         }
     }
 
-    fn find(&self, addr: u64) -> Option<(u64, u64)> {
-        let a = u128::from(addr);
+    fn find(&self, a: i128) -> Option<(u64, i128)> {
         self.pieces
             .range(..=a)
             .next_back()
@@ -314,16 +331,16 @@ fn entry_repr(out: &mut String, snapshot: &Snapshot, e: &TraceEntry) {
         }
     }
     dict.str("action", e.action.name(&snapshot.strings));
-    if e.has_addr() {
-        dict.int("addr", e.addr);
-    }
-    if let Some(free) = e.device_free() {
-        dict.int("device_free", free);
-    }
-    dict.int("size", e.size);
-    dict.int("stream", e.stream);
-    if let Some(t) = e.time_us {
-        dict.int("time_us", t);
+    for field in [
+        IntField::Addr,
+        IntField::DeviceFree,
+        IntField::Size,
+        IntField::Stream,
+        IntField::TimeUs,
+    ] {
+        if let Some(v) = e.exact_int(field) {
+            dict.int(field.key(), v);
+        }
     }
     if let Some(c) = e.compile_context {
         dict.str("compile_context", snapshot.str(c));
