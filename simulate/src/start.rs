@@ -386,7 +386,7 @@ fn build_segment(
     let mut cursor = addr;
     let mut out: Vec<Block> = Vec::new();
     for (i, &(a, b)) in inside.iter().enumerate() {
-        if a < cursor || (a - addr) % 512 != 0 {
+        if a < cursor || !(a - addr).is_multiple_of(512) {
             state.note(format!(
                 "block at {a:#x} overlaps the block before it or is misaligned; left out"
             ));
@@ -406,7 +406,7 @@ fn build_segment(
         if b.estimated && !small && !info.expandable && gap > 0 && gap <= MIB {
             size += gap;
         }
-        if size == 0 || size % 512 != 0 {
+        if size == 0 || !size.is_multiple_of(512) {
             state.note(format!("block at {a:#x} has size {size}; left out"));
             continue;
         }

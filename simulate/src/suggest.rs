@@ -45,7 +45,7 @@ pub struct Candidate {
 }
 
 /// The baseline (the file's settings, replayed) and the candidates, best first: runs that do
-/// not run out of memory first, then by reserved peak.
+/// not run out of memory first, then those that run out latest, then by reserved peak.
 #[derive(Clone, Debug, Serialize)]
 pub struct Suggestions {
     pub baseline: Candidate,
@@ -103,7 +103,14 @@ pub fn suggest(
         c.verdict = verdict(&baseline, &c);
         candidates.push(c);
     }
-    candidates.sort_by_key(|c| (c.oom.is_some(), c.reserved_peak_bytes));
+    // A run that ends in an OOM earlier has a lower peak only because it stopped sooner.
+    candidates.sort_by_key(|c| {
+        (
+            c.oom.is_some(),
+            std::cmp::Reverse(c.oom.map(|o| o.1)),
+            c.reserved_peak_bytes,
+        )
+    });
     Ok(Suggestions {
         baseline,
         candidates,
@@ -114,7 +121,13 @@ pub fn suggest(
 /// OOM at event 6120 would not have happened".
 fn verdict(base: &Candidate, c: &Candidate) -> String {
     let (a, b) = (base.reserved_peak_bytes, c.reserved_peak_bytes);
+    let same = gib(a) == gib(b);
     let mut s = match b.cmp(&a) {
+        _ if same => format!(
+            "{} would have left the reserved peak at {}",
+            c.change,
+            gib(b)
+        ),
         std::cmp::Ordering::Less => format!(
             "{} would have cut the reserved peak from {} to {}",
             c.change,
@@ -136,6 +149,9 @@ fn verdict(base: &Candidate, c: &Candidate) -> String {
     match (base.oom, c.oom) {
         (Some((d, e)), None) => s.push_str(&format!(
             "; the OOM at event {e} (device {d}) would not have happened"
+        )),
+        (Some((_, b)), Some((d, e))) if e < b => s.push_str(&format!(
+            "; it would run out of memory earlier (event {e}, device {d})"
         )),
         (Some(_), Some((d, e))) => s.push_str(&format!(
             "; it would still run out of memory (event {e}, device {d})"

@@ -84,19 +84,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&s)?);
             return Ok(ExitCode::SUCCESS);
         }
-        println!("{file}: settings tried on top of the file's, by reserved peak");
-        let b = &s.baseline;
+        println!("{file}: settings tried on top of the file's, best first");
         println!(
-            "  {:<44} reserved peak {:>10}  fragmentation {:>10}  {}",
-            "the file's own settings",
-            format_size(b.reserved_peak_bytes),
-            format_size(b.fragmentation_bytes),
-            oom_text(b.oom)
+            "  {:>12} {:>14}  {:<30} settings",
+            "reserved", "fragmentation", "out of memory"
         );
-        for c in &s.candidates {
+        let rows = std::iter::once((&s.baseline, "(the file's own)"))
+            .chain(s.candidates.iter().map(|c| (c, c.change.as_str())));
+        for (c, label) in rows {
             println!(
-                "  {:<44} reserved peak {:>10}  fragmentation {:>10}  {}",
-                c.change,
+                "  {:>12} {:>14}  {:<30} {label}",
                 format_size(c.reserved_peak_bytes),
                 format_size(c.fragmentation_bytes),
                 oom_text(c.oom)

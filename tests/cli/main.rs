@@ -6,3 +6,4 @@ mod demo;
 mod format_cmds;
 mod numbers;
 mod plot_cmd;
+mod simulate;

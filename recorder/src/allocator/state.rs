@@ -1376,7 +1376,7 @@ impl State {
         }
         let mut total = 0u64;
         for b in blocks {
-            if b.size == 0 || b.size % MIN_BLOCK_SIZE != 0 {
+            if b.size == 0 || !b.size.is_multiple_of(MIN_BLOCK_SIZE) {
                 return false;
             }
             if !seg.expandable && b.kind == RestoreKind::Unmapped {

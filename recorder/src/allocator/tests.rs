@@ -603,3 +603,92 @@ fn trace_times_follow_the_os_clock() {
         .as_micros() as i64;
     assert!((wall_us - times[times.len() - 1]).abs() < 1_000_000);
 }
+
+/// Regression (found replaying real snapshot 14, device 1, event 189): with expandable
+/// segments, best fit counts a free block followed by unmapped pages as its size plus those
+/// pages, and walks on to the next blocks while theirs is smaller — PyTorch's
+/// `get_free_block`. The smallest free block (a 10 MiB tail before unmapped pages) loses to
+/// a 25 MiB block elsewhere.
+#[test]
+fn expandable_best_fit_counts_the_unmapped_tail() {
+    let a = alloc_with(1 << 30, "expandable_segments:True");
+    let p = a.malloc(25 * MIB, S0).unwrap(); // maps [0, 40): p [0, 25), free [25, 40)
+    let q = a.malloc(15 * MIB, S0).unwrap(); // [25, 40) exactly
+    let r = a.malloc(30 * MIB, S0).unwrap(); // maps [40, 80): r [40, 70), free tail [70, 80)
+    assert_eq!((q - p, r - p), (25 * MIB, 40 * MIB));
+    a.free(p).unwrap(); // free [0, 25), between nothing and q
+    let d = a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(
+        d, p,
+        "takes the 25 MiB block, not the 10 MiB tail before unmapped pages"
+    );
+    sound(&a);
+}
+
+/// Regression (`find_expandable_block`): the room for a new mapping is the first run of free
+/// and unmapped blocks with enough bytes, through free blocks between holes, and the mapping
+/// merges the pieces. Here a free 10 MiB block, a 20 MiB hole and a free 10 MiB block hold a
+/// 35 MiB request with one 20 MiB mapping, instead of mapping 40 MiB at the end.
+#[test]
+fn expandable_space_spans_free_and_unmapped_runs() {
+    let a = alloc_with(1 << 30, "expandable_segments:True");
+    let base = a.malloc(30 * MIB, S0).unwrap(); // maps [0, 40)
+    let b = a.malloc(30 * MIB, S0).unwrap(); // maps [40, 60): b [30, 60)
+    let c = a.malloc(10 * MIB, S0).unwrap(); // maps [60, 80): c [60, 70)
+    let d = a.malloc(30 * MIB, S0).unwrap(); // maps [80, 100): d [70, 100)
+    assert_eq!(
+        (b, c, d),
+        (base + 30 * MIB, base + 60 * MIB, base + 70 * MIB)
+    );
+    a.free(b).unwrap();
+    a.free(c).unwrap(); // free [30, 70)
+    a.empty_cache().unwrap(); // unmaps the whole page [40, 60)
+    let e = a.malloc(35 * MIB, S0).unwrap();
+    assert_eq!(e, base + 30 * MIB);
+    let trace = actions(&a);
+    let maps: Vec<(u64, u64)> = trace
+        .iter()
+        .filter(|t| t.0 == Action::SegmentMap)
+        .map(|t| (t.1 - base, t.2))
+        .collect();
+    assert_eq!(maps.last(), Some(&(40 * MIB, 20 * MIB)));
+    sound(&a);
+}
+
+/// `restore_segment` rebuilds a recorded segment: allocated blocks at their addresses
+/// (freeable), free neighbours merged, statistics counted; a layout that does not tile, or
+/// an overlap, changes nothing.
+#[test]
+fn restore_segment_rebuilds_a_recorded_layout() {
+    use memsnap_format::{Block, Segment, SegmentType};
+    let a = alloc();
+    let base = 0x1000_0000_0000;
+    let block = |addr: u64, size: u64, state: BlockState| Block {
+        address: Some(addr),
+        size,
+        requested_size: Some(size - 100),
+        state,
+        ..Default::default()
+    };
+    let mut seg = Segment::new(0, base, 20 * MIB, 3);
+    seg.segment_type = Some(SegmentType::Large);
+    seg.blocks = vec![
+        block(base, 4 * MIB, BlockState::ActiveAllocated),
+        block(base + 4 * MIB, 2 * MIB, BlockState::Inactive),
+        block(base + 6 * MIB, 2 * MIB, BlockState::Inactive),
+        block(base + 8 * MIB, 12 * MIB, BlockState::ActiveAllocated),
+    ];
+    let mut bad = seg.clone();
+    bad.total_size += 512;
+    assert!(!a.restore_segment(&bad));
+    assert!(a.restore_segment(&seg));
+    assert!(!a.restore_segment(&seg), "overlaps the restored segment");
+    sound(&a);
+    let s = a.stats();
+    assert_eq!(s.reserved_bytes(), 20 * MIB);
+    assert_eq!(s.allocated_bytes(), 16 * MIB);
+    assert_eq!(a.block_size(base + 8 * MIB), Some(12 * MIB));
+    // The merged 4 MiB free block serves a 3 MiB request on stream 3.
+    assert_eq!(a.malloc(3 * MIB, Stream(3)).unwrap(), base + 4 * MIB);
+    sound(&a);
+}
