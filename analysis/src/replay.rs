@@ -397,6 +397,12 @@ impl Replay {
 
     /// Length of the event axis: the trace length, but at least 1, so that a snapshot without
     /// a trace still shows its live blocks at event 0 (as PyTorch's viewer does).
+    /// Allocations freed in the trace whose `alloc` is not in it (it came before the window).
+    pub fn frees_without_alloc(&self) -> u64 {
+        self.before_window_allocations
+            .saturating_sub(self.live_in_segments_allocations)
+    }
+
     pub fn axis_len(&self) -> u32 {
         self.trace_len.max(1)
     }

@@ -36,6 +36,7 @@
 //! [`PyInt`]s. Each codec writes the exact value back (see the README's "Numbers").
 
 pub mod compare;
+pub mod era;
 pub mod error;
 pub mod int;
 pub mod intern;

@@ -101,7 +101,13 @@ pub fn alloc_frames(snapshot: &memsnap_format::Snapshot) -> Vec<Vec<(String, Str
                 .map(|id| {
                     snapshot
                         .stack_frames(id)
-                        .map(|f| (f.name.clone(), f.filename.clone(), f.line.as_i64().unwrap_or(i64::MIN)))
+                        .map(|f| {
+                            (
+                                f.name.clone(),
+                                f.filename.clone(),
+                                f.line.as_i64().unwrap_or(i64::MIN),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default()
