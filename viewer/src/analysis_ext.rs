@@ -1,95 +1,16 @@
-//! Queries the viewer needs that `memsnap-analysis` does not offer (yet). They are pure
-//! functions over the snapshot and the analysis model, kept here (not in UI code) so they can
-//! move into the analysis crate unchanged:
+//! Live-set queries the viewer needs that `memsnap-analysis` does not offer yet. They are pure
+//! functions over the snapshot and the analysis model, kept out of UI code so they can move
+//! into the analysis crate (next to `DeviceTimeline::live_at`) unchanged:
 //!
-//! * [`StackMatch`]: which stacks contain a function or file name (the search box).
-//! * [`StackSites`]: the user-code site of every stack, once (band colours, labels).
 //! * [`flame_tree`]: the live set at an instant as a frame tree (the flame graph).
 //! * [`segment_blocks`]: each segment's live blocks at an instant, allocated or pending free.
-//! * [`device_profile`]: `compare::profile` for one device whose timeline is already built
-//!   (`compare::profile` rebuilds every timeline).
+//!
+//! The per-stack lookups (user-code site, search) live in `memsnap_plot::sites`, and a
+//! device's profile for the diff comes from `memsnap_analysis::compare::device_profile`.
 
-use std::collections::HashMap;
-
-use memsnap_analysis::compare::DeviceProfile;
-use memsnap_analysis::sites::{is_filtered_frame, top_frame};
-use memsnap_analysis::summary::summarize_device;
+use memsnap_analysis::sites::is_filtered_frame;
 use memsnap_analysis::{AllocId, DeviceTimeline, Instant, Lifetime};
-use memsnap_analysis::{GroupBy, SiteKey, SummaryOptions};
-use memsnap_format::{FrameId, Snapshot, StackId};
-
-/// The user-code site ([`top_frame`]) of every stack of a snapshot, found once (on the loader
-/// thread) so that colouring thousands of bands per frame does not walk their stacks.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StackSites {
-    /// Indexed by `StackId`.
-    by_stack: Vec<Option<FrameId>>,
-}
-
-impl StackSites {
-    pub fn new(snapshot: &Snapshot) -> Self {
-        let count = u32::try_from(snapshot.stacks.len()).unwrap_or(u32::MAX);
-        StackSites {
-            by_stack: (0..count)
-                .map(|i| top_frame(snapshot, StackId(i)))
-                .collect(),
-        }
-    }
-
-    /// The site of a stack; `None` without a stack, for an empty one or an unknown id.
-    pub fn site(&self, stack: Option<StackId>) -> Option<FrameId> {
-        stack.and_then(|s| self.by_stack.get(s.0 as usize).copied().flatten())
-    }
-
-    /// `file:line:function` of the site, or why there is none.
-    pub fn label(&self, snapshot: &Snapshot, stack: Option<StackId>) -> String {
-        match (stack, self.site(stack)) {
-            (None, _) => SiteKey::Unknown.label(snapshot),
-            (Some(_), None) => "<no frames>".to_owned(),
-            (Some(_), Some(frame)) => SiteKey::Frame(frame).label(snapshot),
-        }
-    }
-}
-
-/// The stacks whose frames mention a search text (function name or file path,
-/// case-insensitive).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StackMatch {
-    pub query: String,
-    /// Indexed by `StackId`.
-    matches: Vec<bool>,
-    pub matching_stacks: usize,
-}
-
-impl StackMatch {
-    pub fn new(snapshot: &Snapshot, query: &str) -> Self {
-        let needle = query.trim().to_lowercase();
-        let frame_hits: Vec<bool> = snapshot
-            .frames
-            .iter()
-            .map(|f| {
-                f.name.to_lowercase().contains(&needle)
-                    || f.filename.to_lowercase().contains(&needle)
-            })
-            .collect();
-        let matches: Vec<bool> = snapshot
-            .stacks
-            .iter()
-            .map(|(_, frames)| frames.iter().any(|f| frame_hits[f.0 as usize]))
-            .collect();
-        let matching_stacks = matches.iter().filter(|m| **m).count();
-        StackMatch {
-            query: query.to_owned(),
-            matches,
-            matching_stacks,
-        }
-    }
-
-    /// Whether an allocation with this stack matches (no stack never matches).
-    pub fn matches(&self, stack: Option<StackId>) -> bool {
-        stack.is_some_and(|s| self.matches.get(s.0 as usize).copied().unwrap_or(false))
-    }
-}
+use memsnap_format::{FrameId, Snapshot};
 
 /// One node of the flame graph: a frame and the live bytes under it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -227,19 +148,6 @@ pub fn segment_blocks(timeline: &DeviceTimeline, at: Instant) -> Vec<SegmentBloc
     segments
 }
 
-/// The profile `memsnap diff` compares, from an already built timeline: the device summary
-/// and the bytes per top-frame site (at the peak, and in total).
-pub fn device_profile(snapshot: &Snapshot, timeline: &DeviceTimeline) -> DeviceProfile {
-    let summary = summarize_device(snapshot, timeline, &SummaryOptions::default());
-    let mut sites: HashMap<String, (u64, u64)> = HashMap::new();
-    for s in timeline.top_sites(snapshot, GroupBy::Frame) {
-        let e = sites.entry(s.key.label(snapshot)).or_default();
-        e.0 = e.0.saturating_add(s.bytes_at_peak);
-        e.1 = e.1.saturating_add(s.total_bytes);
-    }
-    DeviceProfile { summary, sites }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,18 +177,6 @@ mod tests {
         trace.push(b);
         trace.push(TraceEntry::new(Action::FreeRequested, 0x11000, 1024, 0));
         s
-    }
-
-    #[test]
-    fn search_matches_function_or_file_names_case_insensitively() {
-        let s = snapshot();
-        let by_function = StackMatch::new(&s, "LINEAR");
-        assert_eq!(by_function.matching_stacks, 1);
-        assert!(by_function.matches(Some(StackId(0))));
-        assert!(!by_function.matches(Some(StackId(1))));
-        assert!(!by_function.matches(None));
-        assert_eq!(StackMatch::new(&s, "train.py").matching_stacks, 2);
-        assert_eq!(StackMatch::new(&s, "nothing").matching_stacks, 0);
     }
 
     #[test]

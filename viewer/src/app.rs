@@ -275,9 +275,9 @@ impl ViewerApp {
             Command::ExportSvg => self.export_svg(),
             Command::Unpin if self.show_help => self.show_help = false,
             other => {
-                let view = self.view;
+                let timeline_shown = self.view == MainView::Timeline;
                 if let Some(doc) = self.active_document_mut() {
-                    doc.run_command(other, view);
+                    doc.run_command(other, timeline_shown);
                 }
             }
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::Snapshot;
 
-use crate::timeline_ui::{timeline_ui, TimelineModel, TimelineState};
+use crate::timeline::{timeline_ui, TimelineModel, TimelineState};
 
 /// Errors a benchmark run can meet.
 #[derive(Debug, thiserror::Error)]
@@ -136,8 +136,12 @@ pub fn bench_snapshot(
         .map_err(|e| BenchError::Analysis(e.to_string()))?;
     timeline.prepare_drawing();
     let steps = timeline.steps(&memsnap_analysis::StepOptions::default());
-    let _profile = crate::analysis_ext::device_profile(snapshot, &timeline);
-    let sites = crate::analysis_ext::StackSites::new(snapshot);
+    let _profile = memsnap_analysis::compare::device_profile(
+        snapshot,
+        &timeline,
+        &memsnap_analysis::SummaryOptions::default(),
+    );
+    let sites = memsnap_plot::sites::StackSites::new(snapshot);
     let analysis = started.elapsed();
     let mut state = TimelineState::new(&timeline);
     let timeline_model = TimelineModel {
@@ -150,6 +154,7 @@ pub fn bench_snapshot(
     let ctx = egui::Context::default();
     let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, egui::vec2(1600.0, 900.0));
     let mut frame_index = 0u32;
+    let mut selection = crate::view::Selection::default();
     let mut frame = |state: &mut TimelineState| -> (Duration, usize) {
         frame_index += 1;
         let input = egui::RawInput {
@@ -161,7 +166,7 @@ pub fn bench_snapshot(
         let started = Instant::now();
         let mut output = ctx.run_ui(input, |ui| {
             egui::CentralPanel::default().show(ui, |ui| {
-                timeline_ui(ui, &timeline_model, state);
+                timeline_ui(ui, &timeline_model, state, &mut selection);
             });
         });
         // No renderer takes the font texture here.

@@ -7,8 +7,9 @@ use memsnap_analysis::{AllocId, CurveKind, Origin};
 use memsnap_format::{Snapshot, StackId};
 
 use crate::steps_ui::phase_label;
-use crate::timeline_ui::{TimelineModel, TimelineState};
+use crate::timeline::TimelineModel;
 use crate::units::{format_bytes, format_bytes_exact, format_duration_us};
+use crate::view::Selection;
 
 /// Frames shown in the hover card.
 const HOVER_FRAMES: usize = 6;
@@ -137,14 +138,14 @@ fn facts_grid_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, id: AllocId, grid
 }
 
 /// The details side panel: the pinned (or hovered) allocation, else a summary of the device.
-pub fn details_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut TimelineState) {
+pub fn details_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, selection: &mut Selection) {
     egui::ScrollArea::vertical().show(ui, |ui| {
-        let shown = state.pinned.or(match state.hovered {
+        let shown = selection.pinned.or(match selection.hovered {
             Some(memsnap_analysis::Hit::Band(id)) => Some(id),
             _ => None,
         });
         match shown {
-            Some(id) => allocation_panel_ui(ui, model, state, id),
+            Some(id) => allocation_panel_ui(ui, model, selection, id),
             None => device_summary_ui(ui, model),
         }
     });
@@ -153,10 +154,10 @@ pub fn details_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut Time
 fn allocation_panel_ui(
     ui: &mut egui::Ui,
     model: &TimelineModel<'_>,
-    state: &mut TimelineState,
+    selection: &mut Selection,
     id: AllocId,
 ) {
-    let pinned = state.pinned == Some(id);
+    let pinned = selection.pinned == Some(id);
     ui.horizontal(|ui| {
         ui.heading(if pinned {
             "Pinned allocation"
@@ -169,7 +170,7 @@ fn allocation_panel_ui(
                 .on_hover_text("Forget this allocation (Esc)")
                 .clicked()
         {
-            state.pinned = None;
+            selection.pinned = None;
         }
     });
     facts_grid_ui(ui, model, id, "pinned_facts");

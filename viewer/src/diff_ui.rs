@@ -126,7 +126,7 @@ fn total_plot_ui(ui: &mut egui::Ui, doc: &Document, width: f32, y_max: f64) {
                 .collect();
             painter.add(Shape::line(
                 points,
-                Stroke::new(1.5, palette::FORWARD_SLOPE),
+                Stroke::new(1.5, palette::color32(palette::FORWARD_SLOPE)),
             ));
         }
         response.widget_info(|| {

@@ -10,10 +10,10 @@ use memsnap_analysis::{DeviceTimeline, StepAnalysis, StepOptions};
 use memsnap_format::io::Detected;
 use memsnap_format::Snapshot;
 
-use crate::app::MainView;
 use crate::loader::{LoadProgress, LoadedSnapshot};
 use crate::shortcuts::Command;
 use crate::units::format_bytes;
+use crate::view::Selection;
 
 /// The analysis model of one device: built once, read by every panel.
 pub struct DeviceModel {
@@ -29,7 +29,11 @@ impl DeviceModel {
         let timeline = DeviceTimeline::build(snapshot, device).map_err(|e| e.to_string())?;
         timeline.prepare_drawing();
         let steps = timeline.steps(&StepOptions::default());
-        let profile = crate::analysis_ext::device_profile(snapshot, &timeline);
+        let profile = memsnap_analysis::compare::device_profile(
+            snapshot,
+            &timeline,
+            &memsnap_analysis::SummaryOptions::default(),
+        );
         Ok(DeviceModel {
             device,
             timeline,
@@ -41,17 +45,20 @@ impl DeviceModel {
 
 /// Everything the user changed about how one device is shown.
 pub struct DeviceState {
-    pub timeline: crate::timeline_ui::TimelineState,
+    pub timeline: crate::timeline::TimelineState,
     pub steps: crate::steps_ui::StepsState,
     pub instant: crate::instant_ui::InstantState,
+    /// The hovered and pinned allocation and the instant cursor, shared by the panels.
+    pub selection: Selection,
 }
 
 impl DeviceState {
     pub fn new(model: &DeviceModel) -> Self {
         DeviceState {
-            timeline: crate::timeline_ui::TimelineState::new(&model.timeline),
+            timeline: crate::timeline::TimelineState::new(&model.timeline),
             steps: crate::steps_ui::StepsState::default(),
             instant: crate::instant_ui::InstantState::default(),
+            selection: Selection::default(),
         }
     }
 }
@@ -67,7 +74,7 @@ pub struct Document {
     pub analysis_time: Duration,
     pub snapshot: Arc<Snapshot>,
     /// The user-code site of every stack (band colours and labels).
-    pub sites: crate::analysis_ext::StackSites,
+    pub sites: memsnap_plot::sites::StackSites,
     /// Devices with a trace or segments, ascending.
     pub devices: Vec<DeviceModel>,
     pub states: Vec<DeviceState>,
@@ -107,7 +114,7 @@ impl Document {
             .max_by_key(|(i, d)| (d.timeline.replay().trace_len, std::cmp::Reverse(*i)))
             .map_or(0, |(i, _)| i);
         let states = devices.iter().map(DeviceState::new).collect();
-        let sites = crate::analysis_ext::StackSites::new(&snapshot);
+        let sites = memsnap_plot::sites::StackSites::new(&snapshot);
         Ok(Document {
             id,
             name: loaded.name,
@@ -159,8 +166,9 @@ impl Document {
         )
     }
 
-    /// Applies a keyboard command meant for the document shown.
-    pub fn run_command(&mut self, command: Command, view: MainView) {
+    /// Applies a keyboard command meant for the document shown; zoom and pan commands only
+    /// when its timeline is on screen.
+    pub fn run_command(&mut self, command: Command, timeline_shown: bool) {
         let i = self.device_index;
         let model = &self.devices[i];
         let state = &mut self.states[i];
@@ -176,11 +184,11 @@ impl Document {
                 }
             }
             Command::JumpToPeak => {
-                state.timeline.cursor =
+                state.selection.cursor =
                     Some(model.timeline.resolve(memsnap_analysis::Instant::Peak));
             }
-            Command::Unpin => state.timeline.pinned = None,
-            other if view == MainView::Timeline => state.timeline.run_command(other),
+            Command::Unpin => state.selection.pinned = None,
+            other if timeline_shown => state.timeline.run_command(other),
             _ => {}
         }
     }
@@ -197,20 +205,20 @@ impl Document {
         let model = &self.devices[i];
         let state = &mut self.states[i];
         let snapshot = &self.snapshot;
-        let timeline_model = crate::timeline_ui::TimelineModel {
+        let timeline_model = crate::timeline::TimelineModel {
             snapshot,
             timeline: &model.timeline,
             steps: &model.steps,
             sites: &self.sites,
         };
-        crate::timeline_ui::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
+        crate::timeline::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
         crate::steps_ui::drift_banner_ui(ui, &model.steps);
 
         egui::Panel::right("details_panel")
             .resizable(true)
             .default_size(340.0)
             .show(ui, |ui| {
-                crate::details_ui::details_ui(ui, &timeline_model, &mut state.timeline);
+                crate::details_ui::details_ui(ui, &timeline_model, &mut state.selection);
             });
         egui::Panel::bottom("steps_panel")
             .resizable(true)
@@ -223,8 +231,13 @@ impl Document {
                 }
             });
         egui::CentralPanel::default().show(ui, |ui| {
-            crate::timeline_ui::legend_ui(ui, &timeline_model, &state.timeline);
-            crate::timeline_ui::timeline_ui(ui, &timeline_model, &mut state.timeline);
+            crate::timeline::legend_ui(ui, &timeline_model, &state.timeline);
+            crate::timeline::timeline_ui(
+                ui,
+                &timeline_model,
+                &mut state.timeline,
+                &mut state.selection,
+            );
         });
     }
 
@@ -234,7 +247,7 @@ impl Document {
         let i = self.device_index;
         let model = &self.devices[i];
         let state = &mut self.states[i];
-        let at = match state.timeline.cursor {
+        let at = match state.selection.cursor {
             Some(event) => memsnap_analysis::Instant::Event(event),
             None => memsnap_analysis::Instant::Peak,
         };
@@ -284,8 +297,11 @@ impl Document {
                 if let Some(dropped) = replay.dropped_entries {
                     text.push_str(&format!(", {dropped} entries dropped by the ring buffer"));
                 }
-                ui.label(egui::RichText::new("history truncated").color(crate::palette::WARNING))
-                    .on_hover_text(text);
+                ui.label(
+                    egui::RichText::new("history truncated")
+                        .color(crate::palette::color32(crate::palette::WARNING)),
+                )
+                .on_hover_text(text);
             }
             if replay.anomaly_count > 0 {
                 let mut text = format!(

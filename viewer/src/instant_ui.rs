@@ -6,9 +6,9 @@ use egui_extras::{Column, TableBuilder};
 use memsnap_analysis::{DeviceTimeline, GroupBy, Instant, Lifetime, LiveGroup, SegmentUsage};
 use memsnap_format::Snapshot;
 
-use crate::analysis_ext::{
-    flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks, StackSites,
-};
+use memsnap_plot::sites::StackSites;
+
+use crate::analysis_ext::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
 use crate::palette;
 use crate::units::{format_bytes, format_duration_us};
 
@@ -242,7 +242,7 @@ pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) 
                 let frame = snapshot.frames.get(f);
                 (
                     format!("{}:{}:{}", frame.basename(), frame.line, frame.name),
-                    palette::site_color(Some(f)),
+                    palette::color32(palette::site_colour(Some(f))),
                 )
             }
             None => ("all live memory".to_owned(), Color32::GRAY),
@@ -262,7 +262,7 @@ pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) 
             painter.rect_stroke(
                 r,
                 1.0,
-                Stroke::new(1.5, palette::HIGHLIGHT),
+                Stroke::new(1.5, palette::color32(palette::HIGHLIGHT)),
                 egui::StrokeKind::Inside,
             );
         }
@@ -329,7 +329,7 @@ fn segments_ui(
     );
     ui.horizontal(|ui| {
         legend(ui, Color32::from_rgb(31, 119, 180), "allocated");
-        legend(ui, palette::WARNING, "pending free");
+        legend(ui, palette::color32(palette::WARNING), "pending free");
         legend(ui, ui.visuals().extreme_bg_color, "free (cached)");
     });
     ui.separator();
@@ -347,10 +347,10 @@ fn segments_ui(
                 let x0 = bar.left() + ((block.addr - segment.addr) as f64 * scale) as f32;
                 let x1 = x0 + ((block.size as f64 * scale) as f32).max(1.0);
                 let color = match block.kind {
-                    BlockKind::Allocated => palette::site_color(
+                    BlockKind::Allocated => palette::color32(palette::site_colour(
                         model.sites.site(model.timeline.replay().get(block.alloc).and_then(|a| a.stack)),
-                    ),
-                    BlockKind::PendingFree => palette::WARNING,
+                    )),
+                    BlockKind::PendingFree => palette::color32(palette::WARNING),
                 };
                 painter.rect_filled(Rect::from_x_y_ranges(x0..=x1.min(bar.right()), bar.y_range()), 0.0, color);
             }

@@ -30,7 +30,7 @@ pub mod ranks_ui;
 pub mod settings;
 pub mod shortcuts;
 pub mod steps_ui;
-pub mod timeline_ui;
+pub mod timeline;
 pub mod units;
 pub mod view;
 

@@ -7,7 +7,7 @@ use memsnap_analysis::{Axis, LayoutRequest, Lifetime};
 
 use crate::document::Document;
 use crate::palette;
-use crate::timeline_ui::{event_to_axis, has_time_axis};
+use crate::timeline::{event_to_axis, has_time_axis};
 use crate::units::{format_bytes, format_bytes_signed, format_duration_us};
 
 /// Height of each small multiple.
@@ -40,7 +40,7 @@ pub fn shared_range(documents: &[Document], by_event: bool) -> (Axis, f64, f64) 
 
 /// One colour per rank for the overlay.
 fn rank_color(i: usize) -> Color32 {
-    palette::series_color(i)
+    palette::color32(palette::series_colour(i))
 }
 
 /// The ranks page's state.
@@ -148,7 +148,7 @@ pub fn ranks_ui(
                 ui.label(row.step_duration_us.map_or("–".into(), format_duration_us));
                 ui.label(format_bytes_signed(row.drift_bytes_per_step.round() as i64));
                 if row.leak_suspected {
-                    ui.colored_label(palette::WARNING, "leak suspected");
+                    ui.colored_label(palette::color32(palette::WARNING), "leak suspected");
                 } else {
                     ui.label("");
                 }
@@ -233,7 +233,7 @@ pub fn ranks_ui(
                 painter.rect_stroke(
                     rect,
                     0.0,
-                    Stroke::new(1.5, palette::HIGHLIGHT),
+                    Stroke::new(1.5, palette::color32(palette::HIGHLIGHT)),
                     egui::StrokeKind::Inside,
                 );
             }

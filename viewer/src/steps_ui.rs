@@ -6,13 +6,10 @@
 use std::collections::BTreeSet;
 
 use egui_extras::{Column, TableBuilder};
-use memsnap_analysis::{Phase, PhaseKind, Slope, Step, StepAnalysis, StepMethod};
+use memsnap_analysis::{Phase, Step, StepAnalysis, StepMethod};
 
 use crate::palette;
-use crate::units::{
-    format_bytes, format_bytes_signed, format_duration_us, format_per_event_signed,
-    format_rate_signed,
-};
+use crate::units::{format_bytes, format_bytes_signed, format_duration_us};
 
 /// The table's state: the selected step or phase, and the steps whose phases are listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -58,7 +55,7 @@ pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
                 format_bytes_signed(drift.min_bytes_per_step.round() as i64),
                 drift.min_growth_percent
             ))
-            .color(palette::WARNING),
+            .color(palette::color32(palette::WARNING)),
         )
         .on_hover_text("The minimum of each step, fitted with a robust (Theil–Sen) line; see the 'outliving' column for the steps that keep memory");
     }
@@ -69,29 +66,12 @@ pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
                 format_bytes_signed(drift.peak_bytes_per_step.round() as i64),
                 drift.peak_growth_percent
             ))
-            .color(palette::WARNING),
+            .color(palette::color32(palette::WARNING)),
         );
     }
 }
 
-/// How people name a phase kind: `set-up`, `forward`, `backward`, `optimizer`.
-pub fn phase_label(kind: PhaseKind) -> &'static str {
-    match kind {
-        PhaseKind::Setup => "set-up",
-        PhaseKind::Forward => "forward",
-        PhaseKind::Backward => "backward",
-        PhaseKind::Optimizer => "optimizer",
-    }
-}
-
-/// A slope's signed rate: per second when the trace has times (`+1.2 GiB/s`), else per event
-/// (`-12.3 MiB/event`).
-pub fn slope_rate_text(slope: &Slope) -> String {
-    match slope.bytes_per_s {
-        Some(rate) => format_rate_signed(rate),
-        None => format_per_event_signed(slope.bytes_per_event),
-    }
-}
+pub use memsnap_plot::text::{phase_label, slope_rate_text};
 
 /// Where a phase is: the set-up, or phase `index` of step `step`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -303,7 +283,7 @@ pub fn steps_ui(
                             row.col(|ui| {
                                 let rich = egui::RichText::new(text);
                                 let rich = if leaky && (c == 3 || c == 6) {
-                                    rich.color(palette::WARNING)
+                                    rich.color(palette::color32(palette::WARNING))
                                 } else if step.partial && c == 6 {
                                     rich.italics()
                                 } else {
@@ -321,7 +301,7 @@ pub fn steps_ui(
                             return;
                         };
                         row.set_selected(state.selected_phase == Some(at));
-                        let color = palette::phase_color(phase.kind);
+                        let color = palette::color32(palette::phase_colour(phase.kind));
                         row.col(|ui| {
                             if at != PhaseRef::Setup {
                                 ui.add_space(18.0);

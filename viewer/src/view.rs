@@ -1,6 +1,18 @@
 //! The visible window of the timeline: zoom, pan and reset as plain arithmetic, so they are
 //! tested without a window. Positions are in axis units (event index or microseconds).
 
+/// What the panels share about the allocation in focus: the timeline sets it, the details
+/// panel and the "at an instant" page read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// What the pointer is over (this frame).
+    pub hovered: Option<memsnap_analysis::Hit>,
+    /// The allocation clicked on (its full stack is shown).
+    pub pinned: Option<memsnap_analysis::AllocId>,
+    /// The instant cursor (an event), for the "At an instant" view.
+    pub cursor: Option<u32>,
+}
+
 /// The visible x range of a timeline inside the recorded range.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TimeWindow {

@@ -16,9 +16,9 @@ use egui_kittest::Harness;
 use memsnap_analysis::{Category, PhaseKind};
 use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::Format;
+use memsnap_plot::palette::{self, ColourBy};
 use memsnap_viewer::app::MainView;
 use memsnap_viewer::loader::Source;
-use memsnap_viewer::palette::{self, ColorMode};
 use memsnap_viewer::settings::{Settings, ThemeChoice};
 use memsnap_viewer::ViewerApp;
 
@@ -229,7 +229,7 @@ fn clicking_a_band_pins_it_and_shows_its_full_stack() {
             .active_document()
             .expect("open")
             .state()
-            .timeline
+            .selection
             .hovered,
         Some(memsnap_analysis::Hit::Band(_))
     ));
@@ -247,10 +247,10 @@ fn clicking_a_band_pins_it_and_shows_its_full_stack() {
         modifiers: egui::Modifiers::NONE,
     });
     h.run();
-    let timeline = &h.state().active_document().expect("open").state().timeline;
-    assert!(timeline.pinned.is_some());
+    let selection = &h.state().active_document().expect("open").state().selection;
+    assert!(selection.pinned.is_some());
     assert!(
-        timeline.cursor.is_some(),
+        selection.cursor.is_some(),
         "the click also moves the instant cursor"
     );
     h.get_by_label("Pinned allocation");
@@ -275,7 +275,7 @@ fn clicking_a_band_pins_it_and_shows_its_full_stack() {
         .active_document()
         .expect("open")
         .state()
-        .timeline
+        .selection
         .pinned
         .is_none());
 }
@@ -380,18 +380,15 @@ fn phases_are_shaded_and_listed_in_the_step_table() {
         .timeline
         .last_phase_shading()
         .expect("drawn")
-        .clone();
-    assert_eq!(shading.rects.len(), steps.phases().count());
+        .to_vec();
+    assert_eq!(shading.len(), steps.phases().count());
     for kind in [
         PhaseKind::Forward,
         PhaseKind::Backward,
         PhaseKind::Optimizer,
     ] {
         let tint = palette::phase_shade(kind, true);
-        assert!(
-            shading.rects.iter().any(|(_, c)| *c == tint),
-            "{kind} shaded"
-        );
+        assert!(shading.iter().any(|(_, c)| *c == tint), "{kind} shaded");
         // The legend names each phase kind present.
         h.get_by_role_and_label(Role::Label, memsnap_viewer::steps_ui::phase_label(kind));
     }
@@ -466,7 +463,7 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
         &[("run.pickle", training_pickle(19, 0))],
         Settings::default(),
     );
-    let band_colours = |h: &Harness<'_, ViewerApp>| -> HashSet<egui::Color32> {
+    let band_colours = |h: &Harness<'_, ViewerApp>| -> HashSet<palette::Colour> {
         let doc = h.state().active_document().expect("open");
         let drawing = doc.state().timeline.last_band_drawing().expect("drawn");
         drawing.rects.iter().map(|(_, c)| *c).collect()
@@ -475,12 +472,12 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
     h.get_by_label("allocations (colour = user-code site)");
     h.get_by_role_and_label(Role::Button, "category").click();
     h.run();
-    assert_eq!(timeline_state(&h).color_mode, ColorMode::Category);
+    assert_eq!(timeline_state(&h).color_mode, ColourBy::Category);
     let by_category = band_colours(&h);
     assert_ne!(by_site, by_category);
     let category_colours: HashSet<_> = Category::ALL
         .iter()
-        .map(|&c| palette::category_color(c))
+        .map(|&c| palette::category_colour(c))
         .collect();
     let special = [palette::residual(true), palette::envelope(true)];
     assert!(by_category
@@ -492,20 +489,20 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
     // C cycles on to phase colouring, and round to site.
     h.key_press(egui::Key::C);
     h.run();
-    assert_eq!(timeline_state(&h).color_mode, ColorMode::Phase);
+    assert_eq!(timeline_state(&h).color_mode, ColourBy::Phase);
     let phase_colours: HashSet<_> = [
         PhaseKind::Forward,
         PhaseKind::Backward,
         PhaseKind::Optimizer,
     ]
     .iter()
-    .map(|&k| palette::phase_color(k))
+    .map(|&k| palette::phase_colour(k))
     .collect();
     let by_phase = band_colours(&h);
     assert!(phase_colours.is_subset(&by_phase), "{by_phase:?}");
     h.key_press(egui::Key::C);
     h.run();
-    assert_eq!(timeline_state(&h).color_mode, ColorMode::Site);
+    assert_eq!(timeline_state(&h).color_mode, ColourBy::Site);
     assert_eq!(band_colours(&h), by_site);
     // The help lists the shortcut.
     h.key_press(egui::Key::F1);
@@ -515,7 +512,7 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
 
 fn timeline_state<'h>(
     h: &'h Harness<'_, ViewerApp>,
-) -> &'h memsnap_viewer::timeline_ui::TimelineState {
+) -> &'h memsnap_viewer::timeline::TimelineState {
     &h.state().active_document().expect("open").state().timeline
 }
 
@@ -552,7 +549,7 @@ fn a_real_training_run_lists_ten_steps_with_their_phases() {
         );
     }
     let shading = timeline_state(&h).last_phase_shading().expect("drawn");
-    assert_eq!(shading.rects.len(), steps.phases().count());
+    assert_eq!(shading.len(), steps.phases().count());
     for kind in [
         PhaseKind::Forward,
         PhaseKind::Backward,

@@ -1,0 +1,235 @@
+//! Paints the timeline's [`memsnap_plot::scene`] with egui: the bands as one cached mesh, the
+//! overlay (shading, grid, ticks, step marks, slopes and their labels) every frame.
+
+use std::sync::Arc;
+
+use egui::epaint::Mesh;
+use egui::{Painter, Pos2, Rect, Shape, Stroke};
+use memsnap_analysis::{Layout, LayoutRequest};
+use memsnap_plot::scene::{
+    self, Align, BandLayer, BandStyle, Mapping, Overlay, Pos, Rect as SceneRect, Text, Theme,
+};
+use memsnap_plot::ColourBy;
+
+use super::{TimelineModel, TimelineState};
+use crate::palette::{color32, colour};
+
+/// What the band geometry depends on.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct BandKey {
+    request: LayoutRequest,
+    plot: Rect,
+    y_max_bits: u64,
+    dark: bool,
+    show_reserved: bool,
+    search: Option<String>,
+    colour_by: ColourBy,
+}
+
+/// Band geometry and its mesh, kept while the [`BandKey`] is unchanged.
+pub(super) struct BandCache {
+    key: BandKey,
+    pub(super) bands: BandLayer,
+    mesh: Arc<Mesh>,
+}
+
+/// What the last frame drew besides the bands, for the SVG export.
+pub(super) struct LastFrame {
+    pub(super) overlay: Overlay,
+    pub(super) plot: SceneRect,
+    pub(super) area: SceneRect,
+    pub(super) theme: Theme,
+}
+
+pub(super) fn pos(p: Pos) -> Pos2 {
+    Pos2::new(p.x, p.y)
+}
+
+pub(super) fn rect(r: SceneRect) -> Rect {
+    Rect::from_min_max(pos(r.min), pos(r.max))
+}
+
+pub(super) fn scene_rect(r: Rect) -> SceneRect {
+    SceneRect::from_x_y(r.left(), r.right(), r.top(), r.bottom())
+}
+
+/// The scene's colours from egui's visuals.
+fn theme(ui: &egui::Ui) -> Theme {
+    let v = ui.visuals();
+    Theme {
+        dark: v.dark_mode,
+        background: colour(v.panel_fill),
+        plot_background: colour(v.extreme_bg_color),
+        text: colour(v.text_color()),
+        weak_text: colour(v.weak_text_color()),
+        grid: colour(v.widgets.noninteractive.bg_stroke.color),
+        label_halo: colour(v.extreme_bg_color.gamma_multiply(0.8)),
+    }
+}
+
+/// The y scale: what is visible (fit y) or the whole run's peak, with a little headroom.
+fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f64 {
+    let y_top = if state.fit_y {
+        let reserved = if state.show_reserved {
+            scene::reserved_max(model.timeline, layout)
+        } else {
+            0
+        };
+        layout.y_max.max(reserved)
+    } else {
+        let curves = model.timeline.curves();
+        curves.active.max().0.max(if state.show_reserved {
+            curves.reserved.max().0
+        } else {
+            0
+        })
+    };
+    (y_top as f64 * 1.05).max(1.0)
+}
+
+/// Builds this frame's scene (the bands only when something that shapes them changed) and
+/// paints it; returns the mapping from values to screen points.
+pub(super) fn timeline_scene_ui(
+    ui: &egui::Ui,
+    painter: &Painter,
+    model: &TimelineModel<'_>,
+    state: &mut TimelineState,
+    layout: &Layout,
+    plot: Rect,
+    area: Rect,
+) -> Mapping {
+    let theme = theme(ui);
+    let map = Mapping {
+        plot: scene_rect(plot),
+        start: state.window.start,
+        end: state.window.end,
+        y_max: y_max(model, state, layout),
+        axis: state.axis,
+    };
+    painter.rect_filled(plot, 0.0, ui.visuals().extreme_bg_color);
+    let key = BandKey {
+        request: layout.request,
+        plot,
+        y_max_bits: map.y_max.to_bits(),
+        dark: theme.dark,
+        show_reserved: state.show_reserved,
+        search: state.search_match.as_ref().map(|m| m.query.clone()),
+        colour_by: state.color_mode,
+    };
+    if state.band_cache.as_ref().is_none_or(|c| c.key != key) {
+        let style = BandStyle {
+            colour_by: state.color_mode,
+            dark: theme.dark,
+            search: state.search_match.as_ref(),
+            show_reserved: state.show_reserved,
+        };
+        let bands = scene::band_layer(&model.scene(), layout, &style, &map);
+        let mesh = Arc::new(band_mesh(&bands));
+        state.band_cache = Some(BandCache { key, bands, mesh });
+    }
+    let mut overlay = scene::overlay(
+        &model.scene(),
+        &map,
+        state.window.full_start,
+        &theme,
+        state.show_steps,
+    );
+    let font = egui::FontId::proportional(scene::FONT_SIZE);
+    scene::place_labels(&mut overlay, map.plot, &mut |text: &str| {
+        let size = painter
+            .layout_no_wrap(text.to_owned(), font.clone(), egui::Color32::WHITE)
+            .size();
+        Pos::new(size.x, size.y)
+    });
+
+    for (r, c) in &overlay.shading {
+        painter.rect_filled(rect(*r), 0.0, color32(*c));
+    }
+    for line in &overlay.grid {
+        line_ui(painter, &line.points, line.width, line.colour);
+    }
+    for text in &overlay.ticks {
+        text_ui(painter, text);
+    }
+    if let Some(cache) = &state.band_cache {
+        painter.add(Shape::mesh(cache.mesh.clone()));
+        if let Some(line) = &cache.bands.reserved {
+            let points = line.points.iter().copied().map(pos).collect();
+            painter.add(Shape::line(
+                points,
+                Stroke::new(line.width, color32(line.colour)),
+            ));
+        }
+    }
+    for mark in &overlay.step_marks {
+        line_ui(
+            painter,
+            &mark.line.points,
+            mark.line.width,
+            mark.line.colour,
+        );
+    }
+    for slope in &overlay.slopes {
+        let points = [pos(slope.from), pos(slope.to)];
+        painter.line_segment(points, Stroke::new(4.0, color32(overlay.halo)));
+        painter.line_segment(points, Stroke::new(2.0, color32(slope.colour)));
+    }
+    for label in &overlay.labels {
+        if let Some((r, c)) = label.halo {
+            painter.rect_filled(rect(r), 2.0, color32(c));
+        }
+        text_ui(painter, &label.text);
+    }
+    state.last_frame = Some(LastFrame {
+        overlay,
+        plot: map.plot,
+        area: scene_rect(area),
+        theme,
+    });
+    map
+}
+
+/// The band rectangles as one mesh (one draw call however many bands there are).
+fn band_mesh(bands: &BandLayer) -> Mesh {
+    let mut mesh = Mesh::default();
+    mesh.reserve_triangles(bands.rects.len() * 2);
+    mesh.reserve_vertices(bands.rects.len() * 4);
+    for (r, c) in &bands.rects {
+        mesh.add_colored_rect(rect(*r), color32(*c));
+    }
+    mesh
+}
+
+/// A grid line or a step mark (straight across the plot), or a polyline.
+fn line_ui(painter: &Painter, points: &[Pos], width: f32, c: memsnap_plot::Colour) {
+    let stroke = Stroke::new(width, color32(c));
+    match points {
+        [a, b] if a.y == b.y => {
+            painter.hline(a.x..=b.x, a.y, stroke);
+        }
+        [a, b] if a.x == b.x => {
+            painter.vline(a.x, a.y..=b.y, stroke);
+        }
+        _ => {
+            painter.add(Shape::line(
+                points.iter().copied().map(pos).collect(),
+                stroke,
+            ));
+        }
+    }
+}
+
+fn text_ui(painter: &Painter, text: &Text) {
+    let align = |a: Align| match a {
+        Align::Min => egui::Align::Min,
+        Align::Center => egui::Align::Center,
+        Align::Max => egui::Align::Max,
+    };
+    painter.text(
+        pos(text.pos),
+        egui::Align2([align(text.align.0), align(text.align.1)]),
+        &text.text,
+        egui::FontId::proportional(text.size),
+        color32(text.colour),
+    );
+}
