@@ -6,6 +6,12 @@
 //! before comparing, and reports the first difference with its path
 //! (`device_traces[0][17].frames[3].line: 54 vs 55`).
 //!
+//! The comparison follows the schema walk the writers use (`crate::schema`): each side's walk
+//! is recorded (lists left unexpanded, then walked item by item) and the two recordings are
+//! compared, so two snapshots are equal exactly when they would be written with the same keys,
+//! in the same order, with the same values; a key one side lacks is reported as
+//! `path.key: present vs absent`.
+//!
 //! Integers compare by value whatever their encoding (`Value::Int` or `Value::BigInt`), floats
 //! by their bits (so `NaN` equals itself and `-0.0` differs from `0.0`). Typed int fields
 //! compare by their exact values (`exact_int`): a size of −1 differs from one of 2^64 − 1,
@@ -13,10 +19,13 @@
 
 use std::fmt::Debug;
 
+use std::convert::Infallible;
+
 use crate::error::{FormatError, Result};
-use crate::int::IntField;
+use crate::int::PyInt;
 use crate::intern::{StackId, StrId};
 use crate::model::*;
+use crate::schema::{self, Emit, Key, Walk};
 use crate::value::{Extras, Value};
 
 /// The first difference between `a` and `b` with its path, or `None` when they hold the same
@@ -210,12 +219,160 @@ fn list<T>(name: &str, a: &[T], b: &[T], mut item: impl FnMut(&T, &T) -> Diff) -
     Ok(())
 }
 
-fn option<T>(name: &str, a: &Option<T>, b: &Option<T>, item: impl FnOnce(&T, &T) -> Diff) -> Diff {
-    match (a, b) {
-        (None, None) => Ok(()),
-        (Some(x), Some(y)) => at(|| name.to_owned(), item(x, y)),
-        (Some(_), None) => Err(format!("{name}: present vs absent")),
-        (None, Some(_)) => Err(format!("{name}: absent vs present")),
+// ------------------------------------------------------------------ comparing by the schema
+
+/// What the schema walk emits, recorded for comparison. Lists are kept unexpanded and
+/// recorded item by item when compared, so memory stays at one item per nesting level.
+enum Tok<'s> {
+    DictBegin,
+    DictEnd,
+    Key(&'s str),
+    Int(PyInt),
+    Float(f64),
+    Bool(bool),
+    Str(&'s str),
+    Stack(StackId),
+    Value(&'s Value),
+    PairBegin,
+    PairEnd,
+    List(Box<dyn Items<'s> + 's>),
+    Divisions(&'s [(String, PyInt)]),
+}
+
+impl Tok<'_> {
+    fn kind(&self) -> &'static str {
+        match self {
+            Tok::DictBegin => "a dict",
+            Tok::DictEnd => "the end of a dict",
+            Tok::Key(_) => "a key",
+            Tok::Int(_) => "an int",
+            Tok::Float(_) => "a float",
+            Tok::Bool(_) => "a bool",
+            Tok::Str(_) => "a str",
+            Tok::Stack(_) => "a frames list",
+            Tok::Value(_) => "a value",
+            Tok::PairBegin => "a tuple",
+            Tok::PairEnd => "the end of a tuple",
+            Tok::List(_) => "a list",
+            Tok::Divisions(_) => "a dict of divisions",
+        }
+    }
+}
+
+/// A list the walk met, walked item by item on demand.
+trait Items<'s> {
+    fn len(&self) -> usize;
+    fn record(&self, i: usize, r: &mut Recorder<'s>);
+}
+
+struct ListOf<'s, T>(&'s [T]);
+
+impl<'s, T: Walk<'s>> Items<'s> for ListOf<'s, T> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn record(&self, i: usize, r: &mut Recorder<'s>) {
+        if let Some(item) = self.0.get(i) {
+            let Ok(()) = item.walk(r);
+        }
+    }
+}
+
+/// The emitter that records one side's walk, ids resolved to text.
+struct Recorder<'s> {
+    snap: &'s Snapshot,
+    toks: Vec<Tok<'s>>,
+}
+
+impl<'s> Emit<'s> for Recorder<'s> {
+    type Error = Infallible;
+    const COUNTS_PAIRS: bool = false;
+
+    fn dict_begin(&mut self, _: usize) {
+        self.toks.push(Tok::DictBegin);
+    }
+    fn dict_end(&mut self, _: usize) {
+        self.toks.push(Tok::DictEnd);
+    }
+    fn key(&mut self, key: Key) {
+        self.toks.push(Tok::Key(key.text()));
+    }
+    fn extra_key(&mut self, key: &'s str) {
+        self.toks.push(Tok::Key(key));
+    }
+    fn known(&mut self, value: Key) {
+        self.toks.push(Tok::Str(value.text()));
+    }
+    fn uint(&mut self, v: u64) {
+        self.toks.push(Tok::Int(PyInt::from(v)));
+    }
+    fn int(&mut self, v: i64) {
+        self.toks.push(Tok::Int(PyInt::from(v)));
+    }
+    fn pyint(&mut self, v: &'s PyInt) -> std::result::Result<(), Infallible> {
+        self.toks.push(Tok::Int(v.clone()));
+        Ok(())
+    }
+    fn float(&mut self, v: f64) {
+        self.toks.push(Tok::Float(v));
+    }
+    fn bool(&mut self, v: bool) {
+        self.toks.push(Tok::Bool(v));
+    }
+    fn str(&mut self, s: &'s str) {
+        self.toks.push(Tok::Str(s));
+    }
+    fn str_id(&mut self, id: StrId) {
+        self.toks.push(Tok::Str(self.snap.str(id)));
+    }
+    fn stack(&mut self, id: StackId) -> std::result::Result<(), Infallible> {
+        self.toks.push(Tok::Stack(id));
+        Ok(())
+    }
+    fn value(&mut self, v: &'s Value) -> std::result::Result<(), Infallible> {
+        self.toks.push(Tok::Value(v));
+        Ok(())
+    }
+    fn list<T: Walk<'s>>(&mut self, items: &'s [T]) -> std::result::Result<(), Infallible> {
+        self.toks.push(Tok::List(Box::new(ListOf(items))));
+        Ok(())
+    }
+    fn pair_begin(&mut self) {
+        self.toks.push(Tok::PairBegin);
+    }
+    fn pair_next(&mut self) {}
+    fn pair_end(&mut self) {
+        self.toks.push(Tok::PairEnd);
+    }
+    fn divisions(&mut self, d: &'s [(String, PyInt)]) -> std::result::Result<(), Infallible> {
+        self.toks.push(Tok::Divisions(d));
+        Ok(())
+    }
+}
+
+/// Whether `key` comes later in the dict `toks[from..]` is in.
+fn later_key(toks: &[Tok<'_>], from: usize, key: &str) -> bool {
+    let mut depth = 0usize;
+    for t in toks.iter().skip(from) {
+        match t {
+            Tok::DictBegin | Tok::PairBegin => depth += 1,
+            Tok::DictEnd | Tok::PairEnd => match depth.checked_sub(1) {
+                Some(d) => depth = d,
+                None => return false,
+            },
+            Tok::Key(k) if depth == 0 && *k == key => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{prefix}.{key}")
     }
 }
 
@@ -224,256 +381,114 @@ struct Cmp<'a> {
     b: &'a Snapshot,
 }
 
-impl Cmp<'_> {
+impl<'a> Cmp<'a> {
     fn snapshot(&self) -> Diff {
-        let (a, b) = (self.a, self.b);
-        field("shape", &a.shape, &b.shape)?;
-        list("segments", &a.segments, &b.segments, |x, y| {
-            self.segment(x, y)
-        })?;
-        option(
-            "device_traces",
-            &a.device_traces,
-            &b.device_traces,
-            |x, y| {
-                list("", x, y, |tx, ty| {
-                    list("", tx, ty, |ex, ey| self.entry(ex, ey))
-                })
-            },
-        )?;
-        option(
-            "allocator_settings",
-            &a.allocator_settings,
-            &b.allocator_settings,
-            settings,
-        )?;
-        option(
-            "external_annotations",
-            &a.external_annotations,
-            &b.external_annotations,
-            |x, y| {
-                list("", x, y, |p, q| {
-                    extras(".metadata", &p.metadata, &q.metadata)?;
-                    ints(
-                        p,
-                        q,
-                        &[IntField::Device, IntField::TimeUs],
-                        Annotation::exact_int,
-                    )?;
-                    extras(".extra", &p.extra, &q.extra)
-                })
-            },
-        )?;
-        option(
-            "host_segments",
-            &a.host_segments,
-            &b.host_segments,
-            |x, y| value("", x, y),
-        )?;
-        option("host_traces", &a.host_traces, &b.host_traces, |x, y| {
-            value("", x, y)
-        })?;
-        option("memsnap", &a.recorder_info, &b.recorder_info, |x, y| {
-            field(".producer", &x.producer, &y.producer)?;
-            field(
-                ".dropped_entries",
-                &x.dropped_entry_ints(),
-                &y.dropped_entry_ints(),
-            )?;
-            extras(".extra", &x.extra, &y.extra)
-        })?;
-        extras("extra", &a.extra, &b.extra)
+        field("shape", &self.a.shape, &self.b.shape)?;
+        let (mut ra, mut rb) = (self.recorder(self.a), self.recorder(self.b));
+        let Ok(()) = schema::snapshot(&mut ra, self.a);
+        let Ok(()) = schema::snapshot(&mut rb, self.b);
+        self.tokens("", &ra.toks, &rb.toks)
     }
 
-    fn stack(&self, name: &str, a: Option<StackId>, b: Option<StackId>) -> Diff {
-        option(name, &a, &b, |&x, &y| {
-            let fa: Vec<_> = self.a.stack_frames(x).collect();
-            let fb: Vec<_> = self.b.stack_frames(y).collect();
-            list("", &fa, &fb, |p, q| {
-                field(".name", &p.name, &q.name)?;
-                field(".filename", &p.filename, &q.filename)?;
-                field(".line", &p.line, &q.line)?;
-                extras(".extra", &p.extra, &q.extra)
-            })
-        })
-    }
-
-    fn string(&self, name: &str, a: Option<StrId>, b: Option<StrId>) -> Diff {
-        let a = a.map(|id| self.a.str(id));
-        let b = b.map(|id| self.b.str(id));
-        field(name, &a, &b)
-    }
-
-    fn segment(&self, a: &Segment, b: &Segment) -> Diff {
-        let fields = [
-            IntField::Device,
-            IntField::Address,
-            IntField::TotalSize,
-            IntField::AllocatedSize,
-            IntField::ActiveSize,
-            IntField::RequestedSize,
-            IntField::Stream,
-        ];
-        ints(a, b, &fields, Segment::exact_int)?;
-        let type_a = a.segment_type.map(|t| t.name(&self.a.strings));
-        let type_b = b.segment_type.map(|t| t.name(&self.b.strings));
-        field(".segment_type", &type_a, &type_b)?;
-        let pool = |s: &Segment| {
-            s.segment_pool_id?;
-            Some((
-                s.exact_int(IntField::PoolId0)?,
-                s.exact_int(IntField::PoolId1)?,
-            ))
-        };
-        field(".segment_pool_id", &pool(a), &pool(b))?;
-        field(".is_expandable", &a.is_expandable, &b.is_expandable)?;
-        self.stack(".frames", a.frames, b.frames)?;
-        field(
-            ".frames_after_blocks",
-            &a.frames_after_blocks,
-            &b.frames_after_blocks,
-        )?;
-        list(".blocks", &a.blocks, &b.blocks, |x, y| self.block(x, y))?;
-        extras(".extra", &a.extra, &b.extra)
-    }
-
-    fn block(&self, a: &Block, b: &Block) -> Diff {
-        let fields = [IntField::Address, IntField::Size, IntField::RequestedSize];
-        ints(a, b, &fields, Block::exact_int)?;
-        field(
-            ".state",
-            a.state.name(&self.a.strings),
-            b.state.name(&self.b.strings),
-        )?;
-        self.stack(".frames", a.frames, b.frames)?;
-        field(".forward_frames", &a.forward_frames, &b.forward_frames)?;
-        option(".history", &a.history, &b.history, |x, y| {
-            list("", x, y, |p, q| {
-                ints(
-                    p,
-                    q,
-                    &[IntField::Addr, IntField::RealSize],
-                    HistoryItem::exact_int,
-                )?;
-                self.stack(".frames", p.frames, q.frames)?;
-                extras(".extra", &p.extra, &q.extra)
-            })
-        })?;
-        extras(".extra", &a.extra, &b.extra)
-    }
-
-    fn entry(&self, a: &TraceEntry, b: &TraceEntry) -> Diff {
-        field(
-            ".action",
-            a.action.name(&self.a.strings),
-            b.action.name(&self.b.strings),
-        )?;
-        let fields = [
-            IntField::Addr,
-            IntField::DeviceFree,
-            IntField::Size,
-            IntField::Stream,
-            IntField::TimeUs,
-        ];
-        ints(a, b, &fields, TraceEntry::exact_int)?;
-        self.string(".compile_context", a.compile_context, b.compile_context)?;
-        self.string(".user_metadata", a.user_metadata, b.user_metadata)?;
-        self.stack(".frames", a.frames, b.frames)?;
-        let none = EntryRare::default();
-        let (ra, rb) = (
-            a.rare.as_deref().unwrap_or(&none),
-            b.rare.as_deref().unwrap_or(&none),
-        );
-        field("(has no addr key)", &ra.no_addr, &rb.no_addr)?;
-        self.string(
-            ".internal_metadata",
-            ra.internal_metadata,
-            rb.internal_metadata,
-        )?;
-        field(".forward_frames", &ra.forward_frames, &rb.forward_frames)?;
-        field(
-            "(frames key first)",
-            &ra.legacy_frames_first,
-            &rb.legacy_frames_first,
-        )?;
-        extras(".extra", &ra.extra, &rb.extra)
-    }
-}
-
-fn settings(a: &AllocatorSettings, b: &AllocatorSettings) -> Diff {
-    field(".PYTORCH_CUDA_ALLOC_CONF", &a.alloc_conf, &b.alloc_conf)?;
-    field(".max_split_size", &a.max_split_size, &b.max_split_size)?;
-    field(
-        ".garbage_collection_threshold",
-        &a.garbage_collection_threshold.map(f64::to_bits),
-        &b.garbage_collection_threshold.map(f64::to_bits),
-    )?;
-    field(
-        ".expandable_segments",
-        &a.expandable_segments,
-        &b.expandable_segments,
-    )?;
-    field(
-        ".pinned_num_register_threads",
-        &a.pinned_num_register_threads,
-        &b.pinned_num_register_threads,
-    )?;
-    field(
-        ".release_lock_on_cudamalloc",
-        &a.release_lock_on_cudamalloc,
-        &b.release_lock_on_cudamalloc,
-    )?;
-    field(
-        ".pinned_use_cuda_host_register",
-        &a.pinned_use_cuda_host_register,
-        &b.pinned_use_cuda_host_register,
-    )?;
-    field(
-        ".graph_capture_record_stream_reuse",
-        &a.graph_capture_record_stream_reuse,
-        &b.graph_capture_record_stream_reuse,
-    )?;
-    field(
-        ".roundup_power2_divisions",
-        &a.roundup_power2_divisions,
-        &b.roundup_power2_divisions,
-    )?;
-    field(
-        ".max_round_threshold",
-        &a.max_round_threshold,
-        &b.max_round_threshold,
-    )?;
-    field(".max_cached_size", &a.max_cached_size, &b.max_cached_size)?;
-    extras(".extra", &a.extra, &b.extra)
-}
-
-/// Compares the exact values of int fields.
-fn ints<T>(
-    a: &T,
-    b: &T,
-    fields: &[IntField],
-    get: impl Fn(&T, IntField) -> Option<crate::int::PyInt>,
-) -> Diff {
-    for &f in fields {
-        let name = format!(".{}", f.key());
-        match (get(a, f), get(b, f)) {
-            (Some(x), Some(y)) => field(&name, &x, &y)?,
-            (x, y) => field(&name, &x, &y)?,
+    fn recorder(&self, snap: &'a Snapshot) -> Recorder<'a> {
+        Recorder {
+            snap,
+            toks: Vec::new(),
         }
     }
-    Ok(())
-}
 
-fn extras(name: &str, a: &Extras, b: &Extras) -> Diff {
-    if a.len() != b.len() {
-        let keys = |e: &Extras| e.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
-        return Err(format!("{name}: keys {:?} vs {:?}", keys(a), keys(b)));
+    /// Compares two recorded walks; `prefix` is the path of what they are.
+    fn tokens(&self, prefix: &str, ta: &[Tok<'a>], tb: &[Tok<'a>]) -> Diff {
+        // The path below `prefix`: the key last seen in each open dict.
+        let mut keys: Vec<Option<&str>> = Vec::new();
+        let path = |keys: &[Option<&str>]| {
+            keys.iter()
+                .flatten()
+                .fold(prefix.to_owned(), |p, k| join(&p, k))
+        };
+        for (i, (x, y)) in ta.iter().zip(tb).enumerate() {
+            match (x, y) {
+                (Tok::DictBegin, Tok::DictBegin) | (Tok::PairBegin, Tok::PairBegin) => {
+                    keys.push(None)
+                }
+                (Tok::DictEnd, Tok::DictEnd) | (Tok::PairEnd, Tok::PairEnd) => {
+                    keys.pop();
+                }
+                (Tok::Key(p), Tok::Key(q)) if p == q => {
+                    if let Some(last) = keys.last_mut() {
+                        *last = Some(p);
+                    }
+                }
+                (Tok::Key(p), Tok::Key(q)) => {
+                    let here = path(&keys[..keys.len().saturating_sub(1)]);
+                    return Err(if later_key(tb, i, p) {
+                        format!("{}: absent vs present", join(&here, q))
+                    } else {
+                        format!("{}: present vs absent", join(&here, p))
+                    });
+                }
+                (Tok::Key(p), Tok::DictEnd) => {
+                    let here = path(&keys[..keys.len().saturating_sub(1)]);
+                    return Err(format!("{}: present vs absent", join(&here, p)));
+                }
+                (Tok::DictEnd, Tok::Key(q)) => {
+                    let here = path(&keys[..keys.len().saturating_sub(1)]);
+                    return Err(format!("{}: absent vs present", join(&here, q)));
+                }
+                (Tok::Int(p), Tok::Int(q)) => field(&path(&keys), p, q)?,
+                (Tok::Bool(p), Tok::Bool(q)) => field(&path(&keys), p, q)?,
+                (Tok::Str(p), Tok::Str(q)) => field(&path(&keys), p, q)?,
+                (Tok::Float(p), Tok::Float(q)) => {
+                    if p.to_bits() != q.to_bits() {
+                        return Err(format!("{}: {p:?} vs {q:?}", path(&keys)));
+                    }
+                }
+                (Tok::Value(p), Tok::Value(q)) => value(&path(&keys), p, q)?,
+                (Tok::Divisions(p), Tok::Divisions(q)) => field(&path(&keys), p, q)?,
+                (Tok::Stack(p), Tok::Stack(q)) => self.stack(&path(&keys), *p, *q)?,
+                (Tok::List(p), Tok::List(q)) => self.list(&path(&keys), &**p, &**q)?,
+                (p, q) => {
+                    return Err(format!("{}: {} vs {}", path(&keys), p.kind(), q.kind()));
+                }
+            }
+        }
+        if ta.len() != tb.len() {
+            return Err(format!("{prefix}: the walks differ in length"));
+        }
+        Ok(())
     }
-    for ((ka, va), (kb, vb)) in a.iter().zip(b) {
-        field(&format!("{name} key"), ka, kb)?;
-        at(|| format!("{name}.{ka}"), value("", va, vb))?;
+
+    fn list(&self, name: &str, a: &dyn Items<'a>, b: &dyn Items<'a>) -> Diff {
+        if a.len() != b.len() {
+            return Err(format!("{name}: {} items vs {}", a.len(), b.len()));
+        }
+        let (mut ra, mut rb) = (self.recorder(self.a), self.recorder(self.b));
+        for i in 0..a.len() {
+            ra.toks.clear();
+            rb.toks.clear();
+            a.record(i, &mut ra);
+            b.record(i, &mut rb);
+            self.tokens(&format!("{name}[{i}]"), &ra.toks, &rb.toks)?;
+        }
+        Ok(())
     }
-    Ok(())
+
+    fn stack(&self, name: &str, a: StackId, b: StackId) -> Diff {
+        let fa: Vec<_> = self.a.stack_frames(a).collect();
+        let fb: Vec<_> = self.b.stack_frames(b).collect();
+        if fa.len() != fb.len() {
+            return Err(format!("{name}: {} items vs {}", fa.len(), fb.len()));
+        }
+        let (mut ra, mut rb) = (self.recorder(self.a), self.recorder(self.b));
+        for (i, (x, y)) in fa.into_iter().zip(fb).enumerate() {
+            ra.toks.clear();
+            rb.toks.clear();
+            let Ok(()) = schema::frame(&mut ra, x);
+            let Ok(()) = schema::frame(&mut rb, y);
+            self.tokens(&format!("{name}[{i}]"), &ra.toks, &rb.toks)?;
+        }
+        Ok(())
+    }
 }
 
 /// The integer a value holds, as a canonical big integer (little-endian two's complement,

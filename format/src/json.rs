@@ -27,6 +27,7 @@ use crate::error::{FormatError, Result};
 use crate::int::{ExactInts, IntField, PyInt};
 use crate::intern::{Frame, FrameId, StackId, StrId};
 use crate::model::*;
+use crate::schema::{self, Emit, Key, Walk};
 use crate::value::{Extras, Value};
 
 /// Deepest nesting of arrays and objects accepted.
@@ -59,7 +60,7 @@ pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
         snap: snapshot,
         stack_text: vec![None; snapshot.stacks.len()],
     };
-    w.snapshot()?;
+    schema::snapshot(&mut w, snapshot)?;
     Ok(w.out)
 }
 
@@ -70,7 +71,7 @@ struct Writer<'s> {
     stack_text: Vec<Option<Box<[u8]>>>,
 }
 
-impl Writer<'_> {
+impl<'s> Writer<'s> {
     /// A comma unless this is the first item of an object or array.
     fn sep(&mut self) {
         if !matches!(self.out.last(), Some(b'{') | Some(b'[')) {
@@ -115,30 +116,6 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// An unsigned typed field: its exact value when `exact` has a current one.
-    #[inline]
-    fn uint_x(&mut self, exact: Option<&ExactInts>, field: IntField, v: u64) -> Result<()> {
-        match exact.and_then(|x| x.current(field, v)) {
-            Some(x) => self.pyint(x),
-            None => {
-                self.uint(v);
-                Ok(())
-            }
-        }
-    }
-
-    /// A signed typed field: its exact value when `exact` has a current one.
-    #[inline]
-    fn int_x(&mut self, exact: Option<&ExactInts>, field: IntField, v: i64) -> Result<()> {
-        match exact.and_then(|x| x.current(field, v as u64)) {
-            Some(x) => self.pyint(x),
-            None => {
-                self.int(v);
-                Ok(())
-            }
-        }
-    }
-
     fn str(&mut self, s: &str) {
         write_str(&mut self.out, s);
     }
@@ -172,35 +149,10 @@ impl Writer<'_> {
         self.out.push(b'[');
         for frame in snap.stack_frames(id) {
             self.sep();
-            self.out.push(b'{');
-            self.key("name");
-            self.str(&frame.name);
-            self.key("filename");
-            self.str(&frame.filename);
-            self.key("line");
-            self.pyint(&frame.line)?;
-            self.extras(&frame.extra)?;
-            self.out.push(b'}');
+            schema::frame(self, frame)?;
         }
         self.out.push(b']');
         Ok(())
-    }
-
-    fn extras(&mut self, extra: &Extras) -> Result<()> {
-        for (k, v) in extra {
-            self.key(k);
-            self.value(v)?;
-        }
-        Ok(())
-    }
-
-    fn string_list(&mut self, items: &[String]) {
-        self.out.push(b'[');
-        for s in items {
-            self.sep();
-            self.str(s);
-        }
-        self.out.push(b']');
     }
 
     fn value(&mut self, v: &Value) -> Result<()> {
@@ -266,327 +218,103 @@ impl Writer<'_> {
         self.out.push(b']');
         Ok(())
     }
+}
 
-    fn snapshot(&mut self) -> Result<()> {
-        let snap = self.snap;
-        if snap.shape == Shape::SegmentList {
-            return self.segments(&snap.segments);
-        }
+/// The JSON spelling of the schema ([`schema`] decides the keys and their order).
+impl<'s> Emit<'s> for Writer<'s> {
+    type Error = FormatError;
+    const COUNTS_PAIRS: bool = false;
+
+    fn dict_begin(&mut self, _: usize) {
         self.out.push(b'{');
-        self.key("segments");
-        self.segments(&snap.segments)?;
-        if let Some(traces) = &snap.device_traces {
-            self.key("device_traces");
-            self.out.push(b'[');
-            for trace in traces {
-                self.sep();
-                self.out.push(b'[');
-                for e in trace {
-                    self.sep();
-                    self.entry(e)?;
-                }
-                self.out.push(b']');
-            }
-            self.out.push(b']');
-        }
-        if let Some(s) = &snap.allocator_settings {
-            self.key("allocator_settings");
-            self.settings(s)?;
-        }
-        if let Some(annotations) = &snap.external_annotations {
-            self.key("external_annotations");
-            self.out.push(b'[');
-            for a in annotations {
-                self.sep();
-                self.out.push(b'{');
-                self.extras(&a.metadata)?;
-                let x = Some(&a.exact);
-                self.key("device");
-                self.int_x(x, IntField::Device, a.device)?;
-                self.key("time_us");
-                self.int_x(x, IntField::TimeUs, a.time_us)?;
-                self.extras(&a.extra)?;
-                self.out.push(b'}');
-            }
-            self.out.push(b']');
-        }
-        if let Some(h) = &snap.host_segments {
-            self.key("host_segments");
-            self.value(h)?;
-        }
-        if let Some(h) = &snap.host_traces {
-            self.key("host_traces");
-            self.value(h)?;
-        }
-        self.extras(&snap.extra)?;
-        if let Some(info) = &snap.recorder_info {
-            self.key("memsnap");
-            self.out.push(b'{');
-            self.key("producer");
-            self.str(&info.producer);
-            self.key("dropped_entries");
-            self.out.push(b'[');
-            match info.current_dropped_entries_exact() {
-                Some(exact) => {
-                    for n in exact {
-                        self.sep();
-                        self.pyint(n)?;
-                    }
-                }
-                None => {
-                    for n in &info.dropped_entries {
-                        self.sep();
-                        self.uint(*n);
-                    }
-                }
-            }
-            self.out.push(b']');
-            self.extras(&info.extra)?;
-            self.out.push(b'}');
-        }
-        self.out.push(b'}');
-        Ok(())
     }
 
-    fn segments(&mut self, segments: &[Segment]) -> Result<()> {
+    fn dict_end(&mut self, _: usize) {
+        self.out.push(b'}');
+    }
+
+    #[inline]
+    fn key(&mut self, key: Key) {
+        Writer::key(self, key.text());
+    }
+
+    fn extra_key(&mut self, key: &'s str) {
+        Writer::key(self, key);
+    }
+
+    #[inline]
+    fn known(&mut self, value: Key) {
+        Writer::str(self, value.text());
+    }
+
+    #[inline]
+    fn uint(&mut self, v: u64) {
+        Writer::uint(self, v);
+    }
+
+    #[inline]
+    fn int(&mut self, v: i64) {
+        Writer::int(self, v);
+    }
+
+    fn pyint(&mut self, v: &'s PyInt) -> Result<()> {
+        Writer::pyint(self, v)
+    }
+
+    fn float(&mut self, v: f64) {
+        write_float(&mut self.out, v);
+    }
+
+    fn bool(&mut self, v: bool) {
+        Writer::bool(self, v);
+    }
+
+    fn str(&mut self, s: &'s str) {
+        Writer::str(self, s);
+    }
+
+    fn str_id(&mut self, id: StrId) {
+        Writer::str_id(self, id);
+    }
+
+    fn stack(&mut self, id: StackId) -> Result<()> {
+        Writer::stack(self, id)
+    }
+
+    fn value(&mut self, v: &'s Value) -> Result<()> {
+        Writer::value(self, v)
+    }
+
+    fn list<T: Walk<'s>>(&mut self, items: &'s [T]) -> Result<()> {
         self.out.push(b'[');
-        for seg in segments {
+        for item in items {
             self.sep();
-            self.segment(seg)?;
+            item.walk(self)?;
         }
         self.out.push(b']');
         Ok(())
     }
 
-    fn segment(&mut self, seg: &Segment) -> Result<()> {
-        self.out.push(b'{');
-        let x = Some(&seg.exact);
-        self.key("device");
-        self.int_x(x, IntField::Device, seg.device)?;
-        self.key("address");
-        self.uint_x(x, IntField::Address, seg.address)?;
-        self.key("total_size");
-        self.uint_x(x, IntField::TotalSize, seg.total_size)?;
-        let sums = [
-            (IntField::AllocatedSize, seg.allocated_size),
-            (IntField::ActiveSize, seg.active_size),
-            (IntField::RequestedSize, seg.requested_size),
-        ];
-        for (field, v) in sums {
-            if let Some(v) = v {
-                self.key(field.key());
-                self.uint_x(x, field, v)?;
-            }
-        }
-        self.key("stream");
-        self.int_x(x, IntField::Stream, seg.stream)?;
-        if let Some(t) = seg.segment_type {
-            self.key("segment_type");
-            self.str(t.name(&self.snap.strings));
-        }
-        if let Some((a, b)) = seg.segment_pool_id {
-            self.key("segment_pool_id");
-            self.out.push(b'[');
-            self.int_x(x, IntField::PoolId0, a)?;
-            self.out.push(b',');
-            self.int_x(x, IntField::PoolId1, b)?;
-            self.out.push(b']');
-        }
-        if let Some(v) = seg.is_expandable {
-            self.key("is_expandable");
-            self.bool(v);
-        }
-        if let Some(f) = seg.frames.filter(|_| !seg.frames_after_blocks) {
-            self.key("frames");
-            self.stack(f)?;
-        }
-        self.key("blocks");
+    fn pair_begin(&mut self) {
         self.out.push(b'[');
-        for b in &seg.blocks {
-            self.sep();
-            self.block(b)?;
-        }
+    }
+
+    fn pair_next(&mut self) {
+        self.out.push(b',');
+    }
+
+    fn pair_end(&mut self) {
         self.out.push(b']');
-        if let Some(f) = seg.frames.filter(|_| seg.frames_after_blocks) {
-            self.key("frames");
-            self.stack(f)?;
-        }
-        self.extras(&seg.extra)?;
-        self.out.push(b'}');
-        Ok(())
     }
 
-    fn block(&mut self, b: &Block) -> Result<()> {
+    fn divisions(&mut self, d: &'s [(String, PyInt)]) -> Result<()> {
         self.out.push(b'{');
-        let x = Some(&b.exact);
-        if let Some(a) = b.address {
-            self.key("address");
-            self.uint_x(x, IntField::Address, a)?;
-        }
-        self.key("size");
-        self.uint_x(x, IntField::Size, b.size)?;
-        if let Some(r) = b.requested_size {
-            self.key("requested_size");
-            self.uint_x(x, IntField::RequestedSize, r)?;
-        }
-        self.key("state");
-        self.str(b.state.name(&self.snap.strings));
-        if let Some(f) = b.frames {
-            self.key("frames");
-            self.stack(f)?;
-        }
-        if let Some(ff) = &b.forward_frames {
-            self.key("forward_frames");
-            self.string_list(ff);
-        }
-        if let Some(history) = &b.history {
-            self.key("history");
-            self.out.push(b'[');
-            for item in history {
-                self.sep();
-                self.out.push(b'{');
-                let x = Some(&item.exact);
-                self.key("addr");
-                self.uint_x(x, IntField::Addr, item.addr)?;
-                self.key("real_size");
-                self.uint_x(x, IntField::RealSize, item.real_size)?;
-                if let Some(f) = item.frames {
-                    self.key("frames");
-                    self.stack(f)?;
-                }
-                self.extras(&item.extra)?;
-                self.out.push(b'}');
-            }
-            self.out.push(b']');
-        }
-        self.extras(&b.extra)?;
-        self.out.push(b'}');
-        Ok(())
-    }
-
-    fn entry(&mut self, e: &TraceEntry) -> Result<()> {
-        let rare = e.rare.as_deref();
-        let legacy = rare.is_some_and(|r| r.legacy_frames_first);
-        let extra: &[(String, Value)] = rare.map_or(&[], |r| &r.extra[..]);
-        self.out.push(b'{');
-        // Legacy (<= 2.0) entries start with `frames` and `cpp_frames`.
-        if legacy {
-            if let Some(f) = e.frames {
-                self.key("frames");
-                self.stack(f)?;
-            }
-            for (k, v) in extra.iter().filter(|(k, _)| k == "cpp_frames") {
-                self.key(k);
-                self.value(v)?;
-            }
-        }
-        self.key("action");
-        self.str(e.action.name(&self.snap.strings));
-        let x = rare.map(|r| &r.exact);
-        if e.has_addr() {
-            self.key("addr");
-            self.uint_x(x, IntField::Addr, e.addr)?;
-        }
-        if let Some(f) = e.device_free() {
-            self.key("device_free");
-            self.uint_x(x, IntField::DeviceFree, f)?;
-        }
-        self.key("size");
-        self.uint_x(x, IntField::Size, e.size)?;
-        self.key("stream");
-        self.int_x(x, IntField::Stream, e.stream)?;
-        if let Some(t) = e.time_us {
-            self.key("time_us");
-            self.int_x(x, IntField::TimeUs, t)?;
-        }
-        if let Some(c) = e.compile_context {
-            self.key("compile_context");
-            self.str_id(c);
-        }
-        if let Some(u) = e.user_metadata {
-            self.key("user_metadata");
-            self.str_id(u);
-        }
-        if let Some(m) = rare.and_then(|r| r.internal_metadata) {
-            self.key("internal_metadata");
-            self.str_id(m);
-        }
-        if !legacy {
-            if let Some(f) = e.frames {
-                self.key("frames");
-                self.stack(f)?;
-            }
-        }
-        if let Some(ff) = rare.and_then(|r| r.forward_frames.as_ref()) {
-            self.key("forward_frames");
-            self.string_list(ff);
-        }
-        for (k, v) in extra {
-            if legacy && k == "cpp_frames" {
-                continue;
-            }
-            self.key(k);
-            self.value(v)?;
+        for (k, v) in d {
+            Writer::key(self, k);
+            Writer::pyint(self, v)?;
         }
         self.out.push(b'}');
         Ok(())
-    }
-
-    fn settings(&mut self, s: &AllocatorSettings) -> Result<()> {
-        self.out.push(b'{');
-        if let Some(v) = &s.alloc_conf {
-            self.key("PYTORCH_CUDA_ALLOC_CONF");
-            self.str(v);
-        }
-        if let Some(v) = &s.max_split_size {
-            self.key("max_split_size");
-            self.pyint(v)?;
-        }
-        if let Some(v) = s.garbage_collection_threshold {
-            self.key("garbage_collection_threshold");
-            write_float(&mut self.out, v);
-        }
-        self.flag("expandable_segments", s.expandable_segments);
-        if let Some(v) = &s.pinned_num_register_threads {
-            self.key("pinned_num_register_threads");
-            self.pyint(v)?;
-        }
-        self.flag("release_lock_on_cudamalloc", s.release_lock_on_cudamalloc);
-        self.flag(
-            "pinned_use_cuda_host_register",
-            s.pinned_use_cuda_host_register,
-        );
-        self.flag(
-            "graph_capture_record_stream_reuse",
-            s.graph_capture_record_stream_reuse,
-        );
-        if let Some(d) = &s.roundup_power2_divisions {
-            self.key("roundup_power2_divisions");
-            self.out.push(b'{');
-            for (k, v) in d {
-                self.key(k);
-                self.pyint(v)?;
-            }
-            self.out.push(b'}');
-        }
-        if let Some(v) = &s.max_round_threshold {
-            self.key("max_round_threshold");
-            self.pyint(v)?;
-        }
-        if let Some(v) = &s.max_cached_size {
-            self.key("max_cached_size");
-            self.pyint(v)?;
-        }
-        self.extras(&s.extra)?;
-        self.out.push(b'}');
-        Ok(())
-    }
-
-    fn flag(&mut self, key: &str, value: Option<bool>) {
-        if let Some(b) = value {
-            self.key(key);
-            self.bool(b);
-        }
     }
 }
 

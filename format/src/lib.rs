@@ -23,6 +23,9 @@
 //! * [`msgpack`]: memsnap's compact native format, with the frame and stack tables stored once.
 //! * [`json`]: the same schema as the pickle, which PyTorch's browser viewer also loads.
 //!
+//! The schema (which keys each struct writes, in which order, per era) is written once, in the
+//! private `schema` module; the writers and [`compare`] are built on it.
+//!
 //! [`io`] detects the format from the content, decompresses gzip and zstd, and writes files
 //! atomically.
 //!
@@ -45,6 +48,7 @@ pub mod json;
 pub mod model;
 pub mod msgpack;
 pub mod pickle;
+mod schema;
 pub mod synth;
 pub mod validate;
 pub mod value;

@@ -2,17 +2,30 @@
 //!
 //! ## Reading
 //!
-//! [`read`] (a slice) and [`read_from`] (a stream, never held whole) accept protocols 2 to 5 (CPython's framed `MEMOIZE` pickles and TorchScript's
-//! `BINPUT` pickles) and **executes nothing**: `GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`,
-//! `INST`, `OBJ`, `NEWOBJ*`, `PERSID`, `BINPERSID` and `EXT*` are refused with the opcode and
-//! its byte offset. It runs in two passes:
+//! [`read`] (a slice) and [`read_from`] (a stream, never held whole) accept protocols 2 to 5
+//! (CPython's framed `MEMOIZE` pickles and TorchScript's `BINPUT` pickles) and **execute
+//! nothing**: `GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ*`, `PERSID`,
+//! `BINPERSID` and `EXT*` are refused with the opcode and its byte offset.
 //!
-//! 1. a small VM turns the opcodes into an arena: strings are copied to a string heap (the
-//!    snapshot keys among them recognised once), integers are stored inline, containers are nodes whose items live in one flat vector.
-//!    A memo reference is the same node again, so a frames list shared by a thousand trace
-//!    entries is stored once;
-//! 2. a conversion pass turns the arena into the typed [`Snapshot`], converting each shared
-//!    frames list to a [`crate::StackId`] once (cached per node).
+//! The reader makes **one pass** over the input, seen through a window (`vm::Feed`: the slice
+//! itself, or a 256 KiB buffer refilled from the stream):
+//!
+//! * a small VM (`vm`) runs the data opcodes into an arena: strings are copied to a string
+//!   heap (the snapshot's keys and action names recognised once, as they are read), small
+//!   ints are stored inline, containers are nodes whose items live in one flat vector, and a
+//!   memo reference is the same node again (a frames list shared by a thousand entries is
+//!   stored once);
+//! * at each `EMPTY_DICT` the VM first tries the **speculative trace-entry fast path**
+//!   (`vm::fast_path`): an entry laid out as PyTorch's exporter and our writer lay it out is
+//!   decoded straight from the window into a [`crate::TraceEntry`], its frames into a
+//!   [`crate::StackId`]. On anything else it gives up and rolls back (memo stores, string
+//!   heap, caches, budget), and the generic VM reads the same bytes; that module's docs list
+//!   the layout it accepts;
+//! * an entry dict the generic VM completes is converted as soon as its `SETITEMS` runs
+//!   (`convert::Conv::packed_entry`), so entries never stay in the arena;
+//! * at `STOP` the conversion pass (`convert`) turns what remains of the arena (segments,
+//!   settings, annotations, and entries in unusual layouts) into the typed [`Snapshot`],
+//!   converting each shared frames list once (cached per node).
 //!
 //! Hostile input gets an error, never a panic: every length is checked against the remaining
 //! input before anything is read, memo indices are checked, and the expansion of
@@ -20,9 +33,10 @@
 //!
 //! ## Writing
 //!
-//! [`to_vec`] writes protocol 4 with framing and the CPython C pickler's encoding rules, in
-//! PyTorch's key order, with every string, stack and frame written once and referenced by
-//! memo afterwards.
+//! [`to_vec`] writes protocol 4 with framing and the CPython C pickler's encoding rules, with
+//! every string, stack and frame written once and referenced by memo afterwards. The keys and
+//! their order come from the crate's schema walk (`schema`); `writer` only spells them as
+//! opcodes.
 
 mod convert;
 mod vm;

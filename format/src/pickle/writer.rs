@@ -5,10 +5,13 @@
 
 use std::collections::HashMap;
 
-use crate::int::{ExactInts, IntField, PyInt};
+use std::convert::Infallible;
+
+use crate::int::PyInt;
 use crate::intern::{FrameId, StackId, StrId};
 use crate::model::*;
-use crate::value::{Extras, Value};
+use crate::schema::{self, Emit, Key, Walk};
+use crate::value::Value;
 
 use super::vm::op;
 
@@ -19,84 +22,6 @@ pub(crate) const BATCH: usize = 1000;
 const FRAME_HEADER: usize = 9;
 const NO_MEMO: u32 = u32::MAX;
 
-macro_rules! static_strs {
-    ($($id:ident = $s:literal,)*) => {
-        /// Strings the writer knows in advance (dict keys and enumerated values), memoized
-        /// through an array instead of a hash map.
-        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-        #[derive(Clone, Copy)]
-        enum S { $($id,)* }
-        const STATIC_STRS: &[&str] = &[$($s,)*];
-    };
-}
-
-static_strs! {
-    segments = "segments",
-    device_traces = "device_traces",
-    allocator_settings = "allocator_settings",
-    external_annotations = "external_annotations",
-    host_segments = "host_segments",
-    host_traces = "host_traces",
-    memsnap = "memsnap",
-    producer = "producer",
-    dropped_entries = "dropped_entries",
-    device = "device",
-    address = "address",
-    total_size = "total_size",
-    allocated_size = "allocated_size",
-    active_size = "active_size",
-    requested_size = "requested_size",
-    stream = "stream",
-    segment_type = "segment_type",
-    segment_pool_id = "segment_pool_id",
-    is_expandable = "is_expandable",
-    frames = "frames",
-    blocks = "blocks",
-    size = "size",
-    state = "state",
-    forward_frames = "forward_frames",
-    history = "history",
-    addr = "addr",
-    real_size = "real_size",
-    action = "action",
-    device_free = "device_free",
-    time_us = "time_us",
-    compile_context = "compile_context",
-    user_metadata = "user_metadata",
-    internal_metadata = "internal_metadata",
-    name = "name",
-    filename = "filename",
-    line = "line",
-    alloc_conf = "PYTORCH_CUDA_ALLOC_CONF",
-    max_split_size = "max_split_size",
-    garbage_collection_threshold = "garbage_collection_threshold",
-    expandable_segments = "expandable_segments",
-    pinned_num_register_threads = "pinned_num_register_threads",
-    release_lock_on_cudamalloc = "release_lock_on_cudamalloc",
-    pinned_use_cuda_host_register = "pinned_use_cuda_host_register",
-    graph_capture_record_stream_reuse = "graph_capture_record_stream_reuse",
-    roundup_power2_divisions = "roundup_power2_divisions",
-    max_round_threshold = "max_round_threshold",
-    max_cached_size = "max_cached_size",
-    a_alloc = "alloc",
-    a_free_requested = "free_requested",
-    a_free_completed = "free_completed",
-    a_segment_alloc = "segment_alloc",
-    a_segment_free = "segment_free",
-    a_segment_map = "segment_map",
-    a_segment_unmap = "segment_unmap",
-    a_snapshot = "snapshot",
-    a_oom = "oom",
-    a_annotate = "annotate",
-    a_free = "free",
-    large = "large",
-    small = "small",
-    active_allocated = "active_allocated",
-    active_pending_free = "active_pending_free",
-    inactive = "inactive",
-    cpp_frames = "cpp_frames",
-}
-
 /// Encodes a snapshot as a protocol-4 pickle.
 pub(crate) fn to_vec(snapshot: &Snapshot) -> Vec<u8> {
     let mut w = Writer {
@@ -104,7 +29,7 @@ pub(crate) fn to_vec(snapshot: &Snapshot) -> Vec<u8> {
         out: Vec::with_capacity(64 * 1024 + 32 * snapshot.entry_count()),
         frame_start: 0,
         memo_next: 0,
-        statics: vec![NO_MEMO; STATIC_STRS.len()],
+        statics: vec![NO_MEMO; Key::ALL.len()],
         str_ids: vec![NO_MEMO; snapshot.strings.len()],
         stack_ids: vec![NO_MEMO; snapshot.stacks.len()],
         frame_ids: vec![NO_MEMO; snapshot.frames.len()],
@@ -112,7 +37,7 @@ pub(crate) fn to_vec(snapshot: &Snapshot) -> Vec<u8> {
     };
     w.out.extend_from_slice(&[op::PROTO, 4]);
     w.start_frame();
-    w.snapshot();
+    let Ok(()) = schema::snapshot(&mut w, snapshot);
     w.out.push(op::STOP);
     w.commit_frame();
     w.out
@@ -225,24 +150,6 @@ impl<'s> Writer<'s> {
         self.out.extend_from_slice(bytes);
     }
 
-    /// An unsigned typed field: its exact value when `exact` has a current one.
-    #[inline]
-    fn uint_x(&mut self, exact: Option<&'s ExactInts>, field: IntField, v: u64) {
-        match exact.and_then(|x| x.current(field, v)) {
-            Some(x) => self.pyint(x),
-            None => self.uint(v),
-        }
-    }
-
-    /// A signed typed field: its exact value when `exact` has a current one.
-    #[inline]
-    fn int_x(&mut self, exact: Option<&'s ExactInts>, field: IntField, v: i64) {
-        match exact.and_then(|x| x.current(field, v as u64)) {
-            Some(x) => self.pyint(x),
-            None => self.int(v),
-        }
-    }
-
     /// `LONG1` with the minimal little-endian two's-complement bytes.
     fn long1(&mut self, v: i128) {
         let bytes = v.to_le_bytes();
@@ -312,9 +219,9 @@ impl<'s> Writer<'s> {
     }
 
     #[inline]
-    fn s(&mut self, key: S) {
+    fn s(&mut self, key: Key) {
         let idx = self.statics[key as usize];
-        let text = STATIC_STRS[key as usize];
+        let text = key.text();
         if idx == NO_MEMO {
             self.statics[key as usize] = self.str_fresh(text);
         } else {
@@ -366,7 +273,7 @@ impl<'s> Writer<'s> {
 
     /// A list in CPython's batches: one item with `APPEND`, more in `MARK ... APPENDS`
     /// batches of at most 1000 (a final batch of one included).
-    fn list<T>(&mut self, items: &'s [T], mut item: impl FnMut(&mut Self, &'s T)) -> u32 {
+    fn list_of<T>(&mut self, items: &'s [T], mut item: impl FnMut(&mut Self, &'s T)) -> u32 {
         self.out.push(op::EMPTY_LIST);
         let idx = self.memoize();
         match items {
@@ -390,13 +297,6 @@ impl<'s> Writer<'s> {
         idx
     }
 
-    fn extras(&mut self, extra: &'s Extras) {
-        for (k, v) in extra {
-            self.str(k);
-            self.value(v);
-        }
-    }
-
     pub(crate) fn value(&mut self, v: &'s Value) {
         match v {
             Value::None => self.out.push(op::NONE),
@@ -416,7 +316,7 @@ impl<'s> Writer<'s> {
                 self.memoize();
             }
             Value::List(items) => {
-                self.list(items, |w, x| w.value(x));
+                self.list_of(items, |w, x| w.value(x));
             }
             Value::Tuple(items) => {
                 match items.len() {
@@ -474,7 +374,7 @@ impl<'s> Writer<'s> {
             return;
         }
         let snap = self.snap;
-        let idx = self.list(snap.stacks.get(id), |w, f| w.frame(*f));
+        let idx = self.list_of(snap.stacks.get(id), |w, f| w.frame(*f));
         self.stack_ids[id.0 as usize] = idx;
     }
 
@@ -485,405 +385,128 @@ impl<'s> Writer<'s> {
             return;
         }
         let snap = self.snap;
-        let f = snap.frames.get(id);
-        let pairs = 3 + f.extra.len();
-        self.dict_begin(pairs);
-        self.frame_ids[id.0 as usize] = self.memo_next - 1;
-        self.s(S::name);
-        self.str(&f.name);
-        self.s(S::filename);
-        self.str(&f.filename);
-        self.s(S::line);
-        self.pyint(&f.line);
-        self.extras(&f.extra);
-        self.dict_end(pairs);
+        // The dict's own memo index: `dict_begin` memoizes it first.
+        self.frame_ids[id.0 as usize] = self.memo_next;
+        let Ok(()) = schema::frame(self, snap.frames.get(id));
+    }
+}
+
+/// The pickle spelling of the schema ([`schema`] decides the keys and their order).
+impl<'s> Emit<'s> for Writer<'s> {
+    type Error = Infallible;
+    const COUNTS_PAIRS: bool = true;
+
+    #[inline(always)]
+    fn dict_begin(&mut self, pairs: usize) {
+        Writer::dict_begin(self, pairs);
     }
 
-    fn string_list(&mut self, items: &'s [String]) {
-        self.list(items, |w, s| w.str(s));
+    #[inline(always)]
+    fn dict_end(&mut self, pairs: usize) {
+        Writer::dict_end(self, pairs);
     }
 
-    // ---------------------------------------------------------------- snapshot
-
-    fn snapshot(&mut self) {
-        let snap = self.snap;
-        if snap.shape == Shape::SegmentList {
-            self.list(&snap.segments, |w, s| w.segment(s));
-            return;
-        }
-        let pairs = 1
-            + usize::from(snap.device_traces.is_some())
-            + usize::from(snap.allocator_settings.is_some())
-            + usize::from(snap.external_annotations.is_some())
-            + usize::from(snap.host_segments.is_some())
-            + usize::from(snap.host_traces.is_some())
-            + snap.extra.len()
-            + usize::from(snap.recorder_info.is_some());
-        self.dict_begin(pairs);
-        self.s(S::segments);
-        self.list(&snap.segments, |w, s| w.segment(s));
-        if let Some(traces) = &snap.device_traces {
-            self.s(S::device_traces);
-            self.list(traces, |w, t| {
-                w.list(t, |w, e| w.entry(e));
-            });
-        }
-        if let Some(s) = &snap.allocator_settings {
-            self.s(S::allocator_settings);
-            self.settings(s);
-        }
-        if let Some(a) = &snap.external_annotations {
-            self.s(S::external_annotations);
-            self.list(a, |w, a| w.annotation(a));
-        }
-        if let Some(h) = &snap.host_segments {
-            self.s(S::host_segments);
-            self.value(h);
-        }
-        if let Some(h) = &snap.host_traces {
-            self.s(S::host_traces);
-            self.value(h);
-        }
-        self.extras(&snap.extra);
-        if let Some(info) = &snap.recorder_info {
-            self.s(S::memsnap);
-            let pairs = 2 + info.extra.len();
-            self.dict_begin(pairs);
-            self.s(S::producer);
-            self.str(&info.producer);
-            self.s(S::dropped_entries);
-            match info.current_dropped_entries_exact() {
-                Some(exact) => self.list(exact, |w, n| w.pyint(n)),
-                None => self.list(&info.dropped_entries, |w, n| w.uint(*n)),
-            };
-            self.extras(&info.extra);
-            self.dict_end(pairs);
-        }
-        self.dict_end(pairs);
-    }
-
-    fn segment(&mut self, seg: &'s Segment) {
-        let pairs = 5
-            + usize::from(seg.allocated_size.is_some())
-            + usize::from(seg.active_size.is_some())
-            + usize::from(seg.requested_size.is_some())
-            + usize::from(seg.segment_type.is_some())
-            + usize::from(seg.segment_pool_id.is_some())
-            + usize::from(seg.is_expandable.is_some())
-            + usize::from(seg.frames.is_some())
-            + seg.extra.len();
-        self.dict_begin(pairs);
-        let x = Some(&seg.exact);
-        self.s(S::device);
-        self.int_x(x, IntField::Device, seg.device);
-        self.s(S::address);
-        self.uint_x(x, IntField::Address, seg.address);
-        self.s(S::total_size);
-        self.uint_x(x, IntField::TotalSize, seg.total_size);
-        if let Some(v) = seg.allocated_size {
-            self.s(S::allocated_size);
-            self.uint_x(x, IntField::AllocatedSize, v);
-        }
-        if let Some(v) = seg.active_size {
-            self.s(S::active_size);
-            self.uint_x(x, IntField::ActiveSize, v);
-        }
-        if let Some(v) = seg.requested_size {
-            self.s(S::requested_size);
-            self.uint_x(x, IntField::RequestedSize, v);
-        }
-        self.s(S::stream);
-        self.int_x(x, IntField::Stream, seg.stream);
-        if let Some(t) = seg.segment_type {
-            self.s(S::segment_type);
-            match t {
-                SegmentType::Large => self.s(S::large),
-                SegmentType::Small => self.s(S::small),
-                SegmentType::Other(id) => self.str_id(id),
-            }
-        }
-        if let Some((a, b)) = seg.segment_pool_id {
-            self.s(S::segment_pool_id);
-            self.int_x(x, IntField::PoolId0, a);
-            self.int_x(x, IntField::PoolId1, b);
-            self.out.push(op::TUPLE2);
-            self.memoize();
-        }
-        if let Some(v) = seg.is_expandable {
-            self.s(S::is_expandable);
-            self.bool(v);
-        }
-        let frames = seg.frames.filter(|_| !seg.frames_after_blocks);
-        if let Some(f) = frames {
-            self.s(S::frames);
-            self.stack(f);
-        }
-        self.s(S::blocks);
-        self.list(&seg.blocks, |w, b| w.block(b));
-        if let Some(f) = seg.frames.filter(|_| seg.frames_after_blocks) {
-            self.s(S::frames);
-            self.stack(f);
-        }
-        self.extras(&seg.extra);
-        self.dict_end(pairs);
-    }
-
-    fn block(&mut self, b: &'s Block) {
-        let pairs = 2
-            + usize::from(b.address.is_some())
-            + usize::from(b.requested_size.is_some())
-            + usize::from(b.frames.is_some())
-            + usize::from(b.forward_frames.is_some())
-            + usize::from(b.history.is_some())
-            + b.extra.len();
-        self.dict_begin(pairs);
-        let x = Some(&b.exact);
-        if let Some(a) = b.address {
-            self.s(S::address);
-            self.uint_x(x, IntField::Address, a);
-        }
-        self.s(S::size);
-        self.uint_x(x, IntField::Size, b.size);
-        if let Some(r) = b.requested_size {
-            self.s(S::requested_size);
-            self.uint_x(x, IntField::RequestedSize, r);
-        }
-        self.s(S::state);
-        match b.state {
-            BlockState::ActiveAllocated => self.s(S::active_allocated),
-            BlockState::ActivePendingFree => self.s(S::active_pending_free),
-            BlockState::Inactive => self.s(S::inactive),
-            BlockState::Other(id) => self.str_id(id),
-        }
-        if let Some(f) = b.frames {
-            self.s(S::frames);
-            self.stack(f);
-        }
-        if let Some(ff) = &b.forward_frames {
-            self.s(S::forward_frames);
-            self.string_list(ff);
-        }
-        if let Some(h) = &b.history {
-            self.s(S::history);
-            self.list(h, |w, item| {
-                let pairs = 2 + usize::from(item.frames.is_some()) + item.extra.len();
-                w.dict_begin(pairs);
-                let x = Some(&item.exact);
-                w.s(S::addr);
-                w.uint_x(x, IntField::Addr, item.addr);
-                w.s(S::real_size);
-                w.uint_x(x, IntField::RealSize, item.real_size);
-                if let Some(f) = item.frames {
-                    w.s(S::frames);
-                    w.stack(f);
-                }
-                w.extras(&item.extra);
-                w.dict_end(pairs);
-            });
-        }
-        self.extras(&b.extra);
-        self.dict_end(pairs);
-    }
-
-    fn action(&mut self, a: Action) {
-        let key = match a {
-            Action::Alloc => S::a_alloc,
-            Action::FreeRequested => S::a_free_requested,
-            Action::FreeCompleted => S::a_free_completed,
-            Action::SegmentAlloc => S::a_segment_alloc,
-            Action::SegmentFree => S::a_segment_free,
-            Action::SegmentMap => S::a_segment_map,
-            Action::SegmentUnmap => S::a_segment_unmap,
-            Action::Snapshot => S::a_snapshot,
-            Action::Oom => S::a_oom,
-            Action::Annotate => S::a_annotate,
-            Action::Free => S::a_free,
-            Action::Other(id) => return self.str_id(id),
-        };
+    #[inline(always)]
+    fn key(&mut self, key: Key) {
         self.s(key);
     }
 
-    fn entry(&mut self, e: &'s TraceEntry) {
-        let rare = e.rare.as_deref();
-        let legacy = rare.is_some_and(|r| r.legacy_frames_first);
-        let extra: &'s [(String, Value)] = rare.map_or(&[], |r| &r.extra[..]);
-        let pairs = 3
-            + usize::from(e.has_addr())
-            + usize::from(e.device_free().is_some())
-            + usize::from(e.time_us.is_some())
-            + usize::from(e.compile_context.is_some())
-            + usize::from(e.user_metadata.is_some())
-            + usize::from(e.frames.is_some())
-            + rare.map_or(0, |r| {
-                usize::from(r.internal_metadata.is_some())
-                    + usize::from(r.forward_frames.is_some())
-                    + r.extra.len()
-            });
-        self.dict_begin(pairs);
-        // Legacy (<= 2.0) entries start with `frames` and `cpp_frames`.
-        let is_cpp = |(k, _): &&(String, Value)| k == "cpp_frames";
-        if legacy {
-            if let Some(f) = e.frames {
-                self.s(S::frames);
-                self.stack(f);
-            }
-            for (_, v) in extra.iter().filter(is_cpp) {
-                self.s(S::cpp_frames);
-                self.value(v);
-            }
-        }
-        self.s(S::action);
-        self.action(e.action);
-        let x = rare.map(|r| &r.exact);
-        if e.has_addr() {
-            self.s(S::addr);
-            self.uint_x(x, IntField::Addr, e.addr);
-        }
-        if let Some(f) = e.device_free() {
-            self.s(S::device_free);
-            self.uint_x(x, IntField::DeviceFree, f);
-        }
-        self.s(S::size);
-        self.uint_x(x, IntField::Size, e.size);
-        self.s(S::stream);
-        self.int_x(x, IntField::Stream, e.stream);
-        if let Some(t) = e.time_us {
-            self.s(S::time_us);
-            self.int_x(x, IntField::TimeUs, t);
-        }
-        if let Some(c) = e.compile_context {
-            self.s(S::compile_context);
-            self.str_id(c);
-        }
-        if let Some(u) = e.user_metadata {
-            self.s(S::user_metadata);
-            self.str_id(u);
-        }
-        if let Some(m) = rare.and_then(|r| r.internal_metadata) {
-            self.s(S::internal_metadata);
-            self.str_id(m);
-        }
-        if !legacy {
-            if let Some(f) = e.frames {
-                self.s(S::frames);
-                self.stack(f);
-            }
-        }
-        if let Some(ff) = rare.and_then(|r| r.forward_frames.as_ref()) {
-            self.s(S::forward_frames);
-            self.string_list(ff);
-        }
-        for (k, v) in extra {
-            if legacy && k == "cpp_frames" {
-                continue;
-            }
-            self.str(k);
-            self.value(v);
-        }
-        self.dict_end(pairs);
+    #[inline]
+    fn extra_key(&mut self, key: &'s str) {
+        self.str(key);
     }
 
-    fn settings(&mut self, s: &'s AllocatorSettings) {
-        let pairs = usize::from(s.alloc_conf.is_some())
-            + usize::from(s.max_split_size.is_some())
-            + usize::from(s.garbage_collection_threshold.is_some())
-            + usize::from(s.expandable_segments.is_some())
-            + usize::from(s.pinned_num_register_threads.is_some())
-            + usize::from(s.release_lock_on_cudamalloc.is_some())
-            + usize::from(s.pinned_use_cuda_host_register.is_some())
-            + usize::from(s.graph_capture_record_stream_reuse.is_some())
-            + usize::from(s.roundup_power2_divisions.is_some())
-            + usize::from(s.max_round_threshold.is_some())
-            + usize::from(s.max_cached_size.is_some())
-            + s.extra.len();
-        self.dict_begin(pairs);
-        if let Some(v) = &s.alloc_conf {
-            self.s(S::alloc_conf);
-            self.str(v);
-        }
-        if let Some(v) = &s.max_split_size {
-            self.s(S::max_split_size);
-            self.pyint(v);
-        }
-        if let Some(v) = s.garbage_collection_threshold {
-            self.s(S::garbage_collection_threshold);
-            self.float(v);
-        }
-        let flags = [
-            (S::expandable_segments, s.expandable_segments),
-            (S::release_lock_on_cudamalloc, s.release_lock_on_cudamalloc),
-            (
-                S::pinned_use_cuda_host_register,
-                s.pinned_use_cuda_host_register,
-            ),
-            (
-                S::graph_capture_record_stream_reuse,
-                s.graph_capture_record_stream_reuse,
-            ),
-        ];
-        let [expandable, release_lock, host_register, stream_reuse] = flags;
-        self.flag(expandable);
-        if let Some(v) = &s.pinned_num_register_threads {
-            self.s(S::pinned_num_register_threads);
-            self.pyint(v);
-        }
-        self.flag(release_lock);
-        self.flag(host_register);
-        self.flag(stream_reuse);
-        if let Some(d) = &s.roundup_power2_divisions {
-            self.s(S::roundup_power2_divisions);
-            self.out.push(op::EMPTY_DICT);
-            self.memoize();
-            match &d[..] {
-                [] => {}
-                [(k, v)] => {
-                    self.str(k);
-                    self.pyint(v);
-                    self.out.push(op::SETITEM);
-                }
-                _ => {
-                    for batch in d.chunks(BATCH) {
-                        self.out.push(op::MARK);
-                        for (k, v) in batch {
-                            self.str(k);
-                            self.pyint(v);
-                        }
-                        self.out.push(op::SETITEMS);
+    #[inline(always)]
+    fn known(&mut self, value: Key) {
+        self.s(value);
+    }
+
+    #[inline(always)]
+    fn uint(&mut self, v: u64) {
+        Writer::uint(self, v);
+    }
+
+    #[inline(always)]
+    fn int(&mut self, v: i64) {
+        Writer::int(self, v);
+    }
+
+    #[inline]
+    fn pyint(&mut self, v: &'s PyInt) -> Result<(), Infallible> {
+        Writer::pyint(self, v);
+        Ok(())
+    }
+
+    fn float(&mut self, v: f64) {
+        Writer::float(self, v);
+    }
+
+    fn bool(&mut self, v: bool) {
+        Writer::bool(self, v);
+    }
+
+    #[inline]
+    fn str(&mut self, s: &'s str) {
+        Writer::str(self, s);
+    }
+
+    #[inline(always)]
+    fn str_id(&mut self, id: StrId) {
+        Writer::str_id(self, id);
+    }
+
+    #[inline(always)]
+    fn stack(&mut self, id: StackId) -> Result<(), Infallible> {
+        Writer::stack(self, id);
+        Ok(())
+    }
+
+    #[inline]
+    fn value(&mut self, v: &'s Value) -> Result<(), Infallible> {
+        Writer::value(self, v);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn list<T: Walk<'s>>(&mut self, items: &'s [T]) -> Result<(), Infallible> {
+        self.list_of(items, |w, x| {
+            let Ok(()) = x.walk(w);
+        });
+        Ok(())
+    }
+
+    fn pair_begin(&mut self) {}
+
+    fn pair_next(&mut self) {}
+
+    fn pair_end(&mut self) {
+        self.out.push(op::TUPLE2);
+        self.memoize();
+    }
+
+    fn divisions(&mut self, d: &'s [(String, PyInt)]) -> Result<(), Infallible> {
+        self.out.push(op::EMPTY_DICT);
+        self.memoize();
+        match d {
+            [] => {}
+            [(k, v)] => {
+                Writer::str(self, k);
+                Writer::pyint(self, v);
+                self.out.push(op::SETITEM);
+            }
+            _ => {
+                for batch in d.chunks(BATCH) {
+                    self.out.push(op::MARK);
+                    for (k, v) in batch {
+                        Writer::str(self, k);
+                        Writer::pyint(self, v);
                     }
+                    self.out.push(op::SETITEMS);
                 }
             }
-            self.boundary();
         }
-        if let Some(v) = &s.max_round_threshold {
-            self.s(S::max_round_threshold);
-            self.pyint(v);
-        }
-        if let Some(v) = &s.max_cached_size {
-            self.s(S::max_cached_size);
-            self.pyint(v);
-        }
-        self.extras(&s.extra);
-        self.dict_end(pairs);
-    }
-
-    fn flag(&mut self, (key, value): (S, Option<bool>)) {
-        if let Some(b) = value {
-            self.s(key);
-            self.bool(b);
-        }
-    }
-
-    fn annotation(&mut self, a: &'s Annotation) {
-        let pairs = a.metadata.len() + 2 + a.extra.len();
-        self.dict_begin(pairs);
-        self.extras(&a.metadata);
-        let x = Some(&a.exact);
-        self.s(S::device);
-        self.int_x(x, IntField::Device, a.device);
-        self.s(S::time_us);
-        self.int_x(x, IntField::TimeUs, a.time_us);
-        self.extras(&a.extra);
-        self.dict_end(pairs);
+        self.boundary();
+        Ok(())
     }
 }
 
@@ -900,7 +523,7 @@ mod tests {
             out: Vec::new(),
             frame_start: 0,
             memo_next: 0,
-            statics: vec![NO_MEMO; STATIC_STRS.len()],
+            statics: vec![NO_MEMO; Key::ALL.len()],
             str_ids: Vec::new(),
             stack_ids: Vec::new(),
             frame_ids: Vec::new(),

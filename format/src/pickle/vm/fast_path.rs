@@ -1,0 +1,435 @@
+//! The trace-entry fast path of the pickle reader.
+//!
+//! Nearly all of a snapshot pickle is trace entries, and nearly every entry is laid out the
+//! same way (by CPython's pickler in PyTorch's exporter, and by our writer). When the generic
+//! VM meets `EMPTY_DICT`, [`Vm::fast_entry`] tries to read the entry that follows straight
+//! from the stream's window into a [`TraceEntry`], without the VM's stack, marks and
+//! containers.
+//!
+//! ## The layout it accepts
+//!
+//! `EMPTY_DICT` (just read), an optional memo store of the dict (`MEMOIZE`, `BINPUT`,
+//! `LONG_BINPUT`), `MARK`, then key/value pairs and `SETITEMS`, with `FRAME` headers allowed
+//! anywhere in between (a frame boundary may fall inside an entry):
+//!
+//! * each key a memo reference (`BINGET`/`LONG_BINGET`) to a str the VM recognised as an
+//!   entry key ([`Sym`]), the keys strictly in the writer's order (the schema's: `action`,
+//!   `addr`, `size`, `stream`, `time_us`, `compile_context`, `user_metadata`, `frames`);
+//!   `action`, `addr`, `size` and `stream` present;
+//! * `action`: a memo reference to a known action name;
+//! * `addr`, `size`: an int opcode (`BININT1`/`BININT2`/`BININT`, `LONG1` of at most 8
+//!   bytes) with a non-negative value; `stream`, `time_us`: such an int of any sign;
+//! * `compile_context`, `user_metadata`: a memoized str, or a fresh `SHORT_BINUNICODE`
+//!   (optionally memoized);
+//! * `frames`: a memo reference to a frames list or a frame list read before, or a fresh list
+//!   (`EMPTY_LIST`, optional memo store, then `MARK` frame refs `APPENDS`, one ref `APPEND`,
+//!   or nothing) whose items are memo references to frame dicts.
+//!
+//! Anything else gives up: an OOM entry (`device_free`), a rare or unknown key, keys in
+//! another order, a negative address or a 9-byte `LONG1` (an exact-int override), another
+//! value shape, a memo store the undo log cannot hold, or the end of the window.
+//!
+//! ## Giving up
+//!
+//! The attempt changes nothing the generic path could see if it gives up: the memo stores it
+//! made are undone ([`Undo`]: truncating the dense memo, and a small log for the others), the
+//! string heap is truncated to where it was, the per-field string cache
+//! (`ConvState::recent_strs`) and the expansion budget are restored, and frames and stacks
+//! it converted are forgotten from the conversion caches (`ConvState::cache_journal`). The
+//! read position is untouched, so the generic VM reads the same bytes again and reaches the
+//! same entry, or the same error at the same offset. `tests/it/reader_paths.rs` checks this
+//! on real, generated, hand-made and randomly damaged files.
+
+use crate::intern::{FrameId, StackId};
+use crate::model::{Action, TraceEntry};
+
+use super::super::convert::{Conv, Sym};
+use super::{op, short_long, Feed, Memo, MemoPut, Val, Vm, NONE};
+
+/// Bytes [`Vm::fast_entry`] wants in the window (an entry is about 60).
+const FAST_ENTRY_WINDOW: usize = 4096;
+
+/// Memo stores made by a [`Vm::fast_entry`] attempt, undone if it gives up: stores at the
+/// dense end (nearly all) by truncating, the others from a log.
+struct Undo {
+    dense_len: usize,
+    count: usize,
+    others: [MemoPut; 4],
+    len: usize,
+}
+
+impl Undo {
+    fn new(memo: &Memo) -> Self {
+        Undo {
+            dense_len: memo.dense.len(),
+            count: memo.count,
+            others: Default::default(),
+            len: 0,
+        }
+    }
+
+    /// Stores to the memo and logs it; `None` when the log is full (the attempt gives up).
+    #[inline(always)]
+    fn put(&mut self, memo: &mut Memo, index: u64, v: Val) -> Option<()> {
+        if memo.try_push(index, v) {
+            return Some(());
+        }
+        if self.len == self.others.len() {
+            return None;
+        }
+        self.others[self.len] = memo.put_elsewhere(index, v);
+        self.len += 1;
+        Some(())
+    }
+
+    /// Puts the memo back as it was when this log started.
+    fn roll_back(&self, memo: &mut Memo) {
+        for &put in self.others[..self.len].iter().rev() {
+            memo.undo(put);
+        }
+        memo.dense.truncate(self.dense_len);
+        memo.count = self.count;
+    }
+}
+
+impl<F: Feed> Vm<'_, F> {
+    #[inline]
+    /// Reads a trace entry dict straight into a [`TraceEntry`] when it is laid out the way
+    /// PyTorch's exporter and our writer lay it out: `EMPTY_DICT` (just read), an optional
+    /// memo store, `MARK`, memoized keys of a plain entry in the
+    /// writer's order with int, str and memoized frames-list values, `SETITEMS`. That is
+    /// nearly every entry of a real file, and skipping the generic stack and container work
+    /// halves the load time. Anything else (an unknown or rare key, another value shape, a
+    /// window boundary) returns `false` with nothing changed, and the generic opcodes run
+    /// and reach the same result, or the same error.
+    pub(super) fn fast_entry(&mut self) -> bool {
+        if self.state.entries.len() >= NONE as usize {
+            return false;
+        }
+        let window = self.feed.window().len();
+        if window - self.pos < FAST_ENTRY_WINDOW && self.offset(window) < self.total {
+            // Near the window's end with more input to come: read on, so the entry is not
+            // cut (a read error comes back on the generic path's own read).
+            let _ = self.fill(FAST_ENTRY_WINDOW, "trace entry");
+        }
+        let heap_len = self.arena.heap.len();
+        // They may come to name heap bytes the rollback removes.
+        let recent_strs = self.state.recent_strs;
+        // A frame converted on the way may have charged the expansion budget; the generic
+        // path will charge it again.
+        let budget = self.state.budget;
+        let mut undo = Undo::new(&self.memo);
+        let mut journal = std::mem::take(&mut self.journal_buf);
+        journal.clear();
+        self.state.cache_journal = Some(journal);
+        let decoded = self.fast_entry_decode(&mut undo);
+        if decoded.is_none() {
+            self.state.forget_journal();
+        }
+        self.journal_buf = self.state.cache_journal.take().unwrap_or_default();
+        match decoded {
+            Some((end, entry, frames_node)) => {
+                self.pos = end;
+                if let Some(list) = frames_node {
+                    self.arena.nodes[list as usize].shared = true;
+                }
+                let index = self.state.entries.len() as u32;
+                self.state.entries.push(entry);
+                self.state.fast_entries += 1;
+                // What EMPTY_DICT would have pushed, filled (the memo already holds it).
+                self.push(Val::Entry(index));
+                true
+            }
+            None => {
+                undo.roll_back(&mut self.memo);
+                self.arena.heap.truncate(heap_len);
+                self.state.recent_strs = recent_strs;
+                self.state.budget = budget;
+                false
+            }
+        }
+    }
+
+    /// [`Vm::fast_entry`]'s decoding: the position after `SETITEMS`, the entry, and the
+    /// frames list node it references. Memo stores are made as they come (a later key may
+    /// reference them) and logged in `undo`.
+    fn fast_entry_decode(&mut self, undo: &mut Undo) -> Option<(usize, TraceEntry, Option<u32>)> {
+        let mut p = self.pos;
+        let mut code = self.window_op(&mut p)?;
+        if code != op::MARK {
+            let index = self.memo_store_index(code, &mut p)?;
+            // Stored as the entry it becomes; if a key or value fetched it back, the fast
+            // path would give up (an entry is no key, string or frames list).
+            let entry = Val::Entry(self.state.entries.len() as u32);
+            undo.put(&mut self.memo, index, entry)?;
+            code = self.window_op(&mut p)?;
+            if code != op::MARK {
+                return None;
+            }
+        }
+        let mut entry = TraceEntry::new(Action::Alloc, 0, 0, 0);
+        let mut required = 0u8;
+        let mut last_rank = Sym::Other as u8;
+        let mut frames_node = None;
+        loop {
+            let code = self.window_op(&mut p)?;
+            if code == op::SETITEMS {
+                break;
+            }
+            let sym = self.memo_sym(code, &mut p)?;
+            // Keys in the writer's order: `Sym`'s key variants are declared in that order.
+            if sym as u8 <= last_rank {
+                return None;
+            }
+            last_rank = sym as u8;
+            match sym {
+                Sym::Action => {
+                    let code = self.window_op(&mut p)?;
+                    entry.action = self.memo_sym(code, &mut p)?.action()?;
+                    required |= 1;
+                }
+                Sym::Addr => {
+                    entry.addr = u64::try_from(self.window_int(&mut p)?).ok()?;
+                    required |= 2;
+                }
+                Sym::Size => {
+                    entry.size = u64::try_from(self.window_int(&mut p)?).ok()?;
+                    required |= 4;
+                }
+                Sym::Stream => {
+                    entry.stream = self.window_int(&mut p)?;
+                    required |= 8;
+                }
+                Sym::TimeUs => entry.time_us = Some(self.window_int(&mut p)?),
+                Sym::CompileContext | Sym::UserMetadata => {
+                    let slot = usize::from(sym == Sym::UserMetadata);
+                    let v = self.window_str(&mut p, undo, slot)?;
+                    let s = Conv::new(&self.arena, &mut self.state)
+                        .recent_str(v, slot)
+                        .ok()?;
+                    if sym == Sym::CompileContext {
+                        entry.compile_context = Some(s);
+                    } else {
+                        entry.user_metadata = Some(s);
+                    }
+                }
+                Sym::Frames => {
+                    let code = self.window_op(&mut p)?;
+                    if code == op::EMPTY_LIST {
+                        entry.frames = Some(self.fast_frames_list(&mut p, undo)?);
+                        continue;
+                    }
+                    let v = self.memo_ref(code, &mut p)?;
+                    if let Val::Node(list) = v {
+                        frames_node = Some(list);
+                    }
+                    entry.frames = Some(Conv::new(&self.arena, &mut self.state).stack(v).ok()?);
+                }
+                _ => return None,
+            }
+        }
+        (required == 15).then_some((p, entry, frames_node))
+    }
+
+    /// A frames list written in place (`EMPTY_LIST` just read): an optional memo store, then
+    /// its memoized frame dicts (`MARK` refs `APPENDS`, one ref `APPEND`, or none), read
+    /// straight into a stack. The memo gets a [`Val::Stack`], so the list never needs a node.
+    fn fast_frames_list(&mut self, p: &mut usize, undo: &mut Undo) -> Option<StackId> {
+        let mut q = *p;
+        let mut memo_index = None;
+        let mut code = self.window_op(&mut q)?;
+        if let Some(index) = self.memo_store_index(code, &mut q) {
+            memo_index = Some(index);
+            *p = q;
+            code = self.window_op(&mut q)?;
+        }
+        let mut frames = std::mem::take(&mut self.frames_buf);
+        frames.clear();
+        let read = self.fast_frame_refs(code, &mut q, &mut frames);
+        let stack = read.map(|()| self.state.intern_stack(&frames));
+        self.frames_buf = frames;
+        let stack = stack?;
+        if code == op::MARK || code == op::BINGET || code == op::LONG_BINGET {
+            *p = q;
+        }
+        if let Some(index) = memo_index {
+            undo.put(&mut self.memo, index, Val::Stack(stack.0))?;
+        }
+        Some(stack)
+    }
+
+    /// The frame dicts of a frames list, from the opcode after its memo store: `MARK` refs
+    /// `APPENDS`, one ref `APPEND`, or nothing (an empty list; `code` is then the next key).
+    fn fast_frame_refs(
+        &mut self,
+        code: u8,
+        q: &mut usize,
+        frames: &mut Vec<FrameId>,
+    ) -> Option<()> {
+        match code {
+            op::MARK => loop {
+                let code = self.window_op(q)?;
+                if code == op::APPENDS {
+                    return Some(());
+                }
+                frames.push(self.memo_frame(code, q)?);
+            },
+            op::BINGET | op::LONG_BINGET => {
+                frames.push(self.memo_frame(code, q)?);
+                (self.window_op(q)? == op::APPEND).then_some(())
+            }
+            _ => Some(()),
+        }
+    }
+
+    /// The frame a `BINGET` or `LONG_BINGET` of a frame dict fetches.
+    #[inline]
+    fn memo_frame(&mut self, code: u8, p: &mut usize) -> Option<FrameId> {
+        let index = self.memo_index(code, p)?;
+        // Nearly always a frame dict read before: straight from the packed memo slot.
+        if let Some(id) = self.memo.node_at(index) {
+            if let Some(frame) = self.state.cached_frame(id) {
+                return Some(frame);
+            }
+        }
+        let v = self.memo.get(index)?;
+        Conv::new(&self.arena, &mut self.state).frame(v).ok()
+    }
+
+    /// The next opcode, stepping over `FRAME` headers (their lengths checked as the generic
+    /// path checks them): a frame boundary may fall inside an entry.
+    #[inline(always)]
+    fn window_op(&self, p: &mut usize) -> Option<u8> {
+        loop {
+            let code = self.window_byte(p)?;
+            if code != op::FRAME {
+                return Some(code);
+            }
+            let len = u64::from_le_bytes(self.window_bytes(p)?);
+            if len > self.total.saturating_sub(self.offset(*p)) {
+                return None;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn window_byte(&self, p: &mut usize) -> Option<u8> {
+        let b = *self.feed.window().get(*p)?;
+        *p += 1;
+        Some(b)
+    }
+
+    #[inline(always)]
+    fn window_bytes<const N: usize>(&self, p: &mut usize) -> Option<[u8; N]> {
+        let b = self.feed.window().get(*p..*p + N)?.try_into().ok()?;
+        *p += N;
+        Some(b)
+    }
+
+    /// The memo index a `MEMOIZE`, `BINPUT` or `LONG_BINPUT` at `code` stores to.
+    #[inline]
+    fn memo_store_index(&self, code: u8, p: &mut usize) -> Option<u64> {
+        match code {
+            op::MEMOIZE => Some(self.memo.count as u64),
+            op::BINPUT => self.window_byte(p).map(u64::from),
+            op::LONG_BINPUT => self
+                .window_bytes::<4>(p)
+                .map(|b| u32::from_le_bytes(b).into()),
+            _ => None,
+        }
+    }
+
+    /// The value a `BINGET` or `LONG_BINGET` at `code` fetches.
+    #[inline(always)]
+    fn memo_ref(&self, code: u8, p: &mut usize) -> Option<Val> {
+        self.memo.get(self.memo_index(code, p)?)
+    }
+
+    /// What the memoized str a `BINGET` or `LONG_BINGET` at `code` fetches was recognised
+    /// as (`None` when it is no str, or stored sparse: the generic path handles those).
+    #[inline(always)]
+    fn memo_sym(&self, code: u8, p: &mut usize) -> Option<Sym> {
+        self.memo.sym_at(self.memo_index(code, p)?)
+    }
+
+    /// The index a `BINGET` or `LONG_BINGET` at `code` fetches.
+    #[inline(always)]
+    fn memo_index(&self, code: u8, p: &mut usize) -> Option<u64> {
+        match code {
+            op::BINGET => Some(u64::from(self.window_byte(p)?)),
+            op::LONG_BINGET => Some(u32::from_le_bytes(self.window_bytes::<4>(p)?).into()),
+            _ => None,
+        }
+    }
+
+    /// An int opcode's value (`LONG1` up to 8 bytes).
+    #[inline]
+    fn window_int(&self, p: &mut usize) -> Option<i64> {
+        Some(match self.window_op(p)? {
+            op::BININT1 => self.window_byte(p)?.into(),
+            op::BININT2 => u16::from_le_bytes(self.window_bytes(p)?).into(),
+            op::BININT => i32::from_le_bytes(self.window_bytes(p)?).into(),
+            op::LONG1 => {
+                let n = usize::from(self.window_byte(p)?);
+                if n > 8 {
+                    return None;
+                }
+                let v = short_long(self.feed.window(), *p, n)?;
+                *p += n;
+                v
+            }
+            _ => return None,
+        })
+    }
+
+    /// A memoized str, or a short one (copied to the heap, stored to the memo when a memo
+    /// opcode follows).
+    #[inline]
+    fn window_str(&mut self, p: &mut usize, undo: &mut Undo, slot: usize) -> Option<Val> {
+        let code = self.window_op(p)?;
+        if code != op::SHORT_BINUNICODE {
+            return self.memo_ref(code, p);
+        }
+        let n = usize::from(self.window_byte(p)?);
+        let bytes = self.feed.window().get(*p..*p + n)?;
+        let sym = if bytes.is_ascii() {
+            Sym::classify(bytes)
+        } else {
+            std::str::from_utf8(bytes).ok()?;
+            Sym::Other
+        };
+        // A fresh copy of the string the last entry had here (PyTorch writes a new `'N/A'`
+        // object per entry) shares that copy's heap bytes.
+        let (recent_start, recent_len, _) = self.state.recent_strs[slot];
+        let start = if recent_len as usize == n
+            && short_eq(&self.arena.heap[recent_start..recent_start + n], bytes)
+        {
+            recent_start
+        } else {
+            let start = self.arena.heap.len();
+            self.arena.heap.extend_from_slice(bytes);
+            start
+        };
+        *p += n;
+        let v = Val::Str {
+            start,
+            len: n as u32,
+            sym,
+        };
+        let mut after = *p;
+        if let Some(index) = self
+            .window_op(&mut after)
+            .and_then(|code| self.memo_store_index(code, &mut after))
+        {
+            undo.put(&mut self.memo, index, v)?;
+            *p = after;
+        }
+        Some(v)
+    }
+}
+
+/// Byte equality of short strings without a `memcmp` call.
+#[inline]
+fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
