@@ -64,12 +64,13 @@ pub mod sites;
 pub mod steps;
 pub mod summary;
 pub mod timeline;
-pub mod units;
 
 pub use categories::{Category, CategoryBytes};
 pub use curve::{Curve, CurveKind, Curves, TimeAxis};
 pub use error::{AnalysisError, Result};
 pub use layout::{Axis, Band, BandStep, Column, Hit, Layout, LayoutRequest};
+/// Sizes as people read them (`1.5 GiB`): the one formatter, from `memsnap-units`.
+pub use memsnap_units::format_size;
 pub use phases::{Evidence, Phase, PhaseKind};
 pub use ranges::NamedRange;
 pub use replay::{AllocId, Allocation, Lifetime, Origin, Replay, SegmentInterval};
@@ -81,7 +82,6 @@ pub use summary::{summarize, DeviceSummary, Summary, SummaryOptions};
 pub use timeline::{
     DeviceTimeline, Instant, LiveGroup, Peak, SegmentUsage, SiteStats, SizeOrdered,
 };
-pub use units::format_size;
 
 #[cfg(test)]
 mod send_sync {

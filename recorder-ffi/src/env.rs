@@ -237,25 +237,10 @@ fn parse_bool(text: &str) -> Option<bool> {
     }
 }
 
-/// `4096`, `512MiB`, `80GiB`, `2GB` (powers of 1000), `3g` (= GiB).
+/// `4096`, `512MiB`, `1.5GiB`, `80GiB`, `2GB` (powers of 1000), `3g` (= GiB): the sizes
+/// every memsnap tool accepts (`memsnap-units`).
 pub fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim().replace('_', "");
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: u64 = num.parse().ok()?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return None,
-    };
-    num.checked_mul(mult)
+    memsnap_units::parse_size(text).ok()
 }
 
 #[cfg(test)]
@@ -345,11 +330,14 @@ mod tests {
     }
 
     #[test]
-    fn sizes_parse_and_overflow_is_refused() {
+    fn sizes_parse_as_everywhere_else_and_overflow_is_refused() {
         assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("1,024"), Some(1024));
         assert_eq!(parse_size("80GiB"), Some(80 << 30));
         assert_eq!(parse_size("2GB"), Some(2_000_000_000));
         assert_eq!(parse_size("99999999999T"), None);
-        assert_eq!(parse_size("1.5G"), None);
+        // The same rules as the CLI and the viewer (it used to take integers only).
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("lots"), None);
     }
 }

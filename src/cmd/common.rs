@@ -80,39 +80,10 @@ pub fn describe_encoding(format: Format, compression: Compression) -> String {
 
 /// Parses a byte size: `1234`, `512KiB`, `1.5GiB`, `2GB` (powers of 1000), `3g` (= GiB).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (examples: 4096, 512MiB, 1.5GiB, 2GB)"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" | "ki" => 1024.0,
-        "m" | "mib" | "mi" => 1024.0 * 1024.0,
-        "g" | "gib" | "gi" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" | "ti" => 1024.0f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        other => {
-            return Err(format!(
-            "unknown size unit `{other}` in `{text}` (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
-        ))
-        }
-    };
-    let bytes = num * mult;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("`{text}` is out of range"));
-    }
-    Ok(bytes.round() as u64)
+    memsnap_units::parse_size(text).map_err(|e| e.to_string())
 }
 
-pub use memsnap_analysis::format_size;
+pub use memsnap_units::format_size;
 
 #[cfg(test)]
 mod tests {

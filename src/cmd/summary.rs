@@ -120,33 +120,13 @@ pub fn summarize_file(
         .with_context(|| format!("cannot analyse {}", path.display()))
 }
 
-/// Signed bytes in binary units: `+1.5 MiB`, `-512 B`.
-pub fn format_delta(bytes: i64) -> String {
-    let sign = if bytes < 0 { "-" } else { "+" };
-    format!("{sign}{}", format_size(bytes.unsigned_abs()))
-}
+pub use memsnap_units::{format_delta, format_duration_us};
 
-/// A signed rate: `+1.5 GiB/s`, `-3.0 MiB/s`.
-pub fn format_signed_rate(bytes: i64, bytes_per_s: Option<f64>) -> String {
-    match bytes_per_s {
-        Some(r) if r.is_finite() => {
-            let sign = if bytes < 0 { "-" } else { "+" };
-            format!("{sign}{}/s", format_size(r.abs() as u64))
-        }
-        _ => "-".into(),
-    }
-}
-
-/// Microseconds as `12.3 ms` / `4.56 s`.
-pub fn format_duration_us(us: i64) -> String {
-    let abs = us.unsigned_abs() as f64;
-    let sign = if us < 0 { "-" } else { "" };
-    if abs >= 1e6 {
-        format!("{sign}{:.2} s", abs / 1e6)
-    } else if abs >= 1e3 {
-        format!("{sign}{:.1} ms", abs / 1e3)
-    } else {
-        format!("{sign}{abs} us")
+/// A phase's rate: per second when the trace has times, else per event.
+fn phase_rate(p: &memsnap_analysis::summary::PhaseSummary) -> String {
+    match p.bytes_per_s {
+        Some(r) => memsnap_units::format_rate_signed(r),
+        None => memsnap_units::format_per_event_signed(p.bytes_per_event),
     }
 }
 
@@ -260,10 +240,7 @@ fn render(name: &str, summary: &Summary) -> String {
                     }
                 );
                 for p in &s.phases {
-                    let rate = match p.bytes_per_s {
-                        Some(_) => format_signed_rate(p.bytes, p.bytes_per_s),
-                        None => format!("{}/event", format_delta(p.bytes_per_event.round() as i64)),
-                    };
+                    let rate = phase_rate(p);
                     let _ = writeln!(
                         out,
                         "          {:<9} events {:>7}..={:<7} {:>10} -> {:>10}  {:>11}  {}",
