@@ -1,65 +1,17 @@
 //! Human-readable numbers: byte sizes, durations, and the log-scale byte slider's mapping.
 
-/// Formats bytes in binary units with one decimal, as PyTorch's viewer does: `1.5 GiB`.
-pub use memsnap_analysis::format_size as format_bytes;
-
-/// Formats a signed byte delta with an explicit sign: `+1.5 GiB`, `-512 B`, `0 B`.
-pub fn format_bytes_signed(delta: i64) -> String {
-    match delta {
-        0 => "0 B".to_owned(),
-        d if d > 0 => format!("+{}", format_bytes(d.unsigned_abs())),
-        d => format!("-{}", format_bytes(d.unsigned_abs())),
-    }
-}
-
-/// Formats bytes with the exact count too: `1.5 KiB (1,536 bytes)`.
-pub fn format_bytes_exact(bytes: u64) -> String {
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    format!("{} ({} bytes)", format_bytes(bytes), group_thousands(bytes))
-}
-
-/// `1234567` → `1,234,567`.
-pub fn group_thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Parses a byte size typed by the user: `4096`, `512KiB`, `1.5 GiB`, `2MB`, `3g` (= GiB).
-pub fn parse_bytes(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_' || c == ','))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num.replace(['_', ','], "").parse().ok()?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" | "bytes" => 1.0,
-        "k" | "kib" | "ki" => 1024.0,
-        "m" | "mib" | "mi" => 1024.0 * 1024.0,
-        "g" | "gib" | "gi" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" | "ti" => 1024.0f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return None,
-    };
-    let bytes = num * mult;
-    (bytes.is_finite() && bytes >= 0.0 && bytes <= u64::MAX as f64).then(|| bytes.round() as u64)
-}
-
-pub use memsnap_plot::text::{
-    format_duration_us, format_per_event_signed, format_rate, format_rate_signed,
+/// Byte sizes, deltas, durations and rates: the one rule set (`memsnap-units`) the CLI and
+/// the plots use too, under the names the viewer's panels call them by.
+pub use memsnap_units::{
+    format_delta as format_bytes_signed, format_duration_us, format_per_event_signed, format_rate,
+    format_rate_signed, format_size as format_bytes, format_size_exact as format_bytes_exact,
+    group_thousands,
 };
+
+/// Parses a byte size typed by the user: `4096`, `1,024`, `512KiB`, `1.5 GiB`, `2MB`, `3g`.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    memsnap_units::parse_size(text).ok()
+}
 
 /// The byte slider works on a log2 scale: position `p` in `0..=LOG_SLIDER_MAX` means
 /// `2^p` bytes, and position 0 means "no filter" (0 bytes).
