@@ -108,7 +108,8 @@ pub fn default_device(snapshot: &Snapshot) -> Option<i64> {
 
 const MARGIN_LEFT: f32 = 90.0;
 const MARGIN_RIGHT: f32 = 24.0;
-const MARGIN_TOP: f32 = 48.0;
+/// Room for the title and, below it, the legend.
+const MARGIN_TOP: f32 = 72.0;
 const MARGIN_BOTTOM: f32 = 56.0;
 
 /// Builds the picture `options` ask for as a [`Scene`].

@@ -531,6 +531,12 @@ fn axes(map: &Mapping, full_start: f64, theme: &Theme, out: &mut Overlay) {
             theme.text,
         ));
     }
+    let name = match map.axis {
+        Axis::Event => "event",
+        Axis::Time => "time since start",
+    };
+    // Tick labels stop short of the axis name at the right end (about 7 px a character).
+    let name_left = plot.max.x - 7.0 * name.len() as f32 - 6.0;
     let count = (plot.width() / 110.0).max(2.0) as usize;
     for tick in nice_ticks(map.start, map.end, count) {
         let x = map.x(tick);
@@ -540,6 +546,9 @@ fn axes(map: &Mapping, full_start: f64, theme: &Theme, out: &mut Overlay) {
             Axis::Event => format!("{}", tick.round() as i64),
             Axis::Time => format_duration_us((tick - full_start).round() as i64),
         };
+        if x + 3.5 * label.len() as f32 > name_left {
+            continue;
+        }
         out.ticks.push(text(
             Pos::new(x, plot.max.y + 2.0),
             (Align::Center, Align::Min),
@@ -547,10 +556,6 @@ fn axes(map: &Mapping, full_start: f64, theme: &Theme, out: &mut Overlay) {
             theme.text,
         ));
     }
-    let name = match map.axis {
-        Axis::Event => "event",
-        Axis::Time => "time since start",
-    };
     out.ticks.push(text(
         Pos::new(plot.max.x, plot.max.y + 2.0),
         (Align::Max, Align::Min),

@@ -178,15 +178,22 @@ impl Svg {
         );
     }
 
-    /// The legend in a row ending at the plot's right edge, in the margin above the plot.
+    /// The legend in a row ending at the plot's right edge, in the margin above the plot (below
+    /// the title); entries that do not fit the plot's width wrap to a row above.
     fn legend(&mut self, scene: &Scene) {
-        let top = scene.plot.min.y - 28.0;
+        let mut top = scene.plot.min.y - 22.0;
         if scene.legend.is_empty() || top < scene.origin.y {
             return;
         }
         let mut x = scene.plot.max.x;
         for entry in scene.legend.iter().rev() {
-            x -= 24.0 + 6.5 * entry.label.chars().count() as f32;
+            let width = 24.0 + 6.5 * entry.label.chars().count() as f32;
+            if x - width < scene.plot.min.x && x < scene.plot.max.x && top - 18.0 >= scene.origin.y
+            {
+                x = scene.plot.max.x;
+                top -= 18.0;
+            }
+            x -= width;
             let swatch = Rect::from_min_size(Pos::new(x, top), 12.0, 12.0);
             self.rect(swatch, entry.swatch);
             if let Some(inner) = entry.inner {

@@ -12,9 +12,9 @@ use super::common::{load, parse_size};
 ///
 /// The picture is the viewer's main chart: one band per allocation coloured by its call site
 /// (or by category, or by phase: --colour-by), memory from before the recorded window in
-/// grey-blue, allocations below --min-size folded into one band (the total stays exact),
-/// reserved memory as a dashed outline, and each training step's phases shaded behind the
-/// bands (set-up grey, forward green, backward red, optimizer purple) with each phase's slope
+/// a muted grey, allocations below --min-size folded into one band (the total stays exact),
+/// reserved memory as an outline, and each training step's phases shaded behind the
+/// bands (set-up violet, forward red, backward blue, optimizer green) with each phase's slope
 /// and rate drawn over them.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
