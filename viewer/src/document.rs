@@ -44,6 +44,7 @@ pub struct DeviceState {
     pub timeline: crate::timeline_ui::TimelineState,
     pub steps: crate::steps_ui::StepsState,
     pub instant: crate::instant_ui::InstantState,
+    pub allocator: crate::allocator_ui::AllocatorState,
 }
 
 impl DeviceState {
@@ -52,6 +53,7 @@ impl DeviceState {
             timeline: crate::timeline_ui::TimelineState::new(&model.timeline),
             steps: crate::steps_ui::StepsState::default(),
             instant: crate::instant_ui::InstantState::default(),
+            allocator: Default::default(),
         }
     }
 }
@@ -249,7 +251,7 @@ impl Document {
     }
 
     /// Device selector plus what the file says about truncation and errors.
-    fn device_bar_ui(&mut self, ui: &mut egui::Ui) {
+    pub(crate) fn device_bar_ui(&mut self, ui: &mut egui::Ui) {
         ui.horizontal(|ui| {
             if self.devices.len() > 1 {
                 let current = self.devices[self.device_index].device;
