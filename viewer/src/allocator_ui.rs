@@ -169,6 +169,7 @@ pub fn allocator_ui(ui: &mut egui::Ui, model: &AllocatorModel<'_>, state: &mut A
     egui::Panel::right("allocator_suggestions")
         .resizable(true)
         .default_size(380.0)
+        .max_size(460.0)
         .show(ui, |ui| {
             apply = suggestions_ui(ui, state.suggestions.as_ref(), run);
         });
@@ -414,7 +415,8 @@ fn plot_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
         );
     }
     let columns = width.round() as usize;
-    for (curve, color, stroke) in [(recorded, rc, 2.5), (simulated, sc, 1.5)] {
+    // The recorded line is wider and underneath: where the curves agree it edges the other.
+    for (curve, color, stroke) in [(recorded, rc, 3.5), (simulated, sc, 1.5)] {
         let points: Vec<Pos2> = allocator::step_points(curve, columns)
             .into_iter()
             .map(|(x, v)| Pos2::new(to_x(x), to_y(v)))
@@ -441,8 +443,8 @@ fn plot_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
             3.0,
         ));
         painter.text(
-            Pos2::new(x - 3.0, rect.top() + 2.0 + 14.0 * k as f32),
-            egui::Align2::RIGHT_TOP,
+            Pos2::new(x - 3.0, rect.bottom() - 20.0 - 14.0 * k as f32),
+            egui::Align2::RIGHT_BOTTOM,
             format!("{label} @ {event}"),
             font.clone(),
             color,
