@@ -154,6 +154,14 @@ pub struct DeviceReport {
     pub oom_events: Vec<usize>,
     pub recorded: Recorded,
     pub fidelity: Fidelity,
+    /// Reserved bytes after each replayed event (index: trace index; `events_replayed` long).
+    /// A step's device calls count at its request, so a `cudaMalloc` shows one event later
+    /// than the recorded `segment_alloc` that precedes the request. Not in the JSON output.
+    #[serde(skip)]
+    pub reserved_curve: Vec<u64>,
+    /// Reserved bytes after each event as the file records them (`events` long).
+    #[serde(skip)]
+    pub recorded_reserved_curve: Vec<u64>,
     /// The start state: segments, reserved bytes, blocks allocated before the window.
     pub start_segments: usize,
     pub start_reserved_bytes: u64,
@@ -213,13 +221,14 @@ pub fn simulate(snapshot: &Snapshot, options: &Options) -> Result<Simulation> {
 }
 
 /// What the trace shows: reserved bytes over the window, device calls, the first OOM.
-fn recorded(trace: &[TraceEntry], reserved_at_start: u64) -> Recorded {
+fn recorded(trace: &[TraceEntry], reserved_at_start: u64) -> (Recorded, Vec<u64>) {
     let mut r = Recorded {
         reserved_at_start_bytes: reserved_at_start,
         reserved_peak_bytes: reserved_at_start,
         ..Default::default()
     };
     let mut reserved = reserved_at_start;
+    let mut curve = Vec::with_capacity(trace.len());
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             Action::SegmentAlloc | Action::SegmentMap => {
@@ -237,9 +246,10 @@ fn recorded(trace: &[TraceEntry], reserved_at_start: u64) -> Recorded {
             }
             _ => {}
         }
+        curve.push(reserved);
     }
     r.reserved_at_end_bytes = reserved;
-    r
+    (r, curve)
 }
 
 /// Reserved bytes just before trace index `at`.
@@ -283,7 +293,7 @@ fn replay_device(
 ) -> Result<DeviceReport> {
     let (file_config, _) = settings::file_config(snapshot);
     let ranges = start::ranges_at_start(snapshot, device, trace);
-    let recorded = recorded(trace, ranges.reserved_bytes);
+    let (recorded, recorded_reserved_curve) = recorded(trace, ranges.reserved_bytes);
     let (capacity, capacity_source) = match (memory_limit, recorded.oom_event) {
         (Some(limit), _) => (limit, CapacitySource::Limit),
         (None, Some(at)) => {
@@ -324,6 +334,8 @@ fn replay_device(
         oom_events: Vec::new(),
         recorded,
         fidelity: Fidelity::default(),
+        reserved_curve: Vec::with_capacity(trace.len()),
+        recorded_reserved_curve,
         start_segments: start.segments.len() + start.reservations.len(),
         start_reserved_bytes: start.reserved_bytes,
         start_allocated_blocks: start.allocated_blocks,
@@ -427,6 +439,11 @@ impl Driver<'_> {
             self.fragmentation_at_peak = reserved.saturating_sub(allocated);
         }
         self.report.allocated_peak_bytes = self.report.allocated_peak_bytes.max(allocated);
+        if let Some(event) = event {
+            // Events folded into this step (a free's completion, a release run) share its value.
+            let curve = &mut self.report.reserved_curve;
+            curve.resize(curve.len().max(event + 1), reserved);
+        }
     }
 
     /// Compares the step's decisions with the recorded ones.
@@ -623,6 +640,8 @@ impl Driver<'_> {
         }
         self.report.events_replayed = trace.len();
         self.report.fragmentation_bytes = self.fragmentation_at_peak;
+        let reserved = self.alloc.stats().reserved_bytes();
+        self.report.reserved_curve.resize(trace.len(), reserved);
         Ok(())
     }
 

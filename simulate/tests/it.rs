@@ -246,6 +246,8 @@ proptest! {
         prop_assert!(d.fidelity.exact(), "{:?}", d.fidelity.differences);
         prop_assert_eq!(d.fidelity.placed_at_recorded_address, d.fidelity.allocations);
         prop_assert_eq!(d.anomaly_count, 0, "{:?}", d.anomalies);
+        prop_assert_eq!(d.reserved_curve.len(), d.events);
+        prop_assert_eq!(d.reserved_curve.last(), d.recorded_reserved_curve.last());
     }
 
     /// The same, replaying only the newest part of the trace (a ring buffer that wrapped):
@@ -320,6 +322,61 @@ fn expandable_segments_cut_the_reserved_peak_of_a_fragmenting_run() {
         "{}",
         best.verdict
     );
+}
+
+#[test]
+fn the_reserved_curves_follow_every_event() {
+    let snapshot = growing("");
+    let n = snapshot.traces()[0].len();
+    let own = simulate(&snapshot, &Options::default()).unwrap();
+    let d = &own.devices[0];
+    assert_eq!(d.reserved_curve.len(), n);
+    assert_eq!(d.recorded_reserved_curve.len(), n);
+    assert_eq!(d.reserved_curve.iter().max(), Some(&d.reserved_peak_bytes));
+    assert_eq!(
+        d.recorded_reserved_curve.iter().max(),
+        Some(&d.recorded.reserved_peak_bytes)
+    );
+    assert_eq!(
+        d.recorded_reserved_curve.last(),
+        Some(&d.recorded.reserved_at_end_bytes)
+    );
+    // The replay makes the recorded decisions: after each request both curves agree (a
+    // `cudaMalloc` counts at its request, one event after the recorded `segment_alloc`).
+    for (i, e) in snapshot.traces()[0].iter().enumerate() {
+        if e.action == Action::Alloc {
+            assert_eq!(
+                d.reserved_curve[i], d.recorded_reserved_curve[i],
+                "event {i}"
+            );
+        }
+    }
+    // Under expandable segments the curve stays lower, and it stops where an OOM stops it.
+    let what_if = simulate(
+        &snapshot,
+        &Options {
+            config: Some(
+                memsnap_recorder::AllocatorConfig::parse("expandable_segments:True").unwrap(),
+            ),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let w = &what_if.devices[0];
+    assert_eq!(w.reserved_curve.iter().max(), Some(&w.reserved_peak_bytes));
+    assert!(w.reserved_peak_bytes < d.reserved_peak_bytes);
+    let limited = simulate(
+        &split_then_big(),
+        &Options {
+            memory_limit: Some(150 * MIB),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let l = &limited.devices[0];
+    assert_eq!(l.oom.as_ref().map(|o| o.event), Some(6));
+    assert_eq!(l.reserved_curve.len(), l.events_replayed);
+    assert_eq!(l.events_replayed, 7);
 }
 
 /// A 100 MiB cached block split by a 30 MiB request leaves no room for the next 100 MiB on a

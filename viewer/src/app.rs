@@ -26,14 +26,17 @@ pub enum MainView {
     Ranks,
     /// Two snapshots side by side.
     Diff,
+    /// Recorded vs simulated reserved memory under other allocator settings.
+    Allocator,
 }
 
 impl MainView {
-    pub const ALL: [MainView; 4] = [
+    pub const ALL: [MainView; 5] = [
         MainView::Timeline,
         MainView::Instant,
         MainView::Ranks,
         MainView::Diff,
+        MainView::Allocator,
     ];
 
     pub fn label(self) -> &'static str {
@@ -42,6 +45,7 @@ impl MainView {
             MainView::Instant => "At an instant",
             MainView::Ranks => "Ranks",
             MainView::Diff => "Diff",
+            MainView::Allocator => "Allocator",
         }
     }
 
@@ -57,6 +61,9 @@ impl MainView {
                 "All open files as small multiples on one time axis, plus their totals overlaid"
             }
             MainView::Diff => "Two snapshots side by side, with the change per call site",
+            MainView::Allocator => {
+                "Reserved memory as recorded vs simulated under other PYTORCH_CUDA_ALLOC_CONF settings or a memory limit, with suggestions"
+            }
         }
     }
 }
@@ -483,7 +490,7 @@ impl ViewerApp {
             for view in MainView::ALL {
                 let enabled = match view {
                     MainView::Timeline | MainView::Instant => !self.documents.is_empty(),
-                    MainView::Ranks => !self.documents.is_empty(),
+                    MainView::Ranks | MainView::Allocator => !self.documents.is_empty(),
                     MainView::Diff => self.documents.len() >= 2,
                 };
                 let response = ui
@@ -588,6 +595,10 @@ impl ViewerApp {
             }
             MainView::Diff => {
                 crate::diff_ui::diff_ui(ui, &self.documents, &mut self.diff_pair);
+            }
+            MainView::Allocator => {
+                let active = self.active;
+                crate::allocator_ui::allocator_page_ui(ui, &mut self.documents[active]);
             }
         }
     }

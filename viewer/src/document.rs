@@ -50,6 +50,7 @@ pub struct DeviceState {
     pub instant: crate::instant_ui::InstantState,
     /// The hovered and pinned allocation and the instant cursor, shared by the panels.
     pub selection: Selection,
+    pub allocator: crate::allocator_ui::AllocatorState,
 }
 
 impl DeviceState {
@@ -59,6 +60,7 @@ impl DeviceState {
             steps: crate::steps_ui::StepsState::default(),
             instant: crate::instant_ui::InstantState::default(),
             selection: Selection::default(),
+            allocator: Default::default(),
         }
     }
 }
@@ -262,7 +264,7 @@ impl Document {
     }
 
     /// Device selector plus what the file says about truncation and errors.
-    fn device_bar_ui(&mut self, ui: &mut egui::Ui) {
+    pub(crate) fn device_bar_ui(&mut self, ui: &mut egui::Ui) {
         ui.horizontal(|ui| {
             if self.devices.len() > 1 {
                 let current = self.devices[self.device_index].device;

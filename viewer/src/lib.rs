@@ -12,9 +12,11 @@
 //! * [`loader`]: background reading and decoding with progress and cancel.
 //! * [`document`]: one open file, its analysis and its view state.
 //! * [`timeline_ui`], [`steps_ui`], [`details_ui`], [`instant_ui`], [`ranks_ui`],
-//!   [`diff_ui`]: the panels.
+//!   [`diff_ui`], [`allocator_ui`] (over [`allocator`]): the panels.
 //! * [`view`]: zoom and pan arithmetic. [`units`]: human sizes. [`export`]: PNG and SVG.
 
+pub mod allocator;
+pub mod allocator_ui;
 pub mod analysis_ext;
 pub mod app;
 pub mod bench;

@@ -568,6 +568,131 @@ fn a_real_warm_up_step_is_labelled() {
     h.get_by_label_contains("warm-up: creates");
 }
 
+/// A run recorded by memsnap's allocator whose fragmentation `expandable_segments:True`
+/// removes: growing activations, each freed before the next, a small tensor kept after each.
+fn fragmenting_pickle() -> Vec<u8> {
+    use memsnap_recorder::{CachingAllocator, HistoryOptions, SimulatedDevice, Stream};
+    const MIB: u64 = 1 << 20;
+    let alloc = CachingAllocator::new(SimulatedDevice::new(80 << 30));
+    alloc.record_memory_history(HistoryOptions::default());
+    let mut keep = Vec::new();
+    for i in 0..16u64 {
+        let big = alloc
+            .malloc((40 + 6 * i) * MIB, Stream::DEFAULT)
+            .expect("malloc");
+        keep.push(alloc.malloc(3 * MIB, Stream::DEFAULT).expect("malloc"));
+        alloc.free(big).expect("free");
+    }
+    memsnap_format::io::encode(&alloc.snapshot(), Format::Pickle).expect("encode")
+}
+
+fn allocator_state<'h>(
+    h: &'h Harness<'_, ViewerApp>,
+) -> &'h memsnap_viewer::allocator_ui::AllocatorState {
+    &h.state().active_document().expect("open").state().allocator
+}
+
+/// Steps frames until the Allocator view's worker is done.
+fn run_until_simulated(h: &mut Harness<'_, ViewerApp>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    h.step();
+    while allocator_state(h).is_running() {
+        assert!(Instant::now() < deadline, "the simulation did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+        h.step();
+    }
+    h.run_steps(3);
+}
+
+#[test]
+fn the_allocator_view_simulates_expandable_segments_and_suggests() {
+    let mut h = loaded_app(
+        &[("fragmenting.pickle", fragmenting_pickle())],
+        Settings::default(),
+    );
+    h.get_by_role_and_label(Role::Button, "Allocator").click();
+    h.run_steps(2);
+    // The file's own settings (PyTorch's defaults here) replay first, on the worker.
+    run_until_simulated(&mut h);
+    let recorded_peak = {
+        let run = allocator_state(&h).run.as_ref().expect("simulated");
+        assert_eq!(run.alloc_conf, "");
+        assert_eq!(
+            run.simulated.reserved_peak_bytes,
+            run.baseline.recorded.reserved_peak_bytes
+        );
+        run.baseline.recorded.reserved_peak_bytes
+    };
+    h.get_by_label_contains("Fidelity with the file's own settings: all ");
+    h.get_by_label_contains("Reserved memory, recorded (peak");
+
+    let field = h.get_by_label("PYTORCH_CUDA_ALLOC_CONF");
+    field.focus();
+    field.type_text("expandable_segments:True");
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::Button, "Simulate").click();
+    run_until_simulated(&mut h);
+    let run = allocator_state(&h).run.as_ref().expect("simulated");
+    assert_eq!(run.alloc_conf, "expandable_segments:True");
+    let simulated_peak = run.simulated.reserved_peak_bytes;
+    assert!(
+        simulated_peak < recorded_peak,
+        "{simulated_peak} vs {recorded_peak}"
+    );
+    h.get_by_label(&format!(
+        "Simulated reserved peak {} vs {} recorded (-{:.1}%)",
+        memsnap_viewer::units::format_bytes(simulated_peak),
+        memsnap_viewer::units::format_bytes(recorded_peak),
+        (recorded_peak - simulated_peak) as f64 / recorded_peak as f64 * 100.0
+    ));
+
+    // Suggest ranks the common settings; clicking one simulates it.
+    h.get_by_role_and_label(Role::Button, "Suggest").click();
+    run_until_simulated(&mut h);
+    let best = allocator_state(&h)
+        .suggestions
+        .as_ref()
+        .expect("suggestions")
+        .candidates[0]
+        .clone();
+    assert!(best.change.contains("expandable_segments:True"), "{best:?}");
+    h.get_by_label_contains("would have cut the reserved peak");
+    h.get_by_label("max_split_size_mb:128").click();
+    run_until_simulated(&mut h);
+    let run = allocator_state(&h).run.as_ref().expect("simulated");
+    assert_eq!(run.alloc_conf, "max_split_size_mb:128");
+    assert_eq!(
+        allocator_state(&h).conf.as_deref(),
+        Some("max_split_size_mb:128")
+    );
+}
+
+#[test]
+fn a_real_oom_shows_on_the_allocator_view() {
+    let Some(bytes) = real_snapshot("14_constructorsun_expandable_oom_4dev.pickle") else {
+        return;
+    };
+    let mut h = loaded_app(&[("oom.pickle", bytes)], Settings::default());
+    h.state_mut().view = MainView::Allocator;
+    if let Some(doc) = h.state_mut().active_document_mut() {
+        doc.device_index = doc
+            .devices
+            .iter()
+            .position(|d| d.device == 1)
+            .expect("device 1");
+    }
+    h.run_steps(2);
+    run_until_simulated(&mut h);
+    let run = allocator_state(&h).run.as_ref().expect("simulated");
+    assert_eq!(run.simulated.device, 1);
+    assert_eq!(run.baseline.recorded.oom_event, Some(421));
+    assert_eq!(run.simulated.oom.as_ref().map(|o| o.event), Some(421));
+    assert!(run.baseline.fidelity.exact());
+    h.get_by_label_contains(
+        "Fidelity with the file's own settings: all 46 segment decisions reproduced",
+    );
+}
+
 // ---- image snapshots -----------------------------------------------------------------
 
 fn snapshot_app(files: &[(&str, Vec<u8>)], theme: ThemeChoice) -> Harness<'static, ViewerApp> {

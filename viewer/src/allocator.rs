@@ -1,0 +1,429 @@
+//! The allocator view's model, free of UI: what to simulate, the background job that runs
+//! `memsnap-simulate` off the UI thread, and the numbers the view shows (the recorded vs
+//! simulated comparison, the fidelity line, the curves thinned to the plot's width).
+
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use memsnap_format::Snapshot;
+use memsnap_recorder::AllocatorConfig;
+use memsnap_simulate::{simulate, suggest, DeviceReport, Fidelity, Options, Suggestions};
+
+use crate::units::format_bytes;
+
+/// What to simulate for one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub device: i64,
+    /// The whole `PYTORCH_CUDA_ALLOC_CONF` of the simulated run.
+    pub alloc_conf: String,
+    /// Device memory; `None`: what the file implies.
+    pub memory_limit: Option<u64>,
+}
+
+/// A finished simulation: the replay with the file's own settings (the fidelity and the
+/// numbers the file does not record) and the one asked for.
+#[derive(Debug)]
+pub struct AllocatorRun {
+    pub request: Request,
+    /// The settings replayed, normalised (empty: PyTorch's defaults).
+    pub alloc_conf: String,
+    pub baseline: Arc<DeviceReport>,
+    pub simulated: Arc<DeviceReport>,
+}
+
+/// The file's own settings as a `PYTORCH_CUDA_ALLOC_CONF` string, and where they came from.
+pub fn file_conf(snapshot: &Snapshot) -> (String, &'static str) {
+    let (config, source) = memsnap_simulate::settings::file_config(snapshot);
+    (memsnap_simulate::settings::conf_string(&config), source)
+}
+
+/// Parses the memory-limit field: empty means "what the file implies".
+pub fn parse_limit(text: &str) -> Result<Option<u64>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    match crate::units::parse_bytes(text) {
+        Some(0) => Err("the memory limit must be above 0".into()),
+        Some(bytes) => Ok(Some(bytes)),
+        None => Err(format!(
+            "`{text}` is not a size (examples: 24GiB, 512MiB, 80GB)"
+        )),
+    }
+}
+
+fn replay(snapshot: &Snapshot, device: i64, options: Options) -> Result<DeviceReport, String> {
+    let sim = simulate(
+        snapshot,
+        &Options {
+            device: Some(device),
+            ..options
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    sim.devices
+        .into_iter()
+        .find(|d| d.device == device)
+        .ok_or_else(|| format!("device {device} was not simulated"))
+}
+
+/// Runs `request` (on a worker thread). `baseline` is the replay with the file's own settings
+/// when it is already known; else it is computed too.
+pub fn run(
+    snapshot: &Snapshot,
+    request: Request,
+    baseline: Option<Arc<DeviceReport>>,
+) -> Result<AllocatorRun, String> {
+    let config = AllocatorConfig::parse(&request.alloc_conf)
+        .map_err(|e| format!("PYTORCH_CUDA_ALLOC_CONF: {e}"))?;
+    let alloc_conf = memsnap_simulate::settings::conf_string(&config);
+    let baseline = match baseline {
+        Some(b) => b,
+        None => Arc::new(replay(snapshot, request.device, Options::default())?),
+    };
+    let (own_conf, _) = file_conf(snapshot);
+    let simulated = if alloc_conf == own_conf && request.memory_limit.is_none() {
+        baseline.clone()
+    } else {
+        Arc::new(replay(
+            snapshot,
+            request.device,
+            Options {
+                config: Some(config),
+                memory_limit: request.memory_limit,
+                device: None,
+            },
+        )?)
+    };
+    Ok(AllocatorRun {
+        request,
+        alloc_conf,
+        baseline,
+        simulated,
+    })
+}
+
+/// Ranks the common settings for one device (on a worker thread).
+pub fn run_suggest(
+    snapshot: &Snapshot,
+    device: i64,
+    memory_limit: Option<u64>,
+) -> Result<Suggestions, String> {
+    suggest(snapshot, memory_limit, Some(device)).map_err(|e| e.to_string())
+}
+
+/// One piece of work on its own thread; the UI polls for the result and never blocks.
+pub struct Job<T> {
+    pub started: Instant,
+    receiver: mpsc::Receiver<Result<T, String>>,
+}
+
+impl<T: Send + 'static> Job<T> {
+    /// Starts `work` on a new thread; `wake` is called when the result is ready.
+    pub fn spawn(
+        name: &str,
+        work: impl FnOnce() -> Result<T, String> + Send + 'static,
+        wake: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        let (sender, receiver) = mpsc::channel();
+        let job = Job {
+            started: Instant::now(),
+            receiver,
+        };
+        let spawned = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                // A bug in the simulator must cost this result, not the app.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(format!("the simulation failed unexpectedly: {what}"))
+                    });
+                let _ = sender.send(result);
+                wake();
+            });
+        match spawned {
+            Ok(_) => job,
+            Err(e) => {
+                let (sender, receiver) = mpsc::channel();
+                let _ = sender.send(Err(format!("cannot start a worker thread: {e}")));
+                Job { receiver, ..job }
+            }
+        }
+    }
+
+    /// The result when it is ready.
+    pub fn poll(&self) -> Option<Result<T, String>> {
+        match self.receiver.try_recv() {
+            Ok(result) => Some(result),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                Some(Err("the simulation stopped without a result".into()))
+            }
+        }
+    }
+
+    /// Blocks until the result is ready (tests).
+    pub fn wait(self) -> Result<T, String> {
+        self.receiver
+            .recv()
+            .unwrap_or_else(|_| Err("the simulation stopped without a result".into()))
+    }
+}
+
+/// One row of the recorded-vs-simulated table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub label: &'static str,
+    pub tooltip: &'static str,
+    pub recorded: String,
+    pub simulated: String,
+}
+
+fn oom_text(event: Option<usize>) -> String {
+    event.map_or("no".into(), |e| format!("event {e}"))
+}
+
+/// The table: reserved and allocated peaks, fragmentation at the reserved peak, device calls
+/// and the first out-of-memory. The file records reserved memory and device calls; the
+/// allocated peak and the fragmentation of the "recorded" column come from the replay with the
+/// file's own settings (which makes the recorded decisions when the fidelity is exact).
+pub fn comparison(run: &AllocatorRun) -> Vec<Row> {
+    let (b, s) = (&*run.baseline, &*run.simulated);
+    vec![
+        Row {
+            label: "reserved peak",
+            tooltip: "Highest memory held from the GPU (cudaMalloc'd segments, mapped pages)",
+            recorded: format_bytes(b.recorded.reserved_peak_bytes),
+            simulated: format_bytes(s.reserved_peak_bytes),
+        },
+        Row {
+            label: "allocated peak",
+            tooltip: "Highest memory in blocks handed to tensors (rounded sizes); the recorded column is the replay with the file's settings",
+            recorded: format_bytes(b.allocated_peak_bytes),
+            simulated: format_bytes(s.allocated_peak_bytes),
+        },
+        Row {
+            label: "fragmentation @ reserved peak",
+            tooltip: "Reserved minus allocated when reserved memory peaked; the recorded column is the replay with the file's settings",
+            recorded: format_bytes(b.fragmentation_bytes),
+            simulated: format_bytes(s.fragmentation_bytes),
+        },
+        Row {
+            label: "cudaMalloc / map",
+            tooltip: "Device calls that reserve memory (segment_alloc, segment_map)",
+            recorded: b.recorded.device_mallocs.to_string(),
+            simulated: s.device_mallocs.to_string(),
+        },
+        Row {
+            label: "cudaFree / unmap",
+            tooltip: "Device calls that give memory back (segment_free, segment_unmap)",
+            recorded: b.recorded.device_frees.to_string(),
+            simulated: s.device_frees.to_string(),
+        },
+        Row {
+            label: "out of memory",
+            tooltip: "The first request that failed (the simulated run stops there unless PyTorch ran out of memory there too)",
+            recorded: oom_text(b.recorded.oom_event),
+            simulated: oom_text(s.oom.as_ref().map(|o| o.event)),
+        },
+    ]
+}
+
+/// "all 289 segment decisions reproduced", or the first difference.
+pub fn fidelity_line(f: &Fidelity) -> String {
+    let placed = format!(
+        "{}/{} allocations at the recorded address",
+        f.placed_at_recorded_address, f.allocations
+    );
+    if f.exact() {
+        return format!(
+            "all {} segment decisions reproduced, {placed}",
+            f.segment_decisions
+        );
+    }
+    let mut line = format!(
+        "{}/{} segment decisions reproduced ({} extra, {} steps differ), {placed}",
+        f.reproduced, f.segment_decisions, f.extra, f.difference_count
+    );
+    if let Some(d) = f.differences.first() {
+        let list = |v: &[(memsnap_simulate::SegmentAction, u64)]| -> String {
+            if v.is_empty() {
+                return "nothing".into();
+            }
+            v.iter()
+                .map(|(a, bytes)| format!("{} {}", a.name(), format_bytes(*bytes)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        line.push_str(&format!(
+            "; first difference at event {} ({}): PyTorch did {}, the replay did {}",
+            d.event,
+            d.step,
+            list(&d.pytorch),
+            list(&d.replay)
+        ));
+    }
+    line
+}
+
+/// The vertices of `curve` as a step line in (event, bytes), thinned to about `width_px`
+/// columns: each column keeps its highest value, so peaks survive at any width.
+pub fn step_points(curve: &[u64], width_px: usize) -> Vec<(f64, u64)> {
+    let n = curve.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let columns = width_px.max(1);
+    let mut points = Vec::new();
+    if n <= columns * 2 {
+        for (i, &v) in curve.iter().enumerate() {
+            points.push((i as f64, v));
+            points.push(((i + 1) as f64, v));
+        }
+        return points;
+    }
+    for c in 0..columns {
+        let lo = c * n / columns;
+        let hi = ((c + 1) * n / columns).max(lo + 1).min(n);
+        let v = curve[lo..hi].iter().copied().max().unwrap_or(0);
+        points.push((lo as f64, v));
+        points.push((hi as f64, v));
+    }
+    points
+}
+
+/// The value of `curve` at `event` (`None` past its end: the run stopped at an OOM).
+pub fn value_at(curve: &[u64], event: usize) -> Option<u64> {
+    curve.get(event).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memsnap_recorder::config::MIB;
+    use memsnap_recorder::{CachingAllocator, HistoryOptions, SimulatedDevice, Stream};
+
+    /// Growing activations, each freed before the next, a small tensor kept after each: the
+    /// fragmentation `expandable_segments:True` removes.
+    fn growing() -> Snapshot {
+        let alloc = CachingAllocator::new(SimulatedDevice::new(80 << 30));
+        alloc.record_memory_history(HistoryOptions::without_stacks());
+        let mut keep = Vec::new();
+        for i in 0..12u64 {
+            let big = alloc
+                .malloc((40 + 6 * i) * MIB, Stream::DEFAULT)
+                .expect("malloc");
+            keep.push(alloc.malloc(3 * MIB, Stream::DEFAULT).expect("malloc"));
+            alloc.free(big).expect("free");
+        }
+        alloc.snapshot()
+    }
+
+    #[test]
+    fn the_file_settings_reproduce_the_recording_and_expandable_lowers_the_peak() {
+        let snapshot = growing();
+        let (own, source) = file_conf(&snapshot);
+        assert_eq!(own, "");
+        assert!(source.contains("allocator_settings"), "{source}");
+        let request = Request {
+            device: 0,
+            alloc_conf: own,
+            memory_limit: None,
+        };
+        let run_own = run(&snapshot, request.clone(), None).expect("run");
+        assert!(Arc::ptr_eq(&run_own.baseline, &run_own.simulated));
+        let line = fidelity_line(&run_own.baseline.fidelity);
+        assert!(line.starts_with("all "), "{line}");
+        assert!(line.contains("segment decisions reproduced"), "{line}");
+        let rows = comparison(&run_own);
+        assert_eq!(rows[0].label, "reserved peak");
+        assert_eq!(rows[0].recorded, rows[0].simulated);
+
+        let what_if = run(
+            &snapshot,
+            Request {
+                alloc_conf: "expandable_segments:True".into(),
+                ..request
+            },
+            Some(run_own.baseline.clone()),
+        )
+        .expect("run");
+        assert_eq!(what_if.alloc_conf, "expandable_segments:True");
+        assert!(
+            what_if.simulated.reserved_peak_bytes < what_if.baseline.recorded.reserved_peak_bytes
+        );
+        let rows = comparison(&what_if);
+        assert_ne!(rows[0].recorded, rows[0].simulated);
+        assert_eq!(rows[5].recorded, "no");
+    }
+
+    #[test]
+    fn a_small_limit_runs_out_of_memory_and_the_curve_stops_there() {
+        let snapshot = growing();
+        let run = run(
+            &snapshot,
+            Request {
+                device: 0,
+                alloc_conf: String::new(),
+                memory_limit: parse_limit("100MiB").expect("size"),
+            },
+            None,
+        )
+        .expect("run");
+        let oom = run.simulated.oom.as_ref().expect("out of memory");
+        assert_eq!(run.simulated.reserved_curve.len(), oom.event + 1);
+        assert_eq!(value_at(&run.simulated.reserved_curve, oom.event + 1), None);
+        assert_eq!(
+            comparison(&run)[5].simulated,
+            format!("event {}", oom.event)
+        );
+    }
+
+    #[test]
+    fn bad_settings_and_sizes_are_errors() {
+        let snapshot = growing();
+        let err = run(
+            &snapshot,
+            Request {
+                device: 0,
+                alloc_conf: "no_such_key:1".into(),
+                memory_limit: None,
+            },
+            None,
+        )
+        .expect_err("bad key");
+        assert!(err.starts_with("PYTORCH_CUDA_ALLOC_CONF: "), "{err}");
+        assert_eq!(parse_limit(" "), Ok(None));
+        assert_eq!(parse_limit("24GiB"), Ok(Some(24 << 30)));
+        assert!(parse_limit("lots").is_err());
+        assert!(parse_limit("0").is_err());
+    }
+
+    #[test]
+    fn step_points_keep_the_peaks_when_thinned() {
+        assert_eq!(
+            step_points(&[1, 5], 10),
+            vec![(0.0, 1), (1.0, 1), (1.0, 5), (2.0, 5)]
+        );
+        let mut curve = vec![0u64; 10_000];
+        curve[4321] = 99;
+        let points = step_points(&curve, 100);
+        assert_eq!(points.len(), 200);
+        assert_eq!(points.iter().map(|p| p.1).max(), Some(99));
+        assert!(step_points(&[], 100).is_empty());
+    }
+
+    #[test]
+    fn the_job_delivers_its_result_and_survives_a_panic() {
+        let ok = Job::spawn("t", || Ok(7), || {});
+        assert_eq!(ok.wait(), Ok(7));
+        let bad: Job<u32> = Job::spawn("t", || panic!("boom"), || {});
+        let err = bad.wait().expect_err("panicked");
+        assert!(err.contains("boom"), "{err}");
+    }
+}
