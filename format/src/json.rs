@@ -15,6 +15,8 @@
 //!
 //! [`read`] is a streaming parser that builds the typed snapshot directly, interning frames and
 //! stacks as it goes (an identical `frames` list is recognised from its text and parsed once).
+//! What each key means is the schema's read side (`schema`, through the parser's `Source`
+//! implementation), as the writer is the schema's walk.
 //! Errors give the line and column and the schema path (`device_traces[0][17].size`). Memory is
 //! proportional to the input, nesting is bounded, and numbers longer than Python's 4300-digit
 //! limit are refused.
@@ -25,9 +27,9 @@ use std::fmt::Write as _;
 
 use crate::error::{FormatError, Result};
 use crate::int::{ExactInts, IntField, PyInt};
-use crate::intern::{Frame, FrameId, StackId, StrId};
+use crate::intern::{FrameId, StackId, StrId};
 use crate::model::*;
-use crate::schema::{self, Emit, Key, Walk};
+use crate::schema::{self, Emit, EntryIn, Key, Setting, Source, Walk};
 use crate::value::{Extras, Value};
 
 /// Deepest nesting of arrays and objects accepted.
@@ -929,28 +931,8 @@ impl<'a> Parser<'a> {
     }
 
     fn frame(&mut self) -> Result<FrameId> {
-        let (mut name, mut filename, mut line) = (None, None, None);
-        let mut extra = Extras::new();
-        self.object(|p, key| {
-            match &*key {
-                "name" => name = Some(p.at(Seg::Key("name"), Self::string)?.into_owned()),
-                "filename" => {
-                    filename = Some(p.at(Seg::Key("filename"), Self::string)?.into_owned())
-                }
-                "line" => line = Some(p.at(Seg::Key("line"), Self::int)?),
-                _ => p.extra(key, &mut extra)?,
-            }
-            Ok(())
-        })?;
-        let (Some(name), Some(filename), Some(line)) = (name, filename, line) else {
-            return Err(self.error("frame lacks one of the keys 'name', 'filename', 'line'"));
-        };
-        Ok(self.snap.frames.intern(Frame {
-            name,
-            filename,
-            line,
-            extra,
-        }))
+        let frame = schema::read_frame(self, ())?;
+        Ok(self.snap.frames.intern(frame))
     }
 
     fn extra(&mut self, key: Cow<'a, str>, out: &mut Extras) -> Result<()> {
@@ -965,156 +947,17 @@ impl<'a> Parser<'a> {
         match self.peek() {
             Some(b'[') => {
                 self.snap.shape = Shape::SegmentList;
-                self.snap.segments = self.segments()?;
+                self.snap.segments = schema::segment_list(self, ())?;
                 Ok(())
             }
             Some(b'{') => {
-                let mut segments = None;
-                let mut extra = Extras::new();
-                self.object(|p, key| {
-                    match &*key {
-                        "segments" => segments = Some(p.at(Seg::Key("segments"), Self::segments)?),
-                        "device_traces" => {
-                            let traces = p.at(Seg::Key("device_traces"), Self::traces)?;
-                            p.snap.device_traces = Some(traces);
-                        }
-                        "allocator_settings" => {
-                            let s = p.at(Seg::Key("allocator_settings"), Self::settings)?;
-                            p.snap.allocator_settings = Some(s);
-                        }
-                        "external_annotations" => {
-                            let a = p.at(Seg::Key("external_annotations"), Self::annotations)?;
-                            p.snap.external_annotations = Some(a);
-                        }
-                        "host_segments" => {
-                            let h = p.at(Seg::Key("host_segments"), Self::value)?;
-                            p.snap.host_segments = Some(h);
-                        }
-                        "host_traces" => {
-                            let h = p.at(Seg::Key("host_traces"), Self::value)?;
-                            p.snap.host_traces = Some(h);
-                        }
-                        "memsnap" => {
-                            let r = p.at(Seg::Key("memsnap"), Self::recorder_info)?;
-                            p.snap.recorder_info = Some(r);
-                        }
-                        _ => p.extra(key, &mut extra)?,
-                    }
-                    Ok(())
-                })?;
-                self.snap.extra = extra;
-                self.snap.segments = segments
-                    .ok_or_else(|| self.error("the snapshot object has no \"segments\" key"))?;
+                let mut snap = schema::snapshot_dict(self, ())?;
+                schema::adopt_tables(&mut snap, &mut self.snap);
+                self.snap = snap;
                 Ok(())
             }
             _ => Err(self.expected("a snapshot object or a segment list")),
         }
-    }
-
-    fn recorder_info(&mut self) -> Result<RecorderInfo> {
-        let mut info = RecorderInfo::default();
-        let mut producer = None;
-        self.object(|p, key| {
-            match &*key {
-                "producer" => {
-                    producer = Some(p.at(Seg::Key("producer"), Self::string)?.into_owned())
-                }
-                "dropped_entries" => {
-                    let exact = p.at(Seg::Key("dropped_entries"), |p| {
-                        let mut out = Vec::new();
-                        p.array(|p, _| {
-                            out.push(p.int()?);
-                            Ok(())
-                        })?;
-                        Ok(out)
-                    })?;
-                    info.set_dropped_entries(exact);
-                }
-                _ => p.extra(key, &mut info.extra)?,
-            }
-            Ok(())
-        })?;
-        info.producer = producer.ok_or_else(|| self.error("\"memsnap\" lacks key 'producer'"))?;
-        Ok(info)
-    }
-
-    fn segments(&mut self) -> Result<Vec<Segment>> {
-        let mut out = Vec::new();
-        self.array(|p, _| {
-            out.push(p.segment()?);
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    fn segment(&mut self) -> Result<Segment> {
-        let (mut device, mut address, mut total_size, mut stream) = (None, None, None, None);
-        let mut seg = Segment::new(0, 0, 0, 0);
-        seg.allocated_size = None;
-        seg.active_size = None;
-        seg.requested_size = None;
-        seg.segment_type = None;
-        seg.segment_pool_id = None;
-        seg.is_expandable = None;
-        let mut blocks = None;
-        self.object(|p, key| {
-            match &*key {
-                "device" => {
-                    device = Some(p.int_at("device", IntField::Device, &mut seg.exact)? as i64)
-                }
-                "address" => {
-                    address = Some(p.int_at("address", IntField::Address, &mut seg.exact)?)
-                }
-                "total_size" => {
-                    total_size =
-                        Some(p.int_at("total_size", IntField::TotalSize, &mut seg.exact)?)
-                }
-                "allocated_size" => {
-                    seg.allocated_size =
-                        Some(p.int_at("allocated_size", IntField::AllocatedSize, &mut seg.exact)?)
-                }
-                "active_size" => {
-                    seg.active_size =
-                        Some(p.int_at("active_size", IntField::ActiveSize, &mut seg.exact)?)
-                }
-                "requested_size" => {
-                    seg.requested_size =
-                        Some(p.int_at("requested_size", IntField::RequestedSize, &mut seg.exact)?)
-                }
-                "stream" => {
-                    stream = Some(p.int_at("stream", IntField::Stream, &mut seg.exact)? as i64)
-                }
-                "segment_type" => {
-                    let t = p.at(Seg::Key("segment_type"), Self::string)?;
-                    seg.segment_type = Some(
-                        SegmentType::from_name(&t)
-                            .unwrap_or_else(|| SegmentType::Other(p.snap.strings.intern(&t))),
-                    );
-                }
-                "segment_pool_id" => {
-                    let exact = &mut seg.exact;
-                    seg.segment_pool_id =
-                        Some(p.at(Seg::Key("segment_pool_id"), |p| p.pool_id(exact))?)
-                }
-                "is_expandable" => {
-                    seg.is_expandable = Some(p.at(Seg::Key("is_expandable"), Self::bool)?)
-                }
-                "frames" => {
-                    seg.frames = Some(p.at(Seg::Key("frames"), Self::stack)?);
-                    seg.frames_after_blocks = blocks.is_some();
-                }
-                "blocks" => blocks = Some(p.at(Seg::Key("blocks"), Self::blocks)?),
-                _ => p.extra(key, &mut seg.extra)?,
-            }
-            Ok(())
-        })?;
-        let missing = |p: &Self, key: &str| p.error(format!("segment lacks key '{key}'"));
-        seg.device = device.ok_or_else(|| missing(self, "device"))?;
-        seg.address = address.ok_or_else(|| missing(self, "address"))?;
-        seg.total_size = total_size.ok_or_else(|| missing(self, "total_size"))?;
-        seg.stream = stream.ok_or_else(|| missing(self, "stream"))?;
-        seg.blocks = blocks.ok_or_else(|| missing(self, "blocks"))?;
-        Ok(seg)
     }
 
     fn pool_id(&mut self, exact: &mut ExactInts) -> Result<(i64, i64)> {
@@ -1136,79 +979,6 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn blocks(&mut self) -> Result<Vec<Block>> {
-        let mut out = Vec::new();
-        self.array(|p, _| {
-            out.push(p.block()?);
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    fn block(&mut self) -> Result<Block> {
-        let mut b = Block::default();
-        let (mut size, mut state) = (None, None);
-        self.object(|p, key| {
-            match &*key {
-                "address" => {
-                    b.address = Some(p.int_at("address", IntField::Address, &mut b.exact)?)
-                }
-                "size" => size = Some(p.int_at("size", IntField::Size, &mut b.exact)?),
-                "requested_size" => {
-                    b.requested_size =
-                        Some(p.int_at("requested_size", IntField::RequestedSize, &mut b.exact)?)
-                }
-                "state" => {
-                    let s = p.at(Seg::Key("state"), Self::string)?;
-                    state = Some(
-                        BlockState::from_name(&s)
-                            .unwrap_or_else(|| BlockState::Other(p.snap.strings.intern(&s))),
-                    );
-                }
-                "frames" => b.frames = Some(p.at(Seg::Key("frames"), Self::stack)?),
-                "forward_frames" => {
-                    b.forward_frames = Some(p.at(Seg::Key("forward_frames"), Self::string_list)?)
-                }
-                "history" => b.history = Some(p.at(Seg::Key("history"), Self::history)?),
-                _ => p.extra(key, &mut b.extra)?,
-            }
-            Ok(())
-        })?;
-        b.size = size.ok_or_else(|| self.error("block lacks key 'size'"))?;
-        b.state = state.ok_or_else(|| self.error("block lacks key 'state'"))?;
-        Ok(b)
-    }
-
-    fn history(&mut self) -> Result<Vec<HistoryItem>> {
-        let mut out = Vec::new();
-        self.array(|p, _| {
-            let mut h = HistoryItem {
-                addr: 0,
-                real_size: 0,
-                frames: None,
-                extra: Extras::new(),
-                exact: ExactInts::default(),
-            };
-            let (mut addr, mut real_size) = (None, None);
-            p.object(|p, key| {
-                match &*key {
-                    "addr" => addr = Some(p.int_at("addr", IntField::Addr, &mut h.exact)?),
-                    "real_size" => {
-                        real_size = Some(p.int_at("real_size", IntField::RealSize, &mut h.exact)?)
-                    }
-                    "frames" => h.frames = Some(p.at(Seg::Key("frames"), Self::stack)?),
-                    _ => p.extra(key, &mut h.extra)?,
-                }
-                Ok(())
-            })?;
-            h.addr = addr.ok_or_else(|| p.error("history item lacks key 'addr'"))?;
-            h.real_size = real_size.ok_or_else(|| p.error("history item lacks key 'real_size'"))?;
-            out.push(h);
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
     fn traces(&mut self) -> Result<Vec<Vec<TraceEntry>>> {
         let mut out = Vec::new();
         self.array(|p, _| {
@@ -1224,68 +994,12 @@ impl<'a> Parser<'a> {
     }
 
     fn entry(&mut self) -> Result<TraceEntry> {
-        let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
-        let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
-        let mut rare: Option<Box<EntryRare>> = None;
-        let mut exact = ExactInts::default();
-        let mut first = true;
+        let mut entry = EntryIn::new();
         self.object(|p, key| {
-            match &*key {
-                "action" => {
-                    let name = p.at(Seg::Key("action"), Self::string)?;
-                    action = Some(
-                        Action::from_name(&name)
-                            .unwrap_or_else(|| Action::Other(p.snap.strings.intern(&name))),
-                    );
-                }
-                "addr" => addr = Some(p.int_at("addr", IntField::Addr, &mut exact)?),
-                "size" => size = Some(p.int_at("size", IntField::Size, &mut exact)?),
-                "stream" => stream = Some(p.int_at("stream", IntField::Stream, &mut exact)? as i64),
-                "time_us" => {
-                    e.time_us = Some(p.int_at("time_us", IntField::TimeUs, &mut exact)? as i64)
-                }
-                "compile_context" => {
-                    e.compile_context = Some(p.at(Seg::Key("compile_context"), Self::intern)?)
-                }
-                "user_metadata" => {
-                    e.user_metadata = Some(p.at(Seg::Key("user_metadata"), Self::intern)?)
-                }
-                "frames" => {
-                    e.frames = Some(p.at(Seg::Key("frames"), Self::stack)?);
-                    if first {
-                        rare.get_or_insert_with(Default::default)
-                            .legacy_frames_first = true;
-                    }
-                }
-                "device_free" => {
-                    let f = p.int_at("device_free", IntField::DeviceFree, &mut exact)?;
-                    rare.get_or_insert_with(Default::default).device_free = Some(f);
-                }
-                "internal_metadata" => {
-                    let s = p.at(Seg::Key("internal_metadata"), Self::intern)?;
-                    rare.get_or_insert_with(Default::default).internal_metadata = Some(s);
-                }
-                "forward_frames" => {
-                    let f = p.at(Seg::Key("forward_frames"), Self::string_list)?;
-                    rare.get_or_insert_with(Default::default).forward_frames = Some(f);
-                }
-                _ => p.extra(key, &mut rare.get_or_insert_with(Default::default).extra)?,
-            }
-            first = false;
+            entry.key(p, Key::of_bytes(key.as_bytes()), key, ())?;
             Ok(())
         })?;
-        e.action = action.ok_or_else(|| self.error("trace entry lacks key 'action'"))?;
-        e.size = size.ok_or_else(|| self.error("trace entry lacks key 'size'"))?;
-        e.stream = stream.ok_or_else(|| self.error("trace entry lacks key 'stream'"))?;
-        match addr {
-            Some(a) => e.addr = a,
-            None => rare.get_or_insert_with(Default::default).no_addr = true,
-        }
-        if !exact.is_empty() {
-            rare.get_or_insert_with(Default::default).exact = exact;
-        }
-        e.rare = rare;
-        Ok(e)
+        entry.finish(self)
     }
 
     fn settings(&mut self) -> Result<AllocatorSettings> {
@@ -1293,46 +1007,27 @@ impl<'a> Parser<'a> {
         self.object(|p, key| {
             let v = p.at(Seg::Name(key.to_string()), Self::value)?;
             // A known key with an unexpected type (or a repeated one) is kept in `extra`.
-            let rest = match (&*key, v) {
-                ("PYTORCH_CUDA_ALLOC_CONF", Value::Str(v)) if s.alloc_conf.is_none() => {
-                    s.alloc_conf = Some(v);
+            let rest = match (schema::setting(&mut s, Key::of_bytes(key.as_bytes())), v) {
+                (Some(Setting::Str(slot)), Value::Str(v)) => {
+                    *slot = Some(v);
                     None
                 }
-                ("max_split_size", v @ (Value::Int(_) | Value::BigInt(_)))
-                    if s.max_split_size.is_none() =>
-                {
-                    s.max_split_size = PyInt::from_value(&v);
+                (Some(Setting::Int(slot)), v @ (Value::Int(_) | Value::BigInt(_))) => {
+                    *slot = PyInt::from_value(&v);
                     None
                 }
-                ("garbage_collection_threshold", Value::Float(f))
-                    if s.garbage_collection_threshold.is_none() =>
-                {
-                    s.garbage_collection_threshold = Some(f);
+                (Some(Setting::Float(slot)), Value::Float(f)) => {
+                    *slot = Some(f);
                     None
                 }
-                ("pinned_num_register_threads", v @ (Value::Int(_) | Value::BigInt(_)))
-                    if s.pinned_num_register_threads.is_none() =>
-                {
-                    s.pinned_num_register_threads = PyInt::from_value(&v);
+                (Some(Setting::Bool(slot)), Value::Bool(b)) => {
+                    *slot = Some(b);
                     None
                 }
-                ("max_round_threshold", v @ (Value::Int(_) | Value::BigInt(_)))
-                    if s.max_round_threshold.is_none() =>
-                {
-                    s.max_round_threshold = PyInt::from_value(&v);
-                    None
-                }
-                ("max_cached_size", v @ (Value::Int(_) | Value::BigInt(_)))
-                    if s.max_cached_size.is_none() =>
-                {
-                    s.max_cached_size = PyInt::from_value(&v);
-                    None
-                }
-                ("roundup_power2_divisions", Value::Dict(pairs))
-                    if s.roundup_power2_divisions.is_none()
-                        && pairs.iter().all(|(k, v)| {
-                            matches!(k, Value::Str(_)) && PyInt::from_value(v).is_some()
-                        }) =>
+                (Some(Setting::Divisions(slot)), Value::Dict(pairs))
+                    if pairs.iter().all(|(k, v)| {
+                        matches!(k, Value::Str(_)) && PyInt::from_value(v).is_some()
+                    }) =>
                 {
                     let divisions = pairs
                         .into_iter()
@@ -1341,28 +1036,8 @@ impl<'a> Parser<'a> {
                             _ => None,
                         })
                         .collect();
-                    s.roundup_power2_divisions = Some(divisions);
+                    *slot = Some(divisions);
                     None
-                }
-                (name, Value::Bool(b)) => {
-                    let slot = match name {
-                        "expandable_segments" => Some(&mut s.expandable_segments),
-                        "release_lock_on_cudamalloc" => Some(&mut s.release_lock_on_cudamalloc),
-                        "pinned_use_cuda_host_register" => {
-                            Some(&mut s.pinned_use_cuda_host_register)
-                        }
-                        "graph_capture_record_stream_reuse" => {
-                            Some(&mut s.graph_capture_record_stream_reuse)
-                        }
-                        _ => None,
-                    };
-                    match slot {
-                        Some(slot) if slot.is_none() => {
-                            *slot = Some(b);
-                            None
-                        }
-                        _ => Some(Value::Bool(b)),
-                    }
                 }
                 (_, v) => Some(v),
             };
@@ -1373,41 +1048,120 @@ impl<'a> Parser<'a> {
         })?;
         Ok(s)
     }
+}
 
-    fn annotations(&mut self) -> Result<Vec<Annotation>> {
+/// The JSON parser reads the schema ([`schema`]'s read side) from its tokens: it stands at
+/// each value as it is read.
+impl<'a> Source for Parser<'a> {
+    type V = ();
+    type Name = Cow<'a, str>;
+
+    fn fail(&self, what: String) -> FormatError {
+        self.error(what)
+    }
+
+    fn missing(&self, what: &str, key: Key) -> FormatError {
+        match key {
+            Key::segments => self.error("the snapshot object has no \"segments\" key"),
+            _ => self.error(format!("{what} lacks key '{}'", key.text())),
+        }
+    }
+
+    #[inline]
+    fn at_key<T>(&mut self, key: Key, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.at(Seg::Key(key.text()), f)
+    }
+
+    #[inline]
+    fn get_dict(
+        &mut self,
+        _: (),
+        mut each: impl FnMut(&mut Self, Option<Key>, Cow<'a, str>, ()) -> Result<()>,
+    ) -> Result<()> {
+        self.object(|p, name| each(p, Key::of_bytes(name.as_bytes()), name, ()))
+    }
+
+    #[inline]
+    fn get_list<T>(
+        &mut self,
+        _: (),
+        mut item: impl FnMut(&mut Self, ()) -> Result<T>,
+    ) -> Result<Vec<T>> {
         let mut out = Vec::new();
         self.array(|p, _| {
-            out.push(p.annotation()?);
+            out.push(item(p, ())?);
             Ok(())
         })?;
         Ok(out)
     }
 
-    fn annotation(&mut self) -> Result<Annotation> {
-        let (mut device, mut time_us) = (None, None);
-        let mut metadata = Extras::new();
-        let mut extra = Extras::new();
-        let mut exact = ExactInts::default();
-        self.object(|p, key| {
-            match &*key {
-                "device" if device.is_none() => {
-                    device = Some(p.int_at("device", IntField::Device, &mut exact)? as i64)
-                }
-                "time_us" if time_us.is_none() => {
-                    time_us = Some(p.int_at("time_us", IntField::TimeUs, &mut exact)? as i64)
-                }
-                _ if device.is_none() && time_us.is_none() => p.extra(key, &mut metadata)?,
-                _ => p.extra(key, &mut extra)?,
-            }
-            Ok(())
-        })?;
-        Ok(Annotation {
-            metadata,
-            device: device.ok_or_else(|| self.error("annotation lacks key 'device'"))?,
-            time_us: time_us.ok_or_else(|| self.error("annotation lacks key 'time_us'"))?,
-            extra,
-            exact,
-        })
+    #[inline]
+    fn get_int(&mut self, _: ()) -> Result<PyInt> {
+        self.int()
+    }
+
+    #[inline]
+    fn get_field(
+        &mut self,
+        key: Key,
+        _: (),
+        field: IntField,
+        exact: &mut ExactInts,
+    ) -> Result<u64> {
+        self.int_at(key.text(), field, exact)
+    }
+
+    fn get_string(&mut self, _: ()) -> Result<String> {
+        Ok(self.string()?.into_owned())
+    }
+
+    #[inline]
+    fn get_interned(&mut self, _: (), _: Option<usize>) -> Result<StrId> {
+        self.intern()
+    }
+
+    #[inline]
+    fn get_named<T>(
+        &mut self,
+        _: (),
+        known: fn(&str) -> Option<T>,
+        other: fn(StrId) -> T,
+    ) -> Result<T> {
+        let name = self.string()?;
+        Ok(known(&name).unwrap_or_else(|| other(self.snap.strings.intern(&name))))
+    }
+
+    fn get_bool(&mut self, _: ()) -> Result<bool> {
+        self.bool()
+    }
+
+    #[inline]
+    fn get_stack(&mut self, _: ()) -> Result<StackId> {
+        self.stack()
+    }
+
+    fn get_strings(&mut self, _: ()) -> Result<Vec<String>> {
+        self.string_list()
+    }
+
+    fn get_value(&mut self, _: ()) -> Result<Value> {
+        self.value()
+    }
+
+    fn get_pool_id(&mut self, _: (), exact: &mut ExactInts) -> Result<(i64, i64)> {
+        self.pool_id(exact)
+    }
+
+    fn get_traces(&mut self, _: ()) -> Result<Vec<Vec<TraceEntry>>> {
+        self.traces()
+    }
+
+    fn get_settings(&mut self, _: ()) -> Result<AllocatorSettings> {
+        self.settings()
+    }
+
+    fn put_extra(&mut self, name: Cow<'a, str>, _: (), out: &mut Extras) -> Result<()> {
+        self.extra(name, out)
     }
 }
 

@@ -4,13 +4,18 @@
 //! node to its [`StackId`] and a frame dict node to its [`FrameId`]. Everything else that is
 //! expanded (segments, blocks, entries, unknown keys as [`Value`]) is charged to a budget
 //! proportional to the input, so a memo bomb cannot make us allocate without bound.
+//!
+//! What each key of the snapshot means is the schema's read side ([`schema`]); [`Conv`]
+//! implements its [`Source`] over the VM's values (and keeps the list of all trace entries the
+//! VM converted while reading, and the per-node caches).
 
 use std::fmt::Write as _;
 
 use crate::error::{FormatError, Result};
 use crate::int::{ExactInts, IntField, PyInt};
-use crate::intern::{Frame, FrameId, StackId, StrId};
+use crate::intern::{FrameId, StackId, StrId};
 use crate::model::*;
+use crate::schema::{self, EntryIn, Key, Setting, Source, ENTRY_RANK_UNKNOWN};
 use crate::value::{Extras, Value};
 
 use super::vm::{Arena, Kind, Val, NONE};
@@ -101,8 +106,10 @@ impl ConvState {
 }
 
 /// Strings the VM recognises once, as it reads them: the keys of a trace entry and the action
-/// names. Memoized strings are read once and referenced many times, so matching bytes per
-/// use would be the reader's hottest work.
+/// names (recognised by the schema, [`Key::of_bytes`]). Memoized strings are read once and
+/// referenced many times, so matching bytes per use would be the reader's hottest work. A key
+/// variant's discriminant is its rank in [`schema::ENTRY_ORDER`] (asserted below), which the
+/// fast path compares to check the key order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum Sym {
@@ -132,65 +139,91 @@ pub(crate) enum Sym {
 }
 
 impl Sym {
-    /// What a string read from the input is.
+    /// What a string read from the input is (the schema recognises it).
     #[inline]
     pub fn classify(bytes: &[u8]) -> Sym {
-        match bytes {
-            b"action" => Sym::Action,
-            b"addr" => Sym::Addr,
-            b"device_free" => Sym::DeviceFree,
-            b"size" => Sym::Size,
-            b"stream" => Sym::Stream,
-            b"time_us" => Sym::TimeUs,
-            b"compile_context" => Sym::CompileContext,
-            b"user_metadata" => Sym::UserMetadata,
-            b"internal_metadata" => Sym::InternalMetadata,
-            b"frames" => Sym::Frames,
-            b"forward_frames" => Sym::ForwardFrames,
-            b"alloc" => Sym::ActAlloc,
-            b"free_requested" => Sym::ActFreeRequested,
-            b"free_completed" => Sym::ActFreeCompleted,
-            b"segment_alloc" => Sym::ActSegmentAlloc,
-            b"segment_free" => Sym::ActSegmentFree,
-            b"segment_map" => Sym::ActSegmentMap,
-            b"segment_unmap" => Sym::ActSegmentUnmap,
-            b"snapshot" => Sym::ActSnapshot,
-            b"oom" => Sym::ActOom,
-            b"annotate" => Sym::ActAnnotate,
-            b"free" => Sym::ActFree,
+        Key::of_bytes(bytes).map_or(Sym::Other, Sym::of_key)
+    }
+
+    /// The symbol of a schema key (`Other` for a key no trace entry has).
+    #[inline]
+    const fn of_key(key: Key) -> Sym {
+        match key {
+            Key::action => Sym::Action,
+            Key::addr => Sym::Addr,
+            Key::device_free => Sym::DeviceFree,
+            Key::size => Sym::Size,
+            Key::stream => Sym::Stream,
+            Key::time_us => Sym::TimeUs,
+            Key::compile_context => Sym::CompileContext,
+            Key::user_metadata => Sym::UserMetadata,
+            Key::internal_metadata => Sym::InternalMetadata,
+            Key::frames => Sym::Frames,
+            Key::forward_frames => Sym::ForwardFrames,
+            Key::a_alloc => Sym::ActAlloc,
+            Key::a_free_requested => Sym::ActFreeRequested,
+            Key::a_free_completed => Sym::ActFreeCompleted,
+            Key::a_segment_alloc => Sym::ActSegmentAlloc,
+            Key::a_segment_free => Sym::ActSegmentFree,
+            Key::a_segment_map => Sym::ActSegmentMap,
+            Key::a_segment_unmap => Sym::ActSegmentUnmap,
+            Key::a_snapshot => Sym::ActSnapshot,
+            Key::a_oom => Sym::ActOom,
+            Key::a_annotate => Sym::ActAnnotate,
+            Key::a_free => Sym::ActFree,
             _ => Sym::Other,
         }
     }
 
+    /// The trace-entry key a symbol is (`None` for an action name or another string).
+    #[inline]
+    pub(crate) const fn key(self) -> Option<Key> {
+        Some(match self {
+            Sym::Action => Key::action,
+            Sym::Addr => Key::addr,
+            Sym::DeviceFree => Key::device_free,
+            Sym::Size => Key::size,
+            Sym::Stream => Key::stream,
+            Sym::TimeUs => Key::time_us,
+            Sym::CompileContext => Key::compile_context,
+            Sym::UserMetadata => Key::user_metadata,
+            Sym::InternalMetadata => Key::internal_metadata,
+            Sym::Frames => Key::frames,
+            Sym::ForwardFrames => Key::forward_frames,
+            _ => return None,
+        })
+    }
+
     /// The symbol with discriminant `n` (`Other` for anything else).
     pub(crate) fn from_u8(n: u8) -> Sym {
-        const ALL: [Sym; 23] = [
-            Sym::Other,
-            Sym::Action,
-            Sym::Addr,
-            Sym::DeviceFree,
-            Sym::Size,
-            Sym::Stream,
-            Sym::TimeUs,
-            Sym::CompileContext,
-            Sym::UserMetadata,
-            Sym::InternalMetadata,
-            Sym::Frames,
-            Sym::ForwardFrames,
-            Sym::ActAlloc,
-            Sym::ActFreeRequested,
-            Sym::ActFreeCompleted,
-            Sym::ActSegmentAlloc,
-            Sym::ActSegmentFree,
-            Sym::ActSegmentMap,
-            Sym::ActSegmentUnmap,
-            Sym::ActSnapshot,
-            Sym::ActOom,
-            Sym::ActAnnotate,
-            Sym::ActFree,
-        ];
-        ALL.get(usize::from(n)).copied().unwrap_or(Sym::Other)
+        Sym::ALL.get(usize::from(n)).copied().unwrap_or(Sym::Other)
     }
+
+    const ALL: [Sym; 23] = [
+        Sym::Other,
+        Sym::Action,
+        Sym::Addr,
+        Sym::DeviceFree,
+        Sym::Size,
+        Sym::Stream,
+        Sym::TimeUs,
+        Sym::CompileContext,
+        Sym::UserMetadata,
+        Sym::InternalMetadata,
+        Sym::Frames,
+        Sym::ForwardFrames,
+        Sym::ActAlloc,
+        Sym::ActFreeRequested,
+        Sym::ActFreeCompleted,
+        Sym::ActSegmentAlloc,
+        Sym::ActSegmentFree,
+        Sym::ActSegmentMap,
+        Sym::ActSegmentUnmap,
+        Sym::ActSnapshot,
+        Sym::ActOom,
+        Sym::ActAnnotate,
+        Sym::ActFree,
+    ];
 
     /// The action a known action name stands for.
     pub(crate) fn action(self) -> Option<Action> {
@@ -210,6 +243,26 @@ impl Sym {
         })
     }
 }
+
+/// A trace-entry key's symbol is its rank in the schema's entry order
+/// ([`schema::ENTRY_ORDER`]), so the fast path checks the order by comparing symbols.
+const _: () = {
+    let mut i = 0;
+    while i < Sym::ALL.len() {
+        let sym = Sym::ALL[i];
+        assert!(sym as usize == i);
+        if let Some(key) = sym.key() {
+            assert!(schema::entry_rank(key) == sym as u8);
+            assert!(Sym::of_key(key) as u8 == sym as u8);
+        }
+        i += 1;
+    }
+    let mut r = 0;
+    while r < schema::ENTRY_ORDER.len() {
+        assert!(Sym::of_key(schema::ENTRY_ORDER[r]) as usize == r + 1);
+        r += 1;
+    }
+};
 
 pub(crate) struct Conv<'b> {
     arena: &'b Arena,
@@ -344,15 +397,6 @@ impl<'b> Conv<'b> {
             }
         }
         self.at(Seg::Key(key), |c| c.field(v, field, exact))
-    }
-
-    /// Fills an int setting once; `false` (keep it in `extra`) for a repeat or a non-int.
-    fn set_int(&self, slot: &mut Option<PyInt>, v: Val) -> bool {
-        if slot.is_some() {
-            return false;
-        }
-        *slot = self.int(v).ok();
-        slot.is_some()
     }
 
     fn bool(&self, v: Val) -> Result<bool> {
@@ -546,25 +590,7 @@ impl<'b> Conv<'b> {
         if cached != NONE {
             return Ok(FrameId(cached));
         }
-        let (mut name, mut filename, mut line) = (None, None, None);
-        let mut extra = Extras::new();
-        for (k, v) in self.dict_pairs(v)? {
-            match self.key_bytes(k) {
-                Some(b"name") => name = Some(self.at(Seg::Key("name"), |c| c.str(v))?),
-                Some(b"filename") => filename = Some(self.at(Seg::Key("filename"), |c| c.str(v))?),
-                Some(b"line") => line = Some(self.at(Seg::Key("line"), |c| c.int(v))?),
-                _ => self.extra(k, v, &mut extra)?,
-            }
-        }
-        let (Some(name), Some(filename), Some(line)) = (name, filename, line) else {
-            return Err(self.schema("frame lacks one of the keys 'name', 'filename', 'line'"));
-        };
-        let frame = Frame {
-            name: name.to_owned(),
-            filename: filename.to_owned(),
-            line,
-            extra,
-        };
+        let frame = schema::read_frame(self, v)?;
         let fid = self.st.snap.frames.intern(frame);
         self.st.frame_cache[id as usize] = fid.0;
         if let Some(journal) = &mut self.st.cache_journal {
@@ -579,175 +605,17 @@ impl<'b> Conv<'b> {
         match root {
             Val::Node(id) if self.arena.node(id).kind == Kind::List => {
                 self.st.snap.shape = Shape::SegmentList;
-                self.st.snap.segments = self.segments(root)?;
+                self.st.snap.segments = schema::segment_list(self, root)?;
                 Ok(())
             }
             Val::Node(id) if self.arena.node(id).kind == Kind::Dict => {
-                let mut segments = None;
-                for (k, v) in self.dict_pairs(root)? {
-                    match self.key_bytes(k) {
-                        Some(b"segments") => {
-                            segments = Some(self.at(Seg::Key("segments"), |c| c.segments(v))?)
-                        }
-                        Some(b"device_traces") => {
-                            let traces = self.at(Seg::Key("device_traces"), |c| c.traces(v))?;
-                            self.st.snap.device_traces = Some(traces);
-                        }
-                        Some(b"allocator_settings") => {
-                            let s = self.at(Seg::Key("allocator_settings"), |c| c.settings(v))?;
-                            self.st.snap.allocator_settings = Some(s);
-                        }
-                        Some(b"external_annotations") => {
-                            let a =
-                                self.at(Seg::Key("external_annotations"), |c| c.annotations(v))?;
-                            self.st.snap.external_annotations = Some(a);
-                        }
-                        Some(b"host_segments") => {
-                            let h = self.at(Seg::Key("host_segments"), |c| c.value(v, 0))?;
-                            self.st.snap.host_segments = Some(h);
-                        }
-                        Some(b"host_traces") => {
-                            let h = self.at(Seg::Key("host_traces"), |c| c.value(v, 0))?;
-                            self.st.snap.host_traces = Some(h);
-                        }
-                        Some(b"memsnap") => {
-                            let r = self.at(Seg::Key("memsnap"), |c| c.recorder_info(v))?;
-                            self.st.snap.recorder_info = Some(r);
-                        }
-                        _ => {
-                            let mut extra = std::mem::take(&mut self.st.snap.extra);
-                            self.extra(k, v, &mut extra)?;
-                            self.st.snap.extra = extra;
-                        }
-                    }
-                }
-                self.st.snap.segments = segments
-                    .ok_or_else(|| self.schema("the snapshot dict has no 'segments' key"))?;
+                let mut snap = schema::snapshot_dict(self, root)?;
+                schema::adopt_tables(&mut snap, &mut self.st.snap);
+                self.st.snap = snap;
                 Ok(())
             }
             other => Err(self.expected("a snapshot dict or a segment list", other)),
         }
-    }
-
-    fn recorder_info(&mut self, v: Val) -> Result<RecorderInfo> {
-        let mut info = RecorderInfo::default();
-        let mut producer = None;
-        for (k, v) in self.dict_pairs(v)? {
-            match self.key_bytes(k) {
-                Some(b"producer") => {
-                    producer = Some(self.at(Seg::Key("producer"), |c| c.str(v))?.to_owned())
-                }
-                Some(b"dropped_entries") => {
-                    let exact: Vec<PyInt> = self.at(Seg::Key("dropped_entries"), |c| {
-                        let id = c.list(v)?;
-                        c.charge(c.arena.node(id).len.into())?;
-                        let items: Vec<Val> = c.arena.items(id).collect();
-                        items
-                            .into_iter()
-                            .enumerate()
-                            .map(|(i, x)| c.at(Seg::Index(i), |c| c.int(x)))
-                            .collect()
-                    })?;
-                    info.set_dropped_entries(exact);
-                }
-                _ => self.extra(k, v, &mut info.extra)?,
-            }
-        }
-        info.producer = producer.ok_or_else(|| self.schema("missing key 'producer'"))?;
-        Ok(info)
-    }
-
-    // ---------------------------------------------------------------- segments and blocks
-
-    fn segments(&mut self, v: Val) -> Result<Vec<Segment>> {
-        let id = self.list(v)?;
-        self.charge(self.arena.node(id).len.into())?;
-        let items: Vec<Val> = self.arena.items(id).collect();
-        let mut out = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            out.push(self.at(Seg::Index(i), |c| c.segment(item))?);
-        }
-        Ok(out)
-    }
-
-    fn segment(&mut self, v: Val) -> Result<Segment> {
-        let (mut device, mut address, mut total_size, mut stream) = (None, None, None, None);
-        let mut seg = Segment::new(0, 0, 0, 0);
-        seg.allocated_size = None;
-        seg.active_size = None;
-        seg.requested_size = None;
-        seg.segment_type = None;
-        seg.segment_pool_id = None;
-        seg.is_expandable = None;
-        let mut blocks = None;
-        for (k, v) in self.dict_pairs(v)? {
-            match self.key_bytes(k) {
-                Some(b"device") => {
-                    device =
-                        Some(self.int_at("device", v, IntField::Device, &mut seg.exact)? as i64)
-                }
-                Some(b"address") => {
-                    address = Some(self.int_at("address", v, IntField::Address, &mut seg.exact)?)
-                }
-                Some(b"total_size") => {
-                    total_size =
-                        Some(self.int_at("total_size", v, IntField::TotalSize, &mut seg.exact)?)
-                }
-                Some(b"allocated_size") => {
-                    seg.allocated_size = Some(self.int_at(
-                        "allocated_size",
-                        v,
-                        IntField::AllocatedSize,
-                        &mut seg.exact,
-                    )?)
-                }
-                Some(b"active_size") => {
-                    seg.active_size =
-                        Some(self.int_at("active_size", v, IntField::ActiveSize, &mut seg.exact)?)
-                }
-                Some(b"requested_size") => {
-                    seg.requested_size = Some(self.int_at(
-                        "requested_size",
-                        v,
-                        IntField::RequestedSize,
-                        &mut seg.exact,
-                    )?)
-                }
-                Some(b"stream") => {
-                    stream =
-                        Some(self.int_at("stream", v, IntField::Stream, &mut seg.exact)? as i64)
-                }
-                Some(b"segment_type") => {
-                    let t = self.at(Seg::Key("segment_type"), |c| c.str(v))?;
-                    seg.segment_type = Some(
-                        SegmentType::from_name(t)
-                            .unwrap_or_else(|| SegmentType::Other(self.st.snap.strings.intern(t))),
-                    );
-                }
-                Some(b"segment_pool_id") => {
-                    let mut exact = std::mem::take(&mut seg.exact);
-                    seg.segment_pool_id =
-                        Some(self.at(Seg::Key("segment_pool_id"), |c| c.pool_id(v, &mut exact))?);
-                    seg.exact = exact;
-                }
-                Some(b"is_expandable") => {
-                    seg.is_expandable = Some(self.at(Seg::Key("is_expandable"), |c| c.bool(v))?)
-                }
-                Some(b"frames") => {
-                    seg.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
-                    seg.frames_after_blocks = blocks.is_some();
-                }
-                Some(b"blocks") => blocks = Some(self.at(Seg::Key("blocks"), |c| c.blocks(v))?),
-                _ => self.extra(k, v, &mut seg.extra)?,
-            }
-        }
-        let missing = |c: &Self, key: &str| c.schema(format!("segment lacks key '{key}'"));
-        seg.device = device.ok_or_else(|| missing(self, "device"))?;
-        seg.address = address.ok_or_else(|| missing(self, "address"))?;
-        seg.total_size = total_size.ok_or_else(|| missing(self, "total_size"))?;
-        seg.stream = stream.ok_or_else(|| missing(self, "stream"))?;
-        seg.blocks = blocks.ok_or_else(|| missing(self, "blocks"))?;
-        Ok(seg)
     }
 
     fn pool_id(&mut self, v: Val, exact: &mut ExactInts) -> Result<(i64, i64)> {
@@ -763,98 +631,6 @@ impl<'b> Conv<'b> {
                 self.arena.node(id).len
             ))),
         }
-    }
-
-    fn blocks(&mut self, v: Val) -> Result<Vec<Block>> {
-        let id = self.list(v)?;
-        self.charge(self.arena.node(id).len.into())?;
-        let items: Vec<Val> = self.arena.items(id).collect();
-        let mut out = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            out.push(self.at(Seg::Index(i), |c| c.block(item))?);
-        }
-        Ok(out)
-    }
-
-    fn block(&mut self, v: Val) -> Result<Block> {
-        let mut b = Block::default();
-        let (mut size, mut state) = (None, None);
-        for (k, v) in self.dict_pairs(v)? {
-            match self.key_bytes(k) {
-                Some(b"address") => {
-                    b.address = Some(self.int_at("address", v, IntField::Address, &mut b.exact)?)
-                }
-                Some(b"size") => {
-                    size = Some(self.int_at("size", v, IntField::Size, &mut b.exact)?)
-                }
-                Some(b"requested_size") => {
-                    b.requested_size = Some(self.int_at(
-                        "requested_size",
-                        v,
-                        IntField::RequestedSize,
-                        &mut b.exact,
-                    )?)
-                }
-                Some(b"state") => {
-                    let s = self.at(Seg::Key("state"), |c| c.str(v))?;
-                    state = Some(
-                        BlockState::from_name(s)
-                            .unwrap_or_else(|| BlockState::Other(self.st.snap.strings.intern(s))),
-                    );
-                }
-                Some(b"frames") => b.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?),
-                Some(b"forward_frames") => {
-                    b.forward_frames =
-                        Some(self.at(Seg::Key("forward_frames"), |c| c.string_list(v))?)
-                }
-                Some(b"history") => {
-                    b.history = Some(self.at(Seg::Key("history"), |c| c.history(v))?)
-                }
-                _ => self.extra(k, v, &mut b.extra)?,
-            }
-        }
-        b.size = size.ok_or_else(|| self.schema("block lacks key 'size'"))?;
-        b.state = state.ok_or_else(|| self.schema("block lacks key 'state'"))?;
-        Ok(b)
-    }
-
-    fn history(&mut self, v: Val) -> Result<Vec<HistoryItem>> {
-        let id = self.list(v)?;
-        self.charge(self.arena.node(id).len.into())?;
-        let items: Vec<Val> = self.arena.items(id).collect();
-        let mut out = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            out.push(self.at(Seg::Index(i), |c| {
-                let mut h = HistoryItem {
-                    addr: 0,
-                    real_size: 0,
-                    frames: None,
-                    extra: Extras::new(),
-                    exact: ExactInts::default(),
-                };
-                let (mut addr, mut real_size) = (None, None);
-                for (k, v) in c.dict_pairs(item)? {
-                    match c.key_bytes(k) {
-                        Some(b"addr") => {
-                            addr = Some(c.int_at("addr", v, IntField::Addr, &mut h.exact)?)
-                        }
-                        Some(b"real_size") => {
-                            real_size =
-                                Some(c.int_at("real_size", v, IntField::RealSize, &mut h.exact)?)
-                        }
-                        Some(b"frames") => {
-                            h.frames = Some(c.at(Seg::Key("frames"), |c| c.stack(v))?)
-                        }
-                        _ => c.extra(k, v, &mut h.extra)?,
-                    }
-                }
-                h.addr = addr.ok_or_else(|| c.schema("history item lacks key 'addr'"))?;
-                h.real_size =
-                    real_size.ok_or_else(|| c.schema("history item lacks key 'real_size'"))?;
-                Ok(h)
-            })?);
-        }
-        Ok(out)
     }
 
     // ---------------------------------------------------------------- traces
@@ -931,102 +707,15 @@ impl<'b> Conv<'b> {
     /// A trace entry from its keys and values (interleaved); also says whether the dict is in
     /// canonical form (known keys only, in the writer's order).
     fn entry_from(&mut self, items: &[Val]) -> Result<(TraceEntry, bool)> {
-        let mut e = TraceEntry::new(Action::Alloc, 0, 0, 0);
-        let (mut action, mut addr, mut size, mut stream) = (None, None, None, None);
-        let mut rare: Option<Box<EntryRare>> = None;
-        let mut exact = ExactInts::default();
-        let (mut canonical, mut last_rank) = (true, -1i32);
-        for (i, pair) in items.chunks_exact(2).enumerate() {
+        let mut entry = EntryIn::new();
+        let (mut canonical, mut last_rank) = (true, -1i16);
+        for pair in items.chunks_exact(2) {
             let (k, v) = (pair[0], pair[1]);
-            let rank = match Self::sym(k) {
-                Sym::Action => {
-                    action = Some(match Self::sym(v).action() {
-                        Some(known) => known,
-                        None => {
-                            let name = self.at(Seg::Key("action"), |c| c.str(v))?;
-                            Action::from_name(name)
-                                .unwrap_or_else(|| Action::Other(self.st.snap.strings.intern(name)))
-                        }
-                    });
-                    1
-                }
-                Sym::Addr => {
-                    addr = Some(self.int_at("addr", v, IntField::Addr, &mut exact)?);
-                    2
-                }
-                Sym::DeviceFree => {
-                    let f = self.int_at("device_free", v, IntField::DeviceFree, &mut exact)?;
-                    rare.get_or_insert_with(Default::default).device_free = Some(f);
-                    3
-                }
-                Sym::Size => {
-                    size = Some(self.int_at("size", v, IntField::Size, &mut exact)?);
-                    4
-                }
-                Sym::Stream => {
-                    stream = Some(self.int_at("stream", v, IntField::Stream, &mut exact)? as i64);
-                    5
-                }
-                Sym::TimeUs => {
-                    e.time_us =
-                        Some(self.int_at("time_us", v, IntField::TimeUs, &mut exact)? as i64);
-                    6
-                }
-                Sym::CompileContext => {
-                    e.compile_context =
-                        Some(self.at(Seg::Key("compile_context"), |c| c.recent_str(v, 0))?);
-                    7
-                }
-                Sym::UserMetadata => {
-                    e.user_metadata =
-                        Some(self.at(Seg::Key("user_metadata"), |c| c.recent_str(v, 1))?);
-                    8
-                }
-                Sym::InternalMetadata => {
-                    let s = self.at(Seg::Key("internal_metadata"), |c| c.str(v))?;
-                    let s = self.st.snap.strings.intern(s);
-                    rare.get_or_insert_with(Default::default).internal_metadata = Some(s);
-                    9
-                }
-                Sym::Frames => {
-                    e.frames = Some(self.at(Seg::Key("frames"), |c| c.stack(v))?);
-                    if i == 0 {
-                        rare.get_or_insert_with(Default::default)
-                            .legacy_frames_first = true;
-                        0
-                    } else {
-                        10
-                    }
-                }
-                Sym::ForwardFrames => {
-                    let f = self.at(Seg::Key("forward_frames"), |c| c.string_list(v))?;
-                    rare.get_or_insert_with(Default::default).forward_frames = Some(f);
-                    11
-                }
-                _ => {
-                    let r = rare.get_or_insert_with(Default::default);
-                    let mut extra = std::mem::take(&mut r.extra);
-                    self.extra(k, v, &mut extra)?;
-                    rare.as_mut().expect("just set").extra = extra;
-                    canonical = false;
-                    12
-                }
-            };
-            canonical &= rank > last_rank;
-            last_rank = rank;
+            let rank = entry.key(self, Self::sym(k).key(), k, v)?;
+            canonical &= rank != ENTRY_RANK_UNKNOWN && i16::from(rank) > last_rank;
+            last_rank = i16::from(rank);
         }
-        e.action = action.ok_or_else(|| self.schema("trace entry lacks key 'action'"))?;
-        e.size = size.ok_or_else(|| self.schema("trace entry lacks key 'size'"))?;
-        e.stream = stream.ok_or_else(|| self.schema("trace entry lacks key 'stream'"))?;
-        match addr {
-            Some(a) => e.addr = a,
-            None => rare.get_or_insert_with(Default::default).no_addr = true,
-        }
-        if !exact.is_empty() {
-            rare.get_or_insert_with(Default::default).exact = exact;
-        }
-        e.rare = rare;
-        Ok((e, canonical))
+        Ok((entry.finish(self)?, canonical))
     }
 
     /// Interns a string through the one-entry cache `slot` of [`ConvState::recent_strs`].
@@ -1127,47 +816,38 @@ impl<'b> Conv<'b> {
     fn settings(&mut self, v: Val) -> Result<AllocatorSettings> {
         let mut s = AllocatorSettings::default();
         for (k, v) in self.dict_pairs(v)? {
-            // A known key with an unexpected type is kept in `extra` rather than rejected.
-            let kept = match self.key_bytes(k) {
-                Some(b"PYTORCH_CUDA_ALLOC_CONF") if s.alloc_conf.is_none() => {
-                    if let Val::Str { .. } = v {
-                        s.alloc_conf = Some(self.str(v)?.to_owned());
-                    }
-                    s.alloc_conf.is_some()
-                }
-                Some(b"max_split_size") => self.set_int(&mut s.max_split_size, v),
-                Some(b"garbage_collection_threshold") => match v {
-                    Val::Float(f) if s.garbage_collection_threshold.is_none() => {
-                        s.garbage_collection_threshold = Some(f);
+            // A known key with an unexpected type (or a repeated one) is kept in `extra`.
+            let kept = match schema::setting(&mut s, self.key_of(k)) {
+                Some(Setting::Str(slot)) => match v {
+                    Val::Str { .. } => {
+                        *slot = Some(self.str(v)?.to_owned());
                         true
                     }
                     _ => false,
                 },
-                Some(b"expandable_segments") => set_bool(&mut s.expandable_segments, v),
-                Some(b"pinned_num_register_threads") => {
-                    self.set_int(&mut s.pinned_num_register_threads, v)
+                Some(Setting::Int(slot)) => {
+                    *slot = self.int(v).ok();
+                    slot.is_some()
                 }
-                Some(b"release_lock_on_cudamalloc") => {
-                    set_bool(&mut s.release_lock_on_cudamalloc, v)
-                }
-                Some(b"pinned_use_cuda_host_register") => {
-                    set_bool(&mut s.pinned_use_cuda_host_register, v)
-                }
-                Some(b"graph_capture_record_stream_reuse") => {
-                    set_bool(&mut s.graph_capture_record_stream_reuse, v)
-                }
-                Some(b"roundup_power2_divisions") if s.roundup_power2_divisions.is_none() => {
-                    match self.divisions(v)? {
-                        Some(d) => {
-                            s.roundup_power2_divisions = Some(d);
-                            true
-                        }
-                        None => false,
+                Some(Setting::Float(slot)) => match v {
+                    Val::Float(f) => {
+                        *slot = Some(f);
+                        true
                     }
+                    _ => false,
+                },
+                Some(Setting::Bool(slot)) => match v {
+                    Val::Bool(b) => {
+                        *slot = Some(b);
+                        true
+                    }
+                    _ => false,
+                },
+                Some(Setting::Divisions(slot)) => {
+                    *slot = self.divisions(v)?;
+                    slot.is_some()
                 }
-                Some(b"max_round_threshold") => self.set_int(&mut s.max_round_threshold, v),
-                Some(b"max_cached_size") => self.set_int(&mut s.max_cached_size, v),
-                _ => false,
+                None => false,
             };
             if !kept {
                 self.extra(k, v, &mut s.extra)?;
@@ -1196,50 +876,142 @@ impl<'b> Conv<'b> {
         Ok(Some(out))
     }
 
-    fn annotations(&mut self, v: Val) -> Result<Vec<Annotation>> {
+    /// The schema key a dict key is, if any.
+    #[inline]
+    fn key_of(&self, k: Val) -> Option<Key> {
+        self.key_bytes(k).and_then(Key::of_bytes)
+    }
+}
+
+/// The pickle converter reads the schema ([`schema`]'s read side) from the VM's values.
+impl Source for Conv<'_> {
+    type V = Val;
+    type Name = Val;
+
+    fn fail(&self, what: String) -> FormatError {
+        self.schema(what)
+    }
+
+    fn missing(&self, what: &str, key: Key) -> FormatError {
+        match key {
+            Key::segments => self.schema("the snapshot dict has no 'segments' key"),
+            Key::producer => self.schema("missing key 'producer'"),
+            _ => self.schema(format!("{what} lacks key '{}'", key.text())),
+        }
+    }
+
+    #[inline]
+    fn at_key<T>(&mut self, key: Key, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.at(Seg::Key(key.text()), f)
+    }
+
+    fn get_dict(
+        &mut self,
+        v: Val,
+        mut each: impl FnMut(&mut Self, Option<Key>, Val, Val) -> Result<()>,
+    ) -> Result<()> {
+        for (k, v) in self.dict_pairs(v)? {
+            let key = self.key_of(k);
+            each(self, key, k, v)?;
+        }
+        Ok(())
+    }
+
+    fn get_list<T>(
+        &mut self,
+        v: Val,
+        mut item: impl FnMut(&mut Self, Val) -> Result<T>,
+    ) -> Result<Vec<T>> {
         let id = self.list(v)?;
         self.charge(self.arena.node(id).len.into())?;
         let items: Vec<Val> = self.arena.items(id).collect();
         let mut out = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            out.push(self.at(Seg::Index(i), |c| c.annotation(item))?);
+        for (i, x) in items.into_iter().enumerate() {
+            out.push(self.at(Seg::Index(i), |c| item(c, x))?);
         }
         Ok(out)
     }
 
-    fn annotation(&mut self, v: Val) -> Result<Annotation> {
-        let (mut device, mut time_us) = (None, None);
-        let mut metadata = Vec::new();
-        let mut extra = Extras::new();
-        let mut exact = ExactInts::default();
-        for (k, v) in self.dict_pairs(v)? {
-            match self.key_bytes(k) {
-                Some(b"device") if device.is_none() => {
-                    device = Some(self.int_at("device", v, IntField::Device, &mut exact)? as i64)
-                }
-                Some(b"time_us") if time_us.is_none() => {
-                    time_us = Some(self.int_at("time_us", v, IntField::TimeUs, &mut exact)? as i64)
-                }
-                _ if device.is_none() && time_us.is_none() => self.extra(k, v, &mut metadata)?,
-                _ => self.extra(k, v, &mut extra)?,
+    #[inline]
+    fn get_int(&mut self, v: Val) -> Result<PyInt> {
+        self.int(v)
+    }
+
+    #[inline(always)]
+    fn get_field(
+        &mut self,
+        key: Key,
+        v: Val,
+        field: IntField,
+        exact: &mut ExactInts,
+    ) -> Result<u64> {
+        self.int_at(key.text(), v, field, exact)
+    }
+
+    fn get_string(&mut self, v: Val) -> Result<String> {
+        self.str(v).map(str::to_owned)
+    }
+
+    #[inline]
+    fn get_interned(&mut self, v: Val, slot: Option<usize>) -> Result<StrId> {
+        match slot {
+            Some(slot) => self.recent_str(v, slot),
+            None => {
+                let s = self.str(v)?;
+                Ok(self.st.snap.strings.intern(s))
             }
         }
-        Ok(Annotation {
-            metadata,
-            device: device.ok_or_else(|| self.schema("annotation lacks key 'device'"))?,
-            time_us: time_us.ok_or_else(|| self.schema("annotation lacks key 'time_us'"))?,
-            extra,
-            exact,
-        })
     }
-}
 
-fn set_bool(slot: &mut Option<bool>, v: Val) -> bool {
-    match v {
-        Val::Bool(b) if slot.is_none() => {
-            *slot = Some(b);
-            true
+    fn get_named<T>(
+        &mut self,
+        v: Val,
+        known: fn(&str) -> Option<T>,
+        other: fn(StrId) -> T,
+    ) -> Result<T> {
+        let name = self.str(v)?;
+        Ok(known(name).unwrap_or_else(|| other(self.st.snap.strings.intern(name))))
+    }
+
+    /// A known action name was recognised when the VM read it.
+    #[inline]
+    fn get_action(&mut self, v: Val) -> Result<Action> {
+        match Self::sym(v).action() {
+            Some(known) => Ok(known),
+            None => self.get_named(v, Action::from_name, Action::Other),
         }
-        _ => false,
+    }
+
+    fn get_bool(&mut self, v: Val) -> Result<bool> {
+        self.bool(v)
+    }
+
+    #[inline]
+    fn get_stack(&mut self, v: Val) -> Result<StackId> {
+        self.stack(v)
+    }
+
+    fn get_strings(&mut self, v: Val) -> Result<Vec<String>> {
+        self.string_list(v)
+    }
+
+    fn get_value(&mut self, v: Val) -> Result<Value> {
+        self.value(v, 0)
+    }
+
+    fn get_pool_id(&mut self, v: Val, exact: &mut ExactInts) -> Result<(i64, i64)> {
+        self.pool_id(v, exact)
+    }
+
+    fn get_traces(&mut self, v: Val) -> Result<Vec<Vec<TraceEntry>>> {
+        self.traces(v)
+    }
+
+    fn get_settings(&mut self, v: Val) -> Result<AllocatorSettings> {
+        self.settings(v)
+    }
+
+    fn put_extra(&mut self, name: Val, v: Val, out: &mut Extras) -> Result<()> {
+        self.extra(name, v, out)
     }
 }

@@ -13,8 +13,9 @@
 //! anywhere in between (a frame boundary may fall inside an entry):
 //!
 //! * each key a memo reference (`BINGET`/`LONG_BINGET`) to a str the VM recognised as an
-//!   entry key ([`Sym`]), the keys strictly in the writer's order (the schema's: `action`,
-//!   `addr`, `size`, `stream`, `time_us`, `compile_context`, `user_metadata`, `frames`);
+//!   entry key ([`Sym`]), the keys strictly in the writer's order (the schema's
+//!   `ENTRY_ORDER`: `action`, `addr`, `size`, `stream`, `time_us`, `compile_context`,
+//!   `user_metadata`, `frames`);
 //!   `action`, `addr`, `size` and `stream` present;
 //! * `action`: a memo reference to a known action name;
 //! * `addr`, `size`: an int opcode (`BININT1`/`BININT2`/`BININT`, `LONG1` of at most 8
@@ -177,7 +178,8 @@ impl<F: Feed> Vm<'_, F> {
                 break;
             }
             let sym = self.memo_sym(code, &mut p)?;
-            // Keys in the writer's order: `Sym`'s key variants are declared in that order.
+            // Keys in the writer's order: a key `Sym` is its rank in the schema's
+            // `ENTRY_ORDER` (asserted at compile time in `convert.rs`).
             if sym as u8 <= last_rank {
                 return None;
             }
