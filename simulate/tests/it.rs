@@ -193,6 +193,25 @@ fn conf() -> impl Strategy<Value = String> {
         })
 }
 
+/// Settings whose state before a window the file determines: plain segments, no
+/// `max_split_size_mb` (see [`own_dumps_replay_from_the_middle`]).
+fn plain_conf() -> impl Strategy<Value = String> {
+    (
+        prop_oneof![Just(None), Just(Some(2u64)), Just(Some(4)), Just(Some(8))],
+        prop_oneof![Just(None), Just(Some(0.6f64)), Just(Some(0.8))],
+    )
+        .prop_map(|(div, gc)| {
+            let mut parts = vec!["expandable_segments:False".to_string()];
+            if let Some(d) = div {
+                parts.push(format!("roundup_power2_divisions:{d}"));
+            }
+            if let Some(g) = gc {
+                parts.push(format!("garbage_collection_threshold:{g}"));
+            }
+            parts.join(",")
+        })
+}
+
 /// Runs `ops` on a recording allocator and returns its snapshot.
 fn record(conf: &str, ops: &[Op]) -> Snapshot {
     let alloc = CachingAllocator::with_conf(SimulatedDevice::new(80 << 30), conf).unwrap();
@@ -240,6 +259,10 @@ proptest! {
     #[test]
     fn own_dumps_replay_to_their_own_decisions(conf in conf(), ops in proptest::collection::vec(op(), 1..120)) {
         let snapshot = record(&conf, &ops);
+        if snapshot.traces()[0].is_empty() {
+            // Only frees of nothing: no trace, which simulate refuses (tested elsewhere).
+            return Ok(());
+        }
         let sim = simulate(&snapshot, &Options::default()).unwrap();
         let d = &sim.devices[0];
         prop_assert_eq!(&d.segment_events, &recorded_decisions(&snapshot));
@@ -251,12 +274,12 @@ proptest! {
     }
 
     /// The same, replaying only the newest part of the trace (a ring buffer that wrapped):
-    /// the state before the window is rebuilt from the file. Plain segments only: a window
-    /// that starts inside the life of expandable reservations is not rebuilt exactly yet
-    /// (see the crate README, "Known differences").
+    /// the state before the window is rebuilt from the file. Plain segments without
+    /// `max_split_size_mb` only: a window that starts inside the life of expandable
+    /// reservations is not rebuilt exactly yet, and the size of an oversize block from before
+    /// the window is unknown (see the crate README, "Known differences").
     #[test]
-    fn own_dumps_replay_from_the_middle(conf in conf(), ops in proptest::collection::vec(op(), 1..120), cut in 0usize..200) {
-        prop_assume!(!conf.contains("expandable_segments:True"));
+    fn own_dumps_replay_from_the_middle(conf in plain_conf(), ops in proptest::collection::vec(op(), 1..120), cut in 0usize..200) {
         let mut snapshot = record(&conf, &ops);
         let traces = snapshot.device_traces.as_mut().unwrap();
         let cut = cut.min(traces[0].len());
