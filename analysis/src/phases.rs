@@ -324,7 +324,9 @@ pub struct Phase {
     pub peak_event: u32,
     pub start_time_us: Option<i64>,
     pub end_time_us: Option<i64>,
-    /// `end_bytes - start_bytes` over the phase, per second and per event.
+    /// `end_bytes - start_bytes` over the phase, per second and per event (flattened into
+    /// the phase in JSON: `bytes`, `events`, `duration_us`, `bytes_per_s`, `bytes_per_event`).
+    #[serde(flatten)]
     pub slope: Slope,
     /// Allocations made in the phase.
     pub allocations: u64,

@@ -138,29 +138,13 @@ pub struct StepSummary {
     pub optimizer_state_bytes: u64,
 }
 
-/// One phase of a step (or the set-up before the first step).
+/// One phase of a step (or the set-up before the first step): the phase's own fields
+/// (flattened: `kind`, `start_event`, `end_event`, `start_bytes`, `end_bytes`, `bytes_per_s`,
+/// ...) and the live bytes by category at its peak.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PhaseSummary {
-    /// `setup`, `forward`, `backward` or `optimizer`.
-    pub kind: String,
-    pub start_event: u32,
-    pub end_event: u32,
-    /// Live bytes when the phase begins (before its first event) and after its last event.
-    pub start_bytes: u64,
-    pub end_bytes: u64,
-    pub peak_bytes: u64,
-    pub peak_event: u32,
-    pub start_time_us: Option<i64>,
-    pub end_time_us: Option<i64>,
-    /// `end_bytes - start_bytes`.
-    pub bytes: i64,
-    pub events: u32,
-    pub duration_us: Option<i64>,
-    pub bytes_per_s: Option<f64>,
-    pub bytes_per_event: f64,
-    /// Allocations made in the phase and their bytes.
-    pub allocations: u64,
-    pub allocated_bytes: u64,
+    #[serde(flatten)]
+    pub phase: Phase,
     /// Live bytes by category at the phase's peak.
     pub categories_at_peak: std::collections::BTreeMap<String, u64>,
 }
@@ -182,22 +166,7 @@ fn category_map(bytes: &CategoryBytes) -> std::collections::BTreeMap<String, u64
 
 fn phase_summary(p: &Phase, categories: &CategoryBytes) -> PhaseSummary {
     PhaseSummary {
-        kind: p.kind.name().to_string(),
-        start_event: p.start_event,
-        end_event: p.end_event,
-        start_bytes: p.start_bytes,
-        end_bytes: p.end_bytes,
-        peak_bytes: p.peak_bytes,
-        peak_event: p.peak_event,
-        start_time_us: p.start_time_us,
-        end_time_us: p.end_time_us,
-        bytes: p.slope.bytes,
-        events: p.slope.events,
-        duration_us: p.slope.duration_us,
-        bytes_per_s: p.slope.bytes_per_s,
-        bytes_per_event: p.slope.bytes_per_event,
-        allocations: p.allocations,
-        allocated_bytes: p.allocated_bytes,
+        phase: p.clone(),
         categories_at_peak: category_map(categories),
     }
 }

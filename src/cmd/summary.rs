@@ -124,9 +124,9 @@ pub use memsnap_units::{format_delta, format_duration_us};
 
 /// A phase's rate: per second when the trace has times, else per event.
 fn phase_rate(p: &memsnap_analysis::summary::PhaseSummary) -> String {
-    match p.bytes_per_s {
+    match p.phase.slope.bytes_per_s {
         Some(r) => memsnap_units::format_rate_signed(r),
-        None => memsnap_units::format_per_event_signed(p.bytes_per_event),
+        None => memsnap_units::format_per_event_signed(p.phase.slope.bytes_per_event),
     }
 }
 
@@ -191,10 +191,10 @@ fn render(name: &str, summary: &Summary) -> String {
             let _ = writeln!(
                 out,
                 "  set-up: events {}..={}, {} -> {}",
-                p.start_event,
-                p.end_event,
-                format_size(p.start_bytes),
-                format_size(p.end_bytes)
+                p.phase.start_event,
+                p.phase.end_event,
+                format_size(p.phase.start_bytes),
+                format_size(p.phase.end_bytes)
             );
         }
         if d.steps.is_empty() {
@@ -230,7 +230,7 @@ fn render(name: &str, summary: &Summary) -> String {
                     format_size(s.outliving_bytes),
                     s.phases
                         .iter()
-                        .map(|p| p.kind.as_str())
+                        .map(|p| p.phase.kind.name())
                         .collect::<Vec<_>>()
                         .join(" > "),
                     if tags.is_empty() {
@@ -244,12 +244,12 @@ fn render(name: &str, summary: &Summary) -> String {
                     let _ = writeln!(
                         out,
                         "          {:<9} events {:>7}..={:<7} {:>10} -> {:>10}  {:>11}  {}",
-                        p.kind,
-                        p.start_event,
-                        p.end_event,
-                        format_size(p.start_bytes),
-                        format_size(p.end_bytes),
-                        format_delta(p.bytes),
+                        p.phase.kind.name(),
+                        p.phase.start_event,
+                        p.phase.end_event,
+                        format_size(p.phase.start_bytes),
+                        format_size(p.phase.end_bytes),
+                        format_delta(p.phase.slope.bytes),
                         rate
                     );
                 }
