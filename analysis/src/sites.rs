@@ -34,11 +34,15 @@ pub enum SiteKey {
     File(String),
     /// No stack was recorded.
     Unknown,
+    /// Allocated before the recording began (live in the final segments, or freed in the
+    /// window) and without a stack: the model's weights, typically.
+    BeforeWindow,
 }
 
 impl SiteKey {
     /// A one-line label: `file:line:function` of the top frame (for stacks, followed by the
-    /// number of frames), the file name, or `<no stack>`.
+    /// number of frames), the file name, `<no stack>`, or for memory from before the recording
+    /// without a stack `<allocated before the recording (no stack)>`.
     pub fn label(&self, snapshot: &Snapshot) -> String {
         match self {
             SiteKey::Stack(id) => match top_frame(snapshot, *id) {
@@ -48,6 +52,7 @@ impl SiteKey {
             SiteKey::Frame(f) => format!("{}", FrameLabel(snapshot.frames.get(*f))),
             SiteKey::File(name) => name.clone(),
             SiteKey::Unknown => "<no stack>".to_string(),
+            SiteKey::BeforeWindow => "<allocated before the recording (no stack)>".to_string(),
         }
     }
 }
@@ -242,6 +247,25 @@ impl<'a> SiteKeyer<'a> {
             snapshot,
             by,
             cache: HashMap::default(),
+        }
+    }
+
+    /// The site of an allocation: its stack's site, or [`SiteKey::BeforeWindow`] when it has no
+    /// frames and predates the recorded window.
+    pub fn key_of(&mut self, allocation: &crate::replay::Allocation) -> SiteKey {
+        let key = self.key(allocation.stack);
+        let no_frames = match &key {
+            SiteKey::Unknown => true,
+            SiteKey::Stack(id) => {
+                (id.0 as usize) < self.snapshot.stacks.len()
+                    && self.snapshot.stacks.get(*id).is_empty()
+            }
+            _ => false,
+        };
+        if no_frames && allocation.before_window() {
+            SiteKey::BeforeWindow
+        } else {
+            key
         }
     }
 

@@ -280,7 +280,7 @@ impl DeviceTimeline {
             if a.size < min_size {
                 continue;
             }
-            let key = keyer.key(a.stack);
+            let key = keyer.key_of(a);
             let g = groups.entry(key.clone()).or_insert_with(|| LiveGroup {
                 key,
                 bytes: 0,
@@ -315,7 +315,7 @@ impl DeviceTimeline {
         let mut keyer = SiteKeyer::new(snapshot, by);
         let mut sites: HashMap<SiteKey, SiteStats> = HashMap::default();
         for a in &self.replay.allocations {
-            let key = keyer.key(a.stack);
+            let key = keyer.key_of(a);
             let s = sites.entry(key.clone()).or_insert_with(|| SiteStats {
                 key,
                 bytes_at_peak: 0,

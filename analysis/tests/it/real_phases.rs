@@ -168,3 +168,18 @@ fn sites_skip_the_allocator_and_torch_internals() {
         }
     }
 }
+
+/// Regression: the largest site of 12's peak (weights loaded before the recording, blocks with
+/// empty frames) read `<no stack>`; it says where the memory comes from.
+#[test]
+fn weights_from_before_the_recording_are_named_not_no_stack() {
+    let Some(snapshot) = load("12_") else { return };
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let top = &timeline.top_sites(&snapshot, memsnap_analysis::GroupBy::Frame)[0];
+    assert_eq!(top.key, memsnap_analysis::SiteKey::BeforeWindow);
+    assert_eq!(
+        top.key.label(&snapshot),
+        "<allocated before the recording (no stack)>"
+    );
+    assert_eq!(top.bytes_at_peak, 13_628_553_216);
+}
