@@ -1,0 +1,49 @@
+//! Opening any supported input by its content.
+
+use std::path::Path;
+
+use memsnap_format::io::{Detected, Progress};
+use memsnap_format::Snapshot;
+
+use crate::Result;
+
+/// Where an opened snapshot came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// One of memsnap's own encodings (a PyTorch pickle, msgpack or JSON snapshot).
+    Snapshot(Detected),
+}
+
+impl Source {
+    /// A short human name: `pickle, gzip`, `torch.profiler trace`, ...
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Snapshot(d) => match d.compression {
+                memsnap_format::Compression::None => d.format.name().to_string(),
+                memsnap_format::Compression::Gzip => format!("{}, gzip", d.format.name()),
+                memsnap_format::Compression::Zstd => format!("{}, zstd", d.format.name()),
+            },
+        }
+    }
+}
+
+/// A snapshot and where it came from.
+pub type Opened = (Snapshot, Source);
+
+/// Opens a file of any supported kind, told apart by its content.
+pub fn open_path(path: &Path) -> Result<Opened> {
+    open_path_with(path, &mut |_, _| true)
+}
+
+/// [`open_path`] with a progress callback (see [`memsnap_format::io::Progress`]).
+pub fn open_path_with(path: &Path, progress: Progress<'_>) -> Result<Opened> {
+    let (snapshot, detected) = memsnap_format::io::read_path_with(path, progress)?;
+    Ok((snapshot, Source::Snapshot(detected)))
+}
+
+/// Decodes bytes of any supported kind, told apart by their content.
+pub fn open_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<Opened> {
+    let (snapshot, detected) = memsnap_format::io::read_bytes_with(bytes, progress)?;
+    Ok((snapshot, Source::Snapshot(detected)))
+}

@@ -1,0 +1,3 @@
+//! memsnap-converters' integration tests (one binary; a module per converter).
+
+mod open;
