@@ -26,6 +26,9 @@
 //! * **Where the counter is not trusted** (not x86-64 Linux, a kernel clocksource other than
 //!   `tsc`, or `RDTSC` disabled by `prctl`), every reading is the OS clock, as before.
 //!
+//! * **Manual** (deterministic recordings: tests, simulated workloads): the clock stands still
+//!   until it is advanced, and its readings count from the epoch the caller chose.
+//!
 //! The only `unsafe` is the counter read itself and the `prctl` check, in `tsc.rs`.
 
 use std::sync::OnceLock;
@@ -51,6 +54,9 @@ pub(crate) enum Source {
     Counter,
     /// The OS monotonic clock (`Instant`) at every reading.
     Os,
+    /// A fake clock for deterministic recordings: it reads what [`Clock::advance`] made it,
+    /// nanoseconds since its own epoch (see `CachingAllocator::use_manual_clock`).
+    Manual,
 }
 
 /// The best source on this machine (decided once per process).
@@ -108,6 +114,13 @@ impl Clock {
         self.source
     }
 
+    /// Moves a [`Source::Manual`] clock forward by `ns` (saturating); other clocks ignore it.
+    pub fn advance(&mut self, ns: u64) {
+        if self.source == Source::Manual {
+            self.last_ns = self.last_ns.saturating_add(ns);
+        }
+    }
+
     /// Nanoseconds since the process clock anchor; never less than the previous reading.
     #[inline]
     pub fn now_ns(&mut self) -> u64 {
@@ -123,6 +136,7 @@ impl Clock {
                 }
             }
             Source::Os => os_now_ns(),
+            Source::Manual => self.last_ns,
         };
         let ns = ns.max(self.last_ns);
         self.last_ns = ns;

@@ -207,6 +207,16 @@ impl Slot {
     }
 }
 
+/// A `record_function`-style annotation (`{stage: START, name: ProfilerStep#3}`), kept in its
+/// own ring buffer like PyTorch's `external_annotations`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawAnnotation {
+    /// Key and value pairs, in the order given.
+    pub metadata: Vec<(String, String)>,
+    /// The clock reading (as [`RawEntry::time_ns`]).
+    pub time_ns: u64,
+}
+
 /// The ring buffer of one device.
 #[derive(Debug)]
 pub(crate) struct History {
@@ -226,6 +236,9 @@ pub(crate) struct History {
     /// stacks), decided once in [`History::configure`] instead of at every entry.
     on: bool,
     keep_stacks: bool,
+    /// The newest annotations, oldest first: a second ring of the same capacity, as PyTorch
+    /// keeps them (annotations are not trace entries and are not counted as dropped).
+    annotations: std::collections::VecDeque<RawAnnotation>,
 }
 
 impl Default for History {
@@ -240,6 +253,7 @@ impl Default for History {
             last_stream: None,
             on: false,
             keep_stacks: false,
+            annotations: std::collections::VecDeque::new(),
         }
     }
 }
@@ -271,6 +285,12 @@ impl History {
             let excess = kept.len() - capacity;
             kept.drain(..excess);
             self.dropped += excess as u64;
+        }
+        if options.clear_history {
+            self.annotations.clear();
+        }
+        while self.annotations.len() > capacity {
+            self.annotations.pop_front();
         }
         self.entries = kept;
         self.next = 0;
@@ -434,6 +454,29 @@ impl History {
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Entries recorded since recording began: those kept and those dropped.
+    pub fn recorded(&self) -> u64 {
+        self.entries.len() as u64 + self.dropped
+    }
+
+    /// Appends an annotation (when enabled), dropping the oldest past the capacity.
+    pub fn annotate(&mut self, annotation: RawAnnotation) {
+        if !self.on {
+            return;
+        }
+        if self.annotations.len() >= self.capacity {
+            self.annotations.pop_front();
+        }
+        if self.annotations.try_reserve(1).is_ok() {
+            self.annotations.push_back(annotation);
+        }
+    }
+
+    /// The annotations, oldest first.
+    pub fn annotations(&self) -> Vec<RawAnnotation> {
+        self.annotations.iter().cloned().collect()
     }
 }
 

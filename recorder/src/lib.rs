@@ -106,5 +106,5 @@ pub use device::hip::HipDevice;
 pub use device::{Device, Event, HostDevice, HostTensor, MemInfo, SimulatedDevice, Stream};
 pub use error::{ConfigError, DeviceError, Error, OomInfo, Result};
 pub use history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
-pub use stacks::Unwinder;
+pub use stacks::{GivenStack, Unwinder};
 pub use stats::{DeviceStats, Stat, StatArray, StatType};

@@ -8,7 +8,8 @@ use memsnap_format::{Frame, Snapshot, StackId};
 
 /// One snapshot of several devices: segments in the order given, one trace per device index
 /// (each source's non-empty traces go to their own device's slot), dropped-entry counts
-/// summed per device, and the first source's recorder info and allocator settings.
+/// summed per device, the first source's recorder info and allocator settings, and every
+/// source's annotations in time order.
 ///
 /// Stacks, compile contexts and user metadata are interned again in the merged tables;
 /// `restack` sees every stack on the way and may rewrite it (the C ABI drops its own frames
@@ -83,8 +84,16 @@ pub fn merge_device_snapshots(
         }
         if out.allocator_settings.is_none() {
             out.allocator_settings = source.allocator_settings.clone();
-            out.external_annotations = source.external_annotations.clone();
         }
+        // Each device keeps its own annotations (they carry their device).
+        if let Some(annotations) = &source.external_annotations {
+            out.external_annotations
+                .get_or_insert_with(Vec::new)
+                .extend(annotations.iter().cloned());
+        }
+    }
+    if let Some(annotations) = out.external_annotations.as_mut() {
+        annotations.sort_by_key(|a| a.time_us);
     }
     if let Some(info) = out.recorder_info.as_mut() {
         info.dropped_entries = dropped;

@@ -6,5 +6,4 @@ mod hostile;
 mod numbers;
 mod pickle;
 mod reader_paths;
-mod synth;
 mod validate;

@@ -10,15 +10,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use memsnap_format::{BlockState, SegmentType, Snapshot};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::config::AllocatorConfig;
 use crate::device::{Device, Stream};
 use crate::error::{Error, OomInfo, Result};
 use crate::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
-use crate::stacks::{CapturedStack, Unwinder};
+use crate::stacks::{CapturedStack, GivenStack, RawStackId, Unwinder};
 use crate::stats::DeviceStats;
 use state::{MallocFailure, RestoreBlock, RestoreKind, RestoreSegment, State};
 
@@ -154,6 +155,28 @@ impl<D: Device> CachingAllocator<D> {
         let stack = self.capture(ContextMode::State);
         let mut st = self.state.lock();
         let ctx = st.intern(stack.as_ref().map(CapturedStack::as_slice));
+        self.malloc_locked(st, size, stream, ctx)
+    }
+
+    /// [`CachingAllocator::malloc`] recording `stack` (see [`GivenStack`]) instead of
+    /// capturing the native one. The context level of the history options applies as for a
+    /// captured stack; the stack mode does not (it says whether to walk native stacks).
+    pub fn malloc_with_stack(&self, size: u64, stream: Stream, stack: GivenStack) -> Result<u64> {
+        if size == 0 {
+            return Ok(0);
+        }
+        let st = self.state.lock();
+        let ctx = st.given(stack, ContextMode::State);
+        self.malloc_locked(st, size, stream, ctx)
+    }
+
+    fn malloc_locked(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        size: u64,
+        stream: Stream,
+        ctx: RawStackId,
+    ) -> Result<u64> {
         match st.malloc(&self.device, size, stream, ctx) {
             Ok(ptr) => Ok(ptr),
             Err(MallocFailure::Device(source)) => Err(Error::Device {
@@ -177,6 +200,21 @@ impl<D: Device> CachingAllocator<D> {
         let stack = self.capture(ContextMode::All);
         let mut st = self.state.lock();
         let ctx = st.intern(stack.as_ref().map(CapturedStack::as_slice));
+        self.free_locked(st, ptr, ctx)
+    }
+
+    /// [`CachingAllocator::free`] recording `stack` as the free's call site (with the context
+    /// level `all`; below it the free entries keep the allocation's stack, as usual).
+    pub fn free_with_stack(&self, ptr: u64, stack: GivenStack) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let st = self.state.lock();
+        let ctx = st.given(stack, ContextMode::All);
+        self.free_locked(st, ptr, ctx)
+    }
+
+    fn free_locked(&self, mut st: MutexGuard<'_, State>, ptr: u64, ctx: RawStackId) -> Result<()> {
         if st.free(&self.device, ptr, ctx) {
             Ok(())
         } else {
@@ -185,6 +223,55 @@ impl<D: Device> CachingAllocator<D> {
                 ptr,
             })
         }
+    }
+
+    /// Registers a stack given as frames, innermost first (see [`GivenStack`]). Registering
+    /// an equal stack again returns the same handle. `None` when the table of given stacks
+    /// is full (2^31 - 1 stacks).
+    pub fn register_stack(&self, frames: &[memsnap_format::Frame]) -> Option<GivenStack> {
+        self.state
+            .lock()
+            .given_stacks
+            .register(frames)
+            .map(GivenStack)
+    }
+
+    /// Replaces the history clock with a manual one, for deterministic recordings (tests,
+    /// simulated workloads): it reads `start_us` (µs since the Unix epoch) until
+    /// [`CachingAllocator::advance_clock`] moves it. Call it before recording starts, since
+    /// entries already recorded keep the old clock's time base.
+    pub fn use_manual_clock(&self, start_us: i64) {
+        self.state.lock().use_manual_clock(start_us);
+    }
+
+    /// Moves a manual clock forward by `by` (nanoseconds count; the trace keeps
+    /// microseconds). Does nothing to the real clock.
+    pub fn advance_clock(&self, by: Duration) {
+        let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.state.lock().advance_clock(ns);
+    }
+
+    /// The history clock now, in µs since the Unix epoch.
+    pub fn clock_now_us(&self) -> i64 {
+        self.state.lock().clock_now_us()
+    }
+
+    /// Records an annotation, like PyTorch's `record_function` markers with
+    /// `_record_memory_history`: `[("stage", "START"), ("name", "ProfilerStep#3")]`. Stamped
+    /// with the history clock and kept in a ring of `max_entries` annotations; written to the
+    /// snapshot's `external_annotations`. Nothing is recorded while history is off.
+    pub fn record_annotation(&self, metadata: &[(&str, &str)]) {
+        let metadata = metadata
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        self.state.lock().record_annotation(metadata);
+    }
+
+    /// Trace entries recorded since recording began, kept or dropped by the ring: the index
+    /// the next entry will have in an unbounded trace.
+    pub fn recorded_entries(&self) -> u64 {
+        self.state.lock().history.recorded()
     }
 
     /// `Tensor.record_stream`: the block is also used on `stream`, so its memory is reused

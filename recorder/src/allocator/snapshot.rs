@@ -2,23 +2,28 @@
 //! after it is released.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use memsnap_format::{
-    AllocatorSettings, Block, BlockState, RecorderInfo, Segment, SegmentType, Snapshot, StackId,
-    TraceEntry,
+    AllocatorSettings, Annotation, Block, BlockState, Frame, RecorderInfo, Segment, SegmentType,
+    Snapshot, StackId, TraceEntry, Value,
 };
 
 use super::state::State;
 use crate::config::ROUNDUP_BUCKETS;
-use crate::history::{epoch_micros, RawAction, RawEntry};
+use crate::history::{RawAction, RawAnnotation, RawEntry};
 use crate::stacks::{symbolize, RawStackId, NO_STACK};
 
 pub(super) struct RawSnapshot {
     trace: Vec<RawEntry>,
     segments: Vec<RawSegment>,
     stacks: HashMap<RawStackId, Vec<usize>>,
+    given: HashMap<RawStackId, Arc<[Frame]>>,
     dropped: u64,
     settings: AllocatorSettings,
+    annotations: Vec<RawAnnotation>,
+    /// With a manual clock, the Unix time its reading 0 stands for.
+    manual_epoch_us: Option<i64>,
 }
 
 struct RawSegment {
@@ -80,6 +85,7 @@ pub(super) fn collect(st: &mut State) -> RawSnapshot {
     segments.sort_by_key(|s| s.address);
 
     let mut stacks = HashMap::new();
+    let mut given = HashMap::new();
     let referenced = trace
         .iter()
         .map(|e| e.stack)
@@ -90,7 +96,9 @@ pub(super) fn collect(st: &mut State) -> RawSnapshot {
                 .flat_map(|s| s.blocks.iter().map(|b| b.stack)),
         );
     for id in referenced {
-        if id != NO_STACK {
+        if let Some(frames) = st.given_stacks.get(id) {
+            given.entry(id).or_insert_with(|| frames.clone());
+        } else if id != NO_STACK {
             stacks
                 .entry(id)
                 .or_insert_with(|| st.stacks.get(id).to_vec());
@@ -98,13 +106,18 @@ pub(super) fn collect(st: &mut State) -> RawSnapshot {
     }
     let dropped = st.history.dropped;
     let settings = settings(st);
+    let annotations = st.history.annotations();
+    let manual_epoch_us = st.manual_epoch_us;
     st.record_snapshot_entry();
     RawSnapshot {
         trace,
         segments,
         stacks,
+        given,
         dropped,
         settings,
+        annotations,
+        manual_epoch_us,
     }
 }
 
@@ -138,6 +151,7 @@ fn settings(st: &State) -> AllocatorSettings {
 /// Symbolises each raw stack once and interns it in the snapshot.
 struct StackResolver {
     raw: HashMap<RawStackId, Vec<usize>>,
+    given: HashMap<RawStackId, Arc<[Frame]>>,
     done: HashMap<RawStackId, StackId>,
     empty: StackId,
 }
@@ -150,11 +164,14 @@ impl StackResolver {
         if let Some(&s) = self.done.get(&id) {
             return Some(s);
         }
-        let frames = self
-            .raw
-            .get(&id)
-            .map(|ips| symbolize(ips))
-            .unwrap_or_default();
+        let frames = match self.given.get(&id) {
+            Some(frames) => frames.to_vec(),
+            None => self
+                .raw
+                .get(&id)
+                .map(|ips| symbolize(ips))
+                .unwrap_or_default(),
+        };
         let s = snap.intern_stack(frames);
         self.done.insert(id, s);
         Some(s)
@@ -169,8 +186,13 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
     let device_slots = usize::try_from(device_index).unwrap_or(0) + 1;
     let mut snap = Snapshot::new(device_slots);
     let empty = snap.intern_stack(std::iter::empty());
+    let epoch_us = |time_ns: u64| match raw.manual_epoch_us {
+        Some(start) => start.saturating_add((time_ns / 1000) as i64),
+        None => crate::history::epoch_micros(time_ns),
+    };
     let mut stacks = StackResolver {
         raw: raw.stacks,
+        given: raw.given,
         done: HashMap::new(),
         empty,
     };
@@ -221,7 +243,7 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
     let mut trace = Vec::with_capacity(raw.trace.len());
     for e in &raw.trace {
         let mut entry = TraceEntry::new(e.action.to_format(), e.addr, e.size, e.stream);
-        entry.time_us = Some(epoch_micros(e.time_ns));
+        entry.time_us = Some(epoch_us(e.time_ns));
         entry.compile_context = Some(na);
         entry.user_metadata = Some(no_metadata);
         entry.frames = stacks.get(&mut snap, e.stack);
@@ -239,7 +261,22 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
         }
     }
     snap.allocator_settings = Some(raw.settings);
-    snap.external_annotations = Some(Vec::new());
+    snap.external_annotations = Some(
+        raw.annotations
+            .iter()
+            .map(|a| Annotation {
+                metadata: a
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::Str(v.clone())))
+                    .collect(),
+                device: device_index,
+                time_us: epoch_us(a.time_ns),
+                extra: Vec::new(),
+                exact: Default::default(),
+            })
+            .collect(),
+    );
     let mut dropped_entries = vec![0; device_slots];
     dropped_entries[device_slots - 1] = raw.dropped;
     snap.recorder_info = Some(RecorderInfo {

@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::free_set::{FreeSet, Pos, Scan};
-use crate::clock::Clock;
+use crate::clock::{Clock, Source};
 use crate::config::{AllocatorConfig, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use crate::device::{Device, Event, Stream};
 use crate::error::{DeviceError, OomInfo};
-use crate::history::{History, RawAction};
-use crate::stacks::{RawStackId, StackInterner, NO_STACK};
+use crate::history::{ContextMode, History, RawAction, RawAnnotation};
+use crate::stacks::{GivenStack, GivenStacks, RawStackId, StackInterner, NO_STACK};
 use crate::stats::DeviceStats;
 
 pub(crate) type Idx = u32;
@@ -166,6 +166,10 @@ pub(crate) struct State {
     pub stats: DeviceStats,
     pub history: History,
     pub stacks: StackInterner,
+    /// Stacks the caller registered as frames.
+    pub given_stacks: GivenStacks,
+    /// With a manual clock: the Unix time (µs) its reading 0 stands for.
+    pub manual_epoch_us: Option<i64>,
     /// Expandable segments are used (configured and supported by the device).
     pub expandable_active: bool,
     /// Clock reading shared by the entries of one API call (read lazily, at most once).
@@ -207,6 +211,8 @@ impl State {
             stats,
             history: History::default(),
             stacks: StackInterner::default(),
+            given_stacks: GivenStacks::default(),
+            manual_epoch_us: None,
             expandable_active,
             call_time: None,
             clock: Clock::default(),
@@ -299,6 +305,54 @@ impl State {
             Some(ips) if self.history.enabled() && !ips.is_empty() => self.stacks.intern(ips),
             _ => NO_STACK,
         }
+    }
+
+    /// The id to record for a given stack: none unless history is on and the context level
+    /// is at least `level` (as for a captured stack).
+    pub fn given(&self, stack: GivenStack, level: ContextMode) -> RawStackId {
+        if self.history.enabled()
+            && self.history.options.context >= level
+            && self.given_stacks.get(stack.0).is_some()
+        {
+            stack.0
+        } else {
+            NO_STACK
+        }
+    }
+
+    /// Makes the history clock a manual one reading `start_us` (µs since the Unix epoch).
+    pub fn use_manual_clock(&mut self, start_us: i64) {
+        self.clock = Clock::with_source(Source::Manual);
+        self.manual_epoch_us = Some(start_us);
+    }
+
+    /// Moves a manual clock forward (other clocks ignore it).
+    pub fn advance_clock(&mut self, ns: u64) {
+        self.clock.advance(ns);
+    }
+
+    /// The history clock now, in µs since the Unix epoch.
+    pub fn clock_now_us(&mut self) -> i64 {
+        let ns = self.clock.now_ns();
+        self.epoch_us(ns)
+    }
+
+    /// A clock reading in µs since the Unix epoch.
+    pub fn epoch_us(&self, time_ns: u64) -> i64 {
+        match self.manual_epoch_us {
+            Some(start) => start.saturating_add((time_ns / 1000) as i64),
+            None => crate::history::epoch_micros(time_ns),
+        }
+    }
+
+    /// Records an annotation stamped with the clock (when history is on).
+    pub fn record_annotation(&mut self, metadata: Vec<(String, String)>) {
+        if !self.history.enabled() {
+            return;
+        }
+        self.call_time = None;
+        let time_ns = self.call_time_ns();
+        self.history.annotate(RawAnnotation { metadata, time_ns });
     }
 
     /// Appends a trace entry (when history is on) stamped with the call's clock reading.

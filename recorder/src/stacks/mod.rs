@@ -21,6 +21,64 @@ pub type RawStackId = u32;
 pub const NO_STACK: RawStackId = u32::MAX;
 /// Frames kept per stack (innermost first); deeper frames are cut.
 pub const MAX_FRAMES: usize = 64;
+/// Set in the ids of [`GivenStack`]s, clear in those of captured native stacks.
+pub(crate) const GIVEN_BIT: RawStackId = 1 << 31;
+
+/// A stack the caller gives as frames instead of one the allocator captures: what a language
+/// binding knows about its own frames (Python's, as PyTorch's `stacks="python"` records them),
+/// or the made-up frames of a simulated workload. Register it once with
+/// [`crate::CachingAllocator::register_stack`], then pass it to
+/// [`crate::CachingAllocator::malloc_with_stack`] and
+/// [`crate::CachingAllocator::free_with_stack`]. Valid for the allocator that registered it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GivenStack(pub(crate) RawStackId);
+
+/// What makes two frames the same frame in [`GivenStacks`]: name, file, line and any extra
+/// keys (rendered, since their values may be floats).
+type FrameKey = (String, String, memsnap_format::PyInt, String);
+
+/// The stacks registered as frames, one table per device.
+#[derive(Debug, Default)]
+pub(crate) struct GivenStacks {
+    stacks: Vec<Arc<[Frame]>>,
+    index: HashMap<Vec<FrameKey>, RawStackId>,
+}
+
+impl GivenStacks {
+    /// The id of an equal stack registered before, or a new one; `None` when the table is
+    /// full.
+    pub fn register(&mut self, frames: &[Frame]) -> Option<RawStackId> {
+        let key: Vec<FrameKey> = frames
+            .iter()
+            .map(|f| {
+                let extra = if f.extra.is_empty() {
+                    String::new()
+                } else {
+                    format!("{:?}", f.extra)
+                };
+                (f.name.clone(), f.filename.clone(), f.line.clone(), extra)
+            })
+            .collect();
+        if let Some(&id) = self.index.get(&key) {
+            return Some(id);
+        }
+        let id = RawStackId::try_from(self.stacks.len())
+            .ok()
+            .filter(|&i| i < GIVEN_BIT - 1)?
+            | GIVEN_BIT;
+        self.stacks.push(frames.into());
+        self.index.insert(key, id);
+        Some(id)
+    }
+
+    /// The frames of a registered stack (innermost first).
+    pub fn get(&self, id: RawStackId) -> Option<&Arc<[Frame]>> {
+        if id == NO_STACK || id & GIVEN_BIT == 0 {
+            return None;
+        }
+        self.stacks.get((id & !GIVEN_BIT) as usize)
+    }
+}
 
 /// How native stacks are walked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,7 +249,8 @@ impl StackInterner {
             self.offsets.push(0);
         }
         let id = (self.offsets.len() - 1) as RawStackId;
-        if id == NO_STACK
+        // Ids with the high bit set belong to given stacks.
+        if id >= GIVEN_BIT
             || self.ips.try_reserve(ips.len()).is_err()
             || self.offsets.try_reserve(1).is_err()
             || self.index.try_reserve(1).is_err()

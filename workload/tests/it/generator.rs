@@ -1,10 +1,10 @@
-//! The synthetic generator: valid output, a consistent allocator state, a faithful ring buffer
-//! and ground truth that matches the trace.
+//! The simulated training run: valid output, a consistent allocator state, a faithful ring
+//! buffer, realistic stacks and ground truth that matches the trace.
 
 use std::collections::HashMap;
 
-use memsnap_format::synth::{generate, GroundTruth, TrainingRun};
 use memsnap_format::{validate, Action, BlockState, Snapshot};
+use memsnap_workload::{generate, GroundTruth, TrainingRun};
 
 fn configs() -> Vec<TrainingRun> {
     let base = TrainingRun::default();
@@ -150,7 +150,17 @@ fn ring_buffer_keeps_the_newest_entries() {
         let whole = &full.traces()[device];
         let window = &cut.traces()[device];
         assert_eq!(window.len(), max);
-        assert_eq!(&whole[whole.len() - max..], &window[..]);
+        // The same entries; stack ids are numbered per file, so stacks compare by frames.
+        let resolved = |snapshot: &Snapshot, e: &memsnap_format::TraceEntry| {
+            let frames: Vec<_> = e
+                .frames
+                .map(|s| snapshot.stack_frames(s).cloned().collect())
+                .unwrap_or_default();
+            (e.action, e.addr, e.size, e.time_us, frames)
+        };
+        for (w, f) in window.iter().zip(&whole[whole.len() - max..]) {
+            assert_eq!(resolved(&cut, w), resolved(&full, f));
+        }
         let dropped = (whole.len() - max) as u64;
         assert_eq!(truth.devices[device].dropped_entries, dropped);
         assert_eq!(
@@ -167,8 +177,22 @@ fn ring_buffer_keeps_the_newest_entries() {
             assert_eq!(k.peak_bytes, f.peak_bytes);
         }
     }
+    let layout = |s: &Snapshot| -> Vec<_> {
+        s.segments
+            .iter()
+            .map(|seg| {
+                let blocks: Vec<_> = seg
+                    .blocks
+                    .iter()
+                    .map(|b| (b.address, b.size, b.requested_size, b.state))
+                    .collect();
+                (seg.device, seg.address, seg.total_size, blocks)
+            })
+            .collect()
+    };
     assert_eq!(
-        full.segments, cut.segments,
+        layout(&full),
+        layout(&cut),
         "the ring buffer does not change the state"
     );
     // The window starts mid-run: some frees have no alloc in it, and parameters have none.
@@ -264,12 +288,30 @@ fn entries_look_like_pytorch_2_10() {
     assert!(trace
         .iter()
         .any(|e| e.action == Action::Alloc && e.size % 512 != 0));
-    assert!(trace.windows(2).all(|p| p[0].time_us < p[1].time_us));
+    // The fake clock: entries of one allocator call share its reading, calls are apart.
+    assert!(trace.windows(2).all(|p| p[0].time_us <= p[1].time_us));
+    let allocs: Vec<_> = trace.iter().filter(|e| e.action == Action::Alloc).collect();
+    assert!(allocs.windows(2).all(|p| p[0].time_us < p[1].time_us));
     for e in trace {
         assert_eq!(snapshot.str(e.compile_context.unwrap()), "N/A");
         assert_eq!(snapshot.str(e.user_metadata.unwrap()), "");
-        let depth = snapshot.stack_frames(e.frames.unwrap()).len();
-        assert!((10..=30).contains(&depth), "stack depth {depth}");
+        let frames: Vec<_> = snapshot.stack_frames(e.frames.unwrap()).collect();
+        assert!(
+            (15..=64).contains(&frames.len()),
+            "stack depth {}",
+            frames.len()
+        );
+        // Innermost, PyTorch's own unwinder and the caching allocator, as stacks="all" has.
+        assert_eq!(frames[0].name, "torch::unwind::unwind()");
+        assert!(frames[3]
+            .name
+            .starts_with("c10::cuda::CUDACachingAllocator::"));
+        // Backward work runs on the autograd engine's thread: engine frames, no Python.
+        let engine = frames
+            .iter()
+            .any(|f| f.name.starts_with("torch::autograd::Engine::thread_main"));
+        let python = frames.iter().any(|f| f.filename.ends_with(".py"));
+        assert!(engine != python, "{frames:?}");
     }
     let frames: Vec<String> = snapshot
         .frames
@@ -277,9 +319,13 @@ fn entries_look_like_pytorch_2_10() {
         .map(|f| format!("{}:{} {}", f.basename(), f.line, f.name))
         .collect();
     for expected in [
-        "model.py:54 forward",
+        "model.py:50 forward",
+        "model.py:57 forward",
         "linear.py:125 forward",
         "train.py:88 train_step",
+        "adam.py:247 step",
+        "optimizer.py:1010 zero_grad",
+        "Functions.cpp:0 torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)",
     ] {
         assert!(frames.iter().any(|f| f == expected), "no frame {expected}");
     }
@@ -323,13 +369,23 @@ fn without_time_is_a_2_1_era_file() {
 #[test]
 fn stack_pool_sets_the_number_of_call_sites() {
     for pool in [8, 48, 200] {
+        // A model big enough to use every call site of the pool (a snapshot holds only the
+        // stacks its entries and blocks use).
         let (snapshot, _) = generate(&TrainingRun {
             stack_pool: pool,
+            steps: 2,
+            layers: 16,
+            activations_per_layer: 6,
+            leak_bytes_per_step: 1000,
             ..TrainingRun::default()
         });
-        // The interned stacks include the empty one of cached blocks.
+        // The interned stacks include the empty one of cached blocks; each of the 11 kinds of
+        // call site has at least one stack.
         let stacks = snapshot.stacks.len() - 1;
-        assert!(stacks <= pool + 8 && stacks >= pool / 2, "{pool}: {stacks}");
+        assert!(
+            stacks <= pool + 11 && stacks >= pool / 2,
+            "{pool}: {stacks}"
+        );
     }
 }
 
@@ -345,4 +401,79 @@ fn target_entries_scales_the_run() {
     }
     assert!(truth.devices[0].steps.len() > 10);
     assert!(validate(&snapshot).is_empty());
+}
+
+#[test]
+fn oom_at_step_stops_the_run_with_the_allocators_oom() {
+    let run = TrainingRun {
+        steps: 5,
+        oom_at_step: Some(2),
+        device_memory: 4 << 30,
+        ..TrainingRun::default()
+    };
+    let (snapshot, truth) = generate(&run);
+    assert!(validate(&snapshot).is_empty());
+    let t = &truth.devices[0];
+    assert_eq!(t.steps.len(), 2, "steps 0 and 1 completed");
+    let oom = t.oom.expect("the OOM is recorded");
+    assert_eq!(oom.step, 2);
+    let trace = &snapshot.traces()[0];
+    assert_eq!(trace[oom.event].action, Action::Oom);
+    assert!(oom.requested_bytes > 4 << 30);
+    assert!(oom.event > t.steps[1].end_event);
+    // Nothing is allocated after the failure: the run stopped.
+    assert!(trace[oom.event..].iter().all(|e| e.action != Action::Alloc));
+    let (_, no_oom) = generate(&TrainingRun {
+        oom_at_step: None,
+        ..run
+    });
+    assert_eq!(no_oom.devices[0].oom, None);
+}
+
+#[test]
+fn annotations_come_from_the_recorder_per_device() {
+    let (snapshot, _) = generate(&TrainingRun {
+        devices: 2,
+        steps: 3,
+        ..TrainingRun::default()
+    });
+    let annotations = snapshot.external_annotations.as_ref().unwrap();
+    for device in 0..2 {
+        let names: Vec<_> = annotations
+            .iter()
+            .filter(|a| a.device == device)
+            .filter_map(|a| a.name())
+            .collect();
+        // START and END of three steps and of three optimizer steps.
+        assert_eq!(names.len(), 12, "device {device}: {names:?}");
+        assert_eq!(names[0], "ProfilerStep#0");
+    }
+    // Each annotation lies strictly between the entries around it (the fake clock moves
+    // between calls), so a step's entries are exactly those inside its range.
+    let trace = &snapshot.traces()[0];
+    for a in annotations.iter().filter(|a| a.device == 0) {
+        assert!(trace.iter().all(|e| e.time_us != Some(a.time_us)));
+    }
+}
+
+#[test]
+fn a_one_step_capture_is_one_step() {
+    let (snapshot, truth) = generate(&TrainingRun {
+        steps: 1,
+        ..TrainingRun::default()
+    });
+    assert!(validate(&snapshot).is_empty());
+    check_truth(&snapshot, &truth);
+    assert_eq!(truth.devices[0].steps.len(), 1);
+    assert!(truth.devices[0].has_setup);
+}
+
+#[test]
+fn transformer_shape_sets_the_sizes() {
+    let run = TrainingRun::transformer(6, 8, 1024, 1024);
+    assert_eq!(run.activation_bytes, 8 * 1024 * 1024 * 4);
+    assert_eq!(run.param_bytes_per_layer, 12 * 1024 * 1024 * 4);
+    let (snapshot, truth) = generate(&TrainingRun { steps: 2, ..run });
+    assert!(validate(&snapshot).is_empty());
+    check_truth(&snapshot, &truth);
 }

@@ -1,0 +1,509 @@
+//! The training script, run through the recorder, and the ground truth read off its trace.
+
+use std::time::Duration;
+
+use memsnap_format::{Action, Snapshot};
+use memsnap_recorder::snapshot::merge_device_snapshots;
+use memsnap_recorder::{
+    CachingAllocator, ContextMode, GivenStack, HistoryMode, HistoryOptions, SimulatedDevice,
+    StackMode, Stream,
+};
+
+use crate::rng::Rng;
+use crate::stacks::{CallSites, Site, SITES};
+use crate::{DeviceTruth, GroundTruth, OomTruth, PhaseName, Role, StepTruth, TrainingRun};
+
+/// The stream tensors used on a second stream are recorded on (`record_stream`).
+const SIDE_STREAM: Stream = Stream(7);
+
+/// Simulates `run` and returns the snapshot and its ground truth. Deterministic: the same
+/// `run` gives the same snapshot on every machine.
+pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
+    let sites = CallSites::new(run.stack_pool);
+    let start_us = 1_760_000_000_000_000 + (run.seed % 10_000_000) as i64 * 1_000;
+    let devices = run.devices.max(1);
+    let mut snapshots = Vec::with_capacity(devices);
+    let mut truths = Vec::with_capacity(devices);
+    for device in 0..devices {
+        let device_seed = run
+            .seed
+            .wrapping_mul(0x2545_f491_4f6c_dd1d)
+            .wrapping_add(device as u64);
+        let gpu =
+            CachingAllocator::new(SimulatedDevice::new(run.device_memory).with_manual_events())
+                .with_device_index(device as i64);
+        gpu.use_manual_clock(start_us + device as i64 * 37);
+        gpu.record_memory_history(HistoryOptions {
+            enabled: HistoryMode::All,
+            context: ContextMode::All,
+            // Stacks come from the script (`malloc_with_stack`), not from unwinding this
+            // process.
+            stacks: StackMode::None,
+            max_entries: run.max_entries.unwrap_or(usize::MAX).max(1),
+            ..HistoryOptions::default()
+        });
+        let stacks = sites
+            .families
+            .iter()
+            .map(|family| {
+                family
+                    .iter()
+                    .filter_map(|frames| gpu.register_stack(frames))
+                    .collect()
+            })
+            .collect();
+        let mut sim = DeviceRun {
+            run,
+            gpu,
+            stacks,
+            rng: Rng::new(device_seed),
+            roles: Vec::new(),
+            steps: Vec::new(),
+            phases: Vec::new(),
+            opening: None,
+            oom: None,
+        };
+        // A run that stops early (out of memory) keeps what it recorded.
+        let _ = sim.simulate();
+        let snapshot = sim.gpu.snapshot();
+        truths.push(sim.truth(&snapshot, device));
+        snapshots.push(snapshot);
+    }
+    let mut snapshot = if snapshots.len() == 1 {
+        snapshots.pop().unwrap_or_else(|| Snapshot::new(1))
+    } else {
+        merge_device_snapshots(snapshots, |frames| frames)
+    };
+    if let Some(info) = snapshot.recorder_info.as_mut() {
+        info.producer = concat!(
+            "memsnap-workload ",
+            env!("CARGO_PKG_VERSION"),
+            " (memsnap-recorder on a simulated GPU)"
+        )
+        .into();
+    }
+    if !run.with_time {
+        strip_to_2_1(&mut snapshot);
+    }
+    (snapshot, GroundTruth { devices: truths })
+}
+
+/// Removes what PyTorch 2.1 did not write: times, compile contexts, user metadata, allocator
+/// settings and annotations.
+fn strip_to_2_1(snapshot: &mut Snapshot) {
+    for trace in snapshot.device_traces.iter_mut().flatten() {
+        for entry in trace {
+            entry.time_us = None;
+            entry.compile_context = None;
+            entry.user_metadata = None;
+        }
+    }
+    snapshot.allocator_settings = None;
+    snapshot.external_annotations = None;
+}
+
+/// Why the script stopped before its end.
+#[derive(Debug)]
+enum Stop {
+    OutOfMemory,
+    Allocator,
+}
+
+/// A live tensor: its pointer and requested size.
+#[derive(Clone, Copy)]
+struct Tensor {
+    ptr: u64,
+    bytes: u64,
+}
+
+/// A recorded step, by absolute entry index (as if the ring kept everything).
+struct StepMarks {
+    /// Index of the step's first entry.
+    start: u64,
+    /// One past the step's last entry.
+    end: u64,
+    /// Each phase with the index of its first allocation among all allocations.
+    phases: Vec<(PhaseName, usize)>,
+}
+
+struct DeviceRun<'a> {
+    run: &'a TrainingRun,
+    gpu: CachingAllocator<SimulatedDevice>,
+    /// The registered stacks of each site kind, in [`SITES`] order.
+    stacks: Vec<Vec<GivenStack>>,
+    rng: Rng,
+    /// The role of every successful allocation, in order.
+    roles: Vec<Role>,
+    steps: Vec<StepMarks>,
+    /// Phases of the step being run.
+    phases: Vec<(PhaseName, usize)>,
+    /// The phase the next allocation opens.
+    opening: Option<PhaseName>,
+    /// (step, absolute index of the `oom` entry, bytes requested).
+    oom: Option<(usize, u64, u64)>,
+}
+
+impl DeviceRun<'_> {
+    fn stack(&self, site: Site, key: usize) -> Option<GivenStack> {
+        let kind = SITES.iter().position(|&s| s == site)?;
+        let family = self.stacks.get(kind)?;
+        family.get(key % family.len().max(1)).copied()
+    }
+
+    /// Time passes between two calls into the allocator.
+    fn pause(&mut self, min_us: u64, max_us: u64) {
+        let us = self.rng.range(min_us, max_us);
+        self.gpu.advance_clock(Duration::from_micros(us));
+    }
+
+    fn malloc(
+        &mut self,
+        bytes: u64,
+        site: Site,
+        key: usize,
+        role: Role,
+        step: usize,
+    ) -> Result<Tensor, Stop> {
+        self.pause(1, 40);
+        let result = match self.stack(site, key) {
+            Some(stack) => self.gpu.malloc_with_stack(bytes, Stream::DEFAULT, stack),
+            None => self.gpu.malloc(bytes, Stream::DEFAULT),
+        };
+        match result {
+            Ok(ptr) => {
+                let index = self.roles.len();
+                self.roles.push(role);
+                if let Some(phase) = self.opening.take() {
+                    self.phases.push((phase, index));
+                }
+                Ok(Tensor { ptr, bytes })
+            }
+            Err(memsnap_recorder::Error::OutOfMemory(_)) => {
+                // The `oom` entry is the last one the failed call recorded.
+                let event = self.gpu.recorded_entries().saturating_sub(1);
+                self.oom = Some((step, event, bytes));
+                Err(Stop::OutOfMemory)
+            }
+            Err(_) => Err(Stop::Allocator),
+        }
+    }
+
+    fn free(&mut self, tensor: Tensor, site: Site, key: usize) -> Result<(), Stop> {
+        self.pause(1, 40);
+        let result = match self.stack(site, key) {
+            Some(stack) => self.gpu.free_with_stack(tensor.ptr, stack),
+            None => self.gpu.free(tensor.ptr),
+        };
+        result.map_err(|_| Stop::Allocator)
+    }
+
+    /// Frees a tensor that was also used on the side stream: the `free_requested` comes now,
+    /// the `free_completed` at the next allocation (once the side stream's work is done).
+    fn free_later(&mut self, tensor: Tensor, site: Site, key: usize) -> Result<(), Stop> {
+        self.gpu.record_stream(tensor.ptr, SIDE_STREAM);
+        self.free(tensor, site, key)?;
+        self.gpu.device().complete_stream(SIDE_STREAM);
+        Ok(())
+    }
+
+    fn annotate(&mut self, stage: &str, name: &str) {
+        if self.run.with_time && self.run.with_annotations {
+            self.pause(1, 5);
+            self.gpu
+                .record_annotation(&[("stage", stage), ("name", name)]);
+        }
+    }
+
+    /// Requested sizes are element counts times 2 (bf16), never multiples of 512 by design.
+    fn activation_sizes(&mut self) -> Vec<Vec<u64>> {
+        let base = self.run.activation_bytes.max(2);
+        let rng = &mut self.rng;
+        (0..self.run.layers)
+            .map(|_| {
+                (0..self.run.activations_per_layer)
+                    .map(|a| {
+                        let bytes = if a % 4 == 3 {
+                            // Normalisation statistics and masks: small-pool sizes.
+                            rng.range(2, (base / 64).clamp(2, 1 << 20))
+                        } else {
+                            rng.range(base / 2, base.saturating_add(base / 2))
+                        };
+                        let even = bytes.max(2) & !1;
+                        if even % 512 == 0 {
+                            even + 2
+                        } else {
+                            even
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn simulate(&mut self) -> Result<(), Stop> {
+        let run = self.run;
+        let weight_bytes = run.param_bytes_per_layer - run.param_bytes_per_layer / 64;
+        let bias_bytes = run.param_bytes_per_layer / 64;
+        let mut params: Vec<Vec<Tensor>> = Vec::with_capacity(run.layers);
+        for layer in 0..run.layers {
+            let mut layer_params = Vec::with_capacity(2);
+            for (i, bytes) in [weight_bytes, bias_bytes].into_iter().enumerate() {
+                if bytes > 0 {
+                    let key = layer * 2 + i;
+                    layer_params.push(self.malloc(
+                        bytes,
+                        Site::Parameter,
+                        key,
+                        Role::Parameter,
+                        0,
+                    )?);
+                }
+            }
+            params.push(layer_params);
+        }
+        self.pause(100_000, 2_000_000);
+
+        let shapes = self.activation_sizes();
+        let mut optimizer_state = Vec::new();
+        for step in 0.. {
+            let finished = match run.target_entries {
+                Some(target) => self.gpu.recorded_entries() >= target as u64,
+                None => step >= run.steps,
+            };
+            if finished {
+                break;
+            }
+            let name = format!("ProfilerStep#{step}");
+            self.annotate("START", &name);
+            self.phases.clear();
+            let start = self.gpu.recorded_entries();
+            self.step(step, &shapes, &params, &mut optimizer_state)?;
+            let end = self.gpu.recorded_entries();
+            self.annotate("END", &name);
+            if end == start {
+                // A step that records nothing would never reach the target.
+                break;
+            }
+            let phases = std::mem::take(&mut self.phases);
+            self.steps.push(StepMarks { start, end, phases });
+            self.pause(2_000, 50_000);
+        }
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        step: usize,
+        shapes: &[Vec<u64>],
+        params: &[Vec<Tensor>],
+        optimizer_state: &mut Vec<Tensor>,
+    ) -> Result<(), Stop> {
+        let run = self.run;
+        // Forward: activations pile up, one temporary per layer comes and goes.
+        self.opening = Some(PhaseName::Forward);
+        let mut saved: Vec<Vec<Tensor>> = Vec::with_capacity(run.layers);
+        for (layer, sizes) in shapes.iter().enumerate() {
+            let mut kept = Vec::with_capacity(sizes.len());
+            for (a, &bytes) in sizes.iter().enumerate() {
+                let key = layer * 7 + a;
+                kept.push(self.malloc(bytes, Site::Activation, key, Role::Activation, step)?);
+            }
+            if let Some(&largest) = sizes.iter().max() {
+                let bytes = largest / 3 + 2;
+                let temporary =
+                    self.malloc(bytes, Site::ForwardTemporary, layer, Role::Temporary, step)?;
+                self.free(temporary, Site::ForwardTemporary, layer)?;
+            }
+            if run.oom_at_step == Some(step) && layer + 1 == shapes.len() {
+                // A batch of much longer sequences: the attention scores alone outgrow the
+                // device.
+                let scores = run.device_memory | 2;
+                self.malloc(scores, Site::Activation, 4, Role::Activation, step)?;
+            }
+            saved.push(kept);
+            self.pause(10, 200);
+        }
+        let loss = self.malloc(4, Site::Loss, 0, Role::Activation, step)?;
+        if run.leak_bytes_per_step > 0 {
+            let bytes = run.leak_bytes_per_step;
+            self.malloc(bytes, Site::Leak, step, Role::Unknown, step)?;
+        }
+        self.pause(50, 500);
+
+        // Backward: gradients appear, activations go.
+        self.opening = Some(PhaseName::Backward);
+        // Without an optimizer phase, zero_grad frees the gradients in the backward phase.
+        let gradient = if run.optimizer {
+            Role::Gradient
+        } else {
+            Role::Temporary
+        };
+        let mut grads = Vec::new();
+        let mut grad_output: Option<Tensor> = None;
+        for layer in (0..run.layers).rev() {
+            for (i, param) in params[layer].iter().enumerate() {
+                let key = layer * 2 + i;
+                grads.push(self.malloc(param.bytes, Site::Gradient, key, gradient, step)?);
+            }
+            let input_bytes = shapes[layer].first().copied().unwrap_or(2);
+            let grad_input = self.malloc(
+                input_bytes,
+                Site::InputGradient,
+                layer,
+                Role::Temporary,
+                step,
+            )?;
+            if let Some(previous) = grad_output.replace(grad_input) {
+                self.free(previous, Site::BackwardRelease, layer)?;
+            }
+            for (a, activation) in saved.pop().unwrap_or_default().into_iter().enumerate() {
+                if (layer + a + step) % 7 == 3 {
+                    self.free_later(activation, Site::BackwardRelease, a)?;
+                } else {
+                    self.free(activation, Site::BackwardRelease, a)?;
+                }
+            }
+            self.pause(10, 200);
+        }
+        if let Some(last) = grad_output {
+            self.free(last, Site::BackwardRelease, 0)?;
+        }
+        self.free(loss, Site::BackwardRelease, 0)?;
+
+        let params: Vec<Tensor> = params.iter().flatten().copied().collect();
+        if run.optimizer {
+            self.annotate("START", "Optimizer.step#Adam.step");
+            self.opening = Some(PhaseName::Optimizer);
+            if optimizer_state.is_empty() {
+                for (i, param) in params.iter().enumerate() {
+                    for moment in 0..2 {
+                        let key = i * 2 + moment;
+                        let role = Role::OptimizerState;
+                        let state =
+                            self.malloc(param.bytes, Site::OptimizerState, key, role, step)?;
+                        optimizer_state.push(state);
+                    }
+                }
+            }
+            for (i, param) in params.iter().enumerate() {
+                let site = Site::OptimizerTemporary;
+                let numerator = self.malloc(param.bytes, site, i * 2, Role::Temporary, step)?;
+                let denominator =
+                    self.malloc(param.bytes, site, i * 2 + 1, Role::Temporary, step)?;
+                self.free(numerator, site, i * 2)?;
+                self.free(denominator, site, i * 2 + 1)?;
+            }
+            self.annotate("END", "Optimizer.step#Adam.step");
+        }
+        // zero_grad(set_to_none=True)
+        for (i, grad) in grads.into_iter().enumerate() {
+            self.free(grad, Site::ZeroGrad, i)?;
+        }
+        Ok(())
+    }
+
+    /// The answers for this device, read off its recorded window.
+    fn truth(&self, snapshot: &Snapshot, device: usize) -> DeviceTruth {
+        let trace: &[memsnap_format::TraceEntry] =
+            snapshot.traces().get(device).map_or(&[], Vec::as_slice);
+        let dropped = snapshot
+            .recorder_info
+            .as_ref()
+            .and_then(|info| info.dropped_entries.get(device).copied())
+            .unwrap_or(0);
+
+        // The k-th `alloc` of the window is the allocation made after all those dropped.
+        let alloc_events: Vec<usize> = trace
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Alloc)
+            .map(|(i, _)| i)
+            .collect();
+        let first_in_window = self.roles.len().saturating_sub(alloc_events.len());
+        let event_of = |allocation: usize| {
+            allocation
+                .checked_sub(first_in_window)
+                .and_then(|k| alloc_events.get(k).copied())
+        };
+        let roles = alloc_events
+            .iter()
+            .zip(&self.roles[first_in_window..])
+            .map(|(&e, &r)| (e, r))
+            .collect();
+
+        // Live requested bytes at the end are those of the active blocks; what the window
+        // adds up to, taken from them, was live before it.
+        let live_at_end: u128 = snapshot
+            .segments
+            .iter()
+            .filter(|s| s.device == device as i64)
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state.is_active())
+            .map(|b| u128::from(b.requested_size.unwrap_or(b.size)))
+            .sum();
+        let (added, removed) = trace
+            .iter()
+            .fold((0u128, 0u128), |(a, r), e| match e.action {
+                Action::Alloc => (a + u128::from(e.size), r),
+                Action::FreeCompleted => (a, r + u128::from(e.size)),
+                _ => (a, r),
+            });
+        let before_window_bytes =
+            u64::try_from((live_at_end + removed).saturating_sub(added)).unwrap_or(u64::MAX);
+        let mut live = before_window_bytes;
+        let after: Vec<u64> = trace
+            .iter()
+            .map(|e| {
+                match e.action {
+                    Action::Alloc => live = live.saturating_add(e.size),
+                    Action::FreeCompleted => live = live.saturating_sub(e.size),
+                    _ => {}
+                }
+                live
+            })
+            .collect();
+
+        let steps = self
+            .steps
+            .iter()
+            .filter(|s| s.start >= dropped && s.end > s.start)
+            .filter_map(|s| {
+                let start_event = usize::try_from(s.start - dropped).ok()?;
+                let end_event = usize::try_from(s.end - 1 - dropped).ok()?;
+                let window = after.get(start_event..=end_event)?;
+                let peak = window.iter().copied().max()?;
+                let peak_event = start_event + window.iter().position(|&b| b == peak)?;
+                let phases = s
+                    .phases
+                    .iter()
+                    .map(|&(p, allocation)| Some((p, event_of(allocation)?)))
+                    .collect::<Option<Vec<_>>>()?;
+                Some(StepTruth {
+                    start_event,
+                    peak_event,
+                    end_event,
+                    start_bytes: after[start_event],
+                    peak_bytes: peak,
+                    end_bytes: after[end_event],
+                    phases,
+                })
+            })
+            .collect();
+        let oom = self.oom.and_then(|(step, event, requested_bytes)| {
+            Some(OomTruth {
+                step,
+                event: usize::try_from(event.checked_sub(dropped)?).ok()?,
+                requested_bytes,
+            })
+        });
+        DeviceTruth {
+            steps,
+            leak_bytes_per_step: self.run.leak_bytes_per_step,
+            dropped_entries: dropped,
+            before_window_bytes,
+            has_setup: dropped == 0 && self.run.param_bytes_per_layer > 0 && self.run.layers > 0,
+            roles,
+            oom,
+        }
+    }
+}

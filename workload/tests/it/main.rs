@@ -1,0 +1,3 @@
+//! The workload's integration tests: one binary, one module per subject.
+
+mod generator;
