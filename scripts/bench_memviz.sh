@@ -24,7 +24,7 @@ memsnap="${target}/release/memsnap"
 
 if [ ! -s "$big" ]; then
     echo "generating $big ($entries entries)..." >&2
-    cargo run --release -p memsnap-format --example gen_snapshot -- --entries "$entries" -o "$big" >&2
+    cargo run --release -p memsnap-workload --example gen_snapshot -- --entries "$entries" -o "$big" >&2
 fi
 
 if [ ! -s "$reference" ]; then

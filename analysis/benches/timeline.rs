@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use memsnap_analysis::{summarize, Axis, DeviceTimeline, LayoutRequest, Lifetime, SummaryOptions};
-use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_workload::{generate, TrainingRun};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)

@@ -13,7 +13,7 @@
 //! initial ramp-up) separated by "low" valleys (below 30%); a step ends at the bottom of the last dip of the valley after its high region, the next starts
 //! on the following event, and a step's peak is the first maximum in it. A step is
 //! `[start_event, end_event]`, both inclusive, like the ground truth of
-//! `memsnap_format::synth`.
+//! `memsnap_workload`.
 //!
 //! **Drift** is the Theil–Sen slope (median of pairwise slopes, robust to a warm-up step that
 //! allocates optimizer state) of the step floor (bytes after the step's last event, the

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use memsnap_format::json;
-use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_workload::{generate, TrainingRun};
 
 fn main() -> ExitCode {
     let mut entries = 1_000_000usize;

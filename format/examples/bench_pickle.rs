@@ -4,7 +4,7 @@
 //! cargo run --release -p memsnap-format --example bench_pickle -- --entries 1000000
 //! ```
 //!
-//! Generates a synthetic training-run snapshot (`memsnap_format::synth`) with about N trace
+//! Generates a synthetic training-run snapshot (`memsnap_workload`) with about N trace
 //! entries and shared stacks. By default (`--layout pytorch`) CPython then re-dumps it the way
 //! `torch.cuda.memory._dump_snapshot()` lays it out: PyTorch builds each entry's
 //! `compile_context` and `user_metadata` from a fresh `std::string`, so every `'N/A'` is its own
@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::{io, pickle};
+use memsnap_workload::{generate, TrainingRun};
 
 const USAGE: &str = "\
 usage: bench_pickle [--entries N] [--runs N] [--keep PATH] [--layout L]

@@ -49,7 +49,6 @@ pub mod model;
 pub mod msgpack;
 pub mod pickle;
 mod schema;
-pub mod synth;
 pub mod validate;
 pub mod value;
 

@@ -3,10 +3,10 @@
 
 use memsnap_analysis::{Category, PhaseKind, StepOptions};
 use memsnap_analysis::{DeviceTimeline, LayoutRequest};
-use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_plot::{
     category_colour, phase_colour, render_png, render_svg, ColourBy, PlotError, PlotOptions,
 };
+use memsnap_workload::{generate, TrainingRun};
 
 fn run() -> memsnap_format::Snapshot {
     generate(&TrainingRun {

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use memsnap_format::synth::{generate, GroundTruth, TrainingRun};
+use memsnap_workload::{generate, GroundTruth, TrainingRun};
 
 use crate::common::{memsnap, real_snapshots_dir};
 

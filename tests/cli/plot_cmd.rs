@@ -4,8 +4,7 @@ use crate::common::memsnap;
 
 fn generated_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("run.json");
-    let (snapshot, _) =
-        memsnap_format::synth::generate(&memsnap_format::synth::TrainingRun::default());
+    let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun::default());
     memsnap_format::write_path(&path, &snapshot, None).unwrap();
     path
 }

@@ -9,8 +9,8 @@ use std::fmt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::Snapshot;
+use memsnap_workload::{generate, TrainingRun};
 
 use crate::timeline::{timeline_ui, TimelineModel, TimelineState};
 

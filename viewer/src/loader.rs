@@ -314,14 +314,14 @@ pub fn load(
 
 /// The demo run: a small transformer-like model, six steps, 1 MiB leaked per step.
 fn demo_snapshot(name: String, started: Instant) -> LoadedSnapshot {
-    let run = memsnap_format::synth::TrainingRun {
+    let run = memsnap_workload::TrainingRun {
         steps: 6,
         layers: 6,
         activations_per_layer: 4,
         leak_bytes_per_step: 1 << 20,
         ..Default::default()
     };
-    let (snapshot, _) = memsnap_format::synth::generate(&run);
+    let (snapshot, _) = memsnap_workload::generate(&run);
     LoadedSnapshot {
         name,
         path: None,

@@ -14,13 +14,13 @@ use egui::accesskit::Role;
 use egui_kittest::kittest::{NodeT, Queryable};
 use egui_kittest::Harness;
 use memsnap_analysis::{Category, PhaseKind};
-use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::Format;
 use memsnap_plot::palette::{self, ColourBy};
 use memsnap_viewer::app::MainView;
 use memsnap_viewer::loader::Source;
 use memsnap_viewer::settings::{Settings, ThemeChoice};
 use memsnap_viewer::ViewerApp;
+use memsnap_workload::{generate, TrainingRun};
 
 /// A file dropped on the window, as egui-winit hands it over.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //! hit testing finds what is drawn.
 
 use memsnap_analysis::{Axis, DeviceTimeline, Hit, Layout, LayoutRequest, Lifetime};
-use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_workload::{generate, TrainingRun};
 
 fn timeline(run: &TrainingRun) -> DeviceTimeline {
     let (snapshot, _) = generate(run);

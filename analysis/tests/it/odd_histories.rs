@@ -168,8 +168,8 @@ fn hostile_sizes_saturate_instead_of_overflowing() {
 fn first_step_floor_is_not_a_leak() {
     // The warm-up step allocates optimizer state after its backward pass; its minimum lies
     // below the later steps' floor, which once read as a leak of several MiB per step.
-    let run = memsnap_format::synth::TrainingRun::default();
-    let (snapshot, _) = memsnap_format::synth::generate(&run);
+    let run = memsnap_workload::TrainingRun::default();
+    let (snapshot, _) = memsnap_workload::generate(&run);
     let t = DeviceTimeline::build(&snapshot, 0).unwrap();
     let analysis = t.steps(&StepOptions::default());
     assert!(analysis.steps.len() >= 3);

@@ -1,7 +1,7 @@
-//! Synthetic training runs (`memsnap_format::synth`) with known steps, leaks and truncation.
+//! Synthetic training runs (`memsnap_workload`) with known steps, leaks and truncation.
 
 use memsnap_analysis::{CurveKind, DeviceTimeline, PhaseKind, StepMethod, StepOptions, StepSource};
-use memsnap_format::synth::{generate, GroundTruth, PhaseName, TrainingRun};
+use memsnap_workload::{generate, GroundTruth, PhaseName, TrainingRun};
 
 fn runs() -> Vec<(&'static str, TrainingRun)> {
     let base = TrainingRun::default();

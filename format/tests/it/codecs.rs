@@ -7,8 +7,8 @@ use std::path::Path;
 
 use memsnap_format::compare::diff;
 use memsnap_format::io::{self, Compression, Format};
-use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::{json, msgpack, pickle, FormatError, Snapshot, Value};
+use memsnap_workload::{generate, TrainingRun};
 
 use crate::common;
 

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::io::Read;
 
-use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::{compare, io, pickle, FormatError, Snapshot};
+use memsnap_workload::{generate, TrainingRun};
 
 use crate::common::real_snapshots;
 

@@ -1,8 +1,8 @@
 //! `validate()`: sound snapshots give no violations; each kind of damage is reported at the
 //! place it was made.
 
-use memsnap_format::synth::{generate, TrainingRun};
 use memsnap_format::{pickle, validate, Action, Segment, Snapshot, Violation};
+use memsnap_workload::{generate, TrainingRun};
 
 use crate::common;
 

@@ -371,9 +371,9 @@ impl TimelineState {
 mod tests {
     use super::*;
     use memsnap_analysis::{AllocId, Category, PhaseKind};
-    use memsnap_format::synth::{generate, TrainingRun};
     use memsnap_plot::palette;
     use memsnap_plot::scene::{band_colour, band_layer, BandLayer, BandStyle, Mapping};
+    use memsnap_workload::{generate, TrainingRun};
 
     fn mapping(width: f32, height: f32, timeline: &DeviceTimeline, y_max: f64) -> Mapping {
         let window = full_window(timeline, Axis::Event);

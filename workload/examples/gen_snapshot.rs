@@ -1,7 +1,7 @@
-//! Writes a synthetic training-run snapshot (see `memsnap_format::synth`).
+//! Writes a synthetic training-run snapshot (see `memsnap_workload`).
 //!
 //! ```text
-//! cargo run --release -p memsnap-format --example gen_snapshot -- --entries 1000000 -o big.pickle
+//! cargo run --release -p memsnap-workload --example gen_snapshot -- --entries 1000000 -o big.pickle
 //! ```
 //!
 //! The format comes from the file name (`.pickle`, `.json`, `.msgpack`, optionally `.gz` or
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_workload::{generate, TrainingRun};
 
 const USAGE: &str = "\
 usage: gen_snapshot -o PATH [options]
