@@ -322,7 +322,7 @@ fn analysis_commands_run_on_every_real_snapshot() {
     assert!(memsnap(&args).status.success());
 }
 
-/// `memsnap demo`'s run (native Rust stacks, no annotations; its first step allocates the
+/// `memsnap demo`'s run (Python and C++ stacks; its first step allocates the
 /// optimizer state): `summary` finds the set-up and every step with its forward, backward and
 /// optimizer phases from the stacks, for several step and layer counts, and names the first
 /// step a warm-up.
