@@ -29,6 +29,12 @@
 //! * **Native stacks** are captured as raw instruction pointers (DWARF unwinding, or a
 //!   frame-pointer walk with the `frame-pointers` feature), interned per device so a stack seen
 //!   before costs no allocation, and symbolised only when a snapshot is taken.
+//! * **Deterministic recordings**: [`CachingAllocator::use_manual_clock`] and
+//!   [`CachingAllocator::advance_clock`] give a fake clock; [`GivenStack`]s registered as
+//!   frames ([`CachingAllocator::register_stack`]) are recorded by
+//!   [`CachingAllocator::malloc_with_stack`] and [`CachingAllocator::free_with_stack`] instead
+//!   of an unwound stack; [`CachingAllocator::record_annotation`] keeps `record_function`-style
+//!   markers for the snapshot's `external_annotations`.
 //! * [`CachingAllocator::snapshot`] returns the [`memsnap_format::Snapshot`] model;
 //!   [`CachingAllocator::dump_snapshot`] writes it atomically;
 //!   [`snapshot::merge_device_snapshots`] puts the snapshots of several devices in one.

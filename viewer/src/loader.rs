@@ -20,7 +20,7 @@ pub enum Source {
     Dropped(DroppedFileHandle),
     /// Bytes already in memory (tests, generated snapshots).
     Bytes { name: String, bytes: Arc<[u8]> },
-    /// A simulated training run (`--demo`): six steps with a small leak.
+    /// The simulated training run of `memsnap demo` (`--demo`): six steps with a small leak.
     Demo,
 }
 
@@ -312,14 +312,13 @@ pub fn load(
     })
 }
 
-/// The demo run: a small transformer-like model, six steps, 1 MiB leaked per step.
+/// The demo run: `memsnap demo`'s transformer (memsnap-workload: 6 layers, hidden 1024, batch
+/// 8 x 1024 tokens), six steps, 16 MiB leaked per step so the drift shows.
 fn demo_snapshot(name: String, started: Instant) -> LoadedSnapshot {
     let run = memsnap_workload::TrainingRun {
         steps: 6,
-        layers: 6,
-        activations_per_layer: 4,
-        leak_bytes_per_step: 1 << 20,
-        ..Default::default()
+        leak_bytes_per_step: 16 << 20,
+        ..memsnap_workload::TrainingRun::transformer(6, 8, 1024, 1024)
     };
     let (snapshot, _) = memsnap_workload::generate(&run);
     LoadedSnapshot {
