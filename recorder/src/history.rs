@@ -217,6 +217,41 @@ pub struct RawAnnotation {
     pub time_ns: u64,
 }
 
+/// The trace entries of a ring buffer, taken out of it for a snapshot.
+#[derive(Debug, Default)]
+pub(crate) struct RingTrace {
+    slots: Vec<Slot>,
+    /// The oldest slot once the ring wrapped.
+    next: usize,
+    streams: Vec<i64>,
+}
+
+impl RingTrace {
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The entries, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = RawEntry> + '_ {
+        let split = self.next.min(self.slots.len());
+        self.slots[split..]
+            .iter()
+            .chain(&self.slots[..split])
+            .map(|slot| RawEntry {
+                action: ACTIONS[(slot.time_action & ((1 << ACTION_BITS) - 1)) as usize],
+                addr: slot.addr,
+                size: slot.size,
+                stream: self
+                    .streams
+                    .get(slot.stream as usize)
+                    .copied()
+                    .unwrap_or_default(),
+                time_ns: slot.time_action >> ACTION_BITS,
+                stack: slot.stack,
+            })
+    }
+}
+
 /// The ring buffer of one device.
 #[derive(Debug)]
 pub(crate) struct History {
@@ -440,6 +475,26 @@ impl History {
             stream: self.streams[slot.stream as usize],
             time_ns: slot.time_action >> ACTION_BITS,
             stack: slot.stack,
+        }
+    }
+
+    /// A copy of the ring as stored (slots are 32 bytes, a [`RawEntry`] 40), read oldest
+    /// first by [`RingTrace::iter`].
+    pub(crate) fn trace_copy(&self) -> RingTrace {
+        RingTrace {
+            slots: self.entries.clone(),
+            next: self.next,
+            streams: self.streams.clone(),
+        }
+    }
+
+    /// The ring itself, leaving this history empty (no copy: for an allocator that is done).
+    pub(crate) fn take_trace(&mut self) -> RingTrace {
+        let next = std::mem::take(&mut self.next);
+        RingTrace {
+            slots: std::mem::take(&mut self.entries),
+            next,
+            streams: self.streams.clone(),
         }
     }
 

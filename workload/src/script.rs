@@ -65,8 +65,16 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
         };
         // A run that stops early (out of memory) keeps what it recorded.
         let _ = sim.simulate();
-        let snapshot = sim.gpu.snapshot();
-        truths.push(sim.truth(&snapshot, device));
+        let DeviceRun {
+            gpu,
+            roles,
+            steps,
+            oom,
+            ..
+        } = sim;
+        let snapshot = gpu.into_snapshot();
+        let record = Record { roles, steps, oom };
+        truths.push(record.truth(run, &snapshot, device));
         snapshots.push(snapshot);
     }
     let mut snapshot = if snapshots.len() == 1 {
@@ -401,9 +409,19 @@ impl DeviceRun<'_> {
         }
         Ok(())
     }
+}
 
+/// What a device's run did, by allocation and absolute entry index, to be mapped onto the
+/// window the recorder kept.
+struct Record {
+    roles: Vec<Role>,
+    steps: Vec<StepMarks>,
+    oom: Option<(usize, u64, u64)>,
+}
+
+impl Record {
     /// The answers for this device, read off its recorded window.
-    fn truth(&self, snapshot: &Snapshot, device: usize) -> DeviceTruth {
+    fn truth(&self, run: &TrainingRun, snapshot: &Snapshot, device: usize) -> DeviceTruth {
         let trace: &[memsnap_format::TraceEntry] =
             snapshot.traces().get(device).map_or(&[], Vec::as_slice);
         let dropped = snapshot
@@ -450,45 +468,55 @@ impl DeviceRun<'_> {
             });
         let before_window_bytes =
             u64::try_from((live_at_end + removed).saturating_sub(added)).unwrap_or(u64::MAX);
-        let mut live = before_window_bytes;
-        let after: Vec<u64> = trace
-            .iter()
-            .map(|e| {
-                match e.action {
-                    Action::Alloc => live = live.saturating_add(e.size),
-                    Action::FreeCompleted => live = live.saturating_sub(e.size),
-                    _ => {}
-                }
-                live
-            })
-            .collect();
-
-        let steps = self
+        // The steps in the window (they never overlap), then one pass over the trace that
+        // fills in their bytes.
+        let mut steps: Vec<StepTruth> = self
             .steps
             .iter()
             .filter(|s| s.start >= dropped && s.end > s.start)
             .filter_map(|s| {
                 let start_event = usize::try_from(s.start - dropped).ok()?;
                 let end_event = usize::try_from(s.end - 1 - dropped).ok()?;
-                let window = after.get(start_event..=end_event)?;
-                let peak = window.iter().copied().max()?;
-                let peak_event = start_event + window.iter().position(|&b| b == peak)?;
                 let phases = s
                     .phases
                     .iter()
                     .map(|&(p, allocation)| Some((p, event_of(allocation)?)))
                     .collect::<Option<Vec<_>>>()?;
-                Some(StepTruth {
+                (end_event < trace.len()).then_some(StepTruth {
                     start_event,
-                    peak_event,
+                    peak_event: start_event,
                     end_event,
-                    start_bytes: after[start_event],
-                    peak_bytes: peak,
-                    end_bytes: after[end_event],
                     phases,
+                    ..StepTruth::default()
                 })
             })
             .collect();
+        let mut live = before_window_bytes;
+        let mut next = 0;
+        for (i, e) in trace.iter().enumerate() {
+            match e.action {
+                Action::Alloc => live = live.saturating_add(e.size),
+                Action::FreeCompleted => live = live.saturating_sub(e.size),
+                _ => {}
+            }
+            let Some(step) = steps.get_mut(next) else {
+                break;
+            };
+            if i < step.start_event {
+                continue;
+            }
+            if i == step.start_event {
+                step.start_bytes = live;
+            }
+            if i == step.start_event || live > step.peak_bytes {
+                step.peak_bytes = live;
+                step.peak_event = i;
+            }
+            if i == step.end_event {
+                step.end_bytes = live;
+                next += 1;
+            }
+        }
         let oom = self.oom.and_then(|(step, event, requested_bytes)| {
             Some(OomTruth {
                 step,
@@ -498,10 +526,10 @@ impl DeviceRun<'_> {
         });
         DeviceTruth {
             steps,
-            leak_bytes_per_step: self.run.leak_bytes_per_step,
+            leak_bytes_per_step: run.leak_bytes_per_step,
             dropped_entries: dropped,
             before_window_bytes,
-            has_setup: dropped == 0 && self.run.param_bytes_per_layer > 0 && self.run.layers > 0,
+            has_setup: dropped == 0 && run.param_bytes_per_layer > 0 && run.layers > 0,
             roles,
             oom,
         }

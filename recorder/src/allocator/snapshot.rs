@@ -11,11 +11,11 @@ use memsnap_format::{
 
 use super::state::State;
 use crate::config::ROUNDUP_BUCKETS;
-use crate::history::{RawAction, RawAnnotation, RawEntry};
+use crate::history::{RawAction, RawAnnotation, RingTrace};
 use crate::stacks::{symbolize, RawStackId, NO_STACK};
 
 pub(super) struct RawSnapshot {
-    trace: Vec<RawEntry>,
+    trace: RingTrace,
     segments: Vec<RawSegment>,
     stacks: HashMap<RawStackId, Vec<usize>>,
     given: HashMap<RawStackId, Arc<[Frame]>>,
@@ -44,9 +44,15 @@ struct RawBlock {
 }
 
 /// Copies what the snapshot needs, then appends the `snapshot` trace entry (spec §3.4: the
-/// trace is collected first, so the entry shows in the next snapshot).
-pub(super) fn collect(st: &mut State) -> RawSnapshot {
-    let trace = st.history.ordered();
+/// trace is collected first, so the entry shows in the next snapshot). With `take_trace` the
+/// ring is moved out instead of copied, leaving the history empty (for an allocator that is
+/// done).
+pub(super) fn collect(st: &mut State, take_trace: bool) -> RawSnapshot {
+    let trace = if take_trace {
+        st.history.take_trace()
+    } else {
+        st.history.trace_copy()
+    };
     let mut segments = Vec::new();
     for head in st.segment_heads() {
         let seg = &st.segments[st.blocks[head as usize].segment as usize];
@@ -154,6 +160,8 @@ struct StackResolver {
     given: HashMap<RawStackId, Arc<[Frame]>>,
     done: HashMap<RawStackId, StackId>,
     empty: StackId,
+    /// The last stack resolved: neighbouring entries often share it (a free's two entries).
+    last: Option<(RawStackId, StackId)>,
 }
 
 impl StackResolver {
@@ -161,7 +169,13 @@ impl StackResolver {
         if id == NO_STACK {
             return None;
         }
+        if let Some((last, s)) = self.last {
+            if last == id {
+                return Some(s);
+            }
+        }
         if let Some(&s) = self.done.get(&id) {
+            self.last = Some((id, s));
             return Some(s);
         }
         let frames = match self.given.get(&id) {
@@ -195,6 +209,7 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
         given: raw.given,
         done: HashMap::new(),
         empty,
+        last: None,
     };
 
     for rs in raw.segments {
@@ -241,7 +256,7 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
     let na = snap.strings.intern("N/A");
     let no_metadata = snap.strings.intern("");
     let mut trace = Vec::with_capacity(raw.trace.len());
-    for e in &raw.trace {
+    for e in raw.trace.iter() {
         let mut entry = TraceEntry::new(e.action.to_format(), e.addr, e.size, e.stream);
         entry.time_us = Some(epoch_us(e.time_ns));
         entry.compile_context = Some(na);

@@ -148,3 +148,25 @@ fn annotations_share_the_clock_and_the_ring_size() {
     gpu.record_annotation(&[("stage", "END")]);
     assert_eq!(gpu.snapshot().external_annotations, Some(Vec::new()));
 }
+
+#[test]
+fn into_snapshot_is_the_snapshot_without_a_copy_of_the_ring() {
+    let record = || {
+        let gpu = recorder(ContextMode::All, 5);
+        let stack = gpu.register_stack(&frames(&["forward"])).unwrap();
+        for i in 0..4u64 {
+            gpu.advance_clock(Duration::from_micros(3));
+            let p = gpu
+                .malloc_with_stack(4096 * (i + 1), Stream::DEFAULT, stack)
+                .unwrap();
+            gpu.free(p).unwrap();
+        }
+        gpu
+    };
+    let copied = record().snapshot();
+    let moved = record().into_snapshot();
+    assert_eq!(moved.device_traces, copied.device_traces);
+    assert_eq!(moved.segments, copied.segments);
+    assert_eq!(moved.recorder_info, copied.recorder_info);
+    assert_eq!(moved.traces()[0].len(), 5, "the ring wrapped");
+}
