@@ -296,13 +296,10 @@ pub fn find_steps(
         categories,
     };
     mark_warmups(&mut analysis, replay);
-    let whole: Vec<Step> = analysis
-        .steps
-        .iter()
-        .filter(|s| !s.partial)
-        .cloned()
-        .collect();
-    analysis.drift = drift(&whole, options.drift_tolerance_percent);
+    analysis.drift = drift(
+        &steps_for_drift(&analysis.steps),
+        options.drift_tolerance_percent,
+    );
     analysis
 }
 
@@ -686,6 +683,20 @@ pub fn theil_sen(values: &[f64]) -> f64 {
         slopes[mid]
     } else {
         (slopes[mid - 1] + slopes[mid]) / 2.0
+    }
+}
+
+/// The steps drift is measured over: whole steps (a partial one starts inside the window),
+/// without the warm-up step when at least two others remain, because its lower peak is the
+/// optimizer state it has not created yet, not a trend (four steps with a warm-up first gave a
+/// Theil–Sen peak slope of half a warm-up's state per step).
+fn steps_for_drift(steps: &[Step]) -> Vec<Step> {
+    let whole = steps.iter().filter(|s| !s.partial);
+    let steady: Vec<Step> = whole.clone().filter(|s| !s.warmup).cloned().collect();
+    if steady.len() >= 2 {
+        steady
+    } else {
+        whole.cloned().collect()
     }
 }
 

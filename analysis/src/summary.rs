@@ -357,8 +357,9 @@ pub fn summarize_device(
     }
     for s in analysis.steps.iter().filter(|s| s.warmup) {
         notes.push(format!(
-            "step {} is a warm-up step: it creates {} bytes of optimizer state, which stays (not a leak)",
-            s.index, s.optimizer_state_bytes
+            "step {} is a warm-up step: it creates {} of optimizer state, which stays (not a leak)",
+            s.index,
+            memsnap_units::format_size(s.optimizer_state_bytes)
         ));
     }
     let peak_phase = analysis.phase_at(peak.event).map(|(step, p)| PeakPhase {

@@ -231,6 +231,31 @@ fn curve_shape_finds_the_steps_without_annotations() {
     }
 }
 
+/// Regression: four steps with a warm-up first (its peak lacks the optimizer state the later
+/// steps keep) said "the peak grows" by half the state per step; a warm-up is not a trend.
+#[test]
+fn a_warm_up_step_is_not_peak_growth() {
+    let run = TrainingRun {
+        steps: 4,
+        ..TrainingRun::default()
+    };
+    let (snapshot, _) = generate(&run);
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions::default());
+    assert_eq!(analysis.steps.len(), 4);
+    assert!(analysis.steps[0].warmup);
+    assert!(
+        analysis.steps[0].peak_bytes < analysis.steps[1].peak_bytes,
+        "the warm-up's peak is lower: the case this test is about"
+    );
+    assert!(
+        !analysis.drift.peak_growth_suspected,
+        "peak slope {} B/step",
+        analysis.drift.peak_bytes_per_step
+    );
+    assert!(!analysis.drift.leak_suspected);
+}
+
 #[test]
 fn drift_estimates_the_leak_per_step() {
     for (name, run) in runs() {
