@@ -4,7 +4,38 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` for a command's output. A closed stdout (`memsnap demo | head`) ends the program
+/// quietly with success, as SIGPIPE ends a C tool, instead of `println!`'s panic.
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(::std::format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(::std::format_args!("{}\n", ::std::format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for a command's output; see [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(::std::format_args!($($arg)*))
+    };
+}
+
 mod cmd;
+
+/// Writes a command's output; a closed pipe ends the program with success, any other write
+/// error with a message and status 2.
+fn write_stdout(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(err) = std::io::stdout().lock().write_fmt(text) {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("memsnap: error: cannot write the output: {err}");
+        std::process::exit(2);
+    }
+}
 
 /// Record, convert, analyse and view GPU memory snapshots.
 ///

@@ -75,11 +75,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let name = args.file.display();
     if failures.is_empty() {
         let peak = summary.busiest().map_or(0, |d| d.peak.bytes);
-        println!("{name}: ok (peak {})", format_size(peak));
+        outln!("{name}: ok (peak {})", format_size(peak));
         Ok(ExitCode::SUCCESS)
     } else {
         for f in &failures {
-            println!("{name}: FAIL: {f}");
+            outln!("{name}: FAIL: {f}");
         }
         Ok(ExitCode::from(1))
     }

@@ -63,7 +63,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let bytes = std::fs::metadata(&args.output)
         .map(|m| m.len())
         .unwrap_or(0);
-    println!(
+    outln!(
         "{} ({}) -> {} ({}, {})",
         args.input.display(),
         common::describe_encoding(detected.format, detected.compression),

@@ -75,7 +75,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         seed: args.seed,
         ..TrainingRun::transformer(args.layers as usize, args.batch, args.seq_len, args.hidden)
     };
-    println!(
+    outln!(
         "memsnap demo: training a {}-layer transformer (hidden {}, batch {} x {} tokens) for {} steps on a simulated {} GPU",
         args.layers,
         args.hidden,
@@ -88,8 +88,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (snapshot, truth) = generate(&run);
     let device = truth.devices.first().cloned().unwrap_or_default();
     match device.oom {
-        None => println!("trained {} steps", device.steps.len()),
-        Some(oom) => println!(
+        None => outln!("trained {} steps", device.steps.len()),
+        Some(oom) => outln!(
             "step {}: out of memory in the forward pass, asking for {} (--oom-at-step); the run stops here, as a real one would",
             oom.step + 1,
             format_size(oom.requested_bytes)
@@ -98,15 +98,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     memsnap_format::write_path(&args.out, &snapshot, None)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
-    println!("wrote {}", args.out.display());
-    println!();
+    outln!("wrote {}", args.out.display());
+    outln!();
     if let Err(err) = print_info(&args.out) {
         // `memsnap info` reads the file back; if that fails, summarise what we have in memory.
         eprintln!("memsnap: `memsnap info` failed ({err:#}); a short summary instead:");
         print_summary(&snapshot);
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "its steps, phases and peak: memsnap summary {}",
         args.out.display()
     );
@@ -143,7 +143,7 @@ fn print_summary(snapshot: &Snapshot) {
         peak = peak.max(live);
     }
     let reserved: u64 = snapshot.segments.iter().map(|s| s.total_size).sum();
-    println!(
+    outln!(
         "  {} trace entries: {} alloc, {} free, {} segment_alloc, {} segment_free, {} oom",
         trace.len(),
         count(Action::Alloc),
@@ -152,7 +152,7 @@ fn print_summary(snapshot: &Snapshot) {
         count(Action::SegmentFree),
         count(Action::Oom),
     );
-    println!(
+    outln!(
         "  {} segments reserving {}; peak allocated during the trace {}; {} distinct stacks",
         snapshot.segments.len(),
         format_size(reserved),
@@ -168,26 +168,26 @@ fn open_viewer(args: &Args) {
         .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
     let viewer = crate::cmd::view::viewer_path();
     match (args.no_view, display, viewer) {
-        (true, _, _) => println!("view it with: memsnap view {}", args.out.display()),
+        (true, _, _) => outln!("view it with: memsnap view {}", args.out.display()),
         (false, true, Some(viewer)) => {
             let spawned = Command::new(&viewer)
                 .arg(&args.out)
                 .stdin(Stdio::null())
                 .spawn();
             match spawned {
-                Ok(_) => println!("opened {} in {}", args.out.display(), viewer.display()),
-                Err(err) => println!(
+                Ok(_) => outln!("opened {} in {}", args.out.display(), viewer.display()),
+                Err(err) => outln!(
                     "cannot start {} ({err}); view it with: memsnap view {}",
                     viewer.display(),
                     args.out.display()
                 ),
             }
         }
-        (false, false, _) => println!(
+        (false, false, _) => outln!(
             "no display (DISPLAY/WAYLAND_DISPLAY unset); view it elsewhere with: memsnap view {}",
             args.out.display()
         ),
-        (false, true, None) => println!(
+        (false, true, None) => outln!(
             "the viewer is not built (cargo build --release -p memsnap-viewer); then: memsnap view {}",
             args.out.display()
         ),

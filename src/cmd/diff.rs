@@ -46,14 +46,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     });
     let diffs = diff(&before?, &after?, args.top);
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "devices": diffs }))?
         );
         return Ok(ExitCode::SUCCESS);
     }
     if diffs.is_empty() {
-        println!("no device in common");
+        outln!("no device in common");
     }
     for d in &diffs {
         render(d);
@@ -62,7 +62,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 fn render(d: &DeviceDiff) {
-    println!(
+    outln!(
         "device {}: peak {} -> {} ({}{})",
         d.device,
         format_size(d.before_peak_bytes),
@@ -71,9 +71,9 @@ fn render(d: &DeviceDiff) {
         d.delta_peak_percent
             .map_or(String::new(), |p| format!(", {p:+.1}%"))
     );
-    println!("  steps: {} -> {}", d.before_steps, d.after_steps);
+    outln!("  steps: {} -> {}", d.before_steps, d.after_steps);
     for s in &d.steps {
-        println!(
+        outln!(
             "    step {:>3}: peak {} -> {} ({}), start {}",
             s.index,
             format_size(s.before_peak_bytes),
@@ -86,9 +86,9 @@ fn render(d: &DeviceDiff) {
         if sites.is_empty() {
             continue;
         }
-        println!("  sites that {title} most (bytes at the peak, total allocated):");
+        outln!("  sites that {title} most (bytes at the peak, total allocated):");
         for s in sites {
-            println!(
+            outln!(
                 "    {:>12} {:>12}  {}",
                 format_delta(s.delta_bytes_at_peak),
                 format_delta(s.delta_total_bytes),

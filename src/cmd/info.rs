@@ -34,10 +34,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut failed = false;
     for (i, path) in args.files.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!();
         }
         match summarise(path) {
-            Ok(text) => print!("{text}"),
+            Ok(text) => out!("{text}"),
             Err(err) => {
                 eprintln!("memsnap: error: {err:#}");
                 failed = true;

@@ -84,15 +84,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ranks: rows,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{:<40} {:>4} {:>10} {:>9} {:>6} {:>10} {:>12}",
-        "file", "dev", "peak", "at event", "steps", "step time", "drift/step"
+        "file",
+        "dev",
+        "peak",
+        "at event",
+        "steps",
+        "step time",
+        "drift/step"
     );
     for r in &report.ranks {
-        println!(
+        outln!(
             "{:<40} {:>4} {:>10} {:>9} {:>6} {:>10} {:>12}{}",
             r.file,
             r.device,
@@ -105,7 +111,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     if let Some(s) = &report.skew {
-        println!(
+        outln!(
             "skew: peak {} .. {} (spread {}, {:.1}% of the max; highest: {}){}",
             format_size(s.min_peak_bytes),
             format_size(s.max_peak_bytes),

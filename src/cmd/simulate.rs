@@ -81,18 +81,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.suggest {
         let s = suggest(&snapshot, args.memory_limit, args.device)?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&s)?);
+            outln!("{}", serde_json::to_string_pretty(&s)?);
             return Ok(ExitCode::SUCCESS);
         }
-        println!("{file}: settings tried on top of the file's, best first");
-        println!(
+        outln!("{file}: settings tried on top of the file's, best first");
+        outln!(
             "  {:>12} {:>14}  {:<30} settings",
-            "reserved", "fragmentation", "out of memory"
+            "reserved",
+            "fragmentation",
+            "out of memory"
         );
         let rows = std::iter::once((&s.baseline, "(the file's own)"))
             .chain(s.candidates.iter().map(|c| (c, c.change.as_str())));
         for (c, label) in rows {
-            println!(
+            outln!(
                 "  {:>12} {:>14}  {:<30} {label}",
                 format_size(c.reserved_peak_bytes),
                 format_size(c.fragmentation_bytes),
@@ -100,7 +102,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             );
         }
         if let Some(best) = s.candidates.first() {
-            println!("\n{}.", best.verdict);
+            outln!("\n{}.", best.verdict);
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -144,7 +146,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 baseline: None,
             },
         };
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
     print_report(&file, &own, other.as_ref());
@@ -167,13 +169,13 @@ fn conf_label(conf: &str) -> String {
 }
 
 fn print_report(file: &str, own: &Simulation, other: Option<&Simulation>) {
-    println!(
+    outln!(
         "{file}: replayed with {} ({})",
         conf_label(&own.alloc_conf),
         own.settings_source
     );
     if let Some(o) = other {
-        println!("what-if: {}", conf_label(&o.alloc_conf));
+        outln!("what-if: {}", conf_label(&o.alloc_conf));
     }
     for d in &own.devices {
         let w = other.and_then(|o| o.devices.iter().find(|x| x.device == d.device));
@@ -187,7 +189,7 @@ fn print_device(d: &DeviceReport, w: Option<&DeviceReport>) {
         memsnap_simulate::CapacitySource::OomEntry => "the oom entry",
         memsnap_simulate::CapacitySource::Default => "default",
     };
-    println!(
+    outln!(
         "\ndevice {}: {} events; device memory {} ({cap_from}); start of the window: {} segments, {} reserved, {} blocks allocated ({} sizes estimated)",
         d.device,
         d.events,
@@ -205,13 +207,13 @@ fn print_device(d: &DeviceReport, w: Option<&DeviceReport>) {
             header.push_str(&format!(" ({} GPU)", format_size(w.capacity_bytes)));
         }
     }
-    println!("{header}");
+    outln!("{header}");
     let row = |name: &str, rec: String, f: &dyn Fn(&DeviceReport) -> String| {
         let mut line = format!("  {name:<22}{rec:>18}{:>18}", f(d));
         if let Some(w) = w {
             line.push_str(&format!("{:>18}", f(w)));
         }
-        println!("{line}");
+        outln!("{line}");
     };
     row("reserved peak", format_size(r.reserved_peak_bytes), &|x| {
         format_size(x.reserved_peak_bytes)
@@ -239,19 +241,19 @@ fn print_device(d: &DeviceReport, w: Option<&DeviceReport>) {
     );
     if let Some(w) = w {
         if w.start_reserved_bytes > w.capacity_bytes {
-            println!(
+            outln!(
                 "  note: the state at the start of the window ({} reserved) already exceeds the what-if device memory",
                 format_size(w.start_reserved_bytes)
             );
         }
     }
     let f = &d.fidelity;
-    println!(
+    outln!(
         "  fidelity: {}/{} segment decisions reproduced ({} extra), {}/{} allocations at the recorded address",
         f.reproduced, f.segment_decisions, f.extra, f.placed_at_recorded_address, f.allocations
     );
     if let Some(first) = f.differences.first() {
-        println!(
+        outln!(
             "  first difference at event {} ({}): PyTorch {}, replay {} ({} steps differ)",
             first.event,
             first.step,
@@ -261,7 +263,7 @@ fn print_device(d: &DeviceReport, w: Option<&DeviceReport>) {
         );
     }
     if d.anomaly_count > 0 {
-        println!(
+        outln!(
             "  {} inconsistencies in the file were absorbed, first: {}",
             d.anomaly_count,
             d.anomalies.first().map_or("", String::as_str)

@@ -93,9 +93,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.steps_from.into(),
     )?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        outln!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        print!("{}", render(&args.file.display().to_string(), &summary));
+        out!("{}", render(&args.file.display().to_string(), &summary));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -186,10 +186,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .collect(),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{}: device {} at event {}: {} live{}",
         args.file.display(),
         report.device,
@@ -205,15 +205,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
             String::new()
         }
     );
-    println!(
+    outln!(
         "{:>10} {:>7} {:>10} {:>9}  site",
-        "bytes", "count", "largest", "since"
+        "bytes",
+        "count",
+        "largest",
+        "since"
     );
     for r in &report.rows {
         let since = r
             .first_alloc_event
             .map_or("before".to_string(), |e| e.to_string());
-        println!(
+        outln!(
             "{:>10} {:>7} {:>10} {:>9}  {}",
             format_size(r.bytes),
             r.count,
@@ -223,7 +226,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     if report.groups > report.rows.len() {
-        println!(
+        outln!(
             "... {} more groups (--limit)",
             report.groups - report.rows.len()
         );

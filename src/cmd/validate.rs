@@ -39,7 +39,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         };
         let violations = memsnap_format::validate(&snapshot);
         if violations.is_empty() {
-            println!(
+            outln!(
                 "{}: ok ({} segments, {} trace entries)",
                 path.display(),
                 snapshot.segments.len(),
@@ -48,9 +48,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             invalid = true;
             for v in &violations {
-                println!("{}: {v}", path.display());
+                outln!("{}: {v}", path.display());
             }
-            println!("{}: {} problems", path.display(), violations.len());
+            outln!("{}: {} problems", path.display(), violations.len());
         }
     }
     Ok(if unreadable {

@@ -209,3 +209,27 @@ fn demo_oom_at_step_records_the_oom_and_stops() {
         |e| e.action == Action::Alloc && phase(&frame_names(&snapshot, e)) == Some("optimizer")
     ));
 }
+
+/// Regression: `memsnap demo | head` panicked ("failed printing to stdout: Broken pipe")
+/// once the reader had gone. A closed stdout ends the program quietly, with success.
+#[test]
+fn a_closed_stdout_ends_the_demo_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .arg("demo")
+        .args(SMALL)
+        .current_dir(dir.path())
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run memsnap demo");
+    // Hang up before the first line, as `head -0` does (the demo's first write comes
+    // milliseconds after start: the process must first start and parse its arguments).
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+}
