@@ -33,22 +33,33 @@ pub struct BenchReport {
     pub parse: Option<Duration>,
     /// `DeviceTimeline::build` plus steps and profile.
     pub analysis: Duration,
+    /// The parts of `analysis`: replay and curves, drawing indexes, steps, profile and sites.
+    pub analysis_parts: [Duration; 4],
     /// The first frame: layout of the whole run, geometry and tessellation.
     pub first_frame: Duration,
     /// Later frames, sorted.
     pub frames: Vec<Duration>,
+    /// The layout part of each later frame (zero when the layout was reused), sorted.
+    pub layouts: Vec<Duration>,
+    /// Triangles tessellated per later frame, sorted: a measure of drawing work that does
+    /// not depend on how busy the CPU is.
+    pub triangles: Vec<usize>,
     pub bands_first_frame: usize,
     pub triangles_first_frame: usize,
     pub width_px: f32,
 }
 
+/// The `p` quantile of sorted values (the default when there are none).
+fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
+    if sorted.is_empty() {
+        return T::default();
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
 impl BenchReport {
     fn percentile(&self, p: f64) -> Duration {
-        if self.frames.is_empty() {
-            return Duration::ZERO;
-        }
-        let i = ((self.frames.len() - 1) as f64 * p).round() as usize;
-        self.frames[i]
+        percentile(&self.frames, p)
     }
 }
 
@@ -60,7 +71,12 @@ impl fmt::Display for BenchReport {
         if let Some(parse) = self.parse {
             writeln!(f, "parse:              {:.1} ms", ms(parse))?;
         }
-        writeln!(f, "analysis build:     {:.1} ms", ms(self.analysis))?;
+        let [build, drawing, steps, profile] = self.analysis_parts.map(ms);
+        writeln!(
+            f,
+            "analysis build:     {:.1} ms (replay+curves {build:.1}, drawing index {drawing:.1}, steps {steps:.1}, profile+sites {profile:.1})",
+            ms(self.analysis)
+        )?;
         writeln!(
             f,
             "first frame:        {:.1} ms ({} bands, {} triangles, {} px wide)",
@@ -81,6 +97,20 @@ impl fmt::Display for BenchReport {
             ms(self.percentile(0.5)),
             ms(self.percentile(0.95)),
             ms(self.frames.last().copied().unwrap_or_default())
+        )?;
+        writeln!(
+            f,
+            "  of which layout:  p50 {:.2} ms, p95 {:.2} ms, max {:.2} ms",
+            ms(percentile(&self.layouts, 0.5)),
+            ms(percentile(&self.layouts, 0.95)),
+            ms(self.layouts.last().copied().unwrap_or_default())
+        )?;
+        writeln!(
+            f,
+            "  triangles/frame:  p50 {}, p95 {}, max {}",
+            percentile(&self.triangles, 0.5),
+            percentile(&self.triangles, 0.95),
+            self.triangles.last().copied().unwrap_or_default()
         )?;
         write!(
             f,
@@ -134,8 +164,11 @@ pub fn bench_snapshot(
     let started = Instant::now();
     let timeline = memsnap_analysis::DeviceTimeline::build(snapshot, device)
         .map_err(|e| BenchError::Analysis(e.to_string()))?;
+    let built = started.elapsed();
     timeline.prepare_drawing();
+    let drawn = started.elapsed();
     let steps = timeline.steps(&memsnap_analysis::StepOptions::default());
+    let stepped = started.elapsed();
     let _profile = memsnap_analysis::compare::device_profile(
         snapshot,
         &timeline,
@@ -143,6 +176,7 @@ pub fn bench_snapshot(
     );
     let sites = memsnap_plot::sites::StackSites::new(snapshot);
     let analysis = started.elapsed();
+    let analysis_parts = [built, drawn - built, stepped - drawn, analysis - stepped];
     let mut state = TimelineState::new(&timeline);
     let timeline_model = TimelineModel {
         snapshot,
@@ -169,6 +203,7 @@ pub fn bench_snapshot(
                 timeline_ui(ui, &timeline_model, state, &mut selection);
             });
         });
+        let ui_done = started.elapsed();
         // No renderer takes the font texture here.
         output.textures_delta.clear();
         let primitives = ctx.tessellate(output.shapes, output.pixels_per_point);
@@ -179,6 +214,13 @@ pub fn bench_snapshot(
                 egui::epaint::Primitive::Callback(_) => 0,
             })
             .sum();
+        if std::env::var_os("BENCH_SPLIT").is_some() {
+            eprintln!(
+                "ui {:.2} ms, total {:.2} ms, {triangles} triangles",
+                ui_done.as_secs_f64() * 1e3,
+                started.elapsed().as_secs_f64() * 1e3
+            );
+        }
         (started.elapsed(), triangles)
     };
     // egui lays out fonts on the first pass; that is start-up, not drawing.
@@ -191,6 +233,8 @@ pub fn bench_snapshot(
     };
     let bands_first_frame = state.cached_layout().map_or(0, |l| l.bands.len());
     let mut times = Vec::with_capacity(frames);
+    let mut layouts = Vec::with_capacity(frames);
+    let mut triangles = Vec::with_capacity(frames);
     for i in 0..frames {
         // Zoom in towards the middle for the first half, then pan, then zoom back out.
         let center = (state.window.start + state.window.end) / 2.0;
@@ -199,16 +243,25 @@ pub fn bench_snapshot(
             1 => state.window.pan_by_fraction(0.03),
             _ => state.window.zoom_at(center, 1.0 / 0.92),
         }
-        times.push(frame(&mut state).0);
+        state.last_layout_ms = 0.0;
+        let (time, tris) = frame(&mut state);
+        times.push(time);
+        layouts.push(Duration::from_secs_f64(state.last_layout_ms / 1e3));
+        triangles.push(tris);
     }
     times.sort_unstable();
+    layouts.sort_unstable();
+    triangles.sort_unstable();
     Ok(BenchReport {
         entries: snapshot.entry_count(),
         allocations: timeline.replay().allocations.len(),
         parse,
         analysis,
+        analysis_parts,
         first_frame,
         frames: times,
+        layouts,
+        triangles,
         bands_first_frame,
         triangles_first_frame,
         width_px: screen.width(),

@@ -124,7 +124,7 @@ pub(super) fn timeline_scene_ui(
             show_reserved: state.show_reserved,
         };
         let bands = scene::band_layer(&model.scene(), layout, &style, &map);
-        let mesh = Arc::new(band_mesh(&bands));
+        let mesh = Arc::new(band_mesh(&bands, ui.ctx().pixels_per_point()));
         state.band_cache = Some(BandCache { key, bands, mesh });
     }
     let mut overlay = scene::overlay(
@@ -142,8 +142,14 @@ pub(super) fn timeline_scene_ui(
         Pos::new(size.x, size.y)
     });
 
+    let pixels_per_point = ui.ctx().pixels_per_point();
     for (r, c) in &overlay.shading {
-        painter.rect_filled(rect(*r), 0.0, color32(*c));
+        // Zoomed out on a long run, most of thousands of phases are slivers between pixel
+        // centres: painting them costs frames and adds (almost) nothing.
+        let r = rect(*r);
+        if r.width() * pixels_per_point >= 1.0 || covers_a_pixel_centre(r, pixels_per_point) {
+            painter.rect_filled(r, 0.0, color32(*c));
+        }
     }
     for line in &overlay.grid {
         line_ui(painter, &line.points, line.width, line.colour);
@@ -189,15 +195,36 @@ pub(super) fn timeline_scene_ui(
     map
 }
 
-/// The band rectangles as one mesh (one draw call however many bands there are).
-fn band_mesh(bands: &BandLayer) -> Mesh {
+/// The band rectangles as one mesh (one draw call however many bands there are). A mesh is
+/// not anti-aliased: the GPU fills the pixels whose centres a triangle covers, so a rectangle
+/// that covers no pixel centre paints nothing and is left out (most of the thin bands of a
+/// long run seen whole).
+pub(super) fn band_mesh(bands: &BandLayer, pixels_per_point: f32) -> Mesh {
     let mut mesh = Mesh::default();
-    mesh.reserve_triangles(bands.rects.len() * 2);
-    mesh.reserve_vertices(bands.rects.len() * 4);
-    for (r, c) in &bands.rects {
-        mesh.add_colored_rect(rect(*r), color32(*c));
+    let visible = || {
+        bands
+            .rects
+            .iter()
+            .map(|(r, c)| (rect(*r), *c))
+            .filter(|(r, _)| covers_a_pixel_centre(*r, pixels_per_point))
+    };
+    let count = visible().count();
+    mesh.reserve_triangles(count * 2);
+    mesh.reserve_vertices(count * 4);
+    for (r, c) in visible() {
+        mesh.add_colored_rect(r, color32(c));
     }
     mesh
+}
+
+/// Whether `r` (in points) contains the centre of some physical pixel in both directions.
+pub(super) fn covers_a_pixel_centre(r: Rect, pixels_per_point: f32) -> bool {
+    let covers = |a: f32, b: f32| {
+        let (lo, hi) = (a.min(b) * pixels_per_point, a.max(b) * pixels_per_point);
+        // The first pixel centre (k + 0.5) at or after `lo`.
+        (lo - 0.5).ceil() + 0.5 <= hi
+    };
+    covers(r.left(), r.right()) && covers(r.top(), r.bottom())
 }
 
 /// A grid line or a step mark (straight across the plot), or a polyline.
