@@ -150,7 +150,9 @@ impl ViewerApp {
 
     /// Whether files are queued or loading.
     pub fn is_loading(&self) -> bool {
-        !self.pending.is_empty() || !self.jobs.is_empty()
+        !self.pending.is_empty()
+            || !self.jobs.is_empty()
+            || self.documents.iter().any(|d| !d.profiles_ready())
     }
 
     /// Blocks until every queued and running load is done (tests, benchmarks, screenshots).
@@ -159,6 +161,9 @@ impl ViewerApp {
         for job in std::mem::take(&mut self.jobs) {
             let result = job.wait();
             self.accept(result);
+        }
+        for document in &mut self.documents {
+            document.wait_for_profiles();
         }
     }
 
