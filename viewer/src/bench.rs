@@ -49,6 +49,19 @@ pub struct BenchReport {
     pub bands_first_frame: usize,
     pub triangles_first_frame: usize,
     pub width_px: f32,
+    /// Resident memory (Linux `/proc/self/status`) with the snapshot read, with the analysis
+    /// too, and the process's peak, in bytes.
+    pub rss_read: Option<u64>,
+    pub rss_analysed: Option<u64>,
+    pub rss_peak: Option<u64>,
+}
+
+/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in bytes; `None` off Linux.
+fn proc_status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// The `p` quantile of sorted values (the default when there are none).
@@ -114,6 +127,14 @@ impl fmt::Display for BenchReport {
             percentile(&self.triangles, 0.95),
             self.triangles.last().copied().unwrap_or_default()
         )?;
+        let mb = |b: Option<u64>| b.map_or("?".to_owned(), |b| format!("{:.0} MB", b as f64 / 1e6));
+        writeln!(
+            f,
+            "memory:             {} with the snapshot read, {} with the analysis, peak {}",
+            mb(self.rss_read),
+            mb(self.rss_analysed),
+            mb(self.rss_peak)
+        )?;
         write!(
             f,
             "60 fps budget (16.7 ms) met by p95: {}",
@@ -165,6 +186,7 @@ pub fn bench_snapshot(
     // What `Document::prepare` does: the device's timeline, its drawing indexes and steps
     // (side by side), the sites alongside; then the picture. The profile (ranks table,
     // diff) follows on its own thread in the viewer; here it is timed after the frames.
+    let rss_read = proc_status_bytes("VmRSS:");
     let started = Instant::now();
     let (model, sites) = std::thread::scope(|scope| {
         let sites = scope.spawn(|| memsnap_plot::sites::StackSites::new(snapshot));
@@ -174,6 +196,7 @@ pub fn bench_snapshot(
     let model = model.map_err(BenchError::Analysis)?;
     let sites = sites.map_err(|_| BenchError::Analysis("site colours panicked".into()))?;
     let analysis = started.elapsed();
+    let rss_analysed = proc_status_bytes("VmRSS:");
     let timeline = &*model.timeline;
     let steps = &model.steps;
     let mut state = TimelineState::new(timeline);
@@ -263,5 +286,8 @@ pub fn bench_snapshot(
         bands_first_frame,
         triangles_first_frame,
         width_px: screen.width(),
+        rss_read,
+        rss_analysed,
+        rss_peak: proc_status_bytes("VmHWM:"),
     })
 }
