@@ -38,6 +38,10 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
         }
     });
     let (a, b) = (&documents[pair.0], &documents[pair.1]);
+    if let Some(e) = a.device().profile_error().or(b.device().profile_error()) {
+        ui.label(format!("Cannot summarise these files: {e}"));
+        return;
+    }
     let (Some(before), Some(after)) = (a.device().profile(), b.device().profile()) else {
         // The profiles are computed after the files open; a repaint picks them up.
         ui.horizontal(|ui| {

@@ -22,7 +22,7 @@ pub struct DeviceModel {
     pub steps: StepAnalysis,
     /// Summary and per-site bytes, for the ranks table and the diff: computed after the
     /// picture is up (it costs as much as the rest of the analysis), see [`Document::prepare`].
-    profile: Arc<OnceLock<memsnap_analysis::compare::DeviceProfile>>,
+    profile: Arc<OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>>,
 }
 
 impl DeviceModel {
@@ -41,9 +41,22 @@ impl DeviceModel {
         })
     }
 
-    /// The summary and per-site bytes, once computed.
+    /// The summary and per-site bytes, once computed (`None` before, or when computing it
+    /// failed: see [`DeviceModel::profile_error`]).
     pub fn profile(&self) -> Option<&memsnap_analysis::compare::DeviceProfile> {
-        self.profile.get()
+        self.profile.get().and_then(|p| p.as_ref().ok())
+    }
+
+    /// Why the profile could not be computed.
+    pub fn profile_error(&self) -> Option<&str> {
+        self.profile
+            .get()
+            .and_then(|p| p.as_ref().err().map(String::as_str))
+    }
+
+    /// Whether the profile is computed (or failed).
+    pub fn profile_done(&self) -> bool {
+        self.profile.get().is_some()
     }
 
     /// Computes the profile now (when it is not yet).
@@ -55,14 +68,18 @@ impl DeviceModel {
 fn compute_profile(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
-    cell: &OnceLock<memsnap_analysis::compare::DeviceProfile>,
+    cell: &OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>,
 ) {
     cell.get_or_init(|| {
-        memsnap_analysis::compare::device_profile(
-            snapshot,
-            timeline,
-            &memsnap_analysis::SummaryOptions::default(),
-        )
+        // Off the loader thread, a panic must still cost only this summary.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            memsnap_analysis::compare::device_profile(
+                snapshot,
+                timeline,
+                &memsnap_analysis::SummaryOptions::default(),
+            )
+        }))
+        .map_err(|panic| crate::loader::panic_message(&*panic))
     });
 }
 
@@ -183,7 +200,7 @@ impl Document {
 
     /// Whether every device's profile is computed.
     pub fn profiles_ready(&self) -> bool {
-        self.devices.iter().all(|d| d.profile().is_some())
+        self.devices.iter().all(DeviceModel::profile_done)
     }
 
     /// Waits for the profiles (tests, benchmarks, screenshots); computes them here if their

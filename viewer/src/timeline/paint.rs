@@ -167,7 +167,15 @@ pub(super) fn timeline_scene_ui(
             ));
         }
     }
+    // Thousands of step marks land on the same pixels of a long run seen whole: one line per
+    // pixel column looks the same and costs a thousandth of the triangles.
+    let mut last_mark_x = f32::NEG_INFINITY;
     for mark in &overlay.step_marks {
+        let x = mark.line.points.first().map_or(0.0, |p| p.x) * pixels_per_point;
+        if (x - last_mark_x).abs() < 1.0 {
+            continue;
+        }
+        last_mark_x = x;
         line_ui(
             painter,
             &mark.line.points,
@@ -259,4 +267,40 @@ fn text_ui(painter: &Painter, text: &Text) {
         egui::FontId::proportional(text.size),
         color32(text.colour),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rect_between_pixel_centres_covers_none_and_is_left_out() {
+        let r = |x0: f32, x1: f32, y0: f32, y1: f32| Rect::from_x_y_ranges(x0..=x1, y0..=y1);
+        // Pixel centres at 0.5, 1.5, …
+        assert!(covers_a_pixel_centre(r(0.0, 1.0, 0.0, 1.0), 1.0));
+        assert!(
+            !covers_a_pixel_centre(r(0.0, 1.0, 0.6, 1.4), 1.0),
+            "thin band"
+        );
+        assert!(
+            !covers_a_pixel_centre(r(0.6, 1.4, 0.0, 10.0), 1.0),
+            "narrow column"
+        );
+        assert!(covers_a_pixel_centre(r(0.0, 1.0, 1.4, 1.6), 1.0));
+        // At 2 pixels per point the centres are at 0.25, 0.75, … points.
+        assert!(covers_a_pixel_centre(r(0.0, 1.0, 0.6, 0.8), 2.0));
+        assert!(!covers_a_pixel_centre(r(0.0, 1.0, 0.3, 0.7), 2.0));
+
+        // The mesh keeps exactly the rects that cover a centre.
+        let colour = memsnap_plot::Colour::rgb(200, 10, 10);
+        let layer = BandLayer {
+            rects: vec![
+                (SceneRect::from_x_y(0.0, 4.0, 0.0, 3.0), colour),
+                (SceneRect::from_x_y(0.0, 4.0, 3.1, 3.4), colour),
+            ],
+            ..BandLayer::default()
+        };
+        let mesh = band_mesh(&layer, 1.0);
+        assert_eq!(mesh.indices.len(), 6, "one rect, two triangles");
+    }
 }
