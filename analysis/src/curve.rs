@@ -237,15 +237,19 @@ impl TimeAxis {
 }
 
 /// Min and max of a value slice over any index range, in O(1) after an O(n) build: a block
-/// decomposition (64 values per block) with a sparse table over the blocks.
+/// decomposition (256 values per block) with a sparse table over the blocks. It does not
+/// keep the values (a curve of 10M events is 80 MB): queries take the slice it was built
+/// from.
 #[derive(Clone, Debug, Default)]
 pub struct RangeMinMax {
-    values: Vec<u64>,
+    len: usize,
     /// `levels[k][b]` = (min, max) over blocks `b .. b + 2^k`.
     levels: Vec<Vec<(u64, u64)>>,
 }
 
-const BLOCK: usize = 64;
+/// Values per block: the table is about `n / BLOCK * log2(n / BLOCK)` pairs (10 MB for 10M
+/// values), and a query scans at most two partial blocks.
+const BLOCK: usize = 256;
 
 impl RangeMinMax {
     pub fn build(values: &[u64]) -> RangeMinMax {
@@ -270,19 +274,23 @@ impl RangeMinMax {
             width *= 2;
         }
         RangeMinMax {
-            values: values.to_vec(),
+            len: values.len(),
             levels,
         }
     }
 
-    /// (min, max) over `values[lo..hi]`; `None` for an empty range.
-    pub fn query(&self, lo: usize, hi: usize) -> Option<(u64, u64)> {
-        let hi = hi.min(self.values.len());
+    /// (min, max) over `values[lo..hi]`, where `values` is the slice the table was built
+    /// from; `None` for an empty range (or a slice of another length).
+    pub fn query(&self, values: &[u64], lo: usize, hi: usize) -> Option<(u64, u64)> {
+        if values.len() != self.len {
+            return None;
+        }
+        let hi = hi.min(values.len());
         if lo >= hi {
             return None;
         }
         let scan = |a: usize, b: usize| {
-            self.values[a..b]
+            values[a..b]
                 .iter()
                 .fold((u64::MAX, 0u64), |(l, h), &v| (l.min(v), h.max(v)))
         };
@@ -305,10 +313,10 @@ impl RangeMinMax {
     }
 
     pub fn len(&self) -> usize {
-        self.values.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+        self.len == 0
     }
 }

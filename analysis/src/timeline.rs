@@ -464,7 +464,7 @@ impl DeviceTimeline {
                 let hi = (start as usize + (span * f64::from(c + 1) / f64::from(columns)) as usize)
                     .max(lo + 1);
                 // Past the trace's end the curve keeps its last value.
-                minmax.query(lo, hi).unwrap_or_else(|| {
+                minmax.query(&curve.after, lo, hi).unwrap_or_else(|| {
                     let v = curve.at(lo as u32);
                     (v, v)
                 })

@@ -103,6 +103,16 @@ pub fn read_bytes(bytes: &[u8]) -> Result<(Snapshot, Detected)> {
 
 /// [`read_bytes`] with a progress callback.
 pub fn read_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<(Snapshot, Detected)> {
+    read_bytes_observing(bytes, progress, None)
+}
+
+/// [`read_bytes_with`], also showing `observe` the trace entries of a pickle as they are read
+/// (see [`crate::pickle::Observe`]); other formats are read whole first and show nothing.
+pub fn read_bytes_observing(
+    bytes: &[u8],
+    progress: Progress<'_>,
+    observe: Option<crate::pickle::Observe<'_>>,
+) -> Result<(Snapshot, Detected)> {
     let compression = Compression::detect(bytes);
     let decompressed;
     let raw = match compression {
@@ -116,7 +126,7 @@ pub fn read_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<(Snapshot
         what: describe_start(raw),
     })?;
     let snapshot = match format {
-        Format::Pickle => crate::pickle::read_with(raw, progress)?,
+        Format::Pickle => crate::pickle::read_observing(raw, progress, observe)?,
         Format::Msgpack => crate::msgpack::read(raw)?,
         Format::Json => crate::json::read(raw)?,
     };
@@ -139,6 +149,16 @@ pub fn read_path(path: &Path) -> Result<(Snapshot, Detected)> {
 /// inflated bytes are ever held in memory whole; msgpack and JSON are read into memory first.
 /// Progress counts the file's bytes (compressed bytes for a compressed file).
 pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, Detected)> {
+    read_path_observing(path, progress, None)
+}
+
+/// [`read_path_with`], also showing `observe` the trace entries of a pickle (compressed or
+/// not) as they are read (see [`crate::pickle::Observe`]).
+pub fn read_path_observing(
+    path: &Path,
+    progress: Progress<'_>,
+    observe: Option<crate::pickle::Observe<'_>>,
+) -> Result<(Snapshot, Detected)> {
     let io_err = |source| FormatError::Io {
         path: path.to_owned(),
         source,
@@ -157,17 +177,19 @@ pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, 
     let Some(len) = len else {
         let mut bytes = head;
         file.read_to_end(&mut bytes).map_err(io_err)?;
-        return read_bytes_with(&bytes, progress);
+        return read_bytes_observing(&bytes, progress, observe);
     };
     let raw = std::io::Cursor::new(head).chain(file);
     if compression == Compression::None {
         if Format::detect(raw.get_ref().0.get_ref()) != Some(Format::Pickle) {
             return read_whole(raw, progress, path, false);
         }
-        let snapshot = crate::pickle::read_from(raw, len, progress).map_err(|e| match e {
-            FormatError::Read { source, .. } => io_err(source),
-            other => other,
-        })?;
+        let snapshot = crate::pickle::read_from_observing(raw, len, progress, observe).map_err(
+            |e| match e {
+                FormatError::Read { source, .. } => io_err(source),
+                other => other,
+            },
+        )?;
         return Ok((
             snapshot,
             Detected {
@@ -219,8 +241,13 @@ pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, 
     // limit, and payloads are copied as they arrive, so a lying length cannot allocate more
     // than the input holds.
     let mut by_file_bytes = |_: u64, _: u64| progress(consumed.get(), len);
-    let snapshot = crate::pickle::read_from(inflated, MAX_DECOMPRESSED_BYTES, &mut by_file_bytes)
-        .map_err(|e| match e {
+    let snapshot = crate::pickle::read_from_observing(
+        inflated,
+        MAX_DECOMPRESSED_BYTES,
+        &mut by_file_bytes,
+        observe,
+    )
+    .map_err(|e| match e {
         FormatError::Read { source, offset } => FormatError::Decompress {
             codec,
             what: format!("{source} (at inflated byte {offset})"),

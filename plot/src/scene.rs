@@ -123,6 +123,9 @@ pub struct Text {
 pub const FONT_SIZE: f32 = 11.0;
 /// Phases narrower than this get no slope line: it would be a vertical tick.
 pub const MIN_SLOPE_WIDTH: f32 = 4.0;
+/// No glyph of the label font is narrower than this (a fifth of the font size), so a text
+/// of `n` characters needs at least `n` times it: a bound that saves measuring.
+const MIN_GLYPH_WIDTH: f32 = FONT_SIZE * 0.2;
 
 /// The colours a scene takes from its surroundings (the viewer passes egui's visuals).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -649,6 +652,12 @@ pub fn place_labels(overlay: &mut Overlay, plot: Rect, measure: &mut dyn FnMut(&
     let mut labels = Vec::new();
     for mark in &overlay.step_marks {
         let x0 = mark.line.points[0].x;
+        // Thousands of marks a few pixels apart (a long run zoomed out) cannot hold even the
+        // shortest label: skip measuring them (it dominated the frame at 10M entries).
+        let shortest = mark.labels.iter().map(|l| l.chars().count()).min();
+        if shortest.is_none_or(|n| n as f32 * MIN_GLYPH_WIDTH > mark.room) {
+            continue;
+        }
         let Some(label) = mark.labels.iter().find(|l| measure(l).x <= mark.room) else {
             continue;
         };

@@ -150,7 +150,9 @@ impl ViewerApp {
 
     /// Whether files are queued or loading.
     pub fn is_loading(&self) -> bool {
-        !self.pending.is_empty() || !self.jobs.is_empty()
+        !self.pending.is_empty()
+            || !self.jobs.is_empty()
+            || self.documents.iter().any(|d| !d.profiles_ready())
     }
 
     /// Blocks until every queued and running load is done (tests, benchmarks, screenshots).
@@ -159,6 +161,9 @@ impl ViewerApp {
         for job in std::mem::take(&mut self.jobs) {
             let result = job.wait();
             self.accept(result);
+        }
+        for document in &mut self.documents {
+            document.wait_for_profiles();
         }
     }
 
@@ -578,7 +583,16 @@ impl ViewerApp {
 
     fn main_ui(&mut self, ui: &mut egui::Ui) {
         if self.documents.is_empty() {
-            welcome_ui(ui, self.jobs.is_empty());
+            let loading = self.jobs.first().and_then(|job| {
+                let progress = job.progress();
+                Some((job.name.as_str(), progress.preview()?, progress.fraction()))
+            });
+            match loading {
+                Some((name, preview, fraction)) => {
+                    loading_preview_ui(ui, name, &preview, fraction);
+                }
+                None => welcome_ui(ui, self.jobs.is_empty()),
+            }
             return;
         }
         match self.view {
@@ -616,6 +630,67 @@ fn welcome_ui(ui: &mut egui::Ui, idle: bool) {
             ui.label("Loading…");
         }
     });
+}
+
+/// While a pickle loads: the memory in use over the entries read so far, growing to the
+/// right as the file is read (the x axis is the whole file, estimated from the bytes read).
+fn loading_preview_ui(
+    ui: &mut egui::Ui,
+    name: &str,
+    preview: &crate::loader::LoadPreview,
+    fraction: Option<f32>,
+) {
+    ui.add_space(8.0);
+    ui.label(format!(
+        "Loading {name}: {} entries read so far. The picture grows as the file is read; the \
+         full timeline follows.",
+        preview.entries
+    ));
+    let (rect, _) = ui.allocate_exact_size(
+        egui::vec2(ui.available_width(), ui.available_height().min(400.0)),
+        egui::Sense::hover(),
+    );
+    let painter = ui.painter_at(rect);
+    painter.rect_filled(rect, 0.0, ui.visuals().extreme_bg_color);
+    let lowest = preview
+        .buckets
+        .iter()
+        .map(|b| b.0)
+        .min()
+        .unwrap_or(0)
+        .min(0);
+    let highest = preview.buckets.iter().map(|b| b.1).max().unwrap_or(0);
+    let span = (highest - lowest).max(1) as f32;
+    // Entries of the whole file, from the share of its bytes read.
+    let expected = match fraction {
+        Some(f) if f > 0.0 => (preview.entries as f32 / f).max(preview.entries as f32),
+        _ => preview.entries as f32,
+    }
+    .max(1.0);
+    let colour = crate::palette::color32(memsnap_plot::palette::residual(ui.visuals().dark_mode));
+    let mut mesh = egui::epaint::Mesh::default();
+    let per_bucket = preview.bucket_entries as f32;
+    for (i, &(_, max)) in preview.buckets.iter().enumerate() {
+        let x0 = rect.left() + rect.width() * (i as f32 * per_bucket / expected);
+        let x1 = rect.left()
+            + rect.width() * (((i + 1) as f32 * per_bucket).min(preview.entries as f32) / expected);
+        let top = rect.bottom() - rect.height() * ((max - lowest) as f32 / span);
+        mesh.add_colored_rect(
+            egui::Rect::from_x_y_ranges(x0..=x1.max(x0 + 1.0), top..=rect.bottom()),
+            colour,
+        );
+    }
+    painter.add(egui::Shape::mesh(mesh));
+    painter.text(
+        rect.left_top() + egui::vec2(6.0, 4.0),
+        egui::Align2::LEFT_TOP,
+        format!(
+            "memory in use as read so far (all devices), up to {}",
+            crate::units::format_bytes(u64::try_from(highest).unwrap_or(0))
+        ),
+        egui::FontId::proportional(12.0),
+        ui.visuals().weak_text_color(),
+    );
 }
 
 /// Darkens the window and says what will happen while files are dragged over it.

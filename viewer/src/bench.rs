@@ -1,6 +1,6 @@
 //! `memsnap-viewer --bench-frames N`: measures what the quality bar asks for without a window.
 //!
-//! It generates a training-run snapshot of about a million entries (or loads a file), builds
+//! It generates training-run snapshots (by default of 1M and 10M entries) or loads a file, builds
 //! the analysis (open to first picture, after parsing), then runs the real timeline panel in a
 //! headless egui context for N frames while zooming in and panning, timing each frame's UI pass
 //! (layout, geometry) plus egui's tessellation. GPU upload and drawing are not included.
@@ -31,24 +31,50 @@ pub struct BenchReport {
     pub entries: usize,
     pub allocations: usize,
     pub parse: Option<Duration>,
-    /// `DeviceTimeline::build` plus steps and profile.
+    /// What the picture needs: `DeviceTimeline::build`, its drawing indexes and the steps
+    /// (those two in parallel), the site colours (alongside).
     pub analysis: Duration,
+    /// The summary and per-site profile (ranks table, diff), which the viewer computes on
+    /// another thread once the picture is up.
+    pub profile: Duration,
     /// The first frame: layout of the whole run, geometry and tessellation.
     pub first_frame: Duration,
     /// Later frames, sorted.
     pub frames: Vec<Duration>,
+    /// The layout part of each later frame (zero when the layout was reused), sorted.
+    pub layouts: Vec<Duration>,
+    /// Triangles tessellated per later frame, sorted: a measure of drawing work that does
+    /// not depend on how busy the CPU is.
+    pub triangles: Vec<usize>,
     pub bands_first_frame: usize,
     pub triangles_first_frame: usize,
     pub width_px: f32,
+    /// Resident memory (Linux `/proc/self/status`) with the snapshot read, with the analysis
+    /// too, and the process's peak, in bytes.
+    pub rss_read: Option<u64>,
+    pub rss_analysed: Option<u64>,
+    pub rss_peak: Option<u64>,
+}
+
+/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in bytes; `None` off Linux.
+fn proc_status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The `p` quantile of sorted values (the default when there are none).
+fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
+    if sorted.is_empty() {
+        return T::default();
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 impl BenchReport {
     fn percentile(&self, p: f64) -> Duration {
-        if self.frames.is_empty() {
-            return Duration::ZERO;
-        }
-        let i = ((self.frames.len() - 1) as f64 * p).round() as usize;
-        self.frames[i]
+        percentile(&self.frames, p)
     }
 }
 
@@ -60,7 +86,12 @@ impl fmt::Display for BenchReport {
         if let Some(parse) = self.parse {
             writeln!(f, "parse:              {:.1} ms", ms(parse))?;
         }
-        writeln!(f, "analysis build:     {:.1} ms", ms(self.analysis))?;
+        writeln!(
+            f,
+            "analysis build:     {:.1} ms (then the ranks/diff profile in the background: {:.1} ms)",
+            ms(self.analysis),
+            ms(self.profile)
+        )?;
         writeln!(
             f,
             "first frame:        {:.1} ms ({} bands, {} triangles, {} px wide)",
@@ -81,6 +112,28 @@ impl fmt::Display for BenchReport {
             ms(self.percentile(0.5)),
             ms(self.percentile(0.95)),
             ms(self.frames.last().copied().unwrap_or_default())
+        )?;
+        writeln!(
+            f,
+            "  of which layout:  p50 {:.2} ms, p95 {:.2} ms, max {:.2} ms",
+            ms(percentile(&self.layouts, 0.5)),
+            ms(percentile(&self.layouts, 0.95)),
+            ms(self.layouts.last().copied().unwrap_or_default())
+        )?;
+        writeln!(
+            f,
+            "  triangles/frame:  p50 {}, p95 {}, max {}",
+            percentile(&self.triangles, 0.5),
+            percentile(&self.triangles, 0.95),
+            self.triangles.last().copied().unwrap_or_default()
+        )?;
+        let mb = |b: Option<u64>| b.map_or("?".to_owned(), |b| format!("{:.0} MB", b as f64 / 1e6));
+        writeln!(
+            f,
+            "memory:             {} with the snapshot read, {} with the analysis, peak {}",
+            mb(self.rss_read),
+            mb(self.rss_analysed),
+            mb(self.rss_peak)
         )?;
         write!(
             f,
@@ -130,24 +183,27 @@ pub fn bench_snapshot(
                 .map_or(0, Vec::len)
         })
         .ok_or(BenchError::NoDevice)?;
-    // What `Document::prepare` does for a device: timeline, steps, profile.
+    // What `Document::prepare` does: the device's timeline, its drawing indexes and steps
+    // (side by side), the sites alongside; then the picture. The profile (ranks table,
+    // diff) follows on its own thread in the viewer; here it is timed after the frames.
+    let rss_read = proc_status_bytes("VmRSS:");
     let started = Instant::now();
-    let timeline = memsnap_analysis::DeviceTimeline::build(snapshot, device)
-        .map_err(|e| BenchError::Analysis(e.to_string()))?;
-    timeline.prepare_drawing();
-    let steps = timeline.steps(&memsnap_analysis::StepOptions::default());
-    let _profile = memsnap_analysis::compare::device_profile(
-        snapshot,
-        &timeline,
-        &memsnap_analysis::SummaryOptions::default(),
-    );
-    let sites = memsnap_plot::sites::StackSites::new(snapshot);
+    let (model, sites) = std::thread::scope(|scope| {
+        let sites = scope.spawn(|| memsnap_plot::sites::StackSites::new(snapshot));
+        let model = crate::document::DeviceModel::build(snapshot, device);
+        (model, sites.join())
+    });
+    let model = model.map_err(BenchError::Analysis)?;
+    let sites = sites.map_err(|_| BenchError::Analysis("site colours panicked".into()))?;
     let analysis = started.elapsed();
-    let mut state = TimelineState::new(&timeline);
+    let rss_analysed = proc_status_bytes("VmRSS:");
+    let timeline = &*model.timeline;
+    let steps = &model.steps;
+    let mut state = TimelineState::new(timeline);
     let timeline_model = TimelineModel {
         snapshot,
-        timeline: &timeline,
-        steps: &steps,
+        timeline,
+        steps,
         sites: &sites,
     };
 
@@ -191,6 +247,8 @@ pub fn bench_snapshot(
     };
     let bands_first_frame = state.cached_layout().map_or(0, |l| l.bands.len());
     let mut times = Vec::with_capacity(frames);
+    let mut layouts = Vec::with_capacity(frames);
+    let mut triangles = Vec::with_capacity(frames);
     for i in 0..frames {
         // Zoom in towards the middle for the first half, then pan, then zoom back out.
         let center = (state.window.start + state.window.end) / 2.0;
@@ -199,18 +257,37 @@ pub fn bench_snapshot(
             1 => state.window.pan_by_fraction(0.03),
             _ => state.window.zoom_at(center, 1.0 / 0.92),
         }
-        times.push(frame(&mut state).0);
+        state.last_layout_ms = 0.0;
+        let (time, tris) = frame(&mut state);
+        times.push(time);
+        layouts.push(Duration::from_secs_f64(state.last_layout_ms / 1e3));
+        triangles.push(tris);
     }
+    let started = Instant::now();
+    let _profile = memsnap_analysis::compare::device_profile(
+        snapshot,
+        timeline,
+        &memsnap_analysis::SummaryOptions::default(),
+    );
+    let profile = started.elapsed();
     times.sort_unstable();
+    layouts.sort_unstable();
+    triangles.sort_unstable();
     Ok(BenchReport {
         entries: snapshot.entry_count(),
         allocations: timeline.replay().allocations.len(),
         parse,
         analysis,
+        profile,
         first_frame,
         frames: times,
+        layouts,
+        triangles,
         bands_first_frame,
         triangles_first_frame,
         width_px: screen.width(),
+        rss_read,
+        rss_analysed,
+        rss_peak: proc_status_bytes("VmHWM:"),
     })
 }

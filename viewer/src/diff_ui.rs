@@ -38,8 +38,21 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
         }
     });
     let (a, b) = (&documents[pair.0], &documents[pair.1]);
-    let before = a.device().profile.clone();
-    let mut after = b.device().profile.clone();
+    if let Some(e) = a.device().profile_error().or(b.device().profile_error()) {
+        ui.label(format!("Cannot summarise these files: {e}"));
+        return;
+    }
+    let (Some(before), Some(after)) = (a.device().profile(), b.device().profile()) else {
+        // The profiles are computed after the files open; a repaint picks them up.
+        ui.horizontal(|ui| {
+            ui.spinner();
+            ui.label("Summarising both files…");
+        });
+        ui.ctx()
+            .request_repaint_after(std::time::Duration::from_millis(100));
+        return;
+    };
+    let (before, mut after) = (before.clone(), after.clone());
     // Compare the shown device of each file even when their numbers differ (rank 0 vs 1).
     after.summary.device = before.summary.device;
     let Some(d) = diff(&[before], &[after], TOP_SITES).into_iter().next() else {

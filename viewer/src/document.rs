@@ -3,7 +3,7 @@
 //! panels themselves live in their own modules.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant as WallInstant};
 
 use memsnap_analysis::{DeviceTimeline, StepAnalysis, StepOptions};
@@ -18,29 +18,69 @@ use crate::view::Selection;
 /// The analysis model of one device: built once, read by every panel.
 pub struct DeviceModel {
     pub device: i64,
-    pub timeline: DeviceTimeline,
+    pub timeline: Arc<DeviceTimeline>,
     pub steps: StepAnalysis,
-    /// Summary and per-site bytes, for the ranks table and the diff.
-    pub profile: memsnap_analysis::compare::DeviceProfile,
+    /// Summary and per-site bytes, for the ranks table and the diff: computed after the
+    /// picture is up (it costs as much as the rest of the analysis), see [`Document::prepare`].
+    profile: Arc<OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>>,
 }
 
 impl DeviceModel {
+    /// The timeline with its drawing indexes and the steps, the two built side by side.
     pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceModel, String> {
         let timeline = DeviceTimeline::build(snapshot, device).map_err(|e| e.to_string())?;
-        timeline.prepare_drawing();
-        let steps = timeline.steps(&StepOptions::default());
-        let profile = memsnap_analysis::compare::device_profile(
-            snapshot,
-            &timeline,
-            &memsnap_analysis::SummaryOptions::default(),
-        );
+        let steps = std::thread::scope(|scope| {
+            scope.spawn(|| timeline.prepare_drawing());
+            timeline.steps(&StepOptions::default())
+        });
         Ok(DeviceModel {
             device,
-            timeline,
+            timeline: Arc::new(timeline),
             steps,
-            profile,
+            profile: Arc::default(),
         })
     }
+
+    /// The summary and per-site bytes, once computed (`None` before, or when computing it
+    /// failed: see [`DeviceModel::profile_error`]).
+    pub fn profile(&self) -> Option<&memsnap_analysis::compare::DeviceProfile> {
+        self.profile.get().and_then(|p| p.as_ref().ok())
+    }
+
+    /// Why the profile could not be computed.
+    pub fn profile_error(&self) -> Option<&str> {
+        self.profile
+            .get()
+            .and_then(|p| p.as_ref().err().map(String::as_str))
+    }
+
+    /// Whether the profile is computed (or failed).
+    pub fn profile_done(&self) -> bool {
+        self.profile.get().is_some()
+    }
+
+    /// Computes the profile now (when it is not yet).
+    fn compute_profile(&self, snapshot: &Snapshot) {
+        compute_profile(snapshot, &self.timeline, &self.profile);
+    }
+}
+
+fn compute_profile(
+    snapshot: &Snapshot,
+    timeline: &DeviceTimeline,
+    cell: &OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>,
+) {
+    cell.get_or_init(|| {
+        // Off the loader thread, a panic must still cost only this summary.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            memsnap_analysis::compare::device_profile(
+                snapshot,
+                timeline,
+                &memsnap_analysis::SummaryOptions::default(),
+            )
+        }))
+        .map_err(|panic| crate::loader::panic_message(&*panic))
+    });
 }
 
 /// Everything the user changed about how one device is shown.
@@ -84,6 +124,8 @@ pub struct Document {
     pub device_index: usize,
     /// Devices that could not be analysed (the others still show).
     pub device_errors: Vec<String>,
+    /// The thread computing the devices' profiles after the document is shown.
+    profiles: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Document {
@@ -97,12 +139,18 @@ impl Document {
         let snapshot = loaded.snapshot;
         let mut devices = Vec::new();
         let mut device_errors = Vec::new();
-        for device in DeviceTimeline::devices(&snapshot) {
-            match DeviceModel::build(&snapshot, device) {
-                Ok(model) => devices.push(model),
-                Err(e) => device_errors.push(format!("device {device}: {e}")),
+        let sites = std::thread::scope(|scope| {
+            let sites = scope.spawn(|| memsnap_plot::sites::StackSites::new(&snapshot));
+            for device in DeviceTimeline::devices(&snapshot) {
+                match DeviceModel::build(&snapshot, device) {
+                    Ok(model) => devices.push(model),
+                    Err(e) => device_errors.push(format!("device {device}: {e}")),
+                }
             }
-        }
+            sites
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
         if devices.is_empty() {
             return Err(match device_errors.first() {
                 Some(e) => format!("no device could be analysed ({e})"),
@@ -116,7 +164,22 @@ impl Document {
             .max_by_key(|(i, d)| (d.timeline.replay().trace_len, std::cmp::Reverse(*i)))
             .map_or(0, |(i, _)| i);
         let states = devices.iter().map(DeviceState::new).collect();
-        let sites = memsnap_plot::sites::StackSites::new(&snapshot);
+        let snapshot = Arc::new(snapshot);
+        // The ranks table and the diff need each device's profile; the picture does not,
+        // so it is computed on its own thread while the timeline is already on screen.
+        let work: Vec<_> = devices
+            .iter()
+            .map(|d| (d.timeline.clone(), d.profile.clone()))
+            .collect();
+        let for_profiles = snapshot.clone();
+        let profiles = std::thread::Builder::new()
+            .name(format!("profile {}", loaded.name))
+            .spawn(move || {
+                for (timeline, cell) in work {
+                    compute_profile(&for_profiles, &timeline, &cell);
+                }
+            })
+            .ok();
         Ok(Document {
             id,
             name: loaded.name,
@@ -125,13 +188,30 @@ impl Document {
             file_bytes: loaded.file_bytes,
             decode_time: loaded.decode_time,
             analysis_time: started.elapsed(),
-            snapshot: Arc::new(snapshot),
+            snapshot,
             sites,
             devices,
             states,
             device_index,
             device_errors,
+            profiles,
         })
+    }
+
+    /// Whether every device's profile is computed.
+    pub fn profiles_ready(&self) -> bool {
+        self.devices.iter().all(DeviceModel::profile_done)
+    }
+
+    /// Waits for the profiles (tests, benchmarks, screenshots); computes them here if their
+    /// thread could not start or died.
+    pub fn wait_for_profiles(&mut self) {
+        if let Some(handle) = self.profiles.take() {
+            let _ = handle.join();
+        }
+        for d in &self.devices {
+            d.compute_profile(&self.snapshot);
+        }
     }
 
     pub fn device(&self) -> &DeviceModel {

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egui::DroppedFileHandle;
-use memsnap_format::io::{read_bytes_with, read_path_with, Detected};
-use memsnap_format::{FormatError, Snapshot};
+use memsnap_format::io::{read_bytes_observing, read_path_observing, Detected};
+use memsnap_format::{Action, FormatError, Snapshot, TraceEntry};
 
 /// Where a snapshot comes from.
 #[derive(Clone, Debug)]
@@ -107,6 +107,76 @@ pub struct LoadProgress {
     done: AtomicU64,
     total: AtomicU64,
     stage: AtomicU8,
+    /// The picture of what has been read so far (pickles only), replaced at each progress
+    /// tick (about every MiB).
+    preview: Mutex<Option<LoadPreview>>,
+}
+
+/// What a pickle being read shows before it is done: the bytes in use (allocations minus
+/// completed frees, every device together) over the entries read so far, as the min and
+/// max of each bucket of entries. At most [`PREVIEW_BUCKETS`] buckets: when full, pairs
+/// merge and a bucket holds twice the entries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadPreview {
+    /// (min, max) bytes in use per bucket, in entry order; the last bucket may be partial.
+    pub buckets: Vec<(i64, i64)>,
+    /// Entries per bucket.
+    pub bucket_entries: u64,
+    /// Entries read.
+    pub entries: u64,
+}
+
+/// Most buckets a [`LoadPreview`] keeps (about the width of a window in pixels).
+pub const PREVIEW_BUCKETS: usize = 2048;
+
+impl Default for LoadPreview {
+    fn default() -> Self {
+        LoadPreview {
+            buckets: Vec::new(),
+            bucket_entries: 1,
+            entries: 0,
+        }
+    }
+}
+
+impl LoadPreview {
+    /// Adds entries in read order, given the bytes in use before them; returns the bytes in
+    /// use after them.
+    pub fn extend(&mut self, entries: &[TraceEntry], mut in_use: i64) -> i64 {
+        for entry in entries {
+            let size = i64::try_from(entry.size).unwrap_or(i64::MAX);
+            match entry.action {
+                Action::Alloc => in_use = in_use.saturating_add(size),
+                Action::FreeCompleted => in_use = in_use.saturating_sub(size),
+                _ => {}
+            }
+            let bucket = (self.entries / self.bucket_entries) as usize;
+            if bucket == self.buckets.len() {
+                self.buckets.push((in_use, in_use));
+            } else {
+                let b = &mut self.buckets[bucket];
+                *b = (b.0.min(in_use), b.1.max(in_use));
+            }
+            self.entries += 1;
+            if self.buckets.len() == PREVIEW_BUCKETS
+                && self
+                    .entries
+                    .is_multiple_of(self.bucket_entries * PREVIEW_BUCKETS as u64)
+            {
+                self.buckets = self
+                    .buckets
+                    .chunks(2)
+                    .map(|p| {
+                        p.iter().fold((i64::MAX, i64::MIN), |(lo, hi), b| {
+                            (lo.min(b.0), hi.max(b.1))
+                        })
+                    })
+                    .collect();
+                self.bucket_entries *= 2;
+            }
+        }
+        in_use
+    }
 }
 
 impl LoadProgress {
@@ -121,6 +191,17 @@ impl LoadProgress {
             0 => Stage::Reading,
             1 => Stage::Decoding,
             _ => Stage::Analysing,
+        }
+    }
+
+    /// The picture of what has been read so far, while a pickle is being read.
+    pub fn preview(&self) -> Option<LoadPreview> {
+        self.preview.lock().ok().and_then(|p| p.clone())
+    }
+
+    fn set_preview(&self, preview: &LoadPreview) {
+        if let Ok(mut slot) = self.preview.lock() {
+            *slot = Some(preview.clone());
         }
     }
 
@@ -231,7 +312,7 @@ impl<T: Send + 'static> LoadJob<T> {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {
@@ -276,16 +357,29 @@ pub fn load(
         progress.set(Stage::Decoding, done, total);
         !cancel.load(Ordering::Relaxed)
     };
+    // The entries read so far, drawn by the UI while the rest loads.
+    let mut preview = LoadPreview::default();
+    let mut in_use = 0i64;
+    let mut observe = |entries: &[TraceEntry]| {
+        in_use = preview.extend(entries, in_use);
+        progress.set_preview(&preview);
+    };
     let (decoded, file_bytes) = match input {
         Input::File(path) => {
             let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             progress.set(Stage::Decoding, 0, file_bytes);
-            (read_path_with(&path, &mut on_progress), file_bytes)
+            (
+                read_path_observing(&path, &mut on_progress, Some(&mut observe)),
+                file_bytes,
+            )
         }
         Input::Memory(bytes) => {
             let file_bytes = bytes.len() as u64;
             progress.set(Stage::Decoding, 0, file_bytes);
-            (read_bytes_with(&bytes, &mut on_progress), file_bytes)
+            (
+                read_bytes_observing(&bytes, &mut on_progress, Some(&mut observe)),
+                file_bytes,
+            )
         }
     };
     let (snapshot, detected) = match decoded {
@@ -384,6 +478,85 @@ mod tests {
         let cancel = AtomicBool::new(true);
         let err = load(&Source::Path(path), &progress, &cancel).expect_err("cancelled");
         assert!(matches!(err, LoadError::Cancelled { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_pickle_shows_what_has_been_read_while_it_loads() {
+        let run = memsnap_format::synth::TrainingRun {
+            target_entries: Some(60_000),
+            ..Default::default()
+        };
+        let (snapshot, _) = memsnap_format::synth::generate(&run);
+        let bytes =
+            memsnap_format::io::encode(&snapshot, memsnap_format::Format::Pickle).expect("encode");
+        assert!(
+            bytes.len() > 3 << 20,
+            "several progress ticks: {} bytes",
+            bytes.len()
+        );
+        let progress = LoadProgress::default();
+        let loaded = load(
+            &bytes_source("big.pickle", &bytes),
+            &progress,
+            &AtomicBool::new(false),
+        )
+        .expect("loads");
+        // The last picture shown before the end: part of the entries, in order.
+        let preview = progress.preview().expect("a preview was shown");
+        let total = loaded.snapshot.entry_count() as u64;
+        assert!(
+            preview.entries > 0 && preview.entries <= total,
+            "{preview:?}"
+        );
+        let mut exact = LoadPreview::default();
+        exact.extend(&loaded.snapshot.traces()[0][..preview.entries as usize], 0);
+        assert_eq!(preview, exact);
+    }
+
+    #[test]
+    fn a_preview_keeps_the_exact_min_and_max_in_at_most_its_bucket_count() {
+        use memsnap_format::TraceEntry;
+        // A saw-tooth of allocations and frees, fed in uneven batches.
+        let entries: Vec<TraceEntry> = (0..20_000u64)
+            .map(|i| {
+                let action = if i % 7 < 4 {
+                    Action::Alloc
+                } else {
+                    Action::FreeCompleted
+                };
+                TraceEntry::new(action, 0x1000, (i * 37) % 5000, 0)
+            })
+            .collect();
+        let mut preview = LoadPreview::default();
+        let mut in_use = 0;
+        for batch in entries.chunks(999) {
+            in_use = preview.extend(batch, in_use);
+            assert!(preview.buckets.len() <= PREVIEW_BUCKETS);
+        }
+        assert_eq!(preview.entries, entries.len() as u64);
+        // Each bucket is the min and max of the running total over its entries.
+        let mut running = 0i64;
+        let totals: Vec<i64> = entries
+            .iter()
+            .map(|e| {
+                match e.action {
+                    Action::Alloc => running += e.size as i64,
+                    _ => running -= e.size as i64,
+                }
+                running
+            })
+            .collect();
+        assert_eq!(in_use, running);
+        for (i, &(lo, hi)) in preview.buckets.iter().enumerate() {
+            let from = i * preview.bucket_entries as usize;
+            let to = (from + preview.bucket_entries as usize).min(totals.len());
+            let slice = &totals[from..to];
+            assert_eq!(
+                (lo, hi),
+                (*slice.iter().min().unwrap(), *slice.iter().max().unwrap()),
+                "bucket {i}"
+            );
+        }
     }
 
     #[test]

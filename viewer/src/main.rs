@@ -20,15 +20,18 @@ struct Args {
     #[arg(long)]
     demo: bool,
 
-    /// Measure instead of opening a window: generate (or load FILE) a snapshot, then time the
+    /// Measure instead of opening a window: generate snapshots (see `--bench-entries`) or
+    /// load each FILE, then time the analysis the picture needs, the first frame, and the
     /// timeline layout and tessellation of N frames while zooming and panning, and print the
-    /// numbers.
+    /// numbers (with the triangles per frame, which do not depend on how busy the CPU is).
+    /// Run it under `/usr/bin/time -v` for the peak memory, one size at a time.
     #[arg(long, value_name = "N")]
     bench_frames: Option<usize>,
 
-    /// Trace entries of the generated snapshot for `--bench-frames`.
-    #[arg(long, default_value_t = 1_000_000)]
-    bench_entries: usize,
+    /// Trace entries of the generated snapshots for `--bench-frames`, one run each
+    /// (comma-separated). The 10M run needs about 2 GB of memory.
+    #[arg(long, value_delimiter = ',', default_value = "1000000,10000000")]
+    bench_entries: Vec<usize>,
 }
 
 fn main() -> ExitCode {
@@ -48,10 +51,23 @@ fn main() -> ExitCode {
 }
 
 fn run_bench(args: &Args, frames: usize) -> anyhow::Result<()> {
-    let report = match args.files.first() {
-        Some(path) => memsnap_viewer::bench::bench_file(path, frames)?,
-        None => memsnap_viewer::bench::bench_generated(args.bench_entries, frames)?,
-    };
-    println!("{report}");
+    if args.files.is_empty() {
+        for (i, &entries) in args.bench_entries.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            println!(
+                "{}",
+                memsnap_viewer::bench::bench_generated(entries, frames)?
+            );
+        }
+    }
+    for (i, path) in args.files.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!("{}:", path.display());
+        println!("{}", memsnap_viewer::bench::bench_file(path, frames)?);
+    }
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use egui::{Color32, Pos2, Rect, Sense, Shape, Stroke};
 use memsnap_analysis::compare::{RankRow, Skew};
-use memsnap_analysis::{Axis, LayoutRequest, Lifetime};
+use memsnap_analysis::{Axis, CurveKind, LayoutRequest, Lifetime};
 
 use crate::document::Document;
 use crate::palette;
@@ -96,13 +96,20 @@ pub fn ranks_ui(
                 "Line the ranks up by trace entry, e.g. for runs recorded at different times",
             );
     });
+    if documents.iter().any(|d| !d.profiles_ready()) {
+        // The profiles are computed after the files open; a repaint picks them up.
+        ui.horizontal(|ui| {
+            ui.spinner();
+            ui.label("Summarising the ranks…");
+        });
+        ui.ctx()
+            .request_repaint_after(std::time::Duration::from_millis(100));
+    }
     let rows: Vec<RankRow> = documents
         .iter()
         .filter_map(|d| {
-            RankRow::from_summary(
-                d.name.clone(),
-                std::slice::from_ref(&d.device().profile.summary),
-            )
+            let profile = d.device().profile()?;
+            RankRow::from_summary(d.name.clone(), std::slice::from_ref(&profile.summary))
         })
         .collect();
     if let Some(skew) = Skew::of(&rows) {
@@ -224,7 +231,7 @@ pub fn ranks_ui(
                 format!(
                     "{}  peak {}",
                     doc.name,
-                    format_bytes(doc.device().profile.summary.peak.bytes)
+                    format_bytes(doc.device().timeline.peak(CurveKind::Active).bytes)
                 ),
                 egui::FontId::proportional(11.0),
                 ui.visuals().strong_text_color(),

@@ -117,6 +117,60 @@ fn dropping_a_snapshot_opens_its_timeline() {
     h.get_by_label_contains("Training steps: ");
 }
 
+/// A file that arrives slowly (a named pipe written in two halves) loads in the background:
+/// frames keep being drawn while the reader waits for the rest, and the file opens once it
+/// has all arrived.
+#[test]
+fn frames_keep_coming_while_a_slow_file_loads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("slow.pickle");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("notice: mkfifo is not available; skipping the slow-reader test");
+        return;
+    }
+    let bytes = training_pickle(3, 0);
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            // Opening blocks until the loader opens the pipe for reading.
+            let mut pipe = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&fifo)
+                .expect("open the pipe");
+            let half = bytes.len() / 2;
+            pipe.write_all(&bytes[..half]).expect("first half");
+            // Released by the test, or after a while if the test's frames are stuck
+            // waiting for the file (then the frame-time assertion fails instead of a hang).
+            let _ = released.recv_timeout(Duration::from_secs(10));
+            pipe.write_all(&bytes[half..]).expect("second half");
+        })
+    };
+    let mut h = harness(Settings::default());
+    h.state_mut().open(Source::Path(fifo));
+    let started = Instant::now();
+    let mut frames = 0;
+    while started.elapsed() < Duration::from_millis(600) {
+        let frame = Instant::now();
+        h.step();
+        assert!(
+            frame.elapsed() < Duration::from_secs(2),
+            "a frame waited for the file"
+        );
+        frames += 1;
+    }
+    assert!(frames >= 5, "only {frames} frames in 600 ms");
+    assert!(h.state().is_loading());
+    assert!(h.state().documents.is_empty());
+    h.get_by_label_contains("slow.pickle");
+    let _ = release.send(());
+    run_until_loaded(&mut h);
+    writer.join().expect("writer");
+    assert_eq!(h.state().documents.len(), 1, "{:?}", h.state().notices);
+}
+
 #[test]
 fn a_bad_file_shows_an_error_and_the_good_one_stays_open() {
     let mut h = loaded_app(

@@ -1,6 +1,7 @@
 //! Integration tests of memsnap-analysis: synthetic runs with known answers, real snapshots,
 //! the size filter's exactness, layout invariants, odd-but-valid histories.
 
+mod decimation;
 mod layout;
 mod odd_histories;
 mod real;

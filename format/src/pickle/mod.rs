@@ -42,6 +42,8 @@ mod convert;
 mod vm;
 mod writer;
 
+pub use vm::Observe;
+
 use std::io::Read;
 
 use crate::error::Result;
@@ -56,10 +58,21 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot> {
 /// [`read`], calling `progress(bytes_done, bytes_total)` about every MiB of input; returns
 /// [`crate::FormatError::Cancelled`] when it returns `false`.
 pub fn read_with(bytes: &[u8], progress: Progress<'_>) -> Result<Snapshot> {
+    read_observing(bytes, progress, None)
+}
+
+/// [`read_with`], also showing `observe` the trace entries read so far at each progress tick
+/// (a viewer draws them while a big file loads).
+pub fn read_observing(
+    bytes: &[u8],
+    progress: Progress<'_>,
+    observe: Option<Observe<'_>>,
+) -> Result<Snapshot> {
     let (arena, state) = vm::run(
         vm::SliceFeed::new(bytes),
         bytes.len() as u64,
         progress,
+        observe,
         true,
     )?;
     convert::convert(&arena, state)
@@ -71,7 +84,17 @@ pub fn read_with(bytes: &[u8], progress: Progress<'_>) -> Result<Snapshot> {
 /// that ends early is reported as truncated, and a failing read as
 /// [`crate::FormatError::Read`] with its byte offset.
 pub fn read_from(reader: impl Read, len: u64, progress: Progress<'_>) -> Result<Snapshot> {
-    let (arena, state) = vm::run(vm::ReaderFeed::new(reader), len, progress, true)?;
+    read_from_observing(reader, len, progress, None)
+}
+
+/// [`read_from`], also showing `observe` the trace entries read so far at each progress tick.
+pub fn read_from_observing(
+    reader: impl Read,
+    len: u64,
+    progress: Progress<'_>,
+    observe: Option<Observe<'_>>,
+) -> Result<Snapshot> {
+    let (arena, state) = vm::run(vm::ReaderFeed::new(reader), len, progress, observe, true)?;
     convert::convert(&arena, state)
 }
 
@@ -83,6 +106,7 @@ pub fn read_with_fast_path(bytes: &[u8], fast: bool) -> Result<(Snapshot, usize)
         vm::SliceFeed::new(bytes),
         bytes.len() as u64,
         &mut |_, _| true,
+        None,
         fast,
     )?;
     let fast_entries = state.fast_entries;

@@ -22,6 +22,11 @@ use crate::intern::FrameId;
 
 /// Highest protocol we read (`PROTO 5` is byte-identical to 4 for snapshot data).
 const MAX_PROTOCOL: u8 = 5;
+/// Sees the trace entries read so far, in input order, a batch per progress tick (a preview
+/// of a big file while it loads; entries in unusual layouts, converted at the end, are not
+/// shown).
+pub type Observe<'a> = &'a mut dyn FnMut(&[crate::TraceEntry]);
+
 /// Call the progress callback about this often.
 const PROGRESS_STEP: usize = 1 << 20;
 /// Memo indices above `memo.len() + MEMO_DENSE_SLACK` go to a sparse map, so a hostile
@@ -593,7 +598,7 @@ impl Memo {
     }
 }
 
-struct Vm<'p, F> {
+struct Vm<'p, 'o, F> {
     feed: F,
     /// Input offset of the window start.
     base: u64,
@@ -609,6 +614,10 @@ struct Vm<'p, F> {
     arena: Arena,
     state: ConvState,
     progress: Progress<'p>,
+    /// Shown the trace entries read since the last call, at each progress tick.
+    observe: Option<Observe<'o>>,
+    /// Entries already shown to `observe`.
+    observed: usize,
     /// Take [`Vm::fast_entry`] when it applies (off only to test it against the generic path).
     fast_entries: bool,
     /// Frames of the frames list [`Vm::fast_frames_list`] is reading.
@@ -624,6 +633,7 @@ pub(crate) fn run<F: Feed>(
     feed: F,
     total: u64,
     progress: Progress<'_>,
+    observe: Option<Observe<'_>>,
     fast_entries: bool,
 ) -> Result<(Arena, ConvState)> {
     let mut vm = Vm {
@@ -645,6 +655,8 @@ pub(crate) fn run<F: Feed>(
         },
         state: ConvState::new(total),
         progress,
+        observe,
+        observed: 0,
         fast_entries,
         frames_buf: Vec::new(),
         journal_buf: Vec::new(),
@@ -653,7 +665,7 @@ pub(crate) fn run<F: Feed>(
     Ok((vm.arena, vm.state))
 }
 
-impl<F: Feed> Vm<'_, F> {
+impl<F: Feed> Vm<'_, '_, F> {
     /// Input offset of window position `pos`.
     fn offset(&self, pos: usize) -> u64 {
         self.base + pos as u64
@@ -1099,6 +1111,12 @@ impl<F: Feed> Vm<'_, F> {
             if self.at >= next_progress && total > 0 {
                 if !(self.progress)(self.at.min(total), total) {
                     return Err(FormatError::Cancelled);
+                }
+                // Between opcodes every entry read is final (a fast-path attempt rolls
+                // back within its opcode).
+                if let Some(observe) = self.observe.as_mut() {
+                    observe(&self.state.entries[self.observed..]);
+                    self.observed = self.state.entries.len();
                 }
                 next_progress = self.at.saturating_add(PROGRESS_STEP as u64).min(total);
                 if next_progress <= self.at {

@@ -124,7 +124,7 @@ pub(super) fn timeline_scene_ui(
             show_reserved: state.show_reserved,
         };
         let bands = scene::band_layer(&model.scene(), layout, &style, &map);
-        let mesh = Arc::new(band_mesh(&bands));
+        let mesh = Arc::new(band_mesh(&bands, ui.ctx().pixels_per_point()));
         state.band_cache = Some(BandCache { key, bands, mesh });
     }
     let mut overlay = scene::overlay(
@@ -142,8 +142,14 @@ pub(super) fn timeline_scene_ui(
         Pos::new(size.x, size.y)
     });
 
+    let pixels_per_point = ui.ctx().pixels_per_point();
     for (r, c) in &overlay.shading {
-        painter.rect_filled(rect(*r), 0.0, color32(*c));
+        // Zoomed out on a long run, most of thousands of phases are slivers between pixel
+        // centres: painting them costs frames and adds (almost) nothing.
+        let r = rect(*r);
+        if r.width() * pixels_per_point >= 1.0 || covers_a_pixel_centre(r, pixels_per_point) {
+            painter.rect_filled(r, 0.0, color32(*c));
+        }
     }
     for line in &overlay.grid {
         line_ui(painter, &line.points, line.width, line.colour);
@@ -161,7 +167,15 @@ pub(super) fn timeline_scene_ui(
             ));
         }
     }
+    // Thousands of step marks land on the same pixels of a long run seen whole: one line per
+    // pixel column looks the same and costs a thousandth of the triangles.
+    let mut last_mark_x = f32::NEG_INFINITY;
     for mark in &overlay.step_marks {
+        let x = mark.line.points.first().map_or(0.0, |p| p.x) * pixels_per_point;
+        if (x - last_mark_x).abs() < 1.0 {
+            continue;
+        }
+        last_mark_x = x;
         line_ui(
             painter,
             &mark.line.points,
@@ -189,15 +203,36 @@ pub(super) fn timeline_scene_ui(
     map
 }
 
-/// The band rectangles as one mesh (one draw call however many bands there are).
-fn band_mesh(bands: &BandLayer) -> Mesh {
+/// The band rectangles as one mesh (one draw call however many bands there are). A mesh is
+/// not anti-aliased: the GPU fills the pixels whose centres a triangle covers, so a rectangle
+/// that covers no pixel centre paints nothing and is left out (most of the thin bands of a
+/// long run seen whole).
+pub(super) fn band_mesh(bands: &BandLayer, pixels_per_point: f32) -> Mesh {
     let mut mesh = Mesh::default();
-    mesh.reserve_triangles(bands.rects.len() * 2);
-    mesh.reserve_vertices(bands.rects.len() * 4);
-    for (r, c) in &bands.rects {
-        mesh.add_colored_rect(rect(*r), color32(*c));
+    let visible = || {
+        bands
+            .rects
+            .iter()
+            .map(|(r, c)| (rect(*r), *c))
+            .filter(|(r, _)| covers_a_pixel_centre(*r, pixels_per_point))
+    };
+    let count = visible().count();
+    mesh.reserve_triangles(count * 2);
+    mesh.reserve_vertices(count * 4);
+    for (r, c) in visible() {
+        mesh.add_colored_rect(r, color32(c));
     }
     mesh
+}
+
+/// Whether `r` (in points) contains the centre of some physical pixel in both directions.
+pub(super) fn covers_a_pixel_centre(r: Rect, pixels_per_point: f32) -> bool {
+    let covers = |a: f32, b: f32| {
+        let (lo, hi) = (a.min(b) * pixels_per_point, a.max(b) * pixels_per_point);
+        // The first pixel centre (k + 0.5) at or after `lo`.
+        (lo - 0.5).ceil() + 0.5 <= hi
+    };
+    covers(r.left(), r.right()) && covers(r.top(), r.bottom())
 }
 
 /// A grid line or a step mark (straight across the plot), or a polyline.
@@ -232,4 +267,40 @@ fn text_ui(painter: &Painter, text: &Text) {
         egui::FontId::proportional(text.size),
         color32(text.colour),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rect_between_pixel_centres_covers_none_and_is_left_out() {
+        let r = |x0: f32, x1: f32, y0: f32, y1: f32| Rect::from_x_y_ranges(x0..=x1, y0..=y1);
+        // Pixel centres at 0.5, 1.5, …
+        assert!(covers_a_pixel_centre(r(0.0, 1.0, 0.0, 1.0), 1.0));
+        assert!(
+            !covers_a_pixel_centre(r(0.0, 1.0, 0.6, 1.4), 1.0),
+            "thin band"
+        );
+        assert!(
+            !covers_a_pixel_centre(r(0.6, 1.4, 0.0, 10.0), 1.0),
+            "narrow column"
+        );
+        assert!(covers_a_pixel_centre(r(0.0, 1.0, 1.4, 1.6), 1.0));
+        // At 2 pixels per point the centres are at 0.25, 0.75, … points.
+        assert!(covers_a_pixel_centre(r(0.0, 1.0, 0.6, 0.8), 2.0));
+        assert!(!covers_a_pixel_centre(r(0.0, 1.0, 0.3, 0.7), 2.0));
+
+        // The mesh keeps exactly the rects that cover a centre.
+        let colour = memsnap_plot::Colour::rgb(200, 10, 10);
+        let layer = BandLayer {
+            rects: vec![
+                (SceneRect::from_x_y(0.0, 4.0, 0.0, 3.0), colour),
+                (SceneRect::from_x_y(0.0, 4.0, 3.1, 3.4), colour),
+            ],
+            ..BandLayer::default()
+        };
+        let mesh = band_mesh(&layer, 1.0);
+        assert_eq!(mesh.indices.len(), 6, "one rect, two triangles");
+    }
 }

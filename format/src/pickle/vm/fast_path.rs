@@ -93,7 +93,7 @@ impl Undo {
     }
 }
 
-impl<F: Feed> Vm<'_, F> {
+impl<F: Feed> Vm<'_, '_, F> {
     #[inline]
     /// Reads a trace entry dict straight into a [`TraceEntry`] when it is laid out the way
     /// PyTorch's exporter and our writer lay it out: `EMPTY_DICT` (just read), an optional
