@@ -482,11 +482,11 @@ mod tests {
 
     #[test]
     fn a_pickle_shows_what_has_been_read_while_it_loads() {
-        let run = memsnap_format::synth::TrainingRun {
+        let run = memsnap_workload::TrainingRun {
             target_entries: Some(60_000),
             ..Default::default()
         };
-        let (snapshot, _) = memsnap_format::synth::generate(&run);
+        let (snapshot, _) = memsnap_workload::generate(&run);
         let bytes =
             memsnap_format::io::encode(&snapshot, memsnap_format::Format::Pickle).expect("encode");
         assert!(

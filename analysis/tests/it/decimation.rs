@@ -3,7 +3,7 @@
 
 use memsnap_analysis::curve::RangeMinMax;
 use memsnap_analysis::{Axis, CurveKind, DeviceTimeline, LayoutRequest, Lifetime};
-use memsnap_format::synth::{generate, TrainingRun};
+use memsnap_workload::{generate, TrainingRun};
 use proptest::prelude::*;
 
 fn exact(values: &[u64], lo: usize, hi: usize) -> Option<(u64, u64)> {
