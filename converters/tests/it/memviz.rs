@@ -1,13 +1,19 @@
-//! The snapshot of `testdata/fixture.py`, built in code, must print what torch 2.15's
-//! `_memory_viz.py` printed for it (`testdata/fixture.*.txt`). It covers what the real files do
-//! not: legacy history blocks, names past `z`, a segment range reused, frees of unknown
-//! addresses, `oom`, `annotate`, dict reprs of odd values, legacy key order, hidden frames.
+//! `memviz`: PyTorch's `_memory_viz.py` text reports.
+//!
+//! The snapshot of `memviz/testdata/fixture.py`, built in code, must print what torch 2.15's
+//! `_memory_viz.py` printed for it (`memviz/testdata/fixture.*.txt`). It covers what the real
+//! files do not: legacy history blocks, names past `z`, a segment range reused, frees of
+//! unknown addresses, `oom`, `annotate`, dict reprs of odd values, legacy key order, hidden
+//! frames. The real snapshots are compared with Python's outputs of them (golden files).
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use memsnap_converters::memviz::{self, Check, MemvizError, Report};
+use memsnap_converters::ConvertError;
 use memsnap_format::{
     Action, Block, BlockState, Frame, HistoryItem, Segment, Snapshot, StackId, TraceEntry, Value,
 };
-
-use super::{flame, stats, trace};
 
 const MIB: u64 = 1 << 20;
 const BASE: u64 = 0x7f00_0000_0000;
@@ -181,24 +187,29 @@ fn assert_text_eq(ours: &str, python: &str) {
 }
 
 #[test]
-fn stats_matches_python() {
-    let ours = stats::stats(&fixture()).expect("stats");
-    assert_text_eq(&ours, include_str!("testdata/fixture.stats.txt"));
-}
-
-#[test]
-fn trace_matches_python() {
-    let ours = trace::trace(&fixture()).expect("trace");
-    assert_text_eq(&ours, include_str!("testdata/fixture.trace.txt"));
-}
-
-#[test]
-fn segments_and_memory_match_python() {
+fn fixture_reports_match_python() {
     let s = fixture();
-    let segments = flame::collapsed(&s, true).expect("segments");
-    assert_text_eq(&segments, include_str!("testdata/fixture.segments.txt"));
-    let memory = flame::collapsed(&s, false).expect("memory");
-    assert_text_eq(&memory, include_str!("testdata/fixture.memory.txt"));
+    for (report, python) in [
+        (
+            Report::Stats,
+            include_str!("memviz/testdata/fixture.stats.txt"),
+        ),
+        (
+            Report::Trace,
+            include_str!("memviz/testdata/fixture.trace.txt"),
+        ),
+        (
+            Report::Segments,
+            include_str!("memviz/testdata/fixture.segments.txt"),
+        ),
+        (
+            Report::Memory,
+            include_str!("memviz/testdata/fixture.memory.txt"),
+        ),
+    ] {
+        let ours = memviz::render(report, &s).unwrap_or_else(|e| panic!("{report:?}: {e}"));
+        assert_text_eq(&ours, python);
+    }
 }
 
 #[test]
@@ -206,7 +217,8 @@ fn trace_of_a_bare_segment_list_fails_like_python() {
     let mut s = fixture();
     s.shape = memsnap_format::Shape::SegmentList;
     s.device_traces = None;
-    let err = trace::trace(&s).expect_err("no device_traces");
+    let err = memviz::render(Report::Trace, &s).expect_err("no device_traces");
+    assert!(matches!(err, MemvizError::LikePython { .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains("KeyError: 'device_traces'"), "{text}");
     assert!(text.contains("bare segment list"), "{text}");
@@ -216,6 +228,126 @@ fn trace_of_a_bare_segment_list_fails_like_python() {
 fn broken_segment_accounting_fails_like_python() {
     let mut s = fixture();
     s.segments[0].total_size += 512;
-    let err = stats::stats(&s).expect_err("mismatch");
+    let err = memviz::render(Report::Stats, &s).expect_err("mismatch");
     assert!(err.to_string().contains("Segment size mismatch"), "{err}");
+}
+
+/// The reports that read only the segments print the same from the fixture's pickle whether
+/// the trace is read or not; a validated read refuses what `memsnap validate` refuses.
+#[test]
+fn reading_only_the_segments_prints_the_same_as_reading_everything() {
+    let bytes = memsnap_format::pickle::to_vec(&fixture());
+    let whole =
+        memviz::read(Report::Trace, &bytes, Check::Needed, &mut |_, _| true).expect("whole file");
+    assert!(whole.device_traces.is_some());
+    for report in [Report::Stats, Report::Segments, Report::Memory] {
+        let part = memviz::read(report, &bytes, Check::Needed, &mut |_, _| true).expect("part");
+        assert!(part.device_traces.is_none(), "{report:?} read the trace");
+        assert_eq!(
+            memviz::render(report, &part).expect("part"),
+            memviz::render(report, &whole).expect("whole")
+        );
+    }
+    let mut broken = fixture();
+    broken.segments[1].blocks[0].size += 1;
+    let bytes = memsnap_format::pickle::to_vec(&broken);
+    match memviz::read(Report::Stats, &bytes, Check::Full, &mut |_, _| true) {
+        Err(ConvertError::Memviz(MemvizError::Invalid { problems })) => {
+            assert!(
+                problems.iter().any(|p| p.contains("segments[1]")),
+                "{problems:?}"
+            )
+        }
+        other => panic!("expected a validation error, got {other:?}"),
+    }
+    assert!(memviz::read(Report::Stats, &bytes, Check::Needed, &mut |_, _| true).is_ok());
+}
+
+/// A file cut anywhere after its segments still prints `stats` when only the segments are
+/// read, and fails with a byte offset when the whole file is validated.
+#[test]
+fn damage_after_the_segments_is_found_only_when_validating() {
+    let bytes = memsnap_format::pickle::to_vec(&fixture());
+    let cut = &bytes[..bytes.len() - 40];
+    let text = memviz::render(
+        Report::Stats,
+        &memviz::read(Report::Stats, cut, Check::Needed, &mut |_, _| true).expect("segments"),
+    )
+    .expect("stats");
+    assert!(text.starts_with("Summary of segments"));
+    let err = memviz::read(Report::Stats, cut, Check::Full, &mut |_, _| true)
+        .expect_err("truncated")
+        .to_string();
+    assert!(err.contains("at byte"), "{err}");
+}
+
+fn real_snapshots_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS");
+    if dir.is_none() {
+        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
+    }
+    dir.map(PathBuf::from)
+}
+
+/// Python's output of `report` for a real file, from the gzipped golden files.
+fn golden(dir: &Path, stem: &str, report: Report) -> Option<Vec<u8>> {
+    let name = match report {
+        Report::Stats => format!("{stem}.stats.txt.gz"),
+        Report::Trace => format!("{stem}.trace.txt.gz"),
+        Report::Segments => format!("{stem}.segments.collapsed.txt.gz"),
+        Report::Memory => format!("{stem}.memory.collapsed.txt.gz"),
+        _ => return None,
+    };
+    let file = std::fs::File::open(dir.join("golden_memory_viz_torch2.15.0").join(name)).ok()?;
+    let mut text = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut text)
+        .expect("golden file inflates");
+    Some(text)
+}
+
+/// Every real file, each report, through the library: the segments-only read and the full
+/// validated read give Python's bytes (the CLI test checks exit codes and the `trace` failure).
+#[test]
+fn every_real_file_renders_as_python_from_the_part_it_needs() {
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
+    let mut compared = 0;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("real snapshots dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle" || x == "pkl"))
+        .collect();
+    files.sort();
+    for file in &files {
+        let bytes = std::fs::read(file).expect("real file");
+        let stem = file.file_stem().and_then(|s| s.to_str()).expect("name");
+        for report in [
+            Report::Stats,
+            Report::Segments,
+            Report::Memory,
+            Report::Trace,
+        ] {
+            let want = golden(&dir, stem, report).expect("golden file");
+            for check in [Check::Needed, Check::Full] {
+                let read = memviz::read(report, &bytes, check, &mut |_, _| true);
+                let snapshot = read.unwrap_or_else(|e| panic!("{stem} {report:?}: {e}"));
+                match memviz::render(report, &snapshot) {
+                    Ok(text) => assert!(
+                        text.as_bytes() == want.as_slice(),
+                        "{stem} {report:?} {check:?} differs from Python"
+                    ),
+                    // Python fails on `trace` of the bare segment list (file 06) too.
+                    Err(MemvizError::LikePython { .. }) if report == Report::Trace => {
+                        assert!(want.is_empty(), "{stem}: Python printed a trace")
+                    }
+                    Err(e) => panic!("{stem} {report:?}: {e}"),
+                }
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, files.len() * 8);
+    assert_eq!(files.len(), 15, "the real snapshots folder holds 15 files");
 }

@@ -80,6 +80,22 @@ pub enum Part {
     Segments,
 }
 
+impl Part {
+    /// `snapshot` cut down to this part: what [`read_part`] gives for its pickle.
+    pub fn of(self, snapshot: &Snapshot) -> Snapshot {
+        let mut part = snapshot.clone();
+        if self == Part::Segments {
+            part.device_traces = None;
+            part.allocator_settings = None;
+            part.external_annotations = None;
+            part.host_segments = None;
+            part.host_traces = None;
+            part.recorder_info = None;
+        }
+        part
+    }
+}
+
 /// Decodes the `part` of a snapshot pickle that a report needs, calling `progress` as
 /// [`read_with`] does. Errors carry the byte offset in `bytes`, as with [`read`].
 ///

@@ -10,16 +10,9 @@ use memsnap_format::{
 
 use crate::common::real_snapshots;
 
-/// `s` without what follows the segments in a file, to compare with a segments-only read.
+/// The segments of `s` as a pickle (stack ids differ between reads; the written bytes do not).
 fn segments_of(s: &Snapshot) -> Vec<u8> {
-    let mut only = s.clone();
-    only.device_traces = None;
-    only.allocator_settings = None;
-    only.external_annotations = None;
-    only.host_segments = None;
-    only.host_traces = None;
-    only.recorder_info = None;
-    pickle::to_vec(&only)
+    pickle::to_vec(&Part::Segments.of(s))
 }
 
 fn segments_only(bytes: &[u8]) -> memsnap_format::Result<Snapshot> {
@@ -47,20 +40,12 @@ fn small_file() -> Vec<u8> {
         .enumerate()
     {
         let mut seg = Segment::new(0, base, 4 << 20, i as i64);
-        let block = |address, size, state, frames| Block {
-            address: Some(address),
-            size,
-            requested_size: Some(size - 100),
-            state,
-            frames,
-            forward_frames: None,
-            history: None,
-            extra: Vec::new(),
-            exact: Default::default(),
-        };
+        let mut used = Block::new(base, 3 << 20, BlockState::ActiveAllocated);
+        used.requested_size = Some((3 << 20) - 100);
+        used.frames = Some(stack);
         seg.blocks = vec![
-            block(base, 3 << 20, BlockState::ActiveAllocated, Some(stack)),
-            block(base + (3 << 20), 1 << 20, BlockState::Inactive, None),
+            used,
+            Block::new(base + (3 << 20), 1 << 20, BlockState::Inactive),
         ];
         seg.allocated_size = Some(3 << 20);
         seg.active_size = Some(3 << 20);

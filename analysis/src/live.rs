@@ -1,0 +1,215 @@
+//! The live set at an instant, as a picture shows it: a frame tree for a flame graph
+//! ([`flame_tree`]) and each segment's live blocks for a memory map ([`segment_blocks`]).
+//! Both are queries on a [`DeviceTimeline`], built on [`DeviceTimeline::live_at`].
+
+use memsnap_format::{FrameId, Snapshot};
+
+use crate::sites::is_filtered_frame;
+use crate::{AllocId, DeviceTimeline, Instant, Lifetime};
+
+/// One node of the flame graph: a frame and the live bytes under it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlameNode {
+    /// `None` for the root.
+    pub frame: Option<FrameId>,
+    pub bytes: u64,
+    pub count: u64,
+    /// Biggest first.
+    pub children: Vec<FlameNode>,
+}
+
+/// The allocations live at `at` (at least `min_size` bytes) as a tree from the outermost frame
+/// to the innermost. Frames PyTorch's viewer hides are left out; allocations without a stack
+/// sit directly under the root.
+pub fn flame_tree(
+    snapshot: &Snapshot,
+    timeline: &DeviceTimeline,
+    at: Instant,
+    lifetime: Lifetime,
+    min_size: u64,
+) -> FlameNode {
+    let mut root = FlameNode::default();
+    for id in timeline.live_at(at, lifetime) {
+        let Some(a) = timeline.replay().get(id) else {
+            continue;
+        };
+        if a.size < min_size {
+            continue;
+        }
+        root.bytes = root.bytes.saturating_add(a.size);
+        root.count += 1;
+        let Some(stack) = a.stack else { continue };
+        let mut node = &mut root;
+        // Stacks are innermost first; the flame graph grows from the outermost frame.
+        for &frame in snapshot.stacks.get(stack).iter().rev() {
+            if is_filtered_frame(snapshot.frames.get(frame)) {
+                continue;
+            }
+            let i = match node.children.iter().position(|c| c.frame == Some(frame)) {
+                Some(i) => i,
+                None => {
+                    node.children.push(FlameNode {
+                        frame: Some(frame),
+                        ..FlameNode::default()
+                    });
+                    node.children.len() - 1
+                }
+            };
+            node = &mut node.children[i];
+            node.bytes = node.bytes.saturating_add(a.size);
+            node.count += 1;
+        }
+    }
+    sort_biggest_first(&mut root);
+    root
+}
+
+fn sort_biggest_first(node: &mut FlameNode) {
+    node.children.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+    for child in &mut node.children {
+        sort_biggest_first(child);
+    }
+}
+
+/// A block's state at an instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    /// Held by the caller.
+    Allocated,
+    /// Freed by the caller, waiting for other streams (`free_requested` without
+    /// `free_completed` yet).
+    PendingFree,
+}
+
+/// A live block inside a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSpan {
+    pub alloc: AllocId,
+    pub addr: u64,
+    pub size: u64,
+    pub kind: BlockKind,
+}
+
+/// A segment and its live blocks at an instant, by address; the gaps are free (cached) memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentBlocks {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: i64,
+    pub blocks: Vec<BlockSpan>,
+}
+
+/// The segments reserved at `at` with their live blocks.
+pub fn segment_blocks(timeline: &DeviceTimeline, at: Instant) -> Vec<SegmentBlocks> {
+    let event = timeline.resolve(at);
+    let replay = timeline.replay();
+    let axis = replay.axis_len();
+    let mut segments: Vec<SegmentBlocks> = replay
+        .segments
+        .iter()
+        .filter(|s| s.start() <= event && event < s.end(axis))
+        .map(|s| SegmentBlocks {
+            addr: s.addr,
+            size: s.size,
+            stream: s.stream,
+            blocks: Vec::new(),
+        })
+        .collect();
+    segments.sort_by_key(|s| s.addr);
+    for id in replay.live_at(event, Lifetime::Active) {
+        let Some(a) = replay.get(id) else { continue };
+        let i = segments.partition_point(|s| s.addr <= a.addr);
+        let Some(segment) = i.checked_sub(1).map(|i| &mut segments[i]) else {
+            continue;
+        };
+        if a.addr >= segment.addr.saturating_add(segment.size) {
+            continue;
+        }
+        let kind = if a.is_live_at(event, Lifetime::Allocated, axis) {
+            BlockKind::Allocated
+        } else {
+            BlockKind::PendingFree
+        };
+        segment.blocks.push(BlockSpan {
+            alloc: id,
+            addr: a.addr,
+            size: a.size,
+            kind,
+        });
+    }
+    for segment in &mut segments {
+        segment.blocks.sort_by_key(|b| b.addr);
+    }
+    segments
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memsnap_format::{Action, Frame, Segment, StackId, TraceEntry};
+
+    /// One 1 MiB segment holding a 4 KiB block allocated in `forward` and a 1 KiB block from
+    /// `grad` whose free was requested but has not completed; both stacks start in `main`.
+    fn two_blocks() -> Snapshot {
+        let mut s = Snapshot::new(1);
+        let frames = |names: &[&str]| {
+            names
+                .iter()
+                .map(|name| Frame::new(*name, "train.py", name.len() as u64))
+                .collect::<Vec<_>>()
+        };
+        let forward = s.intern_stack(frames(&["linear", "forward", "main"]));
+        let grad = s.intern_stack(frames(&["grad", "main"]));
+        let mut segment = Segment::new(0, 0x10000, 1 << 20, 0);
+        segment.blocks.clear();
+        s.segments.push(segment);
+        let events: [(Action, u64, u64, Option<StackId>); 4] = [
+            (Action::SegmentAlloc, 0x10000, 1 << 20, None),
+            (Action::Alloc, 0x10000, 4096, Some(forward)),
+            (Action::Alloc, 0x11000, 1024, Some(grad)),
+            (Action::FreeRequested, 0x11000, 1024, None),
+        ];
+        let trace = &mut s.device_traces.as_mut().expect("traces")[0];
+        trace.extend(events.into_iter().map(|(action, addr, size, frames)| {
+            let mut entry = TraceEntry::new(action, addr, size, 0);
+            entry.frames = frames;
+            entry
+        }));
+        s
+    }
+
+    #[test]
+    fn flame_tree_sums_live_bytes_from_the_outermost_frame() {
+        let s = two_blocks();
+        let t = DeviceTimeline::build(&s, 0).expect("timeline");
+        let root = flame_tree(&s, &t, Instant::Event(2), Lifetime::Active, 0);
+        assert_eq!(root.bytes, 4096 + 1024);
+        assert_eq!(root.children.len(), 1, "both stacks start in main");
+        let main = &root.children[0];
+        assert_eq!(s.frames.get(main.frame.expect("frame")).name, "main");
+        assert_eq!(main.bytes, 5120);
+        assert_eq!(main.children[0].bytes, 4096, "biggest child first");
+        let small = flame_tree(&s, &t, Instant::Event(2), Lifetime::Active, 2048);
+        assert_eq!(small.bytes, 4096, "min_size leaves the 1 KiB block out");
+    }
+
+    #[test]
+    fn pending_frees_are_told_apart_from_allocated_blocks() {
+        let s = two_blocks();
+        let t = DeviceTimeline::build(&s, 0).expect("timeline");
+        let segments = segment_blocks(&t, Instant::Event(3));
+        assert_eq!(segments.len(), 1);
+        let kinds: Vec<_> = segments[0]
+            .blocks
+            .iter()
+            .map(|b| (b.addr, b.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (0x10000, BlockKind::Allocated),
+                (0x11000, BlockKind::PendingFree)
+            ]
+        );
+    }
+}
