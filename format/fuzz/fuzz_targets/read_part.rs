@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use memsnap_format::pickle::{self, Part};
-use memsnap_format::Snapshot;
+use memsnap_format::{Shape, Snapshot};
 
 #[path = "pieces.rs"]
 mod pieces;
@@ -26,6 +26,9 @@ fuzz_target!(|data: &[u8]| {
         _ => panic!("slice {:?} vs stream {:?}", part.is_ok(), stream.is_ok()),
     }
     match (pickle::read(data), part) {
+        // A STOP behind the segments can make another value the root (a bare list): the part
+        // read does not read that far, as documented.
+        (Ok(w), Ok(_)) if w.shape != Shape::Dict => {}
         (Ok(w), Ok(p)) => assert_eq!(segments_of(&w), segments_of(&p), "whole vs part"),
         // Both fail; the whole read may name a later error first (it runs the VM to the end
         // before converting the segments).

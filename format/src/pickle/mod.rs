@@ -91,6 +91,8 @@ impl Part {
             part.host_segments = None;
             part.host_traces = None;
             part.recorder_info = None;
+            // Unknown top-level keys stand behind `segments` too.
+            part.extra = Default::default();
         }
         part
     }

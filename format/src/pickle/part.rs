@@ -18,7 +18,9 @@
 //! protocol 0/1 text opcodes, or bytes that end or break before the cut. So a damaged file
 //! gets the full reader's error, with its byte offset; a file damaged only *after* its
 //! segments is not noticed, since those bytes are never read: read the whole file (or run
-//! `memsnap validate`) to check it.
+//! `memsnap validate`) to check it. That includes a hostile tail that would change what the
+//! file *is*: a `STOP` right after a later value makes that value the root for CPython (and
+//! for the whole read), where the part read has already closed the dict.
 
 use super::vm::{op, opcode_info, Arg};
 

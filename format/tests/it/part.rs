@@ -134,3 +134,19 @@ fn hostile_bytes_fail_as_the_whole_read_fails() {
         }
     }
 }
+
+/// Regression (found by the `read_part` fuzz target): an unknown top-level key behind the
+/// segments is kept by the whole read in `extra` and never seen by the segments-only read;
+/// `Part::Segments.of` must drop it too.
+#[test]
+fn unknown_top_level_keys_behind_the_segments_are_not_read() {
+    let mut s = pickle::read(&small_file()).expect("small file");
+    s.extra = vec![("allocatorOsettings".into(), memsnap_format::Value::Int(1))];
+    let bytes = pickle::to_vec(&s);
+    let part = segments_only(&bytes).expect("segments");
+    assert!(part.extra.is_empty());
+    assert_eq!(
+        segments_of(&part),
+        segments_of(&pickle::read(&bytes).expect("whole"))
+    );
+}
