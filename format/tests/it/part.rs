@@ -150,3 +150,16 @@ fn unknown_top_level_keys_behind_the_segments_are_not_read() {
         segments_of(&pickle::read(&bytes).expect("whole"))
     );
 }
+
+/// Documented limit (found by the `read_part` fuzz target): bytes behind the segments are not
+/// read, so a `STOP` there that makes a later value the root (as CPython would) goes unseen.
+#[test]
+fn a_stop_behind_the_segments_that_changes_the_root_is_not_read() {
+    let mut bytes = b"\x80\x04}(\x8c\x08segments]".to_vec();
+    bytes.extend_from_slice(b"\x8c\x0ddevice_traces].");
+    let whole = pickle::read(&bytes).expect("whole");
+    assert_eq!(whole.shape, memsnap_format::Shape::SegmentList);
+    let part = segments_only(&bytes).expect("part");
+    assert_eq!(part.shape, memsnap_format::Shape::Dict);
+    assert!(part.segments.is_empty());
+}
