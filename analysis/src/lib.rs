@@ -23,6 +23,8 @@
 //!   temporary or unknown for every allocation, from the phases that allocate and free it.
 //! * **Sites** ([`sites`]): allocations grouped by stack, top frame or file; the live set at
 //!   any [`Instant`]; top sites over the run.
+//! * **Live set pictures** ([`live`]): the live set at an instant as a frame tree (flame
+//!   graph) and as each segment's live blocks, allocated or pending free.
 //! * **Size filter**: allocations below a byte threshold fold into one residual band whose
 //!   total is exact at every instant ([`DeviceTimeline::residual_curve`]).
 //! * **Layout** ([`layout`]): the stacked band chart for a range and pixel width, with level
@@ -57,6 +59,7 @@ pub mod compare;
 pub mod curve;
 pub mod error;
 pub mod layout;
+pub mod live;
 pub mod phases;
 pub mod ranges;
 pub mod replay;

@@ -9,6 +9,9 @@ pub enum ConvertError {
     /// The input is one of memsnap's own formats and its reader failed.
     #[error(transparent)]
     Format(#[from] memsnap_format::FormatError),
+    /// A `_memory_viz.py` report cannot be rendered ([`crate::memviz`]).
+    #[error(transparent)]
+    Memviz(#[from] crate::memviz::MemvizError),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

@@ -8,11 +8,13 @@
 //! - **Imports** read another tool's recording into a [`Snapshot`]: [`open`] tells the input
 //!   apart by its content (never by its name) and falls back to memsnap's own readers
 //!   (pickle, msgpack, JSON; gzip/zstd), so every memsnap command opens every supported input.
-//! - **Exports** write a snapshot, or a view of it, in another tool's format.
+//! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
+//!   PyTorch's `_memory_viz.py` text reports, byte for byte.
 //!
 //! Errors name the file and what is missing; bad input never panics.
 
 pub mod error;
+pub mod memviz;
 pub mod open;
 
 pub use error::{ConvertError, Result};

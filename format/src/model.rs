@@ -207,6 +207,22 @@ pub struct Block {
 }
 
 impl Block {
+    /// A block at `address` as PyTorch 2.1+ writes one: `requested_size` equal to `size`, no
+    /// stack (`frames` empty), nothing else.
+    pub fn new(address: u64, size: u64, state: BlockState) -> Block {
+        Block {
+            address: Some(address),
+            size,
+            requested_size: Some(size),
+            state,
+            frames: None,
+            forward_frames: None,
+            history: None,
+            extra: Vec::new(),
+            exact: Default::default(),
+        }
+    }
+
     /// The exact value of `address`, `size` or `requested_size` (`None` for another field or
     /// an absent key).
     pub fn exact_int(&self, field: IntField) -> Option<PyInt> {

@@ -1,22 +1,16 @@
 //! `memsnap memviz`: a drop-in for the text outputs of PyTorch's
-//! `python -m torch.cuda._memory_viz` (checked byte for byte against torch 2.15.0).
+//! `python -m torch.cuda._memory_viz`. The reports themselves are
+//! `memsnap_converters::memviz`; this is the command line around them.
 
-use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use memsnap_format::Snapshot;
+use memsnap_converters::memviz::{self, Check, MemvizError};
+use memsnap_converters::ConvertError;
 
 use super::common;
-
-mod blocks;
-mod flame;
-pub mod pyfmt;
-mod segments_only;
-mod stats;
-mod trace;
 
 /// Print the text reports of PyTorch's `_memory_viz.py`, byte for byte.
 ///
@@ -26,6 +20,11 @@ mod trace;
 /// `flamegraph.pl --countname bytes` yourself, or load it in speedscope or inferno.
 ///
 /// Unlike Python, any snapshot memsnap reads works: pickle, msgpack or JSON, gzip or zstd.
+///
+/// `stats`, `segments` and `memory` read only the segments of a pickle laid out as PyTorch
+/// writes it (they come first), not the trace behind them, so damage there goes unnoticed;
+/// `--validate` reads every byte, as Python does, and checks the invariants `memsnap validate`
+/// checks.
 #[derive(clap::Args)]
 #[command(after_help = "\
 Examples:
@@ -33,12 +32,17 @@ Examples:
   memsnap memviz trace snapshot.pickle | less   every event as pseudo-Python
   memsnap memviz segments snapshot.pickle -o segments.txt
   memsnap memviz memory snapshot.pickle | flamegraph.pl --countname bytes > memory.svg
+  memsnap memviz stats --validate snapshot.pickle   read and check the whole file first
 
 Exit codes: 0 success; 1 where Python's script fails too (for example `trace` on a bare
-segment list, which has no history); 2 unreadable input.")]
+segment list, which has no history), or `--validate` finds a broken invariant; 2 unreadable
+input.")]
 pub struct Args {
     #[command(subcommand)]
     command: Report,
+    /// Decode the whole file (not only what the report needs) and check its invariants.
+    #[arg(long, global = true)]
+    validate: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -74,68 +78,6 @@ enum Report {
     },
 }
 
-/// A place where PyTorch's `_memory_viz.py` raises instead of printing. We stop there too, print
-/// nothing to stdout and exit 1 as Python does, and explain why.
-#[derive(Debug)]
-pub struct ReferenceFailure {
-    /// What Python's script raises, e.g. `KeyError: 'device_traces'`.
-    python: String,
-    /// What is wrong with the input, in words.
-    why: String,
-}
-
-impl ReferenceFailure {
-    fn new(python: impl Into<String>, why: String) -> Self {
-        ReferenceFailure {
-            python: python.into(),
-            why,
-        }
-    }
-
-    fn key_error(key: &str, why: String) -> Self {
-        ReferenceFailure::new(format!("KeyError: '{key}'"), why)
-    }
-
-    /// A limit of ours where Python goes on (`python` stays empty).
-    fn ours(why: String) -> Self {
-        ReferenceFailure::new("", why)
-    }
-}
-
-/// An exact int as `i128`, which holds every value PyTorch writes (and sums of them). Python's
-/// ints are unbounded; we refuse what does not fit rather than print a wrong number.
-fn wide(v: &memsnap_format::PyInt, place: &dyn Fn() -> String) -> Result<i128, ReferenceFailure> {
-    v.as_i128().ok_or_else(|| {
-        ReferenceFailure::ours(format!(
-            "{}: the integer {v} is too large for memsnap memviz (128-bit arithmetic)",
-            place()
-        ))
-    })
-}
-
-/// `a + b` or `a - b` on exact ints, refused where 128 bits overflow.
-fn checked(r: Option<i128>, place: &dyn Fn() -> String) -> Result<i128, ReferenceFailure> {
-    r.ok_or_else(|| {
-        ReferenceFailure::ours(format!(
-            "{}: a sum overflows memsnap memviz's 128-bit arithmetic",
-            place()
-        ))
-    })
-}
-
-impl fmt::Display for ReferenceFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.python.is_empty() {
-            return f.write_str(&self.why);
-        }
-        write!(
-            f,
-            "{} (PyTorch's _memory_viz.py fails here too: {})",
-            self.why, self.python
-        )
-    }
-}
-
 pub fn run(args: Args) -> Result<ExitCode> {
     let (input, output) = match &args.command {
         Report::Stats { input } | Report::Trace { input } => (input, None),
@@ -143,21 +85,39 @@ pub fn run(args: Args) -> Result<ExitCode> {
             (input, output.as_deref())
         }
     };
-    let bytes = common::read_input(input)?;
-    let snapshot = match args.command {
-        Report::Trace { .. } => common::decode(&bytes, input)?.0,
-        _ => load_segments(&bytes, input)?,
+    let report = match args.command {
+        Report::Stats { .. } => memviz::Report::Stats,
+        Report::Trace { .. } => memviz::Report::Trace,
+        Report::Segments { .. } => memviz::Report::Segments,
+        Report::Memory { .. } => memviz::Report::Memory,
     };
-    let text = match args.command {
-        Report::Stats { .. } => stats::stats(&snapshot),
-        Report::Trace { .. } => trace::trace(&snapshot),
-        Report::Segments { .. } => flame::collapsed(&snapshot, true),
-        Report::Memory { .. } => flame::collapsed(&snapshot, false),
+    let check = if args.validate {
+        Check::Full
+    } else {
+        Check::Needed
     };
-    let text = match text {
+    let read = if input.as_os_str() == "-" {
+        let bytes = common::read_input(input)?;
+        memviz::read(report, &bytes, check, &mut |_, _| true)
+    } else {
+        memviz::read_path(report, input, check, &mut |_, _| true)
+    };
+    let rendered = match read {
+        Ok(snapshot) => memviz::render(report, &snapshot),
+        Err(ConvertError::Memviz(failure)) => Err(failure),
+        Err(ConvertError::Io { path, source }) => {
+            return Err(anyhow::Error::new(source))
+                .with_context(|| format!("cannot read {}", path.display()))
+        }
+        Err(err) => {
+            return Err(anyhow::Error::new(err))
+                .with_context(|| format!("cannot decode {}", input.display()))
+        }
+    };
+    let text = match rendered {
         Ok(text) => text,
         Err(failure) => {
-            eprintln!("memsnap: error: {}: {failure}", input.display());
+            report_failure(input, &failure);
             return Ok(ExitCode::from(1));
         }
     };
@@ -168,15 +128,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A snapshot with at least the file's segments: `stats`, `segments` and `memory` read nothing
-/// else, so for a plain pickle we skip decoding the trace (see [`segments_only`]).
-fn load_segments(bytes: &[u8], path: &Path) -> Result<Snapshot> {
-    if let Some(cut) = segments_only::segments_only_pickle(bytes) {
-        if let Ok(snapshot) = memsnap_format::pickle::read(&cut) {
-            return Ok(snapshot);
-        }
-    }
-    Ok(common::decode(bytes, path)?.0)
+/// Where Python's script raises (or validation fails) we print nothing on stdout and say why.
+fn report_failure(input: &Path, failure: &MemvizError) {
+    eprintln!("memsnap: error: {}: {failure}", input.display());
 }
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
@@ -194,6 +148,3 @@ fn write_stdout(text: &str) -> Result<()> {
         other => other.context("cannot write to stdout"),
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -168,6 +168,30 @@ fn memviz_trace_of_a_bare_segment_list_fails_like_python() {
     assert!(err.contains("bare segment list"), "{err}");
 }
 
+/// `stats` reads only the segments, so a file cut behind them still prints Python's text;
+/// `--validate` reads every byte and refuses it with the byte offset (exit 2).
+#[test]
+fn memviz_validate_reads_what_stats_skips() {
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bytes =
+        std::fs::read(dir.join("09_magma27_v211_windows_python_frames.pickle")).expect("file 09");
+    let cut = tmp.path().join("cut.pickle");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    let out = memsnap(&["memviz", "stats", str_arg(&cut)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        out.stdout,
+        golden(&dir, "09_magma27_v211_windows_python_frames", "stats")
+    );
+    let out = memsnap(&["memviz", "stats", "--validate", str_arg(&cut)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+    assert!(stderr(&out).contains("at byte"), "{}", stderr(&out));
+}
+
 #[test]
 fn memviz_writes_the_collapsed_text_with_dash_o() {
     let Some(dir) = real_snapshots_dir() else {

@@ -8,9 +8,9 @@ use memsnap_format::Snapshot;
 
 use memsnap_plot::sites::StackSites;
 
-use crate::analysis_ext::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
 use crate::palette;
 use crate::units::{format_bytes, format_duration_us};
+use memsnap_analysis::live::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
 
 /// What the page reads.
 pub struct InstantModel<'a> {

@@ -17,7 +17,6 @@
 
 pub mod allocator;
 pub mod allocator_ui;
-pub mod analysis_ext;
 pub mod app;
 pub mod bench;
 pub mod details_ui;

@@ -71,15 +71,8 @@ fn live_blocks_the_trace_never_allocated_come_from_the_segments() {
     let mut snapshot = snapshot_of(&[(Action::Alloc, 0x1000, 700)]);
     let mut seg = Segment::new(0, 0x1000, 4096, 0);
     let block = |address, size, requested, state| Block {
-        address: Some(address),
-        size,
         requested_size: Some(requested),
-        state,
-        frames: None,
-        forward_frames: None,
-        history: None,
-        extra: Vec::new(),
-        exact: Default::default(),
+        ..Block::new(address, size, state)
     };
     seg.blocks = vec![
         block(0x1000, 1024, 700, BlockState::ActiveAllocated),

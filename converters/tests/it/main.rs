@@ -1,3 +1,4 @@
 //! memsnap-converters' integration tests (one binary; a module per converter).
 
+mod memviz;
 mod open;

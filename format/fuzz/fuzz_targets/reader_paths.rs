@@ -3,22 +3,12 @@
 //! snapshot, or refuse them with the same error.
 #![no_main]
 
-use std::io::Read;
-
 use libfuzzer_sys::fuzz_target;
 use memsnap_format::{compare, pickle};
 
-/// Hands out 7 bytes per read, so opcodes straddle the reader's window.
-struct Pieces<'a>(&'a [u8]);
-
-impl Read for Pieces<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = buf.len().min(self.0.len()).min(7);
-        buf[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        Ok(n)
-    }
-}
+#[path = "pieces.rs"]
+mod pieces;
+use pieces::Pieces;
 
 fuzz_target!(|data: &[u8]| {
     let fast = pickle::read_with_fast_path(data, true).map(|(s, _)| s);

@@ -31,6 +31,12 @@
 //! input before anything is read, memo indices are checked, and the expansion of
 //! memo-shared containers and the nesting of unknown values are bounded.
 //!
+//! ## Reading part of a file
+//!
+//! [`read_part`] decodes only what a report needs: with [`Part::Segments`], a snapshot laid
+//! out as PyTorch writes it (`segments` first) is read up to where its segments end and the
+//! rest of the file is not touched (`part` explains how, and what that does not check).
+//!
 //! ## Writing
 //!
 //! [`to_vec`] writes protocol 4 with framing and the CPython C pickler's encoding rules, with
@@ -39,6 +45,7 @@
 //! opcodes.
 
 mod convert;
+mod part;
 mod vm;
 mod writer;
 
@@ -46,7 +53,7 @@ pub use vm::Observe;
 
 use std::io::Read;
 
-use crate::error::Result;
+use crate::error::{FormatError, Result};
 use crate::io::Progress;
 use crate::model::Snapshot;
 
@@ -68,12 +75,80 @@ pub fn read_observing(
     progress: Progress<'_>,
     observe: Option<Observe<'_>>,
 ) -> Result<Snapshot> {
+    read_part_observing(bytes, Part::Whole, progress, observe)
+}
+
+/// What [`read_part`] decodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Part {
+    /// The whole snapshot, every byte of the file checked ([`read`]).
+    #[default]
+    Whole,
+    /// `snapshot["segments"]` at least. When the file is a snapshot dict with `segments`
+    /// first (PyTorch's layout), reading stops where the segments end, and the snapshot has
+    /// the segments only (no `device_traces`, settings or annotations, as if the file had none):
+    /// the rest of the file is neither decoded nor checked. Any other file is read whole.
+    Segments,
+}
+
+impl Part {
+    /// `snapshot` cut down to this part: what [`read_part`] gives for its pickle.
+    pub fn of(self, snapshot: &Snapshot) -> Snapshot {
+        let mut part = snapshot.clone();
+        if self == Part::Segments {
+            part.device_traces = None;
+            part.allocator_settings = None;
+            part.external_annotations = None;
+            part.host_segments = None;
+            part.host_traces = None;
+            part.recorder_info = None;
+            // Unknown top-level keys stand behind `segments` too.
+            part.extra = Default::default();
+        }
+        part
+    }
+}
+
+/// Decodes the `part` of a snapshot pickle that a report needs, calling `progress` as
+/// [`read_with`] does. Errors carry the byte offset in `bytes`, as with [`read`].
+///
+/// ```
+/// use memsnap_format::{pickle, Segment, Snapshot};
+///
+/// let mut snapshot = Snapshot::new(1);
+/// snapshot.segments.push(Segment::new(0, 0x7f00_0000_0000, 2 << 20, 0));
+/// let bytes = pickle::to_vec(&snapshot);
+/// let segments_only = pickle::read_part(&bytes, pickle::Part::Segments, &mut |_, _| true)?;
+/// assert_eq!(segments_only.segments.len(), 1);
+/// assert!(segments_only.device_traces.is_none(), "the trace was not read");
+/// # Ok::<(), memsnap_format::FormatError>(())
+/// ```
+pub fn read_part(bytes: &[u8], part: Part, progress: Progress<'_>) -> Result<Snapshot> {
+    read_part_observing(bytes, part, progress, None)
+}
+
+/// [`read_part`], also showing `observe` the trace entries read so far at each progress tick.
+fn read_part_observing(
+    bytes: &[u8],
+    part: Part,
+    progress: Progress<'_>,
+    observe: Option<Observe<'_>>,
+) -> Result<Snapshot> {
+    let end_at = match part {
+        Part::Segments => match part::segments_end(bytes) {
+            part::Scan::Cut(end) => Some(end),
+            part::Scan::Whole | part::Scan::More => None,
+        },
+        Part::Whole => None,
+    };
     let (arena, state) = vm::run(
         vm::SliceFeed::new(bytes),
         bytes.len() as u64,
         progress,
         observe,
         true,
+        end_at,
     )?;
     convert::convert(&arena, state)
 }
@@ -94,9 +169,65 @@ pub fn read_from_observing(
     progress: Progress<'_>,
     observe: Option<Observe<'_>>,
 ) -> Result<Snapshot> {
-    let (arena, state) = vm::run(vm::ReaderFeed::new(reader), len, progress, observe, true)?;
+    let (arena, state) = vm::run(
+        vm::ReaderFeed::new(reader),
+        len,
+        progress,
+        observe,
+        true,
+        None,
+    )?;
     convert::convert(&arena, state)
 }
+
+/// [`read_part`] from a stream of `len` bytes (a file). With [`Part::Segments`] and a file in
+/// PyTorch's layout, only the bytes up to the end of the segments are read from `reader`
+/// (in growing pieces, from 1 MiB); otherwise the whole stream is read as [`read_from`] reads it.
+pub fn read_part_from(
+    mut reader: impl Read,
+    len: u64,
+    part: Part,
+    progress: Progress<'_>,
+) -> Result<Snapshot> {
+    if part == Part::Whole {
+        return read_from(reader, len, progress);
+    }
+    let mut head = Vec::new();
+    let mut want = PART_FIRST_READ;
+    loop {
+        let before = head.len() as u64;
+        let grow = want.saturating_sub(before);
+        (&mut reader)
+            .take(grow)
+            .read_to_end(&mut head)
+            .map_err(|source| FormatError::Read {
+                offset: head.len() as u64,
+                source,
+            })?;
+        let at_end = (head.len() as u64) < want || head.len() as u64 >= len;
+        match part::segments_end(&head) {
+            part::Scan::Cut(end) => {
+                let (arena, state) = vm::run(
+                    vm::SliceFeed::new(&head),
+                    head.len() as u64,
+                    progress,
+                    None,
+                    true,
+                    Some(end),
+                )?;
+                return convert::convert(&arena, state);
+            }
+            part::Scan::More if !at_end => want = want.saturating_mul(2),
+            part::Scan::Whole | part::Scan::More => {
+                let rest = std::io::Cursor::new(head).chain(reader);
+                return read_from(rest, len, progress);
+            }
+        }
+    }
+}
+
+/// The first piece [`read_part_from`] reads: the segments of most files fit.
+const PART_FIRST_READ: u64 = 1 << 20;
 
 /// [`read`] with the trace-entry fast path on or off, and how many entries it read: tests
 /// check that both paths give the same snapshot. Not part of the API.
@@ -108,6 +239,7 @@ pub fn read_with_fast_path(bytes: &[u8], fast: bool) -> Result<(Snapshot, usize)
         &mut |_, _| true,
         None,
         fast,
+        None,
     )?;
     let fast_entries = state.fast_entries;
     Ok((convert::convert(&arena, state)?, fast_entries))

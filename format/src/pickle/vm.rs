@@ -288,41 +288,102 @@ pub(crate) mod op {
     pub const READONLY_BUFFER: u8 = 0x98;
 }
 
-/// The name of an opcode we refuse or do not support, for error messages.
-fn opcode_name(code: u8) -> Option<&'static str> {
+/// How an opcode's argument follows the opcode byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arg {
+    /// This many bytes.
+    Fixed(usize),
+    /// A little-endian length in this many bytes, then that many bytes.
+    Counted(usize),
+    /// This many lines of text, each ending in `\n` (protocol 0 and 1 opcodes).
+    Lines(usize),
+}
+
+/// The one opcode table: every opcode's name (as in CPython's `pickle.py`) and argument
+/// layout. The VM names opcodes in errors with it, and [`super::part`] skips over opcodes with
+/// it without running them.
+pub(crate) fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
+    use Arg::{Counted, Fixed, Lines};
     Some(match code {
-        op::GLOBAL => "GLOBAL",
-        op::STACK_GLOBAL => "STACK_GLOBAL",
-        op::REDUCE => "REDUCE",
-        op::BUILD => "BUILD",
-        op::INST => "INST",
-        op::OBJ => "OBJ",
-        op::NEWOBJ => "NEWOBJ",
-        op::NEWOBJ_EX => "NEWOBJ_EX",
-        op::PERSID => "PERSID",
-        op::BINPERSID => "BINPERSID",
-        op::EXT1 => "EXT1",
-        op::EXT2 => "EXT2",
-        op::EXT4 => "EXT4",
-        op::EMPTY_SET => "EMPTY_SET",
-        op::ADDITEMS => "ADDITEMS",
-        op::FROZENSET => "FROZENSET",
-        op::BYTEARRAY8 => "BYTEARRAY8",
-        op::NEXT_BUFFER => "NEXT_BUFFER",
-        op::READONLY_BUFFER => "READONLY_BUFFER",
-        op::STRING => "STRING",
-        op::BINSTRING => "BINSTRING",
-        op::SHORT_BINSTRING => "SHORT_BINSTRING",
-        op::UNICODE => "UNICODE",
-        op::FLOAT => "FLOAT",
-        op::INT => "INT",
-        op::LONG => "LONG",
+        op::MARK => ("MARK", Fixed(0)),
+        op::STOP => ("STOP", Fixed(0)),
+        op::POP => ("POP", Fixed(0)),
+        op::POP_MARK => ("POP_MARK", Fixed(0)),
+        op::DUP => ("DUP", Fixed(0)),
+        op::FLOAT => ("FLOAT", Lines(1)),
+        op::INT => ("INT", Lines(1)),
+        op::BININT => ("BININT", Fixed(4)),
+        op::BININT1 => ("BININT1", Fixed(1)),
+        op::LONG => ("LONG", Lines(1)),
+        op::BININT2 => ("BININT2", Fixed(2)),
+        op::NONE => ("NONE", Fixed(0)),
+        op::PERSID => ("PERSID", Lines(1)),
+        op::BINPERSID => ("BINPERSID", Fixed(0)),
+        op::REDUCE => ("REDUCE", Fixed(0)),
+        op::STRING => ("STRING", Lines(1)),
+        op::BINSTRING => ("BINSTRING", Counted(4)),
+        op::SHORT_BINSTRING => ("SHORT_BINSTRING", Counted(1)),
+        op::UNICODE => ("UNICODE", Lines(1)),
+        op::BINUNICODE => ("BINUNICODE", Counted(4)),
+        op::APPEND => ("APPEND", Fixed(0)),
+        op::BUILD => ("BUILD", Fixed(0)),
+        op::GLOBAL => ("GLOBAL", Lines(2)),
+        op::DICT => ("DICT", Fixed(0)),
+        op::EMPTY_DICT => ("EMPTY_DICT", Fixed(0)),
+        op::APPENDS => ("APPENDS", Fixed(0)),
+        op::GET => ("GET", Lines(1)),
+        op::BINGET => ("BINGET", Fixed(1)),
+        op::INST => ("INST", Lines(2)),
+        op::LONG_BINGET => ("LONG_BINGET", Fixed(4)),
+        op::LIST => ("LIST", Fixed(0)),
+        op::EMPTY_LIST => ("EMPTY_LIST", Fixed(0)),
+        op::OBJ => ("OBJ", Fixed(0)),
+        op::PUT => ("PUT", Lines(1)),
+        op::BINPUT => ("BINPUT", Fixed(1)),
+        op::LONG_BINPUT => ("LONG_BINPUT", Fixed(4)),
+        op::SETITEM => ("SETITEM", Fixed(0)),
+        op::TUPLE => ("TUPLE", Fixed(0)),
+        op::EMPTY_TUPLE => ("EMPTY_TUPLE", Fixed(0)),
+        op::SETITEMS => ("SETITEMS", Fixed(0)),
+        op::BINFLOAT => ("BINFLOAT", Fixed(8)),
+        op::PROTO => ("PROTO", Fixed(1)),
+        op::NEWOBJ => ("NEWOBJ", Fixed(0)),
+        op::EXT1 => ("EXT1", Fixed(1)),
+        op::EXT2 => ("EXT2", Fixed(2)),
+        op::EXT4 => ("EXT4", Fixed(4)),
+        op::TUPLE1 => ("TUPLE1", Fixed(0)),
+        op::TUPLE2 => ("TUPLE2", Fixed(0)),
+        op::TUPLE3 => ("TUPLE3", Fixed(0)),
+        op::NEWTRUE => ("NEWTRUE", Fixed(0)),
+        op::NEWFALSE => ("NEWFALSE", Fixed(0)),
+        op::LONG1 => ("LONG1", Counted(1)),
+        op::LONG4 => ("LONG4", Counted(4)),
+        op::BINBYTES => ("BINBYTES", Counted(4)),
+        op::SHORT_BINBYTES => ("SHORT_BINBYTES", Counted(1)),
+        op::SHORT_BINUNICODE => ("SHORT_BINUNICODE", Counted(1)),
+        op::BINUNICODE8 => ("BINUNICODE8", Counted(8)),
+        op::BINBYTES8 => ("BINBYTES8", Counted(8)),
+        op::EMPTY_SET => ("EMPTY_SET", Fixed(0)),
+        op::ADDITEMS => ("ADDITEMS", Fixed(0)),
+        op::FROZENSET => ("FROZENSET", Fixed(0)),
+        op::NEWOBJ_EX => ("NEWOBJ_EX", Fixed(0)),
+        op::STACK_GLOBAL => ("STACK_GLOBAL", Fixed(0)),
+        op::MEMOIZE => ("MEMOIZE", Fixed(0)),
+        op::FRAME => ("FRAME", Fixed(8)),
+        op::BYTEARRAY8 => ("BYTEARRAY8", Counted(8)),
+        op::NEXT_BUFFER => ("NEXT_BUFFER", Fixed(0)),
+        op::READONLY_BUFFER => ("READONLY_BUFFER", Fixed(0)),
         _ => return None,
     })
 }
 
+/// The name of an opcode, for error messages.
+fn opcode_name(code: u8) -> Option<&'static str> {
+    opcode_info(code).map(|(name, _)| name)
+}
+
 /// Whether an opcode would import or call something.
-fn executes_code(code: u8) -> bool {
+pub(crate) fn executes_code(code: u8) -> bool {
     matches!(
         code,
         op::GLOBAL
@@ -624,17 +685,23 @@ struct Vm<'p, 'o, F> {
     frames_buf: Vec<FrameId>,
     /// Reused for [`ConvState::cache_journal`].
     journal_buf: Vec<(bool, u32)>,
+    /// Where to end the top-level dict as if `SETITEMS STOP` stood there (see [`super::part`]).
+    end_at: Option<u64>,
 }
 
 /// Runs the pickle in `input` and returns its object graph, with trace entries already
 /// converted (they are most of a snapshot, and converting them as they complete keeps their
 /// keys and values out of the arena).
+///
+/// With `end_at`, the opcode at that offset is not read: the top-level dict is closed there
+/// as if `SETITEMS STOP` followed, and the rest of the input is left alone.
 pub(crate) fn run<F: Feed>(
     feed: F,
     total: u64,
     progress: Progress<'_>,
     observe: Option<Observe<'_>>,
     fast_entries: bool,
+    end_at: Option<u64>,
 ) -> Result<(Arena, ConvState)> {
     let mut vm = Vm {
         feed,
@@ -660,6 +727,7 @@ pub(crate) fn run<F: Feed>(
         fast_entries,
         frames_buf: Vec::new(),
         journal_buf: Vec::new(),
+        end_at,
     };
     vm.arena.root = vm.run()?;
     Ok((vm.arena, vm.state))
@@ -1103,12 +1171,65 @@ impl<F: Feed> Vm<'_, '_, F> {
         ))
     }
 
+    /// The next offset at which the loop stops to report progress or to end early.
+    fn next_checkpoint(&self, from: u64) -> u64 {
+        let next = from.saturating_add(PROGRESS_STEP as u64).min(self.total);
+        let next = match self.end_at {
+            Some(end) if end > from => next.min(end),
+            _ => next,
+        };
+        if next <= from {
+            u64::MAX
+        } else {
+            next
+        }
+    }
+
+    /// `STOP`: the value on top of the stack is the result.
+    fn stop(&mut self) -> Result<Val> {
+        // Like CPython, a dangling MARK or extra stack items are ignored.
+        let v = self
+            .stack
+            .pop()
+            .ok_or_else(|| self.err("STOP with an empty stack"))?;
+        if (self.progress)(self.total, self.total) {
+            return Ok(v);
+        }
+        Err(FormatError::Cancelled)
+    }
+
+    /// `SETITEMS`: the pairs above the last MARK go into the dict below it.
+    fn setitems(&mut self) -> Result<()> {
+        let from = self.pop_mark("SETITEMS")?;
+        let Some(target_at) = from.checked_sub(1) else {
+            return Err(self.err("SETITEMS with no dict below the MARK"));
+        };
+        if target_at < self.marks.last().copied().unwrap_or(0) {
+            return Err(self.err("SETITEMS with no dict below the MARK"));
+        }
+        if !(self.stack.len() - from).is_multiple_of(2) {
+            return Err(self.err("SETITEMS with an odd number of items"));
+        }
+        let id = self.check_target(self.stack[target_at], Kind::Dict, "SETITEMS")?;
+        if self.arena.nodes[id as usize].len == 0 && self.try_pack_entry(id, from) {
+            self.stack.truncate(from);
+        } else {
+            self.extend_from_stack(id, from)?;
+        }
+        Ok(())
+    }
+
     fn run(&mut self) -> Result<Val> {
         let total = self.total;
-        let mut next_progress = (PROGRESS_STEP as u64).min(total);
+        // One comparison per opcode serves both the progress callback and `end_at`.
+        let mut next_checkpoint = self.next_checkpoint(0);
         loop {
             self.at = self.offset(self.pos);
-            if self.at >= next_progress && total > 0 {
+            if self.at >= next_checkpoint && total > 0 {
+                if self.end_at == Some(self.at) {
+                    self.setitems()?;
+                    return self.stop();
+                }
                 if !(self.progress)(self.at.min(total), total) {
                     return Err(FormatError::Cancelled);
                 }
@@ -1118,10 +1239,7 @@ impl<F: Feed> Vm<'_, '_, F> {
                     observe(&self.state.entries[self.observed..]);
                     self.observed = self.state.entries.len();
                 }
-                next_progress = self.at.saturating_add(PROGRESS_STEP as u64).min(total);
-                if next_progress <= self.at {
-                    next_progress = u64::MAX;
-                }
+                next_checkpoint = self.next_checkpoint(self.at);
             }
             let code = match self.feed.window().get(self.pos) {
                 Some(&code) => code,
@@ -1147,23 +1265,14 @@ impl<F: Feed> Vm<'_, '_, F> {
                 op::FRAME => {
                     let len = self.u64("FRAME length")?;
                     let rest = self.remaining();
-                    if len > rest {
+                    // Reading part of a file, the frame may hold bytes we never read.
+                    if len > rest && self.end_at.is_none() {
                         return Err(
                             self.err(format!("FRAME declares {len} bytes but only {rest} remain"))
                         );
                     }
                 }
-                op::STOP => {
-                    // Like CPython, a dangling MARK or extra stack items are ignored.
-                    let v = self
-                        .stack
-                        .pop()
-                        .ok_or_else(|| self.err("STOP with an empty stack"))?;
-                    if (self.progress)(total, total) {
-                        return Ok(v);
-                    }
-                    return Err(FormatError::Cancelled);
-                }
+                op::STOP => return self.stop(),
                 op::MARK => self.marks.push(self.stack.len()),
                 op::POP => {
                     if self.stack.len() > self.marks.last().copied().unwrap_or(0) {
@@ -1293,24 +1402,7 @@ impl<F: Feed> Vm<'_, '_, F> {
                     let from = self.stack.len() - 2;
                     self.extend_from_stack(id, from)?;
                 }
-                op::SETITEMS => {
-                    let from = self.pop_mark("SETITEMS")?;
-                    let Some(target_at) = from.checked_sub(1) else {
-                        return Err(self.err("SETITEMS with no dict below the MARK"));
-                    };
-                    if target_at < self.marks.last().copied().unwrap_or(0) {
-                        return Err(self.err("SETITEMS with no dict below the MARK"));
-                    }
-                    if !(self.stack.len() - from).is_multiple_of(2) {
-                        return Err(self.err("SETITEMS with an odd number of items"));
-                    }
-                    let id = self.check_target(self.stack[target_at], Kind::Dict, "SETITEMS")?;
-                    if self.arena.nodes[id as usize].len == 0 && self.try_pack_entry(id, from) {
-                        self.stack.truncate(from);
-                    } else {
-                        self.extend_from_stack(id, from)?;
-                    }
-                }
+                op::SETITEMS => self.setitems()?,
                 op::MEMOIZE => {
                     let v = self.top("MEMOIZE")?;
                     self.memo.put(self.memo.count as u64, v);

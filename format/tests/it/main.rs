@@ -4,6 +4,7 @@ mod codecs;
 mod common;
 mod hostile;
 mod numbers;
+mod part;
 mod pickle;
 mod reader_paths;
 mod validate;

@@ -6,7 +6,7 @@ use memsnap_format::{BlockState, IntField, Snapshot};
 
 use super::blocks::block_extra;
 use super::pyfmt::{format_size, size};
-use super::{checked, wide, ReferenceFailure};
+use super::{checked, wide, MemvizError};
 
 /// One character of the page map stands for this many bytes.
 const PAGE_SIZE: i128 = 20 * 1024 * 1024;
@@ -15,7 +15,7 @@ const PAGE_SIZE: i128 = 20 * 1024 * 1024;
 const MAX_PAGES: i128 = 1 << 32;
 
 /// The text `print(segsum(data))` writes, final newline included.
-pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
+pub(crate) fn stats(snapshot: &Snapshot) -> Result<String, MemvizError> {
     let mut out = String::new();
     let _ = writeln!(out, "Summary of segments >= {} in size", size(PAGE_SIZE));
 
@@ -76,7 +76,7 @@ pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
 
         if total_size.saturating_sub(1).div_euclid(PAGE_SIZE) >= MAX_PAGES {
             // Python builds a list of one item per page and runs out of memory.
-            return Err(ReferenceFailure::new(
+            return Err(MemvizError::python(
                 "MemoryError",
                 format!(
                     "segments[{si}]: total_size {total_size} is too large to map in 20 MiB pages"
@@ -84,14 +84,14 @@ pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
             ));
         }
         let body = page_map(total_size, &ranges).map_err(|what| {
-            ReferenceFailure::new(
+            MemvizError::python(
                 "IndexError: list index out of range",
                 format!("segments[{si}]: {what}"),
             )
         })?;
         let seg_sum = add(add(seg_free_external, seg_free_internal)?, seg_allocated)?;
         if seg_sum != total_size {
-            return Err(ReferenceFailure::new(
+            return Err(MemvizError::python(
                 format!(
                     "AssertionError: Segment size mismatch: {seg_free_external} + {seg_free_internal} + {seg_allocated} != {total_size}"
                 ),
@@ -128,7 +128,7 @@ pub fn stats(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
         &place,
     )?;
     if sum != total_reserved {
-        return Err(ReferenceFailure::new(
+        return Err(MemvizError::python(
             format!(
                 "AssertionError: Memory accounting error: {free_internal} + {free_external} + {total_allocated} != {total_reserved}"
             ),

@@ -6,10 +6,10 @@ use std::fmt::Write;
 use memsnap_format::{Action, IntField, Segment, Snapshot, TraceEntry};
 
 use super::pyfmt::{format_size, stack_repr, str_list_repr, DictWriter};
-use super::{checked, wide, ReferenceFailure};
+use super::{checked, wide, MemvizError};
 
 /// The text `print(trace(data))` writes, final newline included.
-pub fn trace(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
+pub(crate) fn trace(snapshot: &Snapshot) -> Result<String, MemvizError> {
     let traces = snapshot.device_traces.as_ref().ok_or_else(|| {
         let why = match snapshot.shape {
             memsnap_format::Shape::SegmentList => {
@@ -17,7 +17,7 @@ pub fn trace(snapshot: &Snapshot) -> Result<String, ReferenceFailure> {
             }
             memsnap_format::Shape::Dict => "this snapshot has no device_traces (allocation history)",
         };
-        ReferenceFailure::key_error("device_traces", why.to_string())
+        MemvizError::key_error("device_traces", why.to_string())
     })?;
     let mut out = String::new();
     let static_segments = StaticSegments::new(&snapshot.segments)?;
@@ -38,7 +38,7 @@ fn format_device(
     static_segments: &StaticSegments,
     device: usize,
     entries: &[TraceEntry],
-) -> Result<(), ReferenceFailure> {
+) -> Result<(), MemvizError> {
     let _ = writeln!(out, "{} entries", entries.len());
     // Python keys both maps by address but tests `name in map` with the name, which never
     // matches: names are never recycled and entries are never removed. We keep that.
@@ -78,7 +78,7 @@ fn format_device(
                     None => {
                         let missing = static_segments.missing_allocated_size;
                         if let Some(si) = missing {
-                            return Err(ReferenceFailure::key_error(
+                            return Err(MemvizError::key_error(
                                 "allocated_size",
                                 format!("segments[{si}] has no allocated_size, which `trace` reads to place {}", place()),
                             ));
@@ -132,7 +132,7 @@ fn format_device(
             }
             Action::Oom => {
                 let free = e.exact_int(IntField::DeviceFree).ok_or_else(|| {
-                    ReferenceFailure::key_error(
+                    MemvizError::key_error(
                         "device_free",
                         format!("{} is an oom entry without device_free", place()),
                     )
@@ -146,7 +146,7 @@ fn format_device(
             Action::Annotate => {
                 let addr = entry_addr(e, &place)?;
                 let meta = e.user_metadata.ok_or_else(|| {
-                    ReferenceFailure::key_error(
+                    MemvizError::key_error(
                         "user_metadata",
                         format!("{} is an annotate entry without user_metadata", place()),
                     )
@@ -166,10 +166,10 @@ fn format_device(
     Ok(())
 }
 
-fn entry_addr(e: &TraceEntry, place: &dyn Fn() -> String) -> Result<i128, ReferenceFailure> {
+fn entry_addr(e: &TraceEntry, place: &dyn Fn() -> String) -> Result<i128, MemvizError> {
     match e.exact_int(IntField::Addr) {
         Some(addr) => wide(&addr, place),
-        None => Err(ReferenceFailure::key_error(
+        None => Err(MemvizError::key_error(
             "addr",
             format!("{} has no addr", place()),
         )),
@@ -181,7 +181,7 @@ fn entry_int(
     e: &TraceEntry,
     field: IntField,
     place: &dyn Fn() -> String,
-) -> Result<i128, ReferenceFailure> {
+) -> Result<i128, MemvizError> {
     let v = e.exact_int(field).unwrap_or_default();
     wide(&v, place)
 }
@@ -224,7 +224,7 @@ struct StaticSegments {
 }
 
 impl StaticSegments {
-    fn new(segments: &[Segment]) -> Result<Self, ReferenceFailure> {
+    fn new(segments: &[Segment]) -> Result<Self, MemvizError> {
         let missing_allocated_size = segments.iter().position(|s| s.allocated_size.is_none());
         let limit = missing_allocated_size.unwrap_or(segments.len());
         let mut sorted: Vec<(i128, i128, usize)> = Vec::with_capacity(limit);

@@ -5,22 +5,19 @@ use std::fmt::Write;
 
 use memsnap_format::{Block, Frame, FrameId, IntField, Snapshot, StackId};
 
-use super::{wide, ReferenceFailure};
+use super::{wide, MemvizError};
 
 /// `_block_extra(b)`: the block's frames and the bytes it accounts for.
 ///
 /// Current blocks (with a `frames` key) give `frames` and `requested_size`. Legacy blocks
 /// (no `frames` key) give the first history item's frames and `real_size`, or no frames and
 /// `requested_size` (falling back to `size`).
-pub fn block_extra(
-    block: &Block,
-    place: &str,
-) -> Result<(Option<StackId>, i128), ReferenceFailure> {
+pub fn block_extra(block: &Block, place: &str) -> Result<(Option<StackId>, i128), MemvizError> {
     let at = || place.to_string();
     let int = |field| block.exact_int(field).map(|v| wide(&v, &at)).transpose();
     if block.frames.is_some() {
         let requested = int(IntField::RequestedSize)?.ok_or_else(|| {
-            ReferenceFailure::key_error(
+            MemvizError::key_error(
                 "requested_size",
                 format!("{place} has frames but no requested_size"),
             )
@@ -30,7 +27,7 @@ pub fn block_extra(
     match &block.history {
         Some(history) => {
             let first = history.first().ok_or_else(|| {
-                ReferenceFailure::new(
+                MemvizError::python(
                     "IndexError: list index out of range",
                     format!("{place} has an empty legacy history"),
                 )

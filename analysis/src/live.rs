@@ -1,16 +1,11 @@
-//! Live-set queries the viewer needs that `memsnap-analysis` does not offer yet. They are pure
-//! functions over the snapshot and the analysis model, kept out of UI code so they can move
-//! into the analysis crate (next to `DeviceTimeline::live_at`) unchanged:
-//!
-//! * [`flame_tree`]: the live set at an instant as a frame tree (the flame graph).
-//! * [`segment_blocks`]: each segment's live blocks at an instant, allocated or pending free.
-//!
-//! The per-stack lookups (user-code site, search) live in `memsnap_plot::sites`, and a
-//! device's profile for the diff comes from `memsnap_analysis::compare::device_profile`.
+//! The live set at an instant, as a picture shows it: a frame tree for a flame graph
+//! ([`flame_tree`]) and each segment's live blocks for a memory map ([`segment_blocks`]).
+//! Both are queries on a [`DeviceTimeline`], built on [`DeviceTimeline::live_at`].
 
-use memsnap_analysis::sites::is_filtered_frame;
-use memsnap_analysis::{AllocId, DeviceTimeline, Instant, Lifetime};
 use memsnap_format::{FrameId, Snapshot};
+
+use crate::sites::is_filtered_frame;
+use crate::{AllocId, DeviceTimeline, Instant, Lifetime};
 
 /// One node of the flame graph: a frame and the live bytes under it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -151,37 +146,41 @@ pub fn segment_blocks(timeline: &DeviceTimeline, at: Instant) -> Vec<SegmentBloc
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memsnap_format::{Action, Frame, Segment, TraceEntry};
+    use memsnap_format::{Action, Frame, Segment, StackId, TraceEntry};
 
-    fn snapshot() -> Snapshot {
+    /// One 1 MiB segment holding a 4 KiB block allocated in `forward` and a 1 KiB block from
+    /// `grad` whose free was requested but has not completed; both stacks start in `main`.
+    fn two_blocks() -> Snapshot {
         let mut s = Snapshot::new(1);
-        let forward = s.intern_stack([
-            Frame::new("linear", "model.py", 10),
-            Frame::new("forward", "model.py", 20),
-            Frame::new("main", "train.py", 1),
-        ]);
-        let backward = s.intern_stack([
-            Frame::new("grad", "autograd.py", 5),
-            Frame::new("main", "train.py", 1),
-        ]);
-        let mut seg = Segment::new(0, 0x10000, 1 << 20, 0);
-        seg.blocks.clear();
-        s.segments.push(seg);
+        let frames = |names: &[&str]| {
+            names
+                .iter()
+                .map(|name| Frame::new(*name, "train.py", name.len() as u64))
+                .collect::<Vec<_>>()
+        };
+        let forward = s.intern_stack(frames(&["linear", "forward", "main"]));
+        let grad = s.intern_stack(frames(&["grad", "main"]));
+        let mut segment = Segment::new(0, 0x10000, 1 << 20, 0);
+        segment.blocks.clear();
+        s.segments.push(segment);
+        let events: [(Action, u64, u64, Option<StackId>); 4] = [
+            (Action::SegmentAlloc, 0x10000, 1 << 20, None),
+            (Action::Alloc, 0x10000, 4096, Some(forward)),
+            (Action::Alloc, 0x11000, 1024, Some(grad)),
+            (Action::FreeRequested, 0x11000, 1024, None),
+        ];
         let trace = &mut s.device_traces.as_mut().expect("traces")[0];
-        trace.push(TraceEntry::new(Action::SegmentAlloc, 0x10000, 1 << 20, 0));
-        let mut a = TraceEntry::new(Action::Alloc, 0x10000, 4096, 0);
-        a.frames = Some(forward);
-        trace.push(a);
-        let mut b = TraceEntry::new(Action::Alloc, 0x11000, 1024, 0);
-        b.frames = Some(backward);
-        trace.push(b);
-        trace.push(TraceEntry::new(Action::FreeRequested, 0x11000, 1024, 0));
+        trace.extend(events.into_iter().map(|(action, addr, size, frames)| {
+            let mut entry = TraceEntry::new(action, addr, size, 0);
+            entry.frames = frames;
+            entry
+        }));
         s
     }
 
     #[test]
     fn flame_tree_sums_live_bytes_from_the_outermost_frame() {
-        let s = snapshot();
+        let s = two_blocks();
         let t = DeviceTimeline::build(&s, 0).expect("timeline");
         let root = flame_tree(&s, &t, Instant::Event(2), Lifetime::Active, 0);
         assert_eq!(root.bytes, 4096 + 1024);
@@ -190,11 +189,13 @@ mod tests {
         assert_eq!(s.frames.get(main.frame.expect("frame")).name, "main");
         assert_eq!(main.bytes, 5120);
         assert_eq!(main.children[0].bytes, 4096, "biggest child first");
+        let small = flame_tree(&s, &t, Instant::Event(2), Lifetime::Active, 2048);
+        assert_eq!(small.bytes, 4096, "min_size leaves the 1 KiB block out");
     }
 
     #[test]
     fn pending_frees_are_told_apart_from_allocated_blocks() {
-        let s = snapshot();
+        let s = two_blocks();
         let t = DeviceTimeline::build(&s, 0).expect("timeline");
         let segments = segment_blocks(&t, Instant::Event(3));
         assert_eq!(segments.len(), 1);

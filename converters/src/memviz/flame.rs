@@ -5,11 +5,11 @@ use std::fmt::Write;
 use memsnap_format::{IntField, Snapshot};
 
 use super::blocks::{block_extra, StackFormatter};
-use super::{checked, wide, ReferenceFailure};
+use super::{checked, wide, MemvizError};
 
 /// One line per block (`prefix;state;frames bytes`) plus a `<gaps>` line for the bytes the
 /// request did not use. `with_segment` adds the `seg_<address>` level (`segments`).
-pub fn collapsed(snapshot: &Snapshot, with_segment: bool) -> Result<String, ReferenceFailure> {
+pub(crate) fn collapsed(snapshot: &Snapshot, with_segment: bool) -> Result<String, MemvizError> {
     let mut out = String::new();
     let mut stacks = StackFormatter::new(snapshot);
     let mut prefix = String::new();
