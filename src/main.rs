@@ -66,6 +66,7 @@ enum Command {
     Diff(cmd::diff::Args),
     Ranks(cmd::ranks::Args),
     Simulate(cmd::simulate::Args),
+    Export(cmd::export::Args),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +85,7 @@ fn main() -> ExitCode {
         Command::Diff(args) => cmd::diff::run(args),
         Command::Ranks(args) => cmd::ranks::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
+        Command::Export(args) => cmd::export::run(args),
     };
     match result {
         Ok(code) => code,

@@ -8,6 +8,7 @@ pub mod common;
 pub mod convert;
 pub mod demo;
 pub mod diff;
+pub mod export;
 pub mod info;
 pub mod memviz;
 pub mod plot;
