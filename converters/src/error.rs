@@ -12,6 +12,9 @@ pub enum ConvertError {
     /// A `_memory_viz.py` report cannot be rendered ([`crate::memviz`]).
     #[error(transparent)]
     Memviz(#[from] crate::memviz::MemvizError),
+    /// A ROCm trace cannot be imported ([`crate::rocm`]).
+    #[error(transparent)]
+    Rocm(#[from] crate::rocm::RocmError),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

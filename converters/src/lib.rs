@@ -8,6 +8,7 @@
 //! - **Imports** read another tool's recording into a [`Snapshot`]: [`open`] tells the input
 //!   apart by its content (never by its name) and falls back to memsnap's own readers
 //!   (pickle, msgpack, JSON; gzip/zstd), so every memsnap command opens every supported input.
+//!   [`rocm`] imports AMD ROCm allocation traces (rocprofv3 CSV/JSON, rocpd SQLite).
 //! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
 //!   PyTorch's `_memory_viz.py` text reports, byte for byte.
 //!
@@ -16,6 +17,7 @@
 pub mod error;
 pub mod memviz;
 pub mod open;
+pub mod rocm;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;

@@ -13,6 +13,8 @@ use crate::Result;
 pub enum Source {
     /// One of memsnap's own encodings (a PyTorch pickle, msgpack or JSON snapshot).
     Snapshot(Detected),
+    /// An AMD ROCm allocation trace ([`crate::rocm`]), all its processes in one snapshot.
+    Rocm(crate::rocm::RocmFormat),
 }
 
 impl Source {
@@ -24,6 +26,7 @@ impl Source {
                 memsnap_format::Compression::Gzip => format!("{}, gzip", d.format.name()),
                 memsnap_format::Compression::Zstd => format!("{}, zstd", d.format.name()),
             },
+            Source::Rocm(f) => f.name().to_string(),
         }
     }
 }
@@ -38,12 +41,20 @@ pub fn open_path(path: &Path) -> Result<Opened> {
 
 /// [`open_path`] with a progress callback (see [`memsnap_format::io::Progress`]).
 pub fn open_path_with(path: &Path, progress: Progress<'_>) -> Result<Opened> {
+    if let Some(format) = crate::rocm::sniff_path(path)? {
+        let import = crate::rocm::import_paths(&[path])?;
+        return Ok((import.into_single(), Source::Rocm(format)));
+    }
     let (snapshot, detected) = memsnap_format::io::read_path_with(path, progress)?;
     Ok((snapshot, Source::Snapshot(detected)))
 }
 
 /// Decodes bytes of any supported kind, told apart by their content.
 pub fn open_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<Opened> {
+    if let Some(format) = crate::rocm::sniff(bytes) {
+        let import = crate::rocm::import_bytes(bytes, Path::new("<input>"))?;
+        return Ok((import.into_single(), Source::Rocm(format)));
+    }
     let (snapshot, detected) = memsnap_format::io::read_bytes_with(bytes, progress)?;
     Ok((snapshot, Source::Snapshot(detected)))
 }
