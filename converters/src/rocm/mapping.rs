@@ -156,7 +156,7 @@ pub(crate) fn build(
         .into_iter()
         .map(|p| map_process(format, path, place_kind, p, &mut warnings))
         .collect();
-    ranks.sort_by(|a, b| natural_key(&a.label).cmp(&natural_key(&b.label)));
+    ranks.sort_by_key(|r| natural_key(&r.label));
     Import {
         format,
         ranks,

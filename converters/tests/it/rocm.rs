@@ -583,6 +583,9 @@ CREATE VIEW `rocpd_timestamp` AS SELECT * FROM `rocpd_timestamp{s}`;
 CREATE TABLE `rocpd_memory_allocate{s}` ("id" INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, "guid" TEXT DEFAULT "{g}" NOT NULL, "track_id" INTEGER NOT NULL, "type" TEXT CHECK ("type" IN ('ALLOC', 'FREE', 'REALLOC', 'RECLAIM')), "level" TEXT CHECK ("level" IN ('REAL', 'VIRTUAL', 'SCRATCH')), "start_id" INTEGER NOT NULL, "end_id" INTEGER NOT NULL, "name_id" INTEGER NOT NULL, "address" INTEGER, "size" INTEGER NOT NULL, "event_id" INTEGER, "extdata" JSONB DEFAULT "{}" NOT NULL);
 "#;
 
+/// (type, level, agent row id, start, end, address, size) of a memory row.
+type Row<'a> = (&'a str, &'a str, Option<i64>, i64, i64, u64, u64);
+
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Layout {
     A,
@@ -595,6 +598,8 @@ enum Layout {
 /// its calls, a SCRATCH row that must be skipped.
 fn rocpd_db(path: &Path, layout: Layout, processes: &[(&str, i64, &[Call])]) {
     let conn = Connection::open(path).unwrap();
+    // One transaction: one sync instead of one per row.
+    conn.execute_batch("BEGIN").unwrap();
     let ddl = |t: &str| t.replace("{s}", UUID).replace("{g}", GUID);
     conn.execute_batch(&ddl(COMMON_DDL)).unwrap();
     conn.execute_batch(&ddl(match layout {
@@ -653,7 +658,7 @@ fn rocpd_db(path: &Path, layout: Layout, processes: &[(&str, i64, &[Call])]) {
             Who::Cpu => Some(agent_base),
             Who::Nobody => None,
         };
-        let mut rows: Vec<(&str, &str, Option<i64>, i64, i64, u64, u64)> = calls
+        let mut rows: Vec<Row> = calls
             .iter()
             .map(|c| {
                 (
@@ -718,6 +723,7 @@ fn rocpd_db(path: &Path, layout: Layout, processes: &[(&str, i64, &[Call])]) {
             }
         }
     }
+    conn.execute_batch("COMMIT").unwrap();
 }
 
 fn check_rocpd_layout(layout: Layout) {
