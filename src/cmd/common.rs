@@ -5,29 +5,31 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use memsnap_format::io::{read_bytes_with, read_path_with, Detected, Progress};
+use memsnap_converters::{open_bytes_with, open_path_with, Source};
+use memsnap_format::io::Progress;
 use memsnap_format::{Compression, Format, Snapshot};
 
-/// Reads a snapshot file (`-` is stdin), showing a progress bar on stderr when decoding takes
-/// over a second. A pickle file is decoded as it is read, never held in memory whole.
-pub fn load(path: &Path) -> Result<(Snapshot, Detected)> {
+/// Reads a snapshot file (`-` is stdin), or another tool's recording the converters import
+/// (told apart by content), showing a progress bar on stderr when decoding takes over a
+/// second. A pickle file is decoded as it is read, never held in memory whole.
+pub fn load(path: &Path) -> Result<(Snapshot, Source)> {
     if path.as_os_str() == "-" {
         return decode(&read_input(path)?, path);
     }
-    with_progress(path, |progress| read_path_with(path, progress))
+    with_progress(path, |progress| open_path_with(path, progress))
 }
 
 /// Decodes the bytes of `path` (named in errors and on the progress bar), with a progress bar
 /// on stderr when decoding takes over a second.
-pub fn decode(bytes: &[u8], path: &Path) -> Result<(Snapshot, Detected)> {
-    with_progress(path, |progress| read_bytes_with(bytes, progress))
+pub fn decode(bytes: &[u8], path: &Path) -> Result<(Snapshot, Source)> {
+    with_progress(path, |progress| open_bytes_with(bytes, progress))
 }
 
 /// Runs a decoder with a progress bar that appears when it takes over a second.
 fn with_progress(
     path: &Path,
-    decoder: impl FnOnce(Progress<'_>) -> memsnap_format::Result<(Snapshot, Detected)>,
-) -> Result<(Snapshot, Detected)> {
+    decoder: impl FnOnce(Progress<'_>) -> memsnap_converters::Result<(Snapshot, Source)>,
+) -> Result<(Snapshot, Source)> {
     let started = Instant::now();
     let mut bar: Option<ProgressBar> = None;
     let mut progress = |done: u64, total: u64| {
@@ -51,9 +53,10 @@ fn with_progress(
         b.finish_and_clear();
     }
     match result {
-        Err(memsnap_format::FormatError::Io { source, .. }) => {
-            Err(anyhow::Error::new(source).context(format!("cannot read {}", path.display())))
-        }
+        Err(memsnap_converters::ConvertError::Format(memsnap_format::FormatError::Io {
+            source,
+            ..
+        })) => Err(anyhow::Error::new(source).context(format!("cannot read {}", path.display()))),
         other => other.with_context(|| format!("cannot decode {}", path.display())),
     }
 }

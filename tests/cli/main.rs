@@ -6,4 +6,5 @@ mod demo;
 mod format_cmds;
 mod numbers;
 mod plot_cmd;
+mod rocm_cmds;
 mod simulate;

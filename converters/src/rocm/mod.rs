@@ -207,8 +207,17 @@ pub struct Import {
 impl Import {
     /// One snapshot of every rank side by side: with one rank, its snapshot; with several,
     /// device `d` is the `d`-th (rank, GPU) pair, named in the producer line.
+    /// The warnings are summed up in the producer line (the readers have nowhere else to
+    /// show them).
     pub fn into_single(self) -> Snapshot {
-        mapping::merge_ranks(self.format, self.ranks)
+        let mut snapshot = mapping::merge_ranks(self.format, self.ranks);
+        if let (Some(info), Some(first)) = (&mut snapshot.recorder_info, self.warnings.first()) {
+            info.producer += &format!(
+                "; {} import warning(s), the first: {first}",
+                self.warnings.len()
+            );
+        }
+        snapshot
     }
 }
 
