@@ -41,7 +41,8 @@ pub fn open_path(path: &Path) -> Result<Opened> {
 
 /// [`open_path`] with a progress callback (see [`memsnap_format::io::Progress`]).
 pub fn open_path_with(path: &Path, progress: Progress<'_>) -> Result<Opened> {
-    if let Some(format) = crate::rocm::sniff_path(path)? {
+    // A file that cannot be read is reported by memsnap's own reader, as before.
+    if let Ok(Some(format)) = crate::rocm::sniff_path(path) {
         let import = crate::rocm::import_paths(&[path])?;
         return Ok((import.into_single(), Source::Rocm(format)));
     }
