@@ -914,3 +914,96 @@ fn every_rocm_format_opens_by_content() {
         ConvertError::Rocm(RocmError::DatabaseFromBytes { .. })
     ));
 }
+
+// ---------------------------------------------------------------------------------------
+// Real snapshots: their segment history, written the way rocprofv3 would have seen it.
+
+/// Each real snapshot's `segment_alloc`/`segment_free` events (what `hipMalloc`/`hipFree`
+/// do under PyTorch) written as a rocprofv3 CSV must import to the same segment history:
+/// same addresses, sizes, devices and µs times, frees of segments allocated before the
+/// trace window dropped (and counted in the warning).
+#[test]
+fn real_snapshots_segment_history_survives_a_rocprofv3_csv() {
+    let Some(dir) = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS").map(PathBuf::from) else {
+        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
+        .collect();
+    files.sort();
+    let mut checked = 0;
+    for file in files {
+        let (snapshot, _) = open_path(&file).unwrap();
+        let mut csv = format!("{HEADER}\n");
+        // Expected per device: (action, addr, size, time_us), and the unmatched frees.
+        let mut expected: Vec<Vec<(Action, u64, u64, i64)>> = Vec::new();
+        let mut unmatched = 0u64;
+        for (device, trace) in snapshot.traces().iter().enumerate() {
+            let mut live = std::collections::HashMap::new();
+            let mut want = Vec::new();
+            for (i, e) in trace.iter().enumerate() {
+                // Files without time_us: the entry index stands in for the time.
+                let us = e.time_us.unwrap_or(i as i64);
+                let ns = us * 1000;
+                match e.action {
+                    Action::SegmentAlloc => {
+                        csv += &format!(
+                            "\"MEMORY_ALLOCATION\",\"MEMORY_ALLOCATION_ALLOCATE\",\"GPU {device}\",{},\"0x{:016x}\",1,{},{ns}\n",
+                            e.size, e.addr, ns - 500
+                        );
+                        live.insert(e.addr, e.size);
+                        want.push((Action::SegmentAlloc, e.addr, e.size, us));
+                        want.push((Action::Alloc, e.addr, e.size, us));
+                    }
+                    Action::SegmentFree => {
+                        csv += &format!(
+                            "\"MEMORY_ALLOCATION\",\"MEMORY_ALLOCATION_FREE\",\"\",0,\"0x{:016x}\",1,{ns},{}\n",
+                            e.addr,
+                            ns + 300
+                        );
+                        match live.remove(&e.addr) {
+                            Some(size) => {
+                                want.push((Action::FreeRequested, e.addr, size, us));
+                                want.push((Action::FreeCompleted, e.addr, size, us));
+                                want.push((Action::SegmentFree, e.addr, size, us));
+                            }
+                            None => unmatched += 1,
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            expected.push(want);
+        }
+        while expected.last().is_some_and(Vec::is_empty) {
+            expected.pop();
+        }
+        if expected.is_empty() {
+            continue; // no segment events (a bare segment list, or an empty trace)
+        }
+        let name = file.file_name().unwrap().to_string_lossy();
+        let trace = write(tmp.path(), "1_memory_allocation_trace.csv", &csv);
+        let import = rocm::import_paths(&[&trace]).unwrap();
+        let got = &import.ranks[0].snapshot;
+        assert_eq!(got.traces().len(), expected.len(), "{name}");
+        for (device, want) in expected.iter().enumerate() {
+            assert_eq!(&entries(got, device), want, "{name} device {device}");
+        }
+        let warned: u64 = import
+            .warnings
+            .iter()
+            .map(|w| match w {
+                Warning::UnmatchedFrees { count, .. } => *count,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(warned, unmatched, "{name}");
+        checked += 1;
+    }
+    // 4 of the 15 files hold segment events.
+    assert!(checked >= 4, "only {checked} real files had segment events");
+}
