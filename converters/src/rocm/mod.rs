@@ -18,7 +18,7 @@
 //! view works. Frees carry no size and no agent in any of the formats: both come from the
 //! allocation at that address. Frees of address 0 (the runtime frees null on
 //! `hipStreamDestroy`) are ignored; frees of an address never allocated in the trace (memory
-//! allocated before tracing started) are skipped with a [`Warning::UnmatchedFree`]. Allocations
+//! allocated before tracing started) are skipped with a [`Warning::UnmatchedFrees`]. Allocations
 //! on CPU agents (host pools) are skipped, and so are their frees. Allocations still live at
 //! the end become the snapshot's segments. There are no stacks.
 //!
