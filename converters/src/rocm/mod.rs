@@ -242,10 +242,25 @@ pub fn is_rocpd_database(path: &Path) -> bool {
     rocpd::is_rocpd(path)
 }
 
+/// Choices of an import; [`Options::default`] is what [`import_paths`] and the readers use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Options {
+    /// Keep rocpd's `SCRATCH` rows (the scratch memory the runtime gives kernels, recorded
+    /// with `--scratch-memory-trace`) as allocations; skipped by default, as they are no
+    /// allocations of the program.
+    pub keep_scratch: bool,
+}
+
 /// Imports ROCm files: one rocprofv3 CSV or JSON file, or one or more rocpd databases (one
 /// per process, as rocprofv3 writes them; RocPD reads them together the same way). Each
 /// process becomes a [`Rank`]. The format is told by content.
 pub fn import_paths(paths: &[&Path]) -> Result<Import, RocmError> {
+    import_paths_with(paths, Options::default())
+}
+
+/// [`import_paths`] with [`Options`].
+pub fn import_paths_with(paths: &[&Path], options: Options) -> Result<Import, RocmError> {
     let mut ranks: BTreeMap<String, Rank> = BTreeMap::new();
     let mut warnings = Vec::new();
     let mut format = None;
@@ -256,7 +271,7 @@ pub fn import_paths(paths: &[&Path]) -> Result<Import, RocmError> {
         let mut import = match this {
             RocmFormat::Csv => csv::import_path(path)?,
             RocmFormat::Json => json::import_path(path)?,
-            RocmFormat::Rocpd => rocpd::import_path(path)?,
+            RocmFormat::Rocpd => rocpd::import_path_with(path, options)?,
         };
         format.get_or_insert(this);
         warnings.append(&mut import.warnings);

@@ -7,7 +7,7 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags};
 
 use super::mapping::{self, Agent, Event, Op, Process, Warning};
-use super::{Import, RocmError, RocmFormat};
+use super::{Import, Options, RocmError, RocmFormat};
 
 /// The memory table's name without its per-run suffix.
 pub const MEMORY_TABLE: &str = "rocpd_memory_allocate";
@@ -84,6 +84,11 @@ pub fn layout_of(columns: &HashSet<String>) -> Option<Layout> {
 
 /// Imports every process of one database.
 pub fn import_path(path: &Path) -> Result<Import, RocmError> {
+    import_path_with(path, Options::default())
+}
+
+/// [`import_path`] with [`Options`].
+pub fn import_path_with(path: &Path, options: Options) -> Result<Import, RocmError> {
     let conn = open(path)?;
     let objects = objects(&conn, path)?;
     let names: HashSet<&str> = objects.iter().map(|(n, _)| n.as_str()).collect();
@@ -131,13 +136,20 @@ pub fn import_path(path: &Path) -> Result<Import, RocmError> {
             &names,
             &mut ranks,
             &mut scratch_rows,
+            options,
         )?;
     }
     if ranks.values().all(|p| p.events.is_empty()) {
+        let hint = if scratch_rows > 0 {
+            "only scratch-memory rows, skipped by default (Options::keep_scratch): record \
+             with rocprofv3 --memory-allocation-trace"
+        } else {
+            "the rocpd_memory_allocate table is empty: record with rocprofv3 \
+             --memory-allocation-trace"
+        };
         return Err(RocmError::NoRecords {
             path: path.to_path_buf(),
-            hint: "the rocpd_memory_allocate table is empty: record with rocprofv3 \
-                   --memory-allocation-trace",
+            hint,
         });
     }
 
@@ -222,6 +234,7 @@ fn read_table(
     names: &HashSet<&str>,
     ranks: &mut BTreeMap<RankKey, Process>,
     scratch_rows: &mut u64,
+    options: Options,
 ) -> Result<(), RocmError> {
     let columns = columns_of(conn, path, table)?;
     let layout = layout_of(&columns).ok_or_else(|| {
@@ -346,7 +359,7 @@ fn read_table(
             Some("FREE") | Some("RECLAIM") => Op::Free,
             other => return Err(bad(format!("type {other:?} is none of ALLOC, FREE"))),
         };
-        if as_text(&get(2)?).as_deref() == Some("SCRATCH") {
+        if !options.keep_scratch && as_text(&get(2)?).as_deref() == Some("SCRATCH") {
             *scratch_rows += 1;
             continue;
         }

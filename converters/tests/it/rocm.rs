@@ -813,6 +813,26 @@ fn rocpd_keeps_virtual_rows_and_reads_high_addresses() {
 }
 
 #[test]
+fn rocpd_scratch_rows_are_kept_on_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("1_results.db");
+    rocpd_db(&db, Layout::A, &[("h", 1, &[])]); // only the scratch row: 64 B at B on GPU 0
+    let err = rocm::import_paths(&[&db]).unwrap_err();
+    assert!(matches!(err, RocmError::NoRecords { .. }), "{err:?}");
+    let mut options = rocm::Options::default();
+    options.keep_scratch = true;
+    let import = rocm::import_paths_with(&[&db], options).unwrap();
+    assert_eq!(
+        entries(&import.ranks[0].snapshot, 0),
+        vec![
+            (Action::SegmentAlloc, B, 64, 513_500),
+            (Action::Alloc, B, 64, 513_500)
+        ]
+    );
+    assert!(import.warnings.is_empty(), "{:?}", import.warnings);
+}
+
+#[test]
 fn several_databases_become_ranks() {
     let tmp = tempfile::tempdir().unwrap();
     let one = tmp.path().join("node1/11_results.db");
