@@ -224,6 +224,16 @@ fn time_span(snapshot: &Snapshot) -> Option<String> {
         Some((lo, hi)) => Some((lo.min(t), hi.max(t))),
     })?;
     let seconds = (i128::from(last) - i128::from(first)) as f64 / 1e6;
+    // Nothing was recorded before 2000: such times count from another origin (ROCm's
+    // CLOCK_BOOTTIME, since boot), not dates.
+    const YEAR_2000_US: i64 = 946_684_800_000_000;
+    if last < YEAR_2000_US {
+        return Some(format!(
+            "{:.3} s – {:.3} s from the clock's origin (not dates; {seconds:.3} s)",
+            first as f64 / 1e6,
+            last as f64 / 1e6
+        ));
+    }
     Some(format!(
         "{} – {} ({seconds:.3} s)",
         format_utc(first),

@@ -60,6 +60,11 @@ fn info_opens_rocprofv3_csv_and_rocpd_databases_by_content() {
         assert!(stdout.contains("segments:    1"), "{stdout}");
         assert!(stdout.contains("1.0 MiB reserved"), "{stdout}");
         assert!(stdout.contains("CLOCK_BOOTTIME"), "{stdout}");
+        // Boot-relative times are no dates.
+        assert!(
+            stdout.contains("time span:   0.512 s – 0.514 s from the clock's origin"),
+            "{stdout}"
+        );
     }
     let out = memsnap(&["validate", db.to_str().expect("utf-8 path")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
