@@ -11,17 +11,11 @@ use super::{Import, RocmError, RocmFormat};
 /// The top-level key of a rocprofv3 JSON file.
 pub const TOOL_KEY: &str = "rocprofiler-sdk-tool";
 
-/// Whether text (without leading space) is a JSON object whose first key is
-/// [`TOOL_KEY`], the shape rocprofv3 writes.
+/// Whether text (without leading space) is a JSON object with the key [`TOOL_KEY`] in its
+/// first bytes (rocprofv3 writes it first).
 pub fn looks_like_rocprof_json(text: &[u8]) -> bool {
-    let Some(rest) = text.strip_prefix(b"{") else {
-        return false;
-    };
-    let start = rest
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(rest.len());
-    rest[start..].starts_with(b"\"rocprofiler-sdk-tool\"")
+    let key = b"\"rocprofiler-sdk-tool\"";
+    text.starts_with(b"{") && text.windows(key.len()).any(|w| w == key)
 }
 
 /// Imports a results file.

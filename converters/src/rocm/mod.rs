@@ -224,6 +224,7 @@ impl Import {
 /// Tells a ROCm input from its first bytes (at least the first 4 KiB of the file, or all
 /// of it when shorter); `None` when it is none of them.
 pub fn sniff(head: &[u8]) -> Option<RocmFormat> {
+    let head = &head[..head.len().min(SNIFF_BYTES)];
     if head.starts_with(b"SQLite format 3\0") {
         return Some(RocmFormat::Rocpd);
     }

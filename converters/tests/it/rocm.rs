@@ -1027,3 +1027,25 @@ fn real_snapshots_segment_history_survives_a_rocprofv3_csv() {
     // 4 of the 15 files hold segment events.
     assert!(checked >= 4, "only {checked} real files had segment events");
 }
+
+#[test]
+fn sniff_tells_the_formats_apart() {
+    let json_second_key = b"{\n  \"schema\": 1,\n  \"rocprofiler-sdk-tool\": []}";
+    assert_eq!(rocm::sniff(json_second_key), Some(RocmFormat::Json));
+    let bom_csv = format!("\u{feff}{HEADER}\n");
+    assert_eq!(rocm::sniff(bom_csv.as_bytes()), Some(RocmFormat::Csv));
+    let guid_csv = b"Guid,Kind,Operation,Agent_Id\n";
+    assert_eq!(rocm::sniff(guid_csv), Some(RocmFormat::Csv));
+    assert_eq!(
+        rocm::sniff(b"SQLite format 3\0rest"),
+        Some(RocmFormat::Rocpd)
+    );
+    // Other CSVs, a Chrome trace, memsnap's own JSON and pickle are not ROCm.
+    assert_eq!(rocm::sniff(b"\"Kind\",\"Operation\",\"Direction\"\n"), None);
+    assert_eq!(rocm::sniff(b"{\"traceEvents\": []}"), None);
+    assert_eq!(
+        rocm::sniff(b"{\"segments\": [], \"device_traces\": []}"),
+        None
+    );
+    assert_eq!(rocm::sniff(b"\x80\x04\x95"), None);
+}
