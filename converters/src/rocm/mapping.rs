@@ -69,7 +69,8 @@ pub enum Warning {
         address: u64,
         place: String,
     },
-    /// Allocations whose agent the file does not describe as CPU or GPU: skipped.
+    /// Allocations whose agent the file does not describe as CPU or GPU (or as a GPU of an
+    /// ordinal beyond 65535): skipped.
     UnknownAgent {
         path: PathBuf,
         rank: String,
@@ -135,6 +136,10 @@ impl fmt::Display for Warning {
         }
     }
 }
+
+/// GPU ordinals from the file at or beyond this are taken as damage (one trace per ordinal
+/// would be allocated): their allocations are skipped as of an unknown agent.
+const MAX_GPU_ORDINAL: i64 = 1 << 16;
 
 /// Live allocation: `None` device for CPU allocations (their frees are skipped silently).
 #[derive(Clone, Copy)]
@@ -226,7 +231,7 @@ fn map_process(
         match event.op {
             Op::Alloc => {
                 let device = match event.agent {
-                    Agent::Gpu(d) if d >= 0 => Some(d),
+                    Agent::Gpu(d) if (0..MAX_GPU_ORDINAL).contains(&d) => Some(d),
                     Agent::Cpu => None,
                     Agent::Gpu(_) | Agent::Unknown => {
                         let u = unknown_agent.get_or_insert((0, event.place));

@@ -428,6 +428,22 @@ fn csv_with_a_bad_value_names_line_and_column() {
 }
 
 #[test]
+fn csv_with_an_absurd_gpu_ordinal_skips_it_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{HEADER}\n\"MEMORY_ALLOCATION\",\"MEMORY_ALLOCATION_ALLOCATE\",\"GPU 4000000000\",64,\"0x10\",1,1,2\n\
+         \"MEMORY_ALLOCATION\",\"MEMORY_ALLOCATION_ALLOCATE\",\"GPU 1\",64,\"0x20\",1,1,2000\n"
+    );
+    let trace = write(tmp.path(), "1_memory_allocation_trace.csv", &text);
+    let import = rocm::import_paths(&[&trace]).unwrap();
+    assert_eq!(import.ranks[0].snapshot.traces().len(), 2);
+    assert!(matches!(
+        &import.warnings[..],
+        [Warning::UnknownAgent { count: 1, first_place, .. }] if first_place == "line 2"
+    ));
+}
+
+#[test]
 fn csv_with_only_a_header_says_how_to_record() {
     let tmp = tempfile::tempdir().unwrap();
     let trace = write(tmp.path(), "1_memory_allocation_trace.csv", HEADER);
