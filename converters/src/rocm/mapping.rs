@@ -170,7 +170,7 @@ pub(crate) fn build(
 }
 
 /// Label order with numbers compared as numbers (`host/99` before `host/100`).
-fn natural_key(label: &str) -> (String, u64, String) {
+pub(crate) fn natural_key(label: &str) -> (String, u64, String) {
     match label.rsplit_once('/') {
         Some((host, pid)) => match pid.parse() {
             Ok(n) => (host.to_string(), n, String::new()),

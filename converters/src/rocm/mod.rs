@@ -251,6 +251,20 @@ pub struct Options {
     /// with `--scratch-memory-trace`) as allocations; skipped by default, as they are no
     /// allocations of the program.
     pub keep_scratch: bool,
+    /// Added to every time, in µs: ROCm's clock counts from the machine's boot, so the boot
+    /// time as epoch µs (`date +%s%6N` minus the uptime) turns times into dates, and per-node
+    /// offsets align nodes.
+    pub time_offset_us: i64,
+}
+
+fn shift_times(snapshot: &mut Snapshot, offset_us: i64) {
+    for trace in snapshot.device_traces.iter_mut().flatten() {
+        for entry in trace {
+            if let Some(t) = &mut entry.time_us {
+                *t = t.saturating_add(offset_us);
+            }
+        }
+    }
 }
 
 /// Imports ROCm files: one rocprofv3 CSV or JSON file, or one or more rocpd databases (one
@@ -276,7 +290,7 @@ pub fn import_paths_with(paths: &[&Path], options: Options) -> Result<Import, Ro
         };
         format.get_or_insert(this);
         warnings.append(&mut import.warnings);
-        for rank in import.ranks {
+        for mut rank in import.ranks {
             // The same label from two files (a process recorded twice) stays apart.
             let mut label = rank.label.clone();
             let mut n = 2;
@@ -284,12 +298,17 @@ pub fn import_paths_with(paths: &[&Path], options: Options) -> Result<Import, Ro
                 label = format!("{} ({n})", rank.label);
                 n += 1;
             }
+            if options.time_offset_us != 0 {
+                shift_times(&mut rank.snapshot, options.time_offset_us);
+            }
             ranks.insert(label.clone(), Rank { label, ..rank });
         }
     }
+    let mut ranks: Vec<Rank> = ranks.into_values().collect();
+    ranks.sort_by_key(|r| mapping::natural_key(&r.label));
     Ok(Import {
         format: format.unwrap_or(RocmFormat::Rocpd),
-        ranks: ranks.into_values().collect(),
+        ranks,
         warnings,
     })
 }

@@ -863,6 +863,17 @@ fn several_databases_become_ranks() {
     for rank in &import.ranks {
         check_standard(&rank.snapshot);
     }
+
+    // Pids sort as numbers across files; a time offset moves every entry.
+    let three = tmp.path().join("node1/9_results.db");
+    rocpd_db(&three, Layout::A, &[("node1", 9, &standard_calls())]);
+    let mut options = rocm::Options::default();
+    options.time_offset_us = 1_700_000_000_000_000;
+    let import = rocm::import_paths_with(&[&one, &three], options).unwrap();
+    let labels: Vec<&str> = import.ranks.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(labels, ["node1/9", "node1/11"]);
+    let first = &import.ranks[0].snapshot.traces()[0][0];
+    assert_eq!(first.time_us, Some(1_700_000_000_000_000 + 512_000));
 }
 
 #[test]
