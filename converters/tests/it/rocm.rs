@@ -900,6 +900,22 @@ fn database_without_the_tables_names_the_file_and_the_table() {
 }
 
 #[test]
+fn truncated_database_fails_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("1_results.db");
+    rocpd_db(&db, Layout::A, &[("h", 1, &standard_calls())]);
+    let bytes = std::fs::read(&db).unwrap();
+    for cut in [100, 4096, bytes.len() / 2] {
+        std::fs::write(&db, &bytes[..cut]).unwrap();
+        let text = rocm::import_paths(&[&db]).unwrap_err().to_string();
+        assert!(
+            text.contains("1_results.db: SQLite: database disk image is malformed"),
+            "cut at {cut}: {text}"
+        );
+    }
+}
+
+#[test]
 fn old_rpd_database_is_refused_as_such() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("trace.rpd");
