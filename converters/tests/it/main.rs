@@ -1,4 +1,5 @@
 //! memsnap-converters' integration tests (one binary; a module per converter).
 
+mod chrome;
 mod memviz;
 mod open;
