@@ -33,7 +33,7 @@ pub struct Args {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum FormatArg {
+pub enum FormatArg {
     Pickle,
     Msgpack,
     Json,
@@ -57,7 +57,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.output.display()
         ),
     };
-    let (snapshot, detected) = common::load(&args.input)?;
+    let (snapshot, source) = common::load(&args.input)?;
     let written = memsnap_format::write_path(&args.output, &snapshot, Some(format))
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     let bytes = std::fs::metadata(&args.output)
@@ -66,7 +66,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     outln!(
         "{} ({}) -> {} ({}, {})",
         args.input.display(),
-        common::describe_encoding(detected.format, detected.compression),
+        source.describe(),
         args.output.display(),
         common::describe_encoding(written, Compression::from_path(&args.output)),
         common::format_size(bytes)

@@ -57,13 +57,13 @@ fn summarise(path: &Path) -> Result<String> {
     } else {
         std::fs::metadata(path).ok().map(|m| m.len())
     };
-    let (snapshot, detected) = common::load(path)?;
+    let (snapshot, source) = common::load(path)?;
     let mut out = String::new();
     let _ = writeln!(out, "{}", path.display());
     let _ = write!(
         out,
         "  format:      {}",
-        common::describe_encoding(detected.format, detected.compression)
+        source.describe()
     );
     if let Some(bytes) = file_bytes {
         let _ = write!(out, ", {}", format_size(bytes));

@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use foldhash::HashMap;
-use memsnap_analysis::sites::{GroupBy, SiteKeyer};
+use memsnap_analysis::sites::{is_filtered_frame, GroupBy, SiteKeyer};
 use memsnap_analysis::{DeviceTimeline, Lifetime, StepOptions};
 use memsnap_format::{Action, Snapshot, StackId, StrTable, TraceEntry};
 
@@ -254,8 +254,10 @@ impl<'s> Labels<'s> {
         self.cache.entry(stack).or_insert_with(|| {
             let site = keyer.key(stack).label(snapshot);
             let text = match stack {
+                // The frames PyTorch's viewers show (the exact stack rides in the records).
                 Some(id) if (id.0 as usize) < snapshot.stacks.len() => snapshot
                     .stack_frames(id)
+                    .filter(|f| !is_filtered_frame(f))
                     .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
                     .collect::<Vec<_>>()
                     .join("\n"),
@@ -333,12 +335,15 @@ fn write_device(
         ("active", &curves.active),
         ("reserved", &curves.reserved),
     ] {
-        let mut last = curve.initial;
-        counter(sink, pid, name, clock.at(0), last)?;
+        // Only the value after the last event at each time (viewers keep the last anyway).
+        let mut written = curve.initial;
+        counter(sink, pid, name, clock.at(0), written)?;
         for (event, &bytes) in curve.after.iter().enumerate() {
-            if bytes != last {
-                counter(sink, pid, name, clock.at(event as u32), bytes)?;
-                last = bytes;
+            let time = clock.at(event as u32);
+            let last_at_time = event + 1 == curve.after.len() || clock.at(event as u32 + 1) != time;
+            if last_at_time && bytes != written {
+                counter(sink, pid, name, time, bytes)?;
+                written = bytes;
             }
         }
     }
