@@ -67,6 +67,7 @@ enum Command {
     Ranks(cmd::ranks::Args),
     Simulate(cmd::simulate::Args),
     Export(cmd::export::Args),
+    Import(cmd::import::Args),
 }
 
 fn main() -> ExitCode {
@@ -86,6 +87,7 @@ fn main() -> ExitCode {
         Command::Ranks(args) => cmd::ranks::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Export(args) => cmd::export::run(args),
+        Command::Import(args) => cmd::import::run(args),
     };
     match result {
         Ok(code) => code,

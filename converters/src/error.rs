@@ -12,6 +12,22 @@ pub enum ConvertError {
     /// A `_memory_viz.py` report cannot be rendered ([`crate::memviz`]).
     #[error(transparent)]
     Memviz(#[from] crate::memviz::MemvizError),
+    /// The snapshot's analysis (replay, curves) failed while exporting.
+    #[error(transparent)]
+    Analysis(#[from] memsnap_analysis::AnalysisError),
+    /// Writing an export to a stream failed (see [`ConvertError::Io`] for files).
+    #[error("cannot write the output: {source}")]
+    Write {
+        #[source]
+        source: std::io::Error,
+    },
+    /// A trace (Chrome trace, torch.profiler, memory timeline) cannot be imported.
+    #[error("{}: {source}", path.display())]
+    Trace {
+        path: PathBuf,
+        #[source]
+        source: crate::torch::TraceError,
+    },
     /// A ROCm trace cannot be imported ([`crate::rocm`]).
     #[error(transparent)]
     Rocm(#[from] crate::rocm::RocmError),

@@ -8,17 +8,28 @@
 //! - **Imports** read another tool's recording into a [`Snapshot`]: [`open`] tells the input
 //!   apart by its content (never by its name) and falls back to memsnap's own readers
 //!   (pickle, msgpack, JSON; gzip/zstd), so every memsnap command opens every supported input.
+//!   [`torch`] imports torch.profiler traces (`[memory]` events), `export_memory_timeline`
+//!   outputs and memsnap's own Chrome export; [`open::import_path_with`] also returns what the
+//!   import found (rounded sizes, memory from before the window, ...).
 //!   [`rocm`] imports AMD ROCm allocation traces (rocprofv3 CSV/JSON, rocpd SQLite).
 //! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
-//!   PyTorch's `_memory_viz.py` text reports, byte for byte.
+//!   PyTorch's `_memory_viz.py` text reports, byte for byte; [`chrome`], a Chrome Trace Event
+//!   JSON for ui.perfetto.dev (counters, allocation lifetimes, steps), optionally merged into
+//!   a torch.profiler trace.
 //!
 //! Errors name the file and what is missing; bad input never panics.
 
+pub mod chrome;
 pub mod error;
 pub mod memviz;
 pub mod open;
 pub mod rocm;
+pub mod sniff;
+pub mod torch;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;
-pub use open::{open_bytes_with, open_path, open_path_with, Opened, Source};
+pub use open::{
+    import_bytes_with, import_path_with, open_bytes_with, open_path, open_path_with, Import,
+    Opened, Source,
+};

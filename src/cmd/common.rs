@@ -5,31 +5,36 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use memsnap_converters::{open_bytes_with, open_path_with, Source};
+use memsnap_converters::{ConvertError, Source};
 use memsnap_format::io::Progress;
 use memsnap_format::{Compression, Format, Snapshot};
 
-/// Reads a snapshot file (`-` is stdin), or another tool's recording the converters import
-/// (told apart by content), showing a progress bar on stderr when decoding takes over a
-/// second. A pickle file is decoded as it is read, never held in memory whole.
+/// Reads a snapshot file (`-` is stdin), showing a progress bar on stderr when decoding takes
+/// over a second. Any input `memsnap import` reads opens here too (by content, through
+/// `memsnap-converters`). A pickle file is decoded as it is read, never held in memory whole.
 pub fn load(path: &Path) -> Result<(Snapshot, Source)> {
     if path.as_os_str() == "-" {
         return decode(&read_input(path)?, path);
     }
-    with_progress(path, |progress| open_path_with(path, progress))
+    with_progress(path, |progress| {
+        memsnap_converters::open_path_with(path, progress)
+    })
 }
 
 /// Decodes the bytes of `path` (named in errors and on the progress bar), with a progress bar
 /// on stderr when decoding takes over a second.
 pub fn decode(bytes: &[u8], path: &Path) -> Result<(Snapshot, Source)> {
-    with_progress(path, |progress| open_bytes_with(bytes, progress))
+    with_progress(path, |progress| {
+        memsnap_converters::import_bytes_with(bytes, path, progress)
+            .map(|import| (import.snapshot, import.source))
+    })
 }
 
 /// Runs a decoder with a progress bar that appears when it takes over a second.
-fn with_progress(
+pub fn with_progress<T>(
     path: &Path,
-    decoder: impl FnOnce(Progress<'_>) -> memsnap_converters::Result<(Snapshot, Source)>,
-) -> Result<(Snapshot, Source)> {
+    decoder: impl FnOnce(Progress<'_>) -> memsnap_converters::Result<T>,
+) -> Result<T> {
     let started = Instant::now();
     let mut bar: Option<ProgressBar> = None;
     let mut progress = |done: u64, total: u64| {
@@ -53,11 +58,14 @@ fn with_progress(
         b.finish_and_clear();
     }
     match result {
-        Err(memsnap_converters::ConvertError::Format(memsnap_format::FormatError::Io {
-            source,
-            ..
-        })) => Err(anyhow::Error::new(source).context(format!("cannot read {}", path.display()))),
-        other => other.with_context(|| format!("cannot decode {}", path.display())),
+        Ok(value) => Ok(value),
+        Err(ConvertError::Format(memsnap_format::FormatError::Io { source, .. }))
+        | Err(ConvertError::Io { source, .. }) => {
+            Err(anyhow::Error::new(source).context(format!("cannot read {}", path.display())))
+        }
+        // These name the file already.
+        Err(e @ ConvertError::Trace { .. }) => Err(anyhow::Error::new(e)),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("cannot decode {}", path.display()))),
     }
 }
 

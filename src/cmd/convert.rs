@@ -33,7 +33,7 @@ pub struct Args {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum FormatArg {
+pub enum FormatArg {
     Pickle,
     Msgpack,
     Json,

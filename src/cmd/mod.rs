@@ -9,6 +9,7 @@ pub mod convert;
 pub mod demo;
 pub mod diff;
 pub mod export;
+pub mod import;
 pub mod info;
 pub mod memviz;
 pub mod plot;

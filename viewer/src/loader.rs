@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use egui::DroppedFileHandle;
 use memsnap_format::io::{read_bytes_observing, read_path_observing, Detected};
+use memsnap_converters::ConvertError;
 use memsnap_format::{Action, FormatError, Snapshot, TraceEntry};
 
 /// Where a snapshot comes from.
@@ -75,6 +76,10 @@ pub enum LoadError {
         #[source]
         source: FormatError,
     },
+    /// Another tool's format (a torch.profiler trace, ...) that cannot be imported; `what`
+    /// says what is missing.
+    #[error("{name}: {what}")]
+    Import { name: String, what: String },
     #[error("{name}: {what}")]
     Prepare { name: String, what: String },
     #[error("loading {name} was cancelled")]
@@ -364,34 +369,67 @@ pub fn load(
         in_use = preview.extend(entries, in_use);
         progress.set_preview(&preview);
     };
+    // memsnap's own pickle and msgpack are read as they stream in (with the preview); JSON
+    // and other tools' formats (torch.profiler traces, memory timelines) go through
+    // memsnap-converters, which tells them apart by content and reads them whole.
     let (decoded, file_bytes) = match input {
         Input::File(path) => {
             let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             progress.set(Stage::Decoding, 0, file_bytes);
-            (
-                read_path_observing(&path, &mut on_progress, Some(&mut observe)),
-                file_bytes,
-            )
+            let decoded = if memsnap_converters::open::is_own_binary(&path).unwrap_or(true) {
+                read_path_observing(&path, &mut on_progress, Some(&mut observe)).map_err(Into::into)
+            } else {
+                memsnap_converters::open_path_with(&path, &mut on_progress)
+                    .map(|(snapshot, source)| (snapshot, detected_of(source)))
+            };
+            (decoded, file_bytes)
         }
         Input::Memory(bytes) => {
             let file_bytes = bytes.len() as u64;
             progress.set(Stage::Decoding, 0, file_bytes);
-            (
-                read_bytes_observing(&bytes, &mut on_progress, Some(&mut observe)),
-                file_bytes,
-            )
+            let decoded = memsnap_format::Format::detect(&bytes)
+                .filter(|f| *f != memsnap_format::Format::Json)
+                .map(|_| {
+                    read_bytes_observing(&bytes, &mut on_progress, Some(&mut observe))
+                        .map_err(Into::into)
+                });
+            let decoded = match decoded {
+                Some(d) => d,
+                None => memsnap_converters::import_bytes_with(
+                    &bytes,
+                    Path::new(&name),
+                    &mut on_progress,
+                )
+                .map(|import| (import.snapshot, detected_of(import.source))),
+            };
+            (decoded, file_bytes)
         }
     };
     let (snapshot, detected) = match decoded {
         Ok(ok) => ok,
-        Err(FormatError::Cancelled) => return Err(LoadError::Cancelled { name }),
-        Err(FormatError::Io { path, source }) => {
+        Err(ConvertError::Format(FormatError::Cancelled)) => {
+            return Err(LoadError::Cancelled { name })
+        }
+        Err(ConvertError::Format(FormatError::Io { path, source }))
+        | Err(ConvertError::Io { path, source }) => {
             return Err(LoadError::Read {
                 name,
                 what: format!("{}: {source}", path.display()),
             })
         }
-        Err(source) => return Err(LoadError::Decode { name, source }),
+        Err(ConvertError::Format(source)) => return Err(LoadError::Decode { name, source }),
+        Err(ConvertError::Trace { source, .. }) => {
+            return Err(LoadError::Import {
+                name,
+                what: source.to_string(),
+            })
+        }
+        Err(other) => {
+            return Err(LoadError::Import {
+                name,
+                what: other.to_string(),
+            })
+        }
     };
     if cancel.load(Ordering::Relaxed) {
         return Err(LoadError::Cancelled { name });
@@ -404,6 +442,26 @@ pub fn load(
         file_bytes,
         decode_time: started.elapsed(),
     })
+}
+
+/// The encoding to show for an opened input: an imported one shows as JSON (what it was
+/// read from), with its compression.
+fn detected_of(source: memsnap_converters::Source) -> Detected {
+    use memsnap_converters::Source as S;
+    match source {
+        S::Snapshot(d) => d,
+        S::MemsnapChrome(compression)
+        | S::TorchProfiler(compression)
+        | S::MemoryTimelineRaw(compression)
+        | S::MemoryTimelinePlot(compression) => Detected {
+            format: memsnap_format::Format::Json,
+            compression,
+        },
+        _ => Detected {
+            format: memsnap_format::Format::Json,
+            compression: memsnap_format::Compression::None,
+        },
+    }
 }
 
 /// The demo run: `memsnap demo`'s transformer (memsnap-workload: 6 layers, hidden 1024, batch

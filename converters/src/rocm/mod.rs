@@ -221,6 +221,42 @@ impl Import {
     }
 }
 
+impl Import {
+    /// [`Import::into_single`] as [`crate::open`] returns it, the warnings in its report.
+    pub(crate) fn into_open_import(self) -> crate::open::Import {
+        use memsnap_format::Action;
+        let format = self.format;
+        let warnings = self.warnings.iter().map(ToString::to_string).collect();
+        let snapshot = self.into_single();
+        let devices = snapshot
+            .traces()
+            .iter()
+            .enumerate()
+            .filter(|(_, trace)| !trace.is_empty())
+            .map(|(device, trace)| crate::torch::DeviceReport {
+                device: device as i64,
+                entries: trace.len(),
+                allocs: trace.iter().filter(|e| e.action == Action::Alloc).count() as u64,
+                frees: trace
+                    .iter()
+                    .filter(|e| e.action == Action::FreeCompleted)
+                    .count() as u64,
+                ..Default::default()
+            })
+            .collect();
+        crate::open::Import {
+            snapshot,
+            source: crate::open::Source::Rocm(format),
+            report: Some(crate::torch::ImportReport {
+                format: format.name().to_string(),
+                rank: None,
+                devices,
+                warnings,
+            }),
+        }
+    }
+}
+
 /// Tells a ROCm input from its first bytes (at least the first 4 KiB of the file, or all
 /// of it when shorter); `None` when it is none of them.
 pub fn sniff(head: &[u8]) -> Option<RocmFormat> {

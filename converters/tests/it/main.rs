@@ -1,5 +1,6 @@
 //! memsnap-converters' integration tests (one binary; a module per converter).
 
+mod chrome;
 mod memviz;
 mod open;
 mod rocm;

@@ -20,6 +20,8 @@ mod profiles;
 #[command(after_help = "\
 Examples:
   memsnap export run.pickle --to chrome -o run.trace.json       open in ui.perfetto.dev
+  memsnap export run.pickle --to chrome --merge prof.json.gz -o both.json.gz
+                                              memory under the kernels of a torch.profiler trace
   memsnap export run.pickle --to flamegraph --at peak -o peak.svg
   memsnap export run.pickle --to pprof -o run.pb.gz             go tool pprof run.pb.gz
   memsnap export rank*.pickle --to parquet -o tables/           query with DuckDB")]
@@ -33,6 +35,17 @@ pub struct Args {
     /// File (or, for parquet, folder) to write.
     #[arg(short, long, value_name = "PATH")]
     pub output: PathBuf,
+    /// chrome: a torch.profiler trace (`.json` or `.json.gz`) to merge into: its events and
+    /// keys are kept, memsnap's are added in its time base.
+    #[arg(long, value_name = "TRACE")]
+    pub merge: Option<PathBuf>,
+    /// chrome: the rank, for row names and ids (default: the merged trace's
+    /// `distributedInfo.rank`, else none).
+    #[arg(long, value_name = "N")]
+    pub rank: Option<u32>,
+    /// chrome: do not detect training steps (no `phases` row; faster on huge traces).
+    #[arg(long)]
+    pub no_phases: bool,
 }
 
 /// The formats `memsnap export` writes.

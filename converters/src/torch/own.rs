@@ -1,0 +1,251 @@
+//! memsnap's own Chrome export back into a snapshot, exactly (see [`crate::chrome`]).
+
+use foldhash::HashMap;
+use serde::Deserialize;
+
+use memsnap_format::{Action, Annotation, Frame, FrameId, PyInt, Snapshot, TraceEntry, Value};
+
+use super::{micros_to_ns, DeviceReport, ImportReport, Imported, TraceDoc, TraceError};
+use crate::chrome::tid;
+
+/// `otherData.memsnap`.
+#[derive(Deserialize)]
+pub(crate) struct Meta {
+    version: u32,
+    #[serde(default)]
+    rank: Option<i64>,
+    #[serde(default)]
+    device_traces: Option<usize>,
+    #[serde(default)]
+    time_base: Option<i64>,
+    devices: Vec<MetaDevice>,
+    #[serde(default)]
+    frames: Vec<(String, serde_json::Value, String)>,
+    #[serde(default)]
+    stacks: Vec<Vec<u32>>,
+}
+
+#[derive(Deserialize)]
+struct MetaDevice {
+    device: i64,
+    pid: i64,
+    entries: usize,
+    #[serde(default)]
+    timed: bool,
+}
+
+/// A record: `[index, action, addr, size, stream, time_us, stack, device_free]`.
+type Record = (
+    usize,
+    String,
+    Option<u64>,
+    u64,
+    i64,
+    Option<i64>,
+    Option<u32>,
+    Option<u64>,
+);
+
+#[derive(Deserialize)]
+struct Carried {
+    #[serde(default)]
+    memsnap: Option<Vec<Record>>,
+}
+
+/// `otherData.memsnap` when the trace has it.
+pub(crate) fn meta(doc: &TraceDoc) -> Result<Option<Meta>, TraceError> {
+    let Some(raw) = &doc.other_data else {
+        return Ok(None);
+    };
+    #[derive(Deserialize)]
+    struct Other {
+        #[serde(default)]
+        memsnap: Option<Box<serde_json::value::RawValue>>,
+    }
+    let Ok(other) = serde_json::from_str::<Other>(raw.get()) else {
+        return Ok(None);
+    };
+    let Some(raw) = other.memsnap else {
+        return Ok(None);
+    };
+    serde_json::from_str(raw.get())
+        .map(Some)
+        .map_err(|e| TraceError::Own {
+            what: format!("otherData.memsnap: {e}"),
+        })
+}
+
+/// Rebuilds the snapshot memsnap exported.
+pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError> {
+    let own = |what: String| TraceError::Own { what };
+    if meta.version != crate::chrome::LAYOUT_VERSION {
+        return Err(own(format!(
+            "layout version {} (this memsnap reads {})",
+            meta.version,
+            crate::chrome::LAYOUT_VERSION
+        )));
+    }
+    let mut snapshot = Snapshot::default();
+    let frame_ids: Vec<FrameId> = meta
+        .frames
+        .iter()
+        .map(|(file, line, name)| {
+            let line = match line {
+                serde_json::Value::Number(n) => n
+                    .as_i64()
+                    .map(PyInt::from)
+                    .or_else(|| n.as_u64().map(PyInt::from)),
+                serde_json::Value::String(s) => PyInt::parse_decimal(s),
+                _ => None,
+            }
+            .unwrap_or_default();
+            snapshot
+                .frames
+                .intern(Frame::new(name.as_str(), file.as_str(), line))
+        })
+        .collect();
+    let mut stack_ids = Vec::with_capacity(meta.stacks.len());
+    for (i, stack) in meta.stacks.iter().enumerate() {
+        let frames = stack
+            .iter()
+            .map(|&f| frame_ids.get(f as usize).copied())
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| own(format!("stacks[{i}] names a frame that is not in frames")))?;
+        stack_ids.push(snapshot.stacks.intern(&frames));
+    }
+
+    let by_pid: HashMap<i64, usize> = meta
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.pid, i))
+        .collect();
+    let device_count = meta.device_traces.unwrap_or(0).max(
+        meta.devices
+            .iter()
+            .map(|d| d.device as usize + 1)
+            .max()
+            .unwrap_or(0),
+    );
+    let mut slots: Vec<Vec<Option<TraceEntry>>> =
+        meta.devices.iter().map(|d| vec![None; d.entries]).collect();
+    let mut annotations = Vec::new();
+    for (index, event) in doc.events.iter().enumerate() {
+        let Some(pid) = event.pid.as_ref().and_then(|p| p.as_i64()) else {
+            continue;
+        };
+        let Some(&d) = by_pid.get(&pid) else { continue };
+        let ph = event.ph.as_deref().unwrap_or("");
+        if matches!(ph, "B" | "E")
+            && event.tid.as_ref().and_then(|t| t.as_i64()) == Some(tid::ANNOTATIONS)
+        {
+            if let Some(ns) = event.ts.as_ref().and_then(micros_to_ns) {
+                let ns = ns + i128::from(meta.time_base.unwrap_or(0));
+                let stage = if ph == "B" { "START" } else { "END" };
+                annotations.push((
+                    ns,
+                    index,
+                    Annotation {
+                        metadata: vec![
+                            ("stage".into(), Value::Str(stage.into())),
+                            (
+                                "name".into(),
+                                Value::Str(event.name.clone().unwrap_or_default()),
+                            ),
+                        ],
+                        device: meta.devices[d].device,
+                        time_us: i64::try_from(ns.div_euclid(1000)).unwrap_or(i64::MAX),
+                        extra: Vec::new(),
+                        exact: Default::default(),
+                    },
+                ));
+            }
+            continue;
+        }
+        let Some(args) = &event.args else { continue };
+        let Ok(carried) = serde_json::from_str::<Carried>(args.get()) else {
+            continue;
+        };
+        for (i, action, addr, size, stream, time_us, stack, device_free) in
+            carried.memsnap.into_iter().flatten()
+        {
+            let bad = |what: &str| own(format!("traceEvents[{index}]: entry {i}: {what}"));
+            let slot = slots[d]
+                .get_mut(i)
+                .ok_or_else(|| bad("index beyond the device's entry count"))?;
+            if slot.is_some() {
+                return Err(bad("carried twice"));
+            }
+            let action = Action::from_name(&action)
+                .unwrap_or_else(|| Action::Other(snapshot.strings.intern(&action)));
+            let mut entry = TraceEntry::new(action, addr.unwrap_or(0), size, stream);
+            entry.time_us = time_us;
+            entry.frames = match stack {
+                Some(s) => Some(
+                    *stack_ids
+                        .get(s as usize)
+                        .ok_or_else(|| bad("stack id not in stacks"))?,
+                ),
+                None => None,
+            };
+            if addr.is_none() {
+                entry.rare_mut().no_addr = true;
+            }
+            if device_free.is_some() {
+                entry.rare_mut().device_free = device_free;
+            }
+            *slot = Some(entry);
+        }
+    }
+
+    let mut traces = vec![Vec::new(); device_count];
+    let mut report = ImportReport {
+        format: "memsnap Chrome trace export".into(),
+        rank: meta.rank,
+        ..ImportReport::default()
+    };
+    for (d, slots) in slots.into_iter().enumerate() {
+        let device = meta.devices[d].device;
+        let entries: Vec<TraceEntry> = slots
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| e.ok_or_else(|| own(format!("device {device}: entry {i} is missing"))))
+            .collect::<Result<_, _>>()?;
+        let mut stats = DeviceReport {
+            device,
+            entries: entries.len(),
+            ..DeviceReport::default()
+        };
+        for e in &entries {
+            match e.action {
+                Action::Alloc => {
+                    stats.allocs += 1;
+                    stats.with_stack += u64::from(e.frames.is_some());
+                }
+                Action::FreeRequested | Action::Free => stats.frees += 1,
+                Action::Oom => stats.ooms += 1,
+                _ => {}
+            }
+        }
+        if !meta.devices[d].timed && !entries.is_empty() {
+            report
+                .warnings
+                .push(format!("device {device}: the trace has no times"));
+        }
+        if let Some(slot) = usize::try_from(device).ok().and_then(|i| traces.get_mut(i)) {
+            *slot = entries;
+        }
+        report.devices.push(stats);
+    }
+    snapshot.device_traces = meta.device_traces.map(|_| traces);
+    if !annotations.is_empty() {
+        annotations.sort_by_key(|(ns, index, _)| (*ns, *index));
+        snapshot.external_annotations = Some(annotations.into_iter().map(|(_, _, a)| a).collect());
+    }
+    report.warnings.push(
+        "segments (the allocator's final state) are not part of the export: the imported \
+         snapshot has the traces only"
+            .into(),
+    );
+    Ok(Imported { snapshot, report })
+}

@@ -1,0 +1,688 @@
+//! Chrome trace export, merge, and the imports (memsnap's own export, torch.profiler,
+//! export_memory_timeline), checked against values computed here from the inputs.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use memsnap_converters::chrome::{self, ChromeOptions};
+use memsnap_converters::{open_path, ConvertError, Source};
+use memsnap_format::{Action, Snapshot, TraceEntry};
+use memsnap_workload::{generate, TrainingRun};
+use serde_json::Value;
+
+fn export(snapshot: &Snapshot, options: &ChromeOptions) -> Vec<u8> {
+    let mut out = Vec::new();
+    chrome::write_trace(snapshot, options, &mut out).expect("export");
+    out
+}
+
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).expect("gzip");
+    e.finish().expect("gzip")
+}
+
+/// An entry with its frames resolved (ids differ between snapshots).
+type Resolved = (
+    String,
+    Option<u64>,
+    u64,
+    i64,
+    Option<i64>,
+    Vec<(String, String, String)>,
+);
+
+fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
+    snapshot
+        .traces()
+        .iter()
+        .map(|trace| {
+            trace
+                .iter()
+                .map(|e: &TraceEntry| {
+                    let frames = e
+                        .frames
+                        .map(|s| {
+                            snapshot
+                                .stack_frames(s)
+                                .map(|f| (f.filename.clone(), f.line.to_string(), f.name.clone()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    (
+                        e.action.name(&snapshot.strings).to_string(),
+                        e.has_addr().then_some(e.addr),
+                        e.size,
+                        e.stream,
+                        e.time_us,
+                        frames,
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn events(json: &Value) -> &Vec<Value> {
+    json["traceEvents"].as_array().expect("traceEvents array")
+}
+
+/// Checks what any viewer needs: every `b` has its `e` on the same lane, and the slices of a
+/// lane never overlap (Perfetto drops mis-nested async slices).
+fn assert_lanes_do_not_overlap(json: &Value) {
+    let mut lanes: BTreeMap<(i64, String, i64), Vec<(i64, i64)>> = BTreeMap::new();
+    let mut open: BTreeMap<(i64, String, i64), Vec<i64>> = BTreeMap::new();
+    for e in events(json) {
+        let ph = e["ph"].as_str().unwrap_or("");
+        if ph != "b" && ph != "e" {
+            continue;
+        }
+        let key = (
+            e["pid"].as_i64().unwrap(),
+            e["cat"].as_str().unwrap().to_string(),
+            e["id2"]["local"].as_i64().unwrap(),
+        );
+        let ts = e["ts"].as_i64().unwrap();
+        if ph == "b" {
+            open.entry(key).or_default().push(ts);
+        } else {
+            let start = open
+                .get_mut(&key)
+                .and_then(Vec::pop)
+                .expect("e after its b");
+            assert!(ts >= start);
+            lanes.entry(key).or_default().push((start, ts));
+        }
+    }
+    assert!(open.values().all(Vec::is_empty), "every b has its e");
+    for (key, mut slices) in lanes {
+        slices.sort();
+        for w in slices.windows(2) {
+            assert!(
+                w[0].1 < w[1].0,
+                "lane {key:?}: {:?} overlaps {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+}
+
+/// The last value of each counter per pid.
+fn last_counters(json: &Value) -> BTreeMap<(i64, String), (i64, u64)> {
+    let mut last: BTreeMap<(i64, String), (i64, u64)> = BTreeMap::new();
+    for e in events(json).iter().filter(|e| e["ph"] == "C") {
+        let key = (
+            e["pid"].as_i64().unwrap(),
+            e["name"].as_str().unwrap().to_string(),
+        );
+        let ts = e["ts"].as_i64().unwrap();
+        let bytes = e["args"]["bytes"].as_u64().unwrap();
+        let slot = last.entry(key).or_insert((ts, bytes));
+        if ts >= slot.0 {
+            *slot = (ts, bytes);
+        }
+    }
+    last
+}
+
+#[test]
+fn a_generated_run_round_trips_through_the_chrome_export() {
+    let run = TrainingRun {
+        devices: 2,
+        steps: 3,
+        ..TrainingRun::default()
+    };
+    let (snapshot, _) = generate(&run);
+    let bytes = export(&snapshot, &ChromeOptions::default().with_rank(Some(3)));
+    let json: Value = serde_json::from_slice(&bytes).expect("valid JSON");
+    assert_lanes_do_not_overlap(&json);
+
+    // Rows: one process per device, named, with the spec's pid.
+    for device in 0..2i64 {
+        let pid = 1_000_000_000 + 3 * 1000 + device;
+        let name = events(&json)
+            .iter()
+            .find(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == pid)
+            .expect("process_name");
+        assert_eq!(
+            name["args"]["name"],
+            format!("memsnap GPU {device} (rank 3)")
+        );
+        // The allocated counter ends at the bytes alloc'ed and not free_requested, summed here.
+        let trace = &snapshot.traces()[device as usize];
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+        for e in trace {
+            match e.action {
+                Action::Alloc => {
+                    live.insert(e.addr, e.size);
+                }
+                Action::FreeRequested => {
+                    live.remove(&e.addr);
+                }
+                _ => {}
+            }
+        }
+        let counters = last_counters(&json);
+        assert_eq!(
+            counters[&(pid, "allocated".to_string())].1,
+            live.values().sum::<u64>()
+        );
+        assert!(counters.contains_key(&(pid, "active".to_string())));
+        assert!(counters.contains_key(&(pid, "reserved".to_string())));
+        // Phases: the workload's steps have forward, backward and optimizer.
+        let phases: Vec<&str> = events(&json)
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == pid)
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        for kind in ["forward", "backward", "optimizer"] {
+            assert_eq!(
+                phases.iter().filter(|p| **p == kind).count(),
+                3,
+                "{kind} once per step: {phases:?}"
+            );
+        }
+        // One allocation slice per alloc in the trace.
+        let allocs = trace.iter().filter(|e| e.action == Action::Alloc).count();
+        let slices = events(&json)
+            .iter()
+            .filter(|e| e["ph"] == "b" && e["cat"] == "memsnap.alloc" && e["pid"] == pid)
+            .count();
+        assert_eq!(slices, allocs);
+    }
+    assert_eq!(
+        json["otherData"]["memsnap"]["ranks"],
+        serde_json::json!([3])
+    );
+
+    // The import gives back every entry exactly.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "run.trace.json", &bytes);
+    let (back, source) = open_path(&path).expect("import");
+    assert!(matches!(source, Source::MemsnapChrome(_)), "{source:?}");
+    assert_eq!(resolved(&back), resolved(&snapshot));
+    assert_eq!(
+        back.external_annotations.as_ref().map(Vec::len),
+        snapshot.external_annotations.as_ref().map(Vec::len)
+    );
+}
+
+#[test]
+fn a_gzipped_export_opens_and_a_bounded_history_round_trips() {
+    // A ring buffer: frees of blocks allocated before the window.
+    let run = TrainingRun {
+        steps: 4,
+        max_entries: Some(300),
+        ..TrainingRun::default()
+    };
+    let (snapshot, _) = generate(&run);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.trace.json.gz");
+    let summary = chrome::export_path(&snapshot, &ChromeOptions::default(), &path).expect("export");
+    assert_eq!(summary.devices.len(), 1);
+    assert_eq!(&std::fs::read(&path).unwrap()[..2], &[0x1f, 0x8b]);
+    let (back, source) = open_path(&path).expect("import");
+    assert_eq!(
+        source,
+        Source::MemsnapChrome(memsnap_format::Compression::Gzip)
+    );
+    assert_eq!(resolved(&back), resolved(&snapshot));
+}
+
+#[test]
+fn a_trace_without_times_uses_the_entry_index_and_round_trips() {
+    let run = TrainingRun {
+        steps: 2,
+        with_time: false,
+        with_annotations: false,
+        ..TrainingRun::default()
+    };
+    let (snapshot, _) = generate(&run);
+    let bytes = export(&snapshot, &ChromeOptions::default());
+    let json: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(json["otherData"]["memsnap"]["devices"][0]["timed"], false);
+    let max_ts = events(&json)
+        .iter()
+        .filter_map(|e| e["ts"].as_i64())
+        .max()
+        .unwrap();
+    assert_eq!(max_ts as usize, snapshot.traces()[0].len() - 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (back, _) = open_path(&write_file(dir.path(), "t.json", &bytes)).unwrap();
+    assert_eq!(resolved(&back), resolved(&snapshot));
+}
+
+const BASE_NS: i64 = 1_700_000_000_000_000_000;
+
+/// A torch.profiler trace as Kineto writes it (PyTorch ≥ 2.4 with `base`, else epoch µs `ts`):
+/// enclosing Python and op slices on the thread, GPU `[memory]` events (a 2 MiB block with
+/// 1024 bytes live before the profile, a free of a block from before the profile, an OOM),
+/// a CPU event to skip and a HIP device 1 event.
+fn torch_trace(with_base: bool) -> String {
+    let ts = |us: i64| -> String {
+        if with_base {
+            format!("{}.000", us)
+        } else {
+            (BASE_NS / 1000 + us).to_string()
+        }
+    };
+    let mem = |t: i64, addr: i64, bytes: i64, total: i64, dev_type: i64, dev: i64, idx: i64| {
+        format!(
+            r#"{{"ph":"i","cat":"cpu_instant_event","s":"t","name":"[memory]","pid":4242,"tid":4242,"ts":{},
+            "args":{{"Total Reserved":20971520,"Total Allocated":{total},"Bytes":{bytes},"Addr":{addr},
+            "Device Id":{dev},"Device Type":{dev_type},"Ev Idx":{idx}}}}}"#,
+            ts(t)
+        )
+    };
+    let x = |cat: &str, name: &str, t: i64, dur: i64| {
+        format!(
+            r#"{{"ph":"X","cat":"{cat}","name":"{name}","pid":4242,"tid":4242,"ts":{},"dur":{dur}}}"#,
+            ts(t)
+        )
+    };
+    let events = [
+        x("python_function", "train.py(10): step", 100, 1000),
+        x("python_function", "model.py(42): forward", 150, 300),
+        x("cpu_op", "aten::empty", 200, 10),
+        // Not enclosing (another thread's op).
+        r#"{"ph":"X","cat":"cpu_op","name":"aten::other","pid":4242,"tid":7,"ts":"0","dur":100000}"#
+            .replace("\"0\"", &ts(0)),
+        mem(205, 139888158572544, 2097152, 2097152 + 1024, 1, 0, 1),
+        mem(300, 4096, 64, 64, 0, -1, 2),
+        mem(500, 139888160669696, -512, 2097152 + 512, 1, 0, 3),
+        mem(900, 139888158572544, -2097152, 512, 1, 0, 4),
+        mem(905, 139888158572544, 1024, 1024, 6, 1, 5),
+        format!(
+            r#"{{"ph":"i","cat":"cpu_instant_event","s":"t","name":"[OutOfMemory]","pid":4242,"tid":4242,"ts":{},
+            "args":{{"Device Type":1,"Device Id":0,"Bytes":8589934592,"Total Allocated":512,"Total Reserved":20971520}}}}"#,
+            ts(950)
+        ),
+    ];
+    let base = if with_base {
+        format!(r#""baseTimeNanoseconds": {BASE_NS},"#)
+    } else {
+        String::new()
+    };
+    format!(
+        r#"{{"schemaVersion": 1, "deviceProperties": [{{"id": 0, "name": "NVIDIA H100"}}],
+        "distributedInfo": {{"backend": "nccl", "rank": 5, "world_size": 8}},
+        {base} "traceEvents": [{}], "traceName": "x"}}"#,
+        events.join(",\n")
+    )
+}
+
+#[test]
+fn a_torch_profiler_trace_imports_to_the_expected_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = |us: i64| Some(BASE_NS / 1000 + us);
+    let frames = vec![
+        ("".to_string(), "0".to_string(), "aten::empty".to_string()),
+        (
+            "model.py".to_string(),
+            "42".to_string(),
+            "forward".to_string(),
+        ),
+        ("train.py".to_string(), "10".to_string(), "step".to_string()),
+    ];
+    let big = 139888158572544u64;
+    let old = 139888160669696u64;
+    let expected_device_0: Vec<Resolved> = vec![
+        ("alloc".into(), Some(old), 512, 0, t(205), vec![]),
+        (
+            "alloc".into(),
+            Some(big),
+            2097152,
+            0,
+            t(205),
+            frames.clone(),
+        ),
+        (
+            "free_requested".into(),
+            Some(old),
+            512,
+            0,
+            t(500),
+            frames[2..].to_vec(),
+        ),
+        (
+            "free_completed".into(),
+            Some(old),
+            512,
+            0,
+            t(500),
+            frames[2..].to_vec(),
+        ),
+        (
+            "free_requested".into(),
+            Some(big),
+            2097152,
+            0,
+            t(900),
+            frames[2..].to_vec(),
+        ),
+        (
+            "free_completed".into(),
+            Some(big),
+            2097152,
+            0,
+            t(900),
+            frames[2..].to_vec(),
+        ),
+        (
+            "oom".into(),
+            None,
+            8589934592,
+            0,
+            t(950),
+            frames[2..].to_vec(),
+        ),
+    ];
+    for with_base in [true, false] {
+        let text = torch_trace(with_base);
+        for (name, bytes) in [
+            ("prof.pt.trace.json", text.as_bytes().to_vec()),
+            ("prof.pt.trace.json.gz", gzip(text.as_bytes())),
+        ] {
+            let path = write_file(dir.path(), name, &bytes);
+            let import = memsnap_converters::import_path_with(&path, &mut |_, _| true)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(matches!(import.source, Source::TorchProfiler(_)));
+            let traces = resolved(&import.snapshot);
+            assert_eq!(traces.len(), 2, "devices 0 and 1 (HIP)");
+            assert_eq!(traces[0], expected_device_0, "base {with_base}");
+            assert_eq!(traces[1].len(), 1);
+            assert_eq!(traces[1][0].2, 1024);
+            let report = import.report.expect("report");
+            assert_eq!(report.rank, Some(5));
+            let notes = report.warnings.join("\n");
+            assert!(notes.contains("rounded"), "{notes}");
+            assert!(
+                notes.contains("1 frees of blocks allocated before the profile (512 bytes)"),
+                "{notes}"
+            );
+            // 1024 live before; the early free explains 512.
+            assert!(
+                notes.contains("512 bytes were live before the profile"),
+                "{notes}"
+            );
+            assert!(notes.contains("1 CPU memory events"), "{notes}");
+            assert_eq!(report.devices[0].with_stack, 1);
+            assert_eq!(report.devices[0].ooms, 1);
+        }
+    }
+}
+
+#[test]
+fn bad_traces_name_the_file_and_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        (
+            "no_memory.json",
+            br#"{"traceEvents": [{"ph": "X", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}"#.to_vec(),
+            "no [memory] events among the trace's 1 events: record with torch.profiler.profile(profile_memory=True)",
+        ),
+        (
+            "truncated.json",
+            torch_trace(true).as_bytes()[..600].to_vec(),
+            "the file ends too early: truncated?",
+        ),
+        (
+            "timeline.html",
+            b"<html>\n<head><meta charset=\"utf-8\" />\n<title>GPU Memory Timeline HTML</title></head>\n<body><img src=\"data:image/png;base64,AAAA\"></body></html>".to_vec(),
+            "re-export with a .raw.json.gz path",
+        ),
+        (
+            "old.json",
+            br#"{"traceEvents": [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512}}]}"#.to_vec(),
+            "no Addr (a PyTorch 1.8-era trace)",
+        ),
+        (
+            "bad_timeline.raw.json",
+            b"[[1, 2, 512, 3], [2, 9, 512, 3]]".to_vec(),
+            "row 1: action 9 is not 1..=4",
+        ),
+    ];
+    for (name, bytes, expected) in cases {
+        let path = write_file(dir.path(), name, &bytes);
+        let err = open_path(&path).expect_err(name);
+        assert!(matches!(err, ConvertError::Trace { .. }), "{name}: {err:?}");
+        let text = err.to_string();
+        assert!(text.contains(name), "{text}");
+        assert!(text.contains(expected), "{name}: {text}");
+    }
+}
+
+#[test]
+fn memory_timeline_raw_events_import_with_synthetic_blocks() {
+    // PREEXISTING (t = -1) parameter, an activation created, its version bumped (category
+    // change), a temporary created and destroyed, then the activation destroyed.
+    let t0 = 1_700_000_000_000_000_000i64;
+    let rows = format!(
+        "[[-1, 1, 4096, 0], [{a}, 2, 1024, 4], [{b}, 3, -1024, 4], [{b}, 3, 1024, 5], \
+         [{c}, 2, 512, 3], [{d}, 4, -512, 3], [{e}, 4, -1024, 5]]",
+        a = t0 + 1000,
+        b = t0 + 2000,
+        c = t0 + 3000,
+        d = t0 + 4000,
+        e = t0 + 5000
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "tl.raw.json.gz", &gzip(rows.as_bytes()));
+    let import = memsnap_converters::import_path_with(&path, &mut |_, _| true).expect("import");
+    assert_eq!(
+        import.source,
+        Source::MemoryTimelineRaw(memsnap_format::Compression::Gzip)
+    );
+    let trace = &import.snapshot.traces()[0];
+    let summary: Vec<(&str, u64, Option<i64>)> = trace
+        .iter()
+        .map(|e| (e.action.name(&import.snapshot.strings), e.size, e.time_us))
+        .collect();
+    let us = t0 / 1000;
+    assert_eq!(
+        summary,
+        vec![
+            ("alloc", 4096, Some(us + 1)),
+            ("alloc", 1024, Some(us + 1)),
+            ("alloc", 512, Some(us + 3)),
+            ("free_requested", 512, Some(us + 4)),
+            ("free_completed", 512, Some(us + 4)),
+            ("free_requested", 1024, Some(us + 5)),
+            ("free_completed", 1024, Some(us + 5)),
+        ]
+    );
+    // Distinct addresses; each free closes its own block; categories as frames.
+    assert_eq!(trace[2].addr, trace[3].addr);
+    assert_eq!(trace[1].addr, trace[5].addr);
+    assert_ne!(trace[0].addr, trace[1].addr);
+    let category = |e: &TraceEntry| {
+        import
+            .snapshot
+            .stack_frames(e.frames.unwrap())
+            .next()
+            .unwrap()
+            .name
+            .clone()
+    };
+    assert_eq!(category(&trace[0]), "PARAMETER");
+    assert_eq!(category(&trace[2]), "TEMPORARY");
+}
+
+#[test]
+fn memory_timeline_plot_data_keeps_each_categorys_total() {
+    // µs times; 9 values per row (index 0 unused, k+1 = category k).
+    let text = "[[1700000000000001, 1700000000000002, 1700000000000003], \
+                [[0, 4096, 0, 0, 0, 1024, 0, 0, 0], [0, 4096, 0, 0, 512, 3072, 0, 0, 0], \
+                 [0, 4096, 0, 0, 0, 2048, 0, 0, 0]]]";
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "tl.json", text.as_bytes());
+    let (snapshot, source) = open_path(&path).expect("import");
+    assert!(matches!(source, Source::MemoryTimelinePlot(_)));
+    // Live bytes after each time, from the entries.
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut totals = BTreeMap::new();
+    for e in &snapshot.traces()[0] {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, e.size);
+            }
+            Action::FreeCompleted => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+        totals.insert(e.time_us.unwrap(), live.values().sum::<u64>());
+    }
+    assert_eq!(
+        totals.into_values().collect::<Vec<_>>(),
+        vec![4096 + 1024, 4096 + 512 + 3072, 4096 + 2048]
+    );
+}
+
+#[test]
+fn merging_keeps_the_torch_trace_and_reports_the_clock_offset() {
+    let run = TrainingRun {
+        steps: 2,
+        ..TrainingRun::default()
+    };
+    let (snapshot, _) = generate(&run);
+    let trace = &snapshot.traces()[0];
+    let first_us = trace.iter().find_map(|e| e.time_us).unwrap();
+    // A torch trace whose [memory] allocs are the snapshot's, seen 2 µs later.
+    let base_ns = (first_us - 5_000_000) * 1000;
+    for with_base in [true, false] {
+        let mut torch_events = vec![
+            r#"{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":1.5,"dur":3}"#
+                .to_string(),
+        ];
+        for (i, e) in trace
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Alloc)
+        {
+            let t = e.time_us.unwrap() + 2;
+            let ts = if with_base {
+                format!("{}.000", t - base_ns / 1000)
+            } else {
+                t.to_string()
+            };
+            torch_events.push(format!(
+                r#"{{"ph":"i","name":"[memory]","pid":9,"tid":9,"ts":{ts},"args":{{"Device Type":1,"Device Id":0,"Addr":{},"Bytes":{},"Total Allocated":0,"Total Reserved":0,"Ev Idx":{i}}}}}"#,
+                e.addr,
+                e.size.div_ceil(512) * 512
+            ));
+        }
+        let base = if with_base {
+            format!(r#""baseTimeNanoseconds":{base_ns},"#)
+        } else {
+            String::new()
+        };
+        let torch = format!(
+            r#"{{"schemaVersion":1,"deviceProperties":[{{"id":0}}],{base}"traceEvents":[{}],"traceName":"t"}}"#,
+            torch_events.join(",")
+        );
+        let mut out = Vec::new();
+        let report = chrome::merge_write(
+            &snapshot,
+            &ChromeOptions::default(),
+            torch.as_bytes(),
+            Path::new("torch.json"),
+            &mut out,
+        )
+        .expect("merge");
+        assert_eq!(report.median_offset_us, Some(2.0));
+        let allocs = trace.iter().filter(|e| e.action == Action::Alloc).count();
+        assert_eq!((report.torch_allocations, report.matched), (allocs, allocs));
+        let json: Value = serde_json::from_slice(&out).expect("valid JSON");
+        assert_eq!(json["schemaVersion"], 1);
+        assert_eq!(json["traceName"], "t");
+        assert_eq!(json["deviceProperties"][0]["id"], 0);
+        let all = events(&json);
+        assert_eq!(all.len() as u64, 1 + allocs as u64 + report.memsnap_events);
+        assert_eq!(all[0]["name"], "gemm");
+        // memsnap's first alloc slice sits at its time in the torch time base.
+        let b = all
+            .iter()
+            .find(|e| e["ph"] == "b" && e["cat"] == "memsnap.alloc")
+            .unwrap();
+        let first_alloc = trace.iter().find(|e| e.action == Action::Alloc).unwrap();
+        let expected = if with_base {
+            (first_alloc.time_us.unwrap() - base_ns / 1000) as f64
+        } else {
+            first_alloc.time_us.unwrap() as f64
+        };
+        assert_eq!(b["ts"].as_f64().unwrap(), expected);
+        // Read back, memsnap's entries come back exactly (not torch's rounded ones).
+        let dir = tempfile::tempdir().unwrap();
+        let (back, source) = open_path(&write_file(dir.path(), "merged.json", &out)).unwrap();
+        assert!(matches!(source, Source::MemsnapChrome(_)));
+        assert_eq!(resolved(&back), resolved(&snapshot));
+    }
+}
+
+#[test]
+fn every_real_snapshot_exports_and_round_trips() {
+    let Some(dir) = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS").map(PathBuf::from) else {
+        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
+        return;
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 15, "{} files", files.len());
+    let out_dir = tempfile::tempdir().unwrap();
+    for file in files {
+        let (snapshot, _) = open_path(&file).expect("read");
+        let bytes = export(&snapshot, &ChromeOptions::default());
+        let json: Value =
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_lanes_do_not_overlap(&json);
+        let counters = last_counters(&json);
+        let devices = memsnap_analysis::DeviceTimeline::devices(&snapshot);
+        for d in &devices {
+            for name in ["allocated", "active", "reserved"] {
+                assert!(
+                    counters.contains_key(&(1_000_000_000 + d, name.to_string())),
+                    "{}: device {d} has no {name} counter",
+                    file.display()
+                );
+            }
+        }
+        // The final reserved bytes are the segments' (every real file ends in its segments).
+        for d in &devices {
+            let reserved: u64 = snapshot
+                .segments
+                .iter()
+                .filter(|s| s.device == *d)
+                .map(|s| s.total_size)
+                .sum();
+            let last = counters[&(1_000_000_000 + d, "reserved".to_string())].1;
+            if snapshot
+                .traces()
+                .get(*d as usize)
+                .is_none_or(|t| t.is_empty())
+            {
+                assert_eq!(last, reserved, "{} device {d}", file.display());
+            }
+        }
+        let path = write_file(out_dir.path(), "real.json", &bytes);
+        let (back, _) = open_path(&path).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_eq!(
+            resolved(&back),
+            resolved(&snapshot),
+            "{} round trip",
+            file.display()
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! `memsnap import`: turn another tool's recording into a snapshot file.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use memsnap_format::{Compression, Format};
+
+use super::common;
+
+/// Import another tool's memory recording as a PyTorch memory snapshot.
+///
+/// Reads, by content: torch.profiler Chrome traces recorded with `profile_memory=True`
+/// (`.json`, `.json.gz`; their `[memory]` events), `export_memory_timeline` outputs
+/// (`.raw.json.gz` raw events, or the plot data), and memsnap's own `export --to chrome`
+/// (exactly). Writes a snapshot every memsnap command, the viewer and PyTorch's
+/// `_memory_viz.py` read. The output format comes from `--to`, else from the name
+/// (`.pickle`, `.msgpack`, `.json`; `.gz`/`.zst` compress); it is written atomically.
+///
+/// Every memsnap command also opens these inputs directly (`memsnap summary trace.json`):
+/// importing once saves the conversion each time and shows what the import could not know.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Examples:
+  memsnap import prof.pt.trace.json.gz -o prof.pickle       torch.profiler, profile_memory=True
+  memsnap import timeline.raw.json.gz -o timeline.pickle    export_memory_timeline raw events
+  memsnap import run.trace.json -o run.msgpack.zst          memsnap's own chrome export, back
+
+What the import cannot know is printed: torch.profiler reports the allocator's rounded block
+sizes (not the requested sizes) and no streams; blocks freed in the profile but allocated
+before it start at its beginning; memory live before it and never freed is counted but has
+no block.")]
+pub struct Args {
+    /// The recording to import (`-` reads stdin).
+    input: PathBuf,
+    /// Snapshot file to write.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Output format (default: from the output file name).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    to: Option<super::convert::FormatArg>,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let format = match args.to.map(Format::from).or_else(|| Format::from_path(&args.output)) {
+        Some(f) => f,
+        None => bail!(
+            "cannot tell the output format from the name {}: use --to pickle|msgpack|json, or end the name in .pickle, .msgpack or .json",
+            args.output.display()
+        ),
+    };
+    let import = if args.input.as_os_str() == "-" {
+        let bytes = common::read_input(&args.input)?;
+        common::with_progress(&args.input, |progress| {
+            memsnap_converters::import_bytes_with(&bytes, &args.input, progress)
+        })?
+    } else {
+        common::with_progress(&args.input, |progress| {
+            memsnap_converters::import_path_with(&args.input, progress)
+        })?
+    };
+    let written = memsnap_format::write_path(&args.output, &import.snapshot, Some(format))
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    let bytes = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    outln!(
+        "{} ({}) -> {} ({}, {})",
+        args.input.display(),
+        import.source.describe(),
+        args.output.display(),
+        common::describe_encoding(written, Compression::from_path(&args.output)),
+        common::format_size(bytes)
+    );
+    match &import.report {
+        None => outln!("  a memsnap snapshot already: rewritten as is (memsnap convert does this)"),
+        Some(report) => {
+            if let Some(rank) = report.rank {
+                outln!("  rank {rank}");
+            }
+            for d in &report.devices {
+                outln!(
+                    "  device {}: {} trace entries: {} allocs ({} with a stack), {} frees, {} OOMs",
+                    d.device,
+                    d.entries,
+                    d.allocs,
+                    d.with_stack,
+                    d.frees,
+                    d.ooms
+                );
+            }
+            for w in &report.warnings {
+                outln!("  note: {w}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
