@@ -12,8 +12,10 @@ use super::common;
 ///
 /// Reads, by content: torch.profiler Chrome traces recorded with `profile_memory=True`
 /// (`.json`, `.json.gz`; their `[memory]` events), `export_memory_timeline` outputs
-/// (`.raw.json.gz` raw events, or the plot data), and memsnap's own `export --to chrome`
-/// (exactly). Writes a snapshot every memsnap command, the viewer and PyTorch's
+/// (`.raw.json.gz` raw events, or the plot data), memsnap's own `export --to chrome`
+/// (exactly), and AMD ROCm allocation traces (`rocprofv3 --memory-allocation-trace`: the rocpd
+/// `.db`, the CSV with its `agent_info.csv`, the JSON; several processes side by side as
+/// devices, named in the producer). Writes a snapshot every memsnap command, the viewer and PyTorch's
 /// `_memory_viz.py` read. The output format comes from `--to`, else from the name
 /// (`.pickle`, `.msgpack`, `.json`; `.gz`/`.zst` compress); it is written atomically.
 ///
@@ -25,6 +27,7 @@ Examples:
   memsnap import prof.pt.trace.json.gz -o prof.pickle       torch.profiler, profile_memory=True
   memsnap import timeline.raw.json.gz -o timeline.pickle    export_memory_timeline raw events
   memsnap import run.trace.json -o run.msgpack.zst          memsnap's own chrome export, back
+  memsnap import host1/4242_results.db -o rocm.pickle       rocprofv3 (rocpd, CSV or JSON)
 
 What the import cannot know is printed: torch.profiler reports the allocator's rounded block
 sizes (not the requested sizes) and no streams; blocks freed in the profile but allocated

@@ -87,3 +87,31 @@ fn a_database_without_the_tables_exits_2_naming_file_and_table() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn import_writes_a_snapshot_and_prints_what_it_skipped() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // `Agent 2` without the agent_info.csv: taken as GPU 2, with a note.
+    let csv = tmp.path().join("7_memory_allocation_trace.csv");
+    std::fs::write(&csv, CSV.replace("\"GPU 0\"", "\"Agent 2\"")).expect("write");
+    let out_path = tmp.path().join("rocm.pickle");
+    let out = memsnap(&[
+        "import",
+        csv.to_str().expect("utf-8 path"),
+        "-o",
+        out_path.to_str().expect("utf-8 path"),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("(rocprofv3 CSV) ->"), "{stdout}");
+    assert!(
+        stdout.contains("device 2: 7 trace entries: 2 allocs (0 with a stack), 1 frees"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("note: ") && stdout.contains("no 7_agent_info.csv beside it"),
+        "{stdout}"
+    );
+    let (snapshot, _) = memsnap_format::read_path(&out_path).expect("read back");
+    assert_eq!(snapshot.traces()[2].len(), 7);
+}

@@ -126,7 +126,10 @@ impl fmt::Display for Warning {
                 "{}: no {} beside it: `Agent N` is taken as GPU N (CPU agents usually come \
                  first, so devices may be off by the CPU count)",
                 path.display(),
-                expected.display()
+                expected.file_name().map_or_else(
+                    || expected.display().to_string(),
+                    |n| n.to_string_lossy().into_owned()
+                )
             ),
             Warning::SkippedScratch { path, rows } => write!(
                 f,
