@@ -28,6 +28,9 @@ pub enum ConvertError {
         #[source]
         source: crate::torch::TraceError,
     },
+    /// A ROCm trace cannot be imported ([`crate::rocm`]).
+    #[error(transparent)]
+    Rocm(#[from] crate::rocm::RocmError),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

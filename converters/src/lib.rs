@@ -11,6 +11,7 @@
 //!   [`torch`] imports torch.profiler traces (`[memory]` events), `export_memory_timeline`
 //!   outputs and memsnap's own Chrome export; [`open::import_path_with`] also returns what the
 //!   import found (rounded sizes, memory from before the window, ...).
+//!   [`rocm`] imports AMD ROCm allocation traces (rocprofv3 CSV/JSON, rocpd SQLite).
 //! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
 //!   PyTorch's `_memory_viz.py` text reports, byte for byte; [`chrome`], a Chrome Trace Event
 //!   JSON for ui.perfetto.dev (counters, allocation lifetimes, steps), optionally merged into
@@ -24,6 +25,7 @@ pub mod memviz;
 pub mod open;
 pub mod sniff;
 pub mod torch;
+pub mod rocm;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;

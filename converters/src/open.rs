@@ -33,6 +33,8 @@ pub enum Source {
     MemoryTimelineRaw(Compression),
     /// `export_memory_timeline`'s plot data (`[times, sizes]`).
     MemoryTimelinePlot(Compression),
+    /// An AMD ROCm allocation trace ([`crate::rocm`]), all its processes in one snapshot.
+    Rocm(crate::rocm::RocmFormat),
 }
 
 fn with_compression(name: &str, c: Compression) -> String {
@@ -52,6 +54,7 @@ impl Source {
             Source::TorchProfiler(c) => with_compression("torch.profiler trace", c),
             Source::MemoryTimelineRaw(c) => with_compression("memory timeline raw events", c),
             Source::MemoryTimelinePlot(c) => with_compression("memory timeline plot data", c),
+            Source::Rocm(f) => f.name().to_string(),
         }
     }
 
@@ -93,6 +96,14 @@ pub fn open_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<Opened> {
 
 /// [`open_path_with`], with the import's report.
 pub fn import_path_with(path: &Path, progress: Progress<'_>) -> Result<Import> {
+    let sniffed = crate::rocm::sniff_path(path).map_err(|e| match e {
+        // A file that cannot be read is an I/O error whatever it holds.
+        crate::rocm::RocmError::Io { path, source } => ConvertError::Io { path, source },
+        other => other.into(),
+    })?;
+    if let Some(format) = sniffed {
+        return Ok(rocm_import(crate::rocm::import_paths(&[path])?, format));
+    }
     match detect_path(path)? {
         Detection::Own => {
             let (snapshot, detected) = memsnap_format::io::read_path_with(path, progress)?;
@@ -113,6 +124,9 @@ pub fn import_path_with(path: &Path, progress: Progress<'_>) -> Result<Import> {
 
 /// [`open_bytes_with`], with the import's report; `path` names the input in errors.
 pub fn import_bytes_with(bytes: &[u8], path: &Path, progress: Progress<'_>) -> Result<Import> {
+    if let Some(format) = crate::rocm::sniff(bytes) {
+        return Ok(rocm_import(crate::rocm::import_bytes(bytes, path)?, format));
+    }
     let compression = Compression::detect(bytes);
     let inflated;
     let raw = if compression == Compression::Gzip {
@@ -303,4 +317,19 @@ fn chrome(bytes: &[u8], compression: Compression, path: &Path) -> Result<Import>
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A ROCm import as an [`Import`]: every process side by side in one snapshot, the warnings
+/// in the report.
+fn rocm_import(import: crate::rocm::Import, format: crate::rocm::RocmFormat) -> Import {
+    let report = ImportReport {
+        format: format.name().to_string(),
+        warnings: import.warnings.iter().map(ToString::to_string).collect(),
+        ..ImportReport::default()
+    };
+    Import {
+        snapshot: import.into_single(),
+        source: Source::Rocm(format),
+        report: Some(report),
+    }
 }

@@ -7,4 +7,5 @@ mod export_import;
 mod format_cmds;
 mod numbers;
 mod plot_cmd;
+mod rocm_cmds;
 mod simulate;

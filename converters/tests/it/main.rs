@@ -3,3 +3,4 @@
 mod chrome;
 mod memviz;
 mod open;
+mod rocm;
