@@ -12,6 +12,9 @@ pub enum ConvertError {
     /// A `_memory_viz.py` report cannot be rendered ([`crate::memviz`]).
     #[error(transparent)]
     Memviz(#[from] crate::memviz::MemvizError),
+    /// A flame graph or pprof profile cannot be made ([`crate::profile`]).
+    #[error(transparent)]
+    Profile(#[from] crate::profile::ProfileError),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

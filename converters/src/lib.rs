@@ -10,12 +10,18 @@
 //!   (pickle, msgpack, JSON; gzip/zstd), so every memsnap command opens every supported input.
 //! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
 //!   PyTorch's `_memory_viz.py` text reports, byte for byte.
+//! - **Profiles** are one device's live set at one instant ([`profile`]: the peak, the end, a
+//!   trace entry or a time), drawn as a [`flamegraph`] SVG of live bytes by stack or site, or
+//!   written as a gzipped [`pprof`] heap profile (`go tool pprof`, speedscope).
 //!
 //! Errors name the file and what is missing; bad input never panics.
 
 pub mod error;
+pub mod flamegraph;
 pub mod memviz;
 pub mod open;
+pub mod pprof;
+pub mod profile;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;
