@@ -284,7 +284,7 @@ impl<'a> LiveProfile<'a> {
         }
     }
 
-    /// The lines a viewer shows below the title: device, instant, filter, source.
+    /// What the title does not say: the file, device, grouping and size filter.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(label) = &self.options.label {
@@ -293,14 +293,13 @@ impl<'a> LiveProfile<'a> {
         if let Some(device) = self.device {
             parts.push(format!("device {device}"));
         }
-        parts.push(self.describe_instant());
         parts.push(match self.options.by {
             By::Stack => "by stack".to_string(),
             By::Site => "by site".to_string(),
         });
         if self.options.min_size > 0 {
             parts.push(format!(
-                "blocks of at least {} ({} in {} smaller blocks left out)",
+                "blocks of at least {} ({} in {} smaller ones left out)",
                 memsnap_units::format_size(self.options.min_size),
                 memsnap_units::format_size(self.smaller_bytes),
                 self.smaller_count
@@ -331,10 +330,10 @@ impl<'a> LiveProfile<'a> {
         }
     }
 
-    /// What a block without frames is shown as.
+    /// What a block without frames is shown as (`memsnap top`'s labels).
     pub(crate) fn no_frames_label(&self, allocation: &Allocation) -> &'static str {
         if allocation.before_window() && self.source == LiveSource::Trace {
-            "<allocated before the recording (no frames)>"
+            "<allocated before the recording (no stack)>"
         } else {
             "<no frames>"
         }
