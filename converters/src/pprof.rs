@@ -209,6 +209,24 @@ pub fn encode(live: &LiveProfile<'_>) -> Result<Vec<u8>, ProfileError> {
     gzip.finish().map_err(fail)
 }
 
+/// Reads a profile [`encode`] (or another tool) wrote: gzipped or not.
+pub fn decode(bytes: &[u8]) -> Result<proto::Profile, ProfileError> {
+    let mut raw = Vec::new();
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut raw).map_err(
+            |e| ProfileError::Decode {
+                what: format!("gzip: {e}"),
+            },
+        )?;
+        &raw[..]
+    } else {
+        bytes
+    };
+    <proto::Profile as prost::Message>::decode(bytes).map_err(|e| ProfileError::Decode {
+        what: e.to_string(),
+    })
+}
+
 /// The profile message (see the module docs).
 pub fn profile(live: &LiveProfile<'_>) -> proto::Profile {
     let mut b = Builder::default();

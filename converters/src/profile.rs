@@ -153,6 +153,9 @@ pub enum ProfileError {
     /// Compressing the pprof file failed.
     #[error("cannot compress the pprof profile: {what}")]
     Compress { what: String },
+    /// A pprof file that is not a gzipped (or plain) `profile.proto`.
+    #[error("not a pprof profile: {what}")]
+    Decode { what: String },
 }
 
 /// One device's live set at one instant, ready to render.
