@@ -24,7 +24,8 @@
 //! * **Sites** ([`sites`]): allocations grouped by stack, top frame or file; the live set at
 //!   any [`Instant`]; top sites over the run.
 //! * **Live set pictures** ([`live`]): the live set at an instant as a frame tree (flame
-//!   graph) and as each segment's live blocks, allocated or pending free.
+//!   graph) and as each segment's live blocks, allocated or pending free; the live set split by
+//!   a size threshold, and the device with the highest peak (what reports show by default).
 //! * **Size filter**: allocations below a byte threshold fold into one residual band whose
 //!   total is exact at every instant ([`DeviceTimeline::residual_curve`]).
 //! * **Layout** ([`layout`]): the stacked band chart for a range and pixel width, with level

@@ -1,11 +1,67 @@
 //! The live set at an instant, as a picture shows it: a frame tree for a flame graph
 //! ([`flame_tree`]) and each segment's live blocks for a memory map ([`segment_blocks`]).
 //! Both are queries on a [`DeviceTimeline`], built on [`DeviceTimeline::live_at`].
+//! [`live_set`] is the live set itself split by a size threshold (what the flame graph and
+//! pprof exports weigh), and [`highest_peak_timeline`] picks the device a report shows when
+//! none is named.
 
 use memsnap_format::{FrameId, Snapshot};
 
 use crate::sites::is_filtered_frame;
-use crate::{AllocId, DeviceTimeline, Instant, Lifetime};
+use crate::{AllocId, CurveKind, DeviceTimeline, Instant, Lifetime};
+
+/// One device's allocations live after one event, split by a size threshold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveSet {
+    /// The live allocations of at least the threshold, in stacking order.
+    pub allocations: Vec<AllocId>,
+    /// Their requested bytes.
+    pub bytes: u64,
+    /// Live allocations smaller than the threshold: not in `allocations`, only counted.
+    pub smaller_count: u64,
+    pub smaller_bytes: u64,
+}
+
+/// The allocations live after `event` (start <= event < end for `lifetime`), those smaller
+/// than `min_size` only counted.
+pub fn live_set(
+    timeline: &DeviceTimeline,
+    event: u32,
+    lifetime: Lifetime,
+    min_size: u64,
+) -> LiveSet {
+    let replay = timeline.replay();
+    let mut set = LiveSet::default();
+    for id in replay.live_at(event, lifetime) {
+        let Some(a) = replay.get(id) else { continue };
+        if a.size < min_size {
+            set.smaller_count += 1;
+            set.smaller_bytes = set.smaller_bytes.saturating_add(a.size);
+        } else {
+            set.bytes = set.bytes.saturating_add(a.size);
+            set.allocations.push(id);
+        }
+    }
+    set
+}
+
+/// The timeline of the device whose active curve peaks highest (the lowest device on a tie),
+/// the device `memsnap top` and the profile exports show when none is named; `None` when no
+/// device has trace entries or segments.
+pub fn highest_peak_timeline(snapshot: &Snapshot) -> crate::Result<Option<DeviceTimeline>> {
+    let mut best: Option<DeviceTimeline> = None;
+    for device in DeviceTimeline::devices(snapshot) {
+        let timeline = DeviceTimeline::build(snapshot, device)?;
+        let peak = timeline.peak(CurveKind::Active).bytes;
+        if best
+            .as_ref()
+            .is_none_or(|b| peak > b.peak(CurveKind::Active).bytes)
+        {
+            best = Some(timeline);
+        }
+    }
+    Ok(best)
+}
 
 /// One node of the flame graph: a frame and the live bytes under it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -191,6 +247,38 @@ mod tests {
         assert_eq!(main.children[0].bytes, 4096, "biggest child first");
         let small = flame_tree(&s, &t, Instant::Event(2), Lifetime::Active, 2048);
         assert_eq!(small.bytes, 4096, "min_size leaves the 1 KiB block out");
+    }
+
+    #[test]
+    fn live_set_counts_blocks_below_the_threshold_apart() {
+        let s = two_blocks();
+        let t = DeviceTimeline::build(&s, 0).expect("timeline");
+        // After event 3 the 1 KiB block's free is requested, not completed.
+        let active = live_set(&t, 3, Lifetime::Active, 2048);
+        assert_eq!((active.bytes, active.allocations.len()), (4096, 1));
+        assert_eq!((active.smaller_bytes, active.smaller_count), (1024, 1));
+        let allocated = live_set(&t, 3, Lifetime::Allocated, 0);
+        assert_eq!((allocated.bytes, allocated.smaller_count), (4096, 0));
+        let before = live_set(&t, 1, Lifetime::Active, 0);
+        assert_eq!(
+            before.bytes, 4096,
+            "only the first alloc has happened after event 1"
+        );
+    }
+
+    #[test]
+    fn highest_peak_timeline_picks_the_busiest_device() {
+        let mut s = Snapshot::new(2);
+        let traces = s.device_traces.as_mut().expect("traces");
+        traces[0].push(TraceEntry::new(Action::Alloc, 0x1000, 512, 0));
+        traces[1].push(TraceEntry::new(Action::Alloc, 0x1000, 4096, 0));
+        let t = highest_peak_timeline(&s)
+            .expect("builds")
+            .expect("a device");
+        assert_eq!(t.device(), 1);
+        assert!(highest_peak_timeline(&Snapshot::new(3))
+            .expect("builds")
+            .is_none());
     }
 
     #[test]

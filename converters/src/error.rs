@@ -31,6 +31,9 @@ pub enum ConvertError {
     /// A ROCm trace cannot be imported ([`crate::rocm`]).
     #[error(transparent)]
     Rocm(#[from] crate::rocm::RocmError),
+    /// A flame graph or pprof profile cannot be made ([`crate::profile`]).
+    #[error(transparent)]
+    Profile(#[from] crate::profile::ProfileError),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

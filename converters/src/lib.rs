@@ -16,16 +16,22 @@
 //!   PyTorch's `_memory_viz.py` text reports, byte for byte; [`chrome`], a Chrome Trace Event
 //!   JSON for ui.perfetto.dev (counters, allocation lifetimes, steps), optionally merged into
 //!   a torch.profiler trace.
+//! - **Profiles** are one device's live set at one instant ([`profile`]: the peak, the end, a
+//!   trace entry or a time), drawn as a [`flamegraph`] SVG of live bytes by stack or site, or
+//!   written as a gzipped [`pprof`] heap profile (`go tool pprof`, speedscope).
 //!
 //! Errors name the file and what is missing; bad input never panics.
 
 pub mod chrome;
 pub mod error;
+pub mod flamegraph;
 pub mod memviz;
 pub mod open;
-pub mod rocm;
 pub mod sniff;
 pub mod torch;
+pub mod rocm;
+pub mod pprof;
+pub mod profile;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;

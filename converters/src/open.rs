@@ -2,7 +2,6 @@
 //!
 //! | content | read as |
 //! |---|---|
-//! | `SQLite format 3\0`, a rocprofv3 CSV header, JSON with `rocprofiler-sdk-tool` | an AMD ROCm allocation trace ([`crate::rocm`]) |
 //! | gzip | inflated, then detected again |
 //! | JSON object with `traceEvents`, or an array of events with `ph` | a Chrome trace: memsnap's own export (`otherData.memsnap`) or torch.profiler's `[memory]` events ([`crate::torch`]) |
 //! | JSON array of 4-number arrays | `export_memory_timeline` raw events |
@@ -97,8 +96,12 @@ pub fn open_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<Opened> {
 
 /// [`open_path_with`], with the import's report.
 pub fn import_path_with(path: &Path, progress: Progress<'_>) -> Result<Import> {
-    // A file that cannot be read is reported by the detection below.
-    if let Ok(Some(_)) = crate::rocm::sniff_path(path) {
+    let sniffed = crate::rocm::sniff_path(path).map_err(|e| match e {
+        // A file that cannot be read is an I/O error whatever it holds.
+        crate::rocm::RocmError::Io { path, source } => ConvertError::Io { path, source },
+        other => other.into(),
+    })?;
+    if sniffed.is_some() {
         return Ok(crate::rocm::import_paths(&[path])?.into_open_import());
     }
     match detect_path(path)? {

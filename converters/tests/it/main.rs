@@ -4,3 +4,4 @@ mod chrome;
 mod memviz;
 mod open;
 mod rocm;
+mod profiles;

@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use memsnap_converters::profile::At;
+
+use super::common;
 
 mod chrome;
 mod parquet;
@@ -23,7 +26,9 @@ Examples:
   memsnap export run.pickle --to chrome --merge prof.json.gz -o both.json.gz
                                               memory under the kernels of a torch.profiler trace
   memsnap export run.pickle --to flamegraph --at peak -o peak.svg
+  memsnap export run.pickle --to flamegraph --by site --min-size 1MiB -o sites.svg
   memsnap export run.pickle --to pprof -o run.pb.gz             go tool pprof run.pb.gz
+  memsnap export run.pickle --to pprof --at event:1200 --device 1 -o e1200.pb.gz
   memsnap export rank*.pickle --to parquet -o tables/           query with DuckDB")]
 pub struct Args {
     /// Snapshot(s) to read. Several only with `--to parquet`.
@@ -46,6 +51,37 @@ pub struct Args {
     /// chrome: do not detect training steps (no `phases` row; faster on huge traces).
     #[arg(long)]
     pub no_phases: bool,
+    /// The instant a flame graph or pprof profile shows: `peak` (the first trace entry at
+    /// which live bytes peak, as `memsnap summary` reports it), `end`, a trace entry index
+    /// (`event:1234`, or `'#1234'` quoted), a time_us as the snapshot has it
+    /// (`1700000000123456`), or a time after the first entry (`+2.5s`, `+150ms`, `+300us`).
+    #[arg(long, default_value = "peak", value_name = "WHEN", value_parser = parse_at)]
+    pub at: At,
+    /// Group a flame graph or pprof profile by the whole stack, or only by the site (the
+    /// innermost frame of your code).
+    #[arg(long, value_enum, default_value_t = By::Stack)]
+    pub by: By,
+    /// Leave out blocks smaller than this (`1MiB`, `512KiB`, `4096`); the title says how much
+    /// was left out.
+    #[arg(long, value_parser = common::parse_size, default_value = "0", value_name = "SIZE")]
+    pub min_size: u64,
+    /// The device a flame graph or pprof profile shows (default: the one whose live bytes peak
+    /// highest).
+    #[arg(long, value_name = "N")]
+    pub device: Option<i64>,
+}
+
+/// How a flame graph or pprof profile groups the live blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum By {
+    /// The whole stack, outermost frame first.
+    Stack,
+    /// Only the site: the innermost frame of your code.
+    Site,
+}
+
+fn parse_at(text: &str) -> Result<At, String> {
+    text.parse()
 }
 
 /// The formats `memsnap export` writes.
