@@ -12,6 +12,9 @@ pub enum ConvertError {
     /// A `_memory_viz.py` report cannot be rendered ([`crate::memviz`]).
     #[error(transparent)]
     Memviz(#[from] crate::memviz::MemvizError),
+    /// A Parquet export failed ([`crate::parquet`]).
+    #[error(transparent)]
+    Parquet(#[from] crate::parquet::ParquetError),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

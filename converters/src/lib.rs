@@ -9,13 +9,15 @@
 //!   apart by its content (never by its name) and falls back to memsnap's own readers
 //!   (pickle, msgpack, JSON; gzip/zstd), so every memsnap command opens every supported input.
 //! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
-//!   PyTorch's `_memory_viz.py` text reports, byte for byte.
+//!   PyTorch's `_memory_viz.py` text reports, byte for byte; [`parquet`], tables of many
+//!   ranks' allocations, steps, segments, frames and stacks for DuckDB, Spark, Trino or Polars.
 //!
 //! Errors name the file and what is missing; bad input never panics.
 
 pub mod error;
 pub mod memviz;
 pub mod open;
+pub mod parquet;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;

@@ -2,3 +2,4 @@
 
 mod memviz;
 mod open;
+mod parquet_export;

@@ -22,7 +22,8 @@ Examples:
   memsnap export run.pickle --to chrome -o run.trace.json       open in ui.perfetto.dev
   memsnap export run.pickle --to flamegraph --at peak -o peak.svg
   memsnap export run.pickle --to pprof -o run.pb.gz             go tool pprof run.pb.gz
-  memsnap export rank*.pickle --to parquet -o tables/           query with DuckDB")]
+  memsnap export rank*.pickle --to parquet -o tables/           query with DuckDB:
+      duckdb -c \"FROM 'tables/allocations/*.parquet' SELECT rank, site, sum(size) GROUP BY ALL\"")]
 pub struct Args {
     /// Snapshot(s) to read. Several only with `--to parquet`.
     #[arg(required = true, value_name = "FILE")]
@@ -33,6 +34,8 @@ pub struct Args {
     /// File (or, for parquet, folder) to write.
     #[arg(short, long, value_name = "PATH")]
     pub output: PathBuf,
+    #[command(flatten)]
+    pub parquet: parquet::ParquetArgs,
 }
 
 /// The formats `memsnap export` writes.
