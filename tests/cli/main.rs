@@ -3,6 +3,7 @@
 mod analysis_cmds;
 mod common;
 mod demo;
+mod export_parquet;
 mod format_cmds;
 mod numbers;
 mod plot_cmd;

@@ -560,7 +560,10 @@ fn replace_with(staging: &Path, out: &Path) -> Result<()> {
     let Ok(meta) = std::fs::symlink_metadata(out) else {
         return std::fs::rename(staging, out).map_err(|source| io(out, source));
     };
-    let aside = staging.with_extension("old");
+    // Beside the staging folder, named like it: nobody else's.
+    let mut aside = staging.as_os_str().to_owned();
+    aside.push("-replaced");
+    let aside = PathBuf::from(aside);
     std::fs::rename(out, &aside).map_err(|source| io(out, source))?;
     if let Err(source) = std::fs::rename(staging, out) {
         let _ = std::fs::rename(&aside, out);

@@ -257,6 +257,31 @@ fn steps_devices_and_snapshots_match_the_ground_truth() {
         .collect();
     assert_eq!(ints(&devs, "entries"), entries);
 
+    // The live condition the README's query uses, at each device's peak event, adds up to
+    // the highest step peak of the ground truth.
+    let allocs = read_table(&out, "allocations");
+    let (a_dev, a_size) = (ints(&allocs, "device"), ints(&allocs, "size"));
+    let (a_start, a_end) = (
+        ints(&allocs, "alloc_event"),
+        ints(&allocs, "free_completed_event"),
+    );
+    let peak_events = ints(&devs, "peak_event");
+    let peak_bytes = ints(&devs, "peak_bytes");
+    for (d, dev) in truth.devices.iter().enumerate() {
+        let e = peak_events[d].unwrap();
+        let live: i64 = (0..a_dev.len())
+            .filter(|&i| a_dev[i] == Some(d as i64))
+            .filter(|&i| a_start[i].unwrap_or(0) <= e && a_end[i].is_none_or(|f| e < f))
+            .map(|i| a_size[i].unwrap())
+            .sum();
+        let truth_peak = dev.steps.iter().map(|s| s.peak_bytes).max().unwrap() as i64;
+        assert_eq!(
+            (live, peak_bytes[d].unwrap()),
+            (truth_peak, truth_peak),
+            "device {d}"
+        );
+    }
+
     let snaps = read_table(&out, "snapshots");
     assert_eq!(rows(&snaps), 1);
     assert_eq!(strs(&snaps, "file"), vec![Some("rank7.pickle".to_string())]);

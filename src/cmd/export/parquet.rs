@@ -8,15 +8,16 @@ use memsnap_converters::parquet::{export_files, ExportOptions};
 use super::{Args, Target};
 use crate::cmd::common::format_size;
 
-/// Options of `--to parquet`: one folder per table in OUT (snapshots, devices, allocations,
-/// steps, segments, frames, stacks) holding one file per input (`OUT/allocations/rank-00003.parquet`);
-/// ranks from `rank<N>` in the file names when every name has a distinct one, else the input
-/// order. The folder appears only once every input is exported.
+/// Options of `--to parquet`. The output folder gets one folder per table (snapshots,
+/// devices, allocations, steps, segments, frames, stacks) holding one file per input
+/// (`allocations/rank-00003.parquet`); ranks come from `rank<N>` in the file names when every
+/// name has a distinct one, else from the input order. The folder appears only once every
+/// input is exported (see `memsnap_converters::parquet`).
 #[derive(clap::Args, Clone, Debug, Default)]
 #[command(next_help_heading = "Parquet (--to parquet)")]
 pub struct ParquetArgs {
-    /// Replace OUT if it is an earlier export (or a file). A folder memsnap did not write
-    /// is never deleted.
+    /// Replace the output if it is an earlier export (or a file). A folder memsnap did not
+    /// write is never deleted.
     #[arg(long)]
     pub force: bool,
     /// Snapshots read at once, each held in memory with its analysis (default: the cores).
