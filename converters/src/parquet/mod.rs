@@ -187,6 +187,12 @@ impl ExportOptions {
         self.jobs = jobs;
         self
     }
+
+    /// Out-of-range levels fall back to zstd's default.
+    pub fn zstd_level(mut self, level: i32) -> Self {
+        self.zstd_level = level;
+        self
+    }
 }
 
 /// One input of an export.
