@@ -5,6 +5,7 @@ mod common;
 mod demo;
 mod export_import;
 mod export_profiles;
+mod export_parquet;
 mod format_cmds;
 mod numbers;
 mod plot_cmd;

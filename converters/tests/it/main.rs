@@ -5,3 +5,4 @@ mod memviz;
 mod open;
 mod rocm;
 mod profiles;
+mod parquet_export;
