@@ -28,12 +28,12 @@ pub mod error;
 pub mod flamegraph;
 pub mod memviz;
 pub mod open;
-pub mod sniff;
-pub mod torch;
-pub mod rocm;
+pub mod parquet;
 pub mod pprof;
 pub mod profile;
-pub mod parquet;
+pub mod rocm;
+pub mod sniff;
+pub mod torch;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;

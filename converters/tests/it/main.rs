@@ -3,6 +3,6 @@
 mod chrome;
 mod memviz;
 mod open;
-mod rocm;
-mod profiles;
 mod parquet_export;
+mod profiles;
+mod rocm;
