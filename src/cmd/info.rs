@@ -60,11 +60,7 @@ fn summarise(path: &Path) -> Result<String> {
     let (snapshot, source) = common::load(path)?;
     let mut out = String::new();
     let _ = writeln!(out, "{}", path.display());
-    let _ = write!(
-        out,
-        "  format:      {}",
-        source.describe()
-    );
+    let _ = write!(out, "  format:      {}", source.describe());
     if let Some(bytes) = file_bytes {
         let _ = write!(out, ", {}", format_size(bytes));
     }

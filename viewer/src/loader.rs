@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egui::DroppedFileHandle;
-use memsnap_format::io::{read_bytes_observing, read_path_observing, Detected};
 use memsnap_converters::ConvertError;
+use memsnap_format::io::{read_bytes_observing, read_path_observing, Detected};
 use memsnap_format::{Action, FormatError, Snapshot, TraceEntry};
 
 /// Where a snapshot comes from.

@@ -151,7 +151,11 @@ pub fn merge_write(
         time_base: base_time_ns.map_or(TimeBase::EpochMicros, TimeBase::SinceNanos),
         ..options.clone()
     };
-    if snapshot.traces().iter().flatten().all(|e| e.time_us.is_none())
+    if snapshot
+        .traces()
+        .iter()
+        .flatten()
+        .all(|e| e.time_us.is_none())
         && snapshot.traces().iter().any(|t| !t.is_empty())
     {
         return Err(ConvertError::Trace {
@@ -210,8 +214,7 @@ pub fn merge_write(
                     Ok(other) => {
                         out.write_all(b"{").map_err(write_err)?;
                         for (k, v) in other.0.iter().filter(|(k, _)| k != "memsnap") {
-                            serde_json::to_writer(&mut *out, k)
-                                .map_err(|e| write_err(e.into()))?;
+                            serde_json::to_writer(&mut *out, k).map_err(|e| write_err(e.into()))?;
                             out.write_all(b":").map_err(write_err)?;
                             out.write_all(v.get().as_bytes()).map_err(write_err)?;
                             out.write_all(b",").map_err(write_err)?;
@@ -282,7 +285,8 @@ fn offsets(snapshot: &Snapshot, doc: &crate::torch::TraceDoc, report: &mut Merge
             continue;
         }
         let Some(args) = &e.args else { continue };
-        let Ok(args) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(args.get())
+        let Ok(args) =
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(args.get())
         else {
             continue;
         };
@@ -300,7 +304,9 @@ fn offsets(snapshot: &Snapshot, doc: &crate::torch::TraceDoc, report: &mut Merge
         report.torch_allocations += 1;
         let abs_us = (ts + doc.base_time_ns.unwrap_or(0)) as f64 / 1000.0;
         let key = (device as i64, addr as u64, bytes as u64);
-        let Some(times) = ours.get(&key) else { continue };
+        let Some(times) = ours.get(&key) else {
+            continue;
+        };
         // The nearest memsnap alloc of that block.
         let i = times.partition_point(|&t| (t as f64) < abs_us);
         let nearest = [i.checked_sub(1), Some(i)]

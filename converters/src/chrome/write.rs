@@ -224,8 +224,8 @@ pub(crate) fn write_events(
     let mut labels = Labels::new(snapshot);
     for device in DeviceTimeline::devices(snapshot) {
         let timeline = DeviceTimeline::build(snapshot, device)?;
-        let device_summary = write_device(snapshot, options, &timeline, &mut labels, sink)
-            .map_err(write_err)?;
+        let device_summary =
+            write_device(snapshot, options, &timeline, &mut labels, sink).map_err(write_err)?;
         summary.devices.push(device_summary);
     }
     summary.events = sink.count;
@@ -572,8 +572,11 @@ fn records(
         if any {
             sink.out.write_all(b",")?;
         } else {
-            sink.out
-                .write_all(if after_args { b",\"memsnap\":[" } else { b"\"memsnap\":[" })?;
+            sink.out.write_all(if after_args {
+                b",\"memsnap\":["
+            } else {
+                b"\"memsnap\":["
+            })?;
         }
         any = true;
         write!(sink.out, "[{i},")?;
@@ -608,7 +611,10 @@ pub(crate) fn write_other_data(
         serde_json::to_writer(&mut *out, s).map_err(io::Error::from)
     };
     write!(out, "{{\"version\":{LAYOUT_VERSION},\"producer\":")?;
-    str(out, concat!("memsnap-converters ", env!("CARGO_PKG_VERSION")))?;
+    str(
+        out,
+        concat!("memsnap-converters ", env!("CARGO_PKG_VERSION")),
+    )?;
     match options.rank {
         Some(r) => write!(out, ",\"rank\":{r},\"ranks\":[{r}]")?,
         None => out.write_all(b",\"rank\":null,\"ranks\":[]")?,

@@ -93,7 +93,12 @@ impl TraceError {
         TraceError::Json {
             what: match e.classify() {
                 serde_json::error::Category::Eof => "the file ends too early: truncated?".into(),
-                _ => e.to_string().split(" at line ").next().unwrap_or("").to_string(),
+                _ => e
+                    .to_string()
+                    .split(" at line ")
+                    .next()
+                    .unwrap_or("")
+                    .to_string(),
             },
             line: e.line(),
             column: e.column(),
@@ -264,7 +269,11 @@ fn decimal_micros_to_ns(s: &str) -> Option<i128> {
     if whole.is_empty() && frac.is_empty() {
         return None;
     }
-    let whole: i128 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+    let whole: i128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
     if !frac.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -283,7 +292,10 @@ mod tests {
     #[test]
     fn timestamps_parse_as_numbers_and_strings() {
         let j = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
-        assert_eq!(micros_to_ns(&j("1700000000000100")), Some(1_700_000_000_000_100_000));
+        assert_eq!(
+            micros_to_ns(&j("1700000000000100")),
+            Some(1_700_000_000_000_100_000)
+        );
         assert_eq!(micros_to_ns(&j("12.345")), Some(12_345));
         assert_eq!(micros_to_ns(&j("\"12.3456\"")), Some(12_345));
         assert_eq!(micros_to_ns(&j("\"-0.5\"")), Some(-500));

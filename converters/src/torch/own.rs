@@ -3,9 +3,7 @@
 use foldhash::HashMap;
 use serde::Deserialize;
 
-use memsnap_format::{
-    Action, Annotation, Frame, FrameId, PyInt, Snapshot, TraceEntry, Value,
-};
+use memsnap_format::{Action, Annotation, Frame, FrameId, PyInt, Snapshot, TraceEntry, Value};
 
 use super::{micros_to_ns, DeviceReport, ImportReport, Imported, TraceDoc, TraceError};
 use crate::chrome::tid;
@@ -101,7 +99,9 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
                 _ => None,
             }
             .unwrap_or_default();
-            snapshot.frames.intern(Frame::new(name.as_str(), file.as_str(), line))
+            snapshot
+                .frames
+                .intern(Frame::new(name.as_str(), file.as_str(), line))
         })
         .collect();
     let mut stack_ids = Vec::with_capacity(meta.stacks.len());
@@ -120,15 +120,15 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
         .enumerate()
         .map(|(i, d)| (d.pid, i))
         .collect();
-    let device_count = meta
-        .device_traces
-        .unwrap_or(0)
-        .max(meta.devices.iter().map(|d| d.device as usize + 1).max().unwrap_or(0));
-    let mut slots: Vec<Vec<Option<TraceEntry>>> = meta
-        .devices
-        .iter()
-        .map(|d| vec![None; d.entries])
-        .collect();
+    let device_count = meta.device_traces.unwrap_or(0).max(
+        meta.devices
+            .iter()
+            .map(|d| d.device as usize + 1)
+            .max()
+            .unwrap_or(0),
+    );
+    let mut slots: Vec<Vec<Option<TraceEntry>>> =
+        meta.devices.iter().map(|d| vec![None; d.entries]).collect();
     let mut annotations = Vec::new();
     for (index, event) in doc.events.iter().enumerate() {
         let Some(pid) = event.pid.as_ref().and_then(|p| p.as_i64()) else {

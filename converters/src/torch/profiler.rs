@@ -5,7 +5,9 @@ use serde::Deserialize;
 
 use memsnap_format::{Action, Frame, Snapshot, StackId, TraceEntry};
 
-use super::{integer, micros_to_ns, DeviceReport, Event, ImportReport, Imported, TraceDoc, TraceError};
+use super::{
+    integer, micros_to_ns, DeviceReport, Event, ImportReport, Imported, TraceDoc, TraceError,
+};
 
 /// `c10::DeviceType::CPU`.
 const DEVICE_TYPE_CPU: i64 = 0;
@@ -63,8 +65,12 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
         let bad = |what: String| TraceError::BadEvent { index, what };
         let oom = event.name.as_deref() == Some("[OutOfMemory]");
         let args: MemoryArgs = match &event.args {
-            Some(raw) => serde_json::from_str(raw.get())
-                .map_err(|e| bad(format!("args of {}: {e}", event.name.as_deref().unwrap_or(""))))?,
+            Some(raw) => serde_json::from_str(raw.get()).map_err(|e| {
+                bad(format!(
+                    "args of {}: {e}",
+                    event.name.as_deref().unwrap_or("")
+                ))
+            })?,
             None => return Err(bad("a memory event without args".into())),
         };
         let int = |v: &Option<serde_json::Value>, key: &str| -> Result<Option<i128>, TraceError> {
@@ -81,7 +87,10 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
             cpu += 1;
             continue;
         }
-        let Some(device) = device_id.and_then(|d| i64::try_from(d).ok()).filter(|d| (0..1 << 16).contains(d)) else {
+        let Some(device) = device_id
+            .and_then(|d| i64::try_from(d).ok())
+            .filter(|d| (0..1 << 16).contains(d))
+        else {
             unknown_device += 1;
             continue;
         };
@@ -235,13 +244,17 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
         ));
     }
     if size_mismatch > 0 {
-        w.push(format!("{size_mismatch} frees whose size differs from their alloc's"));
+        w.push(format!(
+            "{size_mismatch} frees whose size differs from their alloc's"
+        ));
     }
     if cpu > 0 {
         w.push(format!("{cpu} CPU memory events (Device Type 0) skipped"));
     }
     if unknown_device > 0 {
-        w.push(format!("{unknown_device} memory events without a usable Device Id skipped"));
+        w.push(format!(
+            "{unknown_device} memory events without a usable Device Id skipped"
+        ));
     }
     if with_stacks == 0 {
         w.push(
@@ -267,6 +280,12 @@ fn rank_of(doc: &TraceDoc) -> Option<i64> {
     integer(info.get("rank")?).and_then(|r| i64::try_from(r).ok())
 }
 
+/// `(pid, tid)` as written (numbers or strings).
+type ThreadKey = (String, String);
+
+/// An `X` slice: start and end (ns, the trace's relative clock) and its event index.
+type Slice = (i128, i128, usize);
+
 /// Gives each memory event the stack of the `X` slices enclosing it on its thread; returns
 /// how many got one.
 fn attach_stacks(doc: &TraceDoc, memory: &mut [Memory], snapshot: &mut Snapshot) -> usize {
@@ -276,15 +295,18 @@ fn attach_stacks(doc: &TraceDoc, memory: &mut [Memory], snapshot: &mut Snapshot)
             e.tid.as_ref().map(|v| v.to_string()).unwrap_or_default(),
         )
     };
-    let mut wanted: HashMap<(String, String), Vec<usize>> = HashMap::default();
+    let mut wanted: HashMap<ThreadKey, Vec<usize>> = HashMap::default();
     for (i, m) in memory.iter().enumerate() {
         wanted.entry(key(&doc.events[m.index])).or_default().push(i);
     }
     // Slices per thread: (start, end, event index).
-    let mut slices: HashMap<(String, String), Vec<(i128, i128, usize)>> = HashMap::default();
+    let mut slices: HashMap<ThreadKey, Vec<Slice>> = HashMap::default();
     for (index, e) in doc.events.iter().enumerate() {
         if e.ph.as_deref() != Some("X")
-            || !e.cat.as_deref().is_some_and(|c| STACK_CATEGORIES.contains(&c))
+            || !e
+                .cat
+                .as_deref()
+                .is_some_and(|c| STACK_CATEGORIES.contains(&c))
         {
             continue;
         }
@@ -298,19 +320,24 @@ fn attach_stacks(doc: &TraceDoc, memory: &mut [Memory], snapshot: &mut Snapshot)
         ) else {
             continue;
         };
-        slices.entry(k).or_default().push((ts, ts + dur.max(0), index));
+        slices
+            .entry(k)
+            .or_default()
+            .push((ts, ts + dur.max(0), index));
     }
     let mut frames_of: HashMap<usize, Frame> = HashMap::default();
     let mut count = 0;
     for (k, mut list) in slices {
-        let Some(events) = wanted.get(&k) else { continue };
+        let Some(events) = wanted.get(&k) else {
+            continue;
+        };
         // Outer slices first at equal starts.
         list.sort_by_key(|&(s, e, i)| (s, std::cmp::Reverse(e), i));
         let mut order = events.clone();
         // Memory event times here are relative `ts` like the slices' (no base added).
         let rel = |m: &Memory| m.time_ns - doc.base_time_ns.unwrap_or(0);
         order.sort_by_key(|&i| rel(&memory[i]));
-        let mut open: Vec<(i128, i128, usize)> = Vec::new();
+        let mut open: Vec<Slice> = Vec::new();
         let mut next = 0;
         for i in order {
             let t = rel(&memory[i]);
@@ -370,10 +397,16 @@ mod tests {
     #[test]
     fn python_function_names_become_file_line_and_name() {
         let f = frame_of("torch/nn/modules/linear.py(124): forward");
-        assert_eq!((f.filename.as_str(), f.name.as_str()), ("torch/nn/modules/linear.py", "forward"));
+        assert_eq!(
+            (f.filename.as_str(), f.name.as_str()),
+            ("torch/nn/modules/linear.py", "forward")
+        );
         assert_eq!(f.line.as_i64(), Some(124));
         let f = frame_of("nn.Module: Linear_4");
-        assert_eq!((f.filename.as_str(), f.name.as_str()), ("", "nn.Module: Linear_4"));
+        assert_eq!(
+            (f.filename.as_str(), f.name.as_str()),
+            ("", "nn.Module: Linear_4")
+        );
         let f = frame_of("<built-in method (x): y>");
         assert_eq!(f.filename, "");
     }

@@ -40,7 +40,9 @@ impl Addresses {
     fn next(&mut self, size: u64) -> u64 {
         let addr = self.0;
         // Next 2 MiB boundary past this block, so no two blocks overlap.
-        self.0 = self.0.saturating_add(size.max(1).div_ceil(2 << 20) * (2 << 20));
+        self.0 = self
+            .0
+            .saturating_add(size.max(1).div_ceil(2 << 20) * (2 << 20));
         addr
     }
 }
@@ -76,7 +78,9 @@ pub(crate) fn import_raw(bytes: &[u8]) -> Result<Imported, TraceError> {
             return Err(bad(format!("row {i}: {} values, expected 4", row.len())));
         };
         let (Some(t), Some(action), Some(size)) = (whole(t), whole(action), whole(size)) else {
-            return Err(bad(format!("row {i}: time, action and bytes must be integers")));
+            return Err(bad(format!(
+                "row {i}: time, action and bytes must be integers"
+            )));
         };
         let category = whole(category).unwrap_or(7);
         let category = usize::try_from(category)
@@ -211,7 +215,9 @@ pub(crate) fn import_plot(bytes: &[u8]) -> Result<Imported, TraceError> {
                 ..TraceEntry::new(action, addr, size, 0)
             };
             while totals[c] > target {
-                let Some((addr, size)) = blocks[c].pop() else { break };
+                let Some((addr, size)) = blocks[c].pop() else {
+                    break;
+                };
                 entries.push(entry(Action::FreeRequested, addr, size));
                 entries.push(entry(Action::FreeCompleted, addr, size));
                 totals[c] -= size;

@@ -30,7 +30,14 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// An entry with its frames resolved (ids differ between snapshots).
-type Resolved = (String, Option<u64>, u64, i64, Option<i64>, Vec<(String, String, String)>);
+type Resolved = (
+    String,
+    Option<u64>,
+    u64,
+    i64,
+    Option<i64>,
+    Vec<(String, String, String)>,
+);
 
 fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
     snapshot
@@ -86,7 +93,10 @@ fn assert_lanes_do_not_overlap(json: &Value) {
         if ph == "b" {
             open.entry(key).or_default().push(ts);
         } else {
-            let start = open.get_mut(&key).and_then(Vec::pop).expect("e after its b");
+            let start = open
+                .get_mut(&key)
+                .and_then(Vec::pop)
+                .expect("e after its b");
             assert!(ts >= start);
             lanes.entry(key).or_default().push((start, ts));
         }
@@ -95,7 +105,12 @@ fn assert_lanes_do_not_overlap(json: &Value) {
     for (key, mut slices) in lanes {
         slices.sort();
         for w in slices.windows(2) {
-            assert!(w[0].1 < w[1].0, "lane {key:?}: {:?} overlaps {:?}", w[0], w[1]);
+            assert!(
+                w[0].1 < w[1].0,
+                "lane {key:?}: {:?} overlaps {:?}",
+                w[0],
+                w[1]
+            );
         }
     }
 }
@@ -104,7 +119,10 @@ fn assert_lanes_do_not_overlap(json: &Value) {
 fn last_counters(json: &Value) -> BTreeMap<(i64, String), (i64, u64)> {
     let mut last: BTreeMap<(i64, String), (i64, u64)> = BTreeMap::new();
     for e in events(json).iter().filter(|e| e["ph"] == "C") {
-        let key = (e["pid"].as_i64().unwrap(), e["name"].as_str().unwrap().to_string());
+        let key = (
+            e["pid"].as_i64().unwrap(),
+            e["name"].as_str().unwrap().to_string(),
+        );
         let ts = e["ts"].as_i64().unwrap();
         let bytes = e["args"]["bytes"].as_u64().unwrap();
         let slot = last.entry(key).or_insert((ts, bytes));
@@ -134,7 +152,10 @@ fn a_generated_run_round_trips_through_the_chrome_export() {
             .iter()
             .find(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == pid)
             .expect("process_name");
-        assert_eq!(name["args"]["name"], format!("memsnap GPU {device} (rank 3)"));
+        assert_eq!(
+            name["args"]["name"],
+            format!("memsnap GPU {device} (rank 3)")
+        );
         // The allocated counter ends at the bytes alloc'ed and not free_requested, summed here.
         let trace = &snapshot.traces()[device as usize];
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
@@ -177,7 +198,10 @@ fn a_generated_run_round_trips_through_the_chrome_export() {
             .count();
         assert_eq!(slices, allocs);
     }
-    assert_eq!(json["otherData"]["memsnap"]["ranks"], serde_json::json!([3]));
+    assert_eq!(
+        json["otherData"]["memsnap"]["ranks"],
+        serde_json::json!([3])
+    );
 
     // The import gives back every entry exactly.
     let dir = tempfile::tempdir().unwrap();
@@ -202,12 +226,14 @@ fn a_gzipped_export_opens_and_a_bounded_history_round_trips() {
     let (snapshot, _) = generate(&run);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.trace.json.gz");
-    let summary =
-        chrome::export_path(&snapshot, &ChromeOptions::default(), &path).expect("export");
+    let summary = chrome::export_path(&snapshot, &ChromeOptions::default(), &path).expect("export");
     assert_eq!(summary.devices.len(), 1);
     assert_eq!(&std::fs::read(&path).unwrap()[..2], &[0x1f, 0x8b]);
     let (back, source) = open_path(&path).expect("import");
-    assert_eq!(source, Source::MemsnapChrome(memsnap_format::Compression::Gzip));
+    assert_eq!(
+        source,
+        Source::MemsnapChrome(memsnap_format::Compression::Gzip)
+    );
     assert_eq!(resolved(&back), resolved(&snapshot));
 }
 
@@ -299,19 +325,65 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
     let t = |us: i64| Some(BASE_NS / 1000 + us);
     let frames = vec![
         ("".to_string(), "0".to_string(), "aten::empty".to_string()),
-        ("model.py".to_string(), "42".to_string(), "forward".to_string()),
+        (
+            "model.py".to_string(),
+            "42".to_string(),
+            "forward".to_string(),
+        ),
         ("train.py".to_string(), "10".to_string(), "step".to_string()),
     ];
     let big = 139888158572544u64;
     let old = 139888160669696u64;
     let expected_device_0: Vec<Resolved> = vec![
         ("alloc".into(), Some(old), 512, 0, t(205), vec![]),
-        ("alloc".into(), Some(big), 2097152, 0, t(205), frames.clone()),
-        ("free_requested".into(), Some(old), 512, 0, t(500), frames[2..].to_vec()),
-        ("free_completed".into(), Some(old), 512, 0, t(500), frames[2..].to_vec()),
-        ("free_requested".into(), Some(big), 2097152, 0, t(900), frames[2..].to_vec()),
-        ("free_completed".into(), Some(big), 2097152, 0, t(900), frames[2..].to_vec()),
-        ("oom".into(), None, 8589934592, 0, t(950), frames[2..].to_vec()),
+        (
+            "alloc".into(),
+            Some(big),
+            2097152,
+            0,
+            t(205),
+            frames.clone(),
+        ),
+        (
+            "free_requested".into(),
+            Some(old),
+            512,
+            0,
+            t(500),
+            frames[2..].to_vec(),
+        ),
+        (
+            "free_completed".into(),
+            Some(old),
+            512,
+            0,
+            t(500),
+            frames[2..].to_vec(),
+        ),
+        (
+            "free_requested".into(),
+            Some(big),
+            2097152,
+            0,
+            t(900),
+            frames[2..].to_vec(),
+        ),
+        (
+            "free_completed".into(),
+            Some(big),
+            2097152,
+            0,
+            t(900),
+            frames[2..].to_vec(),
+        ),
+        (
+            "oom".into(),
+            None,
+            8589934592,
+            0,
+            t(950),
+            frames[2..].to_vec(),
+        ),
     ];
     for with_base in [true, false] {
         let text = torch_trace(with_base);
@@ -332,9 +404,15 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
             assert_eq!(report.rank, Some(5));
             let notes = report.warnings.join("\n");
             assert!(notes.contains("rounded"), "{notes}");
-            assert!(notes.contains("1 frees of blocks allocated before the profile (512 bytes)"), "{notes}");
+            assert!(
+                notes.contains("1 frees of blocks allocated before the profile (512 bytes)"),
+                "{notes}"
+            );
             // 1024 live before; the early free explains 512.
-            assert!(notes.contains("512 bytes were live before the profile"), "{notes}");
+            assert!(
+                notes.contains("512 bytes were live before the profile"),
+                "{notes}"
+            );
             assert!(notes.contains("1 CPU memory events"), "{notes}");
             assert_eq!(report.devices[0].with_stack, 1);
             assert_eq!(report.devices[0].ooms, 1);
@@ -481,8 +559,15 @@ fn merging_keeps_the_torch_trace_and_reports_the_clock_offset() {
     // A torch trace whose [memory] allocs are the snapshot's, seen 2 µs later.
     let base_ns = (first_us - 5_000_000) * 1000;
     for with_base in [true, false] {
-        let mut torch_events = vec![r#"{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":1.5,"dur":3}"#.to_string()];
-        for (i, e) in trace.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
+        let mut torch_events = vec![
+            r#"{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":1.5,"dur":3}"#
+                .to_string(),
+        ];
+        for (i, e) in trace
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Alloc)
+        {
             let t = e.time_us.unwrap() + 2;
             let ts = if with_base {
                 format!("{}.000", t - base_ns / 1000)
@@ -560,8 +645,8 @@ fn every_real_snapshot_exports_and_round_trips() {
     for file in files {
         let (snapshot, _) = open_path(&file).expect("read");
         let bytes = export(&snapshot, &ChromeOptions::default());
-        let json: Value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let json: Value =
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         assert_lanes_do_not_overlap(&json);
         let counters = last_counters(&json);
         let devices = memsnap_analysis::DeviceTimeline::devices(&snapshot);
@@ -583,7 +668,11 @@ fn every_real_snapshot_exports_and_round_trips() {
                 .map(|s| s.total_size)
                 .sum();
             let last = counters[&(1_000_000_000 + d, "reserved".to_string())].1;
-            if snapshot.traces().get(*d as usize).is_none_or(|t| t.is_empty()) {
+            if snapshot
+                .traces()
+                .get(*d as usize)
+                .is_none_or(|t| t.is_empty())
+            {
                 assert_eq!(last, reserved, "{} device {d}", file.display());
             }
         }

@@ -49,7 +49,11 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                     d.allocations,
                     d.lanes,
                     d.phases,
-                    if d.timed { "" } else { " (no times: the entry index is the clock)" }
+                    if d.timed {
+                        ""
+                    } else {
+                        " (no times: the entry index is the clock)"
+                    }
                 );
             }
         }
