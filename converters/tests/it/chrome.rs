@@ -29,17 +29,12 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     e.finish().expect("gzip")
 }
 
-/// An entry with its frames resolved (ids differ between snapshots).
-type Resolved = (
-    String,
-    Option<u64>,
-    u64,
-    i64,
-    Option<i64>,
-    Vec<(String, String, String)>,
-);
+/// An entry with its frames resolved to text (stack ids differ between snapshots).
+type Resolved = (String, Option<u64>, u64, i64, Option<i64>, String);
 
 fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
+    // One text per distinct stack: real stacks are a hundred frames deep.
+    let mut texts: BTreeMap<u32, String> = BTreeMap::new();
     snapshot
         .traces()
         .iter()
@@ -50,10 +45,15 @@ fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
                     let frames = e
                         .frames
                         .map(|s| {
-                            snapshot
-                                .stack_frames(s)
-                                .map(|f| (f.filename.clone(), f.line.to_string(), f.name.clone()))
-                                .collect()
+                            texts
+                                .entry(s.0)
+                                .or_insert_with(|| {
+                                    snapshot
+                                        .stack_frames(s)
+                                        .map(|f| format!("{}:{}:{}\n", f.filename, f.line, f.name))
+                                        .collect()
+                                })
+                                .clone()
                         })
                         .unwrap_or_default();
                     (
@@ -323,50 +323,26 @@ fn torch_trace(with_base: bool) -> String {
 fn a_torch_profiler_trace_imports_to_the_expected_entries() {
     let dir = tempfile::tempdir().unwrap();
     let t = |us: i64| Some(BASE_NS / 1000 + us);
-    let frames = vec![
-        ("".to_string(), "0".to_string(), "aten::empty".to_string()),
-        (
-            "model.py".to_string(),
-            "42".to_string(),
-            "forward".to_string(),
-        ),
-        ("train.py".to_string(), "10".to_string(), "step".to_string()),
+    let frames = [
+        ":0:aten::empty\n",
+        "model.py:42:forward\n",
+        "train.py:10:step\n",
     ];
+    let stack = |from: usize| frames[from..].concat();
     let big = 139888158572544u64;
     let old = 139888160669696u64;
     let expected_device_0: Vec<Resolved> = vec![
-        ("alloc".into(), Some(old), 512, 0, t(205), vec![]),
-        (
-            "alloc".into(),
-            Some(big),
-            2097152,
-            0,
-            t(205),
-            frames.clone(),
-        ),
-        (
-            "free_requested".into(),
-            Some(old),
-            512,
-            0,
-            t(500),
-            frames[2..].to_vec(),
-        ),
-        (
-            "free_completed".into(),
-            Some(old),
-            512,
-            0,
-            t(500),
-            frames[2..].to_vec(),
-        ),
+        ("alloc".into(), Some(old), 512, 0, t(205), String::new()),
+        ("alloc".into(), Some(big), 2097152, 0, t(205), stack(0)),
+        ("free_requested".into(), Some(old), 512, 0, t(500), stack(2)),
+        ("free_completed".into(), Some(old), 512, 0, t(500), stack(2)),
         (
             "free_requested".into(),
             Some(big),
             2097152,
             0,
             t(900),
-            frames[2..].to_vec(),
+            stack(2),
         ),
         (
             "free_completed".into(),
@@ -374,16 +350,9 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
             2097152,
             0,
             t(900),
-            frames[2..].to_vec(),
+            stack(2),
         ),
-        (
-            "oom".into(),
-            None,
-            8589934592,
-            0,
-            t(950),
-            frames[2..].to_vec(),
-        ),
+        ("oom".into(), None, 8589934592, 0, t(950), stack(2)),
     ];
     for with_base in [true, false] {
         let text = torch_trace(with_base);
