@@ -58,6 +58,7 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
     let mut memory = Vec::new();
     let mut cpu = 0usize;
     let mut unknown_device = 0usize;
+    let mut first_unknown_device = None;
     for (index, event) in doc.events.iter().enumerate() {
         if !is_memory(event) {
             continue;
@@ -92,6 +93,7 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
             .filter(|d| (0..1 << 16).contains(d))
         else {
             unknown_device += 1;
+            first_unknown_device.get_or_insert(index);
             continue;
         };
         let bytes = int(&args.bytes, "Bytes")?.ok_or_else(|| bad("no \"Bytes\"".into()))?;
@@ -124,6 +126,14 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
         });
     }
     if memory.is_empty() {
+        if let Some(index) = first_unknown_device {
+            return Err(TraceError::BadEvent {
+                index,
+                what: format!(
+                    "{unknown_device} GPU [memory] events, none with a usable \"Device Id\" (0..65535)"
+                ),
+            });
+        }
         if cpu > 0 {
             return Err(TraceError::OnlyCpu { cpu });
         }

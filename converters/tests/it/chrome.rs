@@ -392,7 +392,7 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
 #[test]
 fn bad_traces_name_the_file_and_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, Vec<u8>, &str); 5] = [
+    let cases: [(&str, Vec<u8>, &str); 6] = [
         (
             "no_memory.json",
             br#"{"traceEvents": [{"ph": "X", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}"#.to_vec(),
@@ -412,6 +412,11 @@ fn bad_traces_name_the_file_and_what_is_missing() {
             "old.json",
             br#"{"traceEvents": [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512}}]}"#.to_vec(),
             "no Addr (a PyTorch 1.8-era trace)",
+        ),
+        (
+            "no_device.json",
+            br#"{"traceEvents": [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1, "args": {"Device Type": 1, "Addr": 4096, "Bytes": 512}}]}"#.to_vec(),
+            "traceEvents[0]: 1 GPU [memory] events, none with a usable \"Device Id\"",
         ),
         (
             "bad_timeline.raw.json",
@@ -654,4 +659,76 @@ fn every_real_snapshot_exports_and_round_trips() {
             file.display()
         );
     }
+}
+
+#[test]
+fn the_perfetto_protobuf_decodes_with_its_own_types() {
+    use memsnap_converters::chrome::perfetto::{
+        Trace, TYPE_COUNTER, TYPE_SLICE_BEGIN, TYPE_SLICE_END,
+    };
+    use prost::Message;
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 2,
+        ..TrainingRun::default()
+    });
+    let mut out = Vec::new();
+    let summary =
+        chrome::write_perfetto(&snapshot, &ChromeOptions::default(), &mut out).expect("export");
+    let trace = Trace::decode(&out[..]).expect("decodes");
+    assert_eq!(trace.packet.len() as u64, summary.events);
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut open: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut slices: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut allocated = None;
+    let mut alloc_slices = 0;
+    let mut last_ts = 0;
+    for p in &trace.packet {
+        assert_eq!(p.trusted_packet_sequence_id, Some(7));
+        if let Some(d) = &p.track_descriptor {
+            let name = d
+                .name
+                .clone()
+                .or_else(|| d.process.as_ref().and_then(|p| p.process_name.clone()));
+            names.insert(d.uuid.unwrap(), name.unwrap_or_default());
+        }
+        let Some(e) = &p.track_event else { continue };
+        let ts = p.timestamp.unwrap();
+        assert!(ts >= last_ts, "events in time order");
+        last_ts = ts;
+        let track = e.track_uuid.unwrap();
+        let name = names.get(&track).expect("track declared before its events");
+        match e.r#type {
+            Some(TYPE_COUNTER) if name == "allocated" => allocated = e.counter_value,
+            Some(TYPE_SLICE_BEGIN) => {
+                assert!(open.insert(track, ts).is_none(), "{name}: nested begin");
+                alloc_slices += usize::from(name == "allocations");
+            }
+            Some(TYPE_SLICE_END) => {
+                let start = open.remove(&track).expect("end after begin");
+                slices.entry(track).or_default().push((start, ts));
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty());
+    // The allocated counter ends at the live bytes, summed here from the trace.
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    for e in &snapshot.traces()[0] {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, e.size);
+            }
+            Action::FreeRequested => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(allocated, Some(live.values().sum::<u64>() as i64));
+    let allocs = snapshot.traces()[0]
+        .iter()
+        .filter(|e| e.action == Action::Alloc)
+        .count();
+    assert_eq!(alloc_slices, allocs);
+    assert_eq!(names[&1_000_000_000], "memsnap GPU 0");
 }
