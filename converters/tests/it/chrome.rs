@@ -650,6 +650,14 @@ fn every_real_snapshot_exports_and_round_trips() {
                 assert_eq!(last, reserved, "{} device {d}", file.display());
             }
         }
+        // The protobuf of the same picture decodes, one packet per event written.
+        let mut proto = Vec::new();
+        let summary = chrome::write_perfetto(&snapshot, &ChromeOptions::default(), &mut proto)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let decoded =
+            <memsnap_converters::chrome::perfetto::Trace as prost::Message>::decode(&proto[..])
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_eq!(decoded.packet.len() as u64, summary.events);
         let path = write_file(out_dir.path(), "real.json", &bytes);
         let (back, _) = open_path(&path).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         assert_eq!(
