@@ -366,7 +366,7 @@ fn write_device(
         sink.open("b", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":{lane}}}"
+            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":\"{lane:#x}\"}}"
         )?;
         sink.name(site)?;
         sink.ts(start)?;
@@ -384,7 +384,7 @@ fn write_device(
         sink.open("e", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":{lane}}}"
+            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":\"{lane:#x}\"}}"
         )?;
         sink.name(site)?;
         sink.ts(end)?;
@@ -410,7 +410,7 @@ fn write_device(
         sink.open("b", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":{lane}}},\"name\":\"segment\""
+            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":\"{lane:#x}\"}},\"name\":\"segment\""
         )?;
         sink.ts(start)?;
         write!(
@@ -423,7 +423,7 @@ fn write_device(
         sink.open("e", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":{lane}}},\"name\":\"segment\""
+            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":\"{lane:#x}\"}},\"name\":\"segment\""
         )?;
         sink.ts(end)?;
         sink.out.write_all(b",\"args\":{")?;

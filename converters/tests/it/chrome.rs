@@ -77,8 +77,8 @@ fn events(json: &Value) -> &Vec<Value> {
 /// Checks what any viewer needs: every `b` has its `e` on the same lane, and the slices of a
 /// lane never overlap (Perfetto drops mis-nested async slices).
 fn assert_lanes_do_not_overlap(json: &Value) {
-    let mut lanes: BTreeMap<(i64, String, i64), Vec<(i64, i64)>> = BTreeMap::new();
-    let mut open: BTreeMap<(i64, String, i64), Vec<i64>> = BTreeMap::new();
+    let mut lanes: BTreeMap<(i64, String, String), Vec<(i64, i64)>> = BTreeMap::new();
+    let mut open: BTreeMap<(i64, String, String), Vec<i64>> = BTreeMap::new();
     for e in events(json) {
         let ph = e["ph"].as_str().unwrap_or("");
         if ph != "b" && ph != "e" {
@@ -87,7 +87,8 @@ fn assert_lanes_do_not_overlap(json: &Value) {
         let key = (
             e["pid"].as_i64().unwrap(),
             e["cat"].as_str().unwrap().to_string(),
-            e["id2"]["local"].as_i64().unwrap(),
+            // Process-scoped ids, hex strings as the Trace Event Format writes them.
+            e["id2"]["local"].as_str().unwrap().to_string(),
         );
         let ts = e["ts"].as_i64().unwrap();
         if ph == "b" {
