@@ -73,6 +73,47 @@ fn export_to_chrome_then_import_gives_the_same_trace() {
     assert_eq!(fields(&reread), fields(&snapshot));
 }
 
+#[test]
+fn export_to_perfetto_writes_a_protobuf_trace() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 1,
+        ..TrainingRun::default()
+    });
+    let input = tmp.path().join("run.pickle");
+    memsnap_format::write_path(&input, &snapshot, None).expect("write");
+    let output = tmp.path().join("run.pftrace");
+    let out = memsnap(&[
+        "export",
+        arg(&input),
+        "--to",
+        "perfetto",
+        "-o",
+        arg(&output),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("Perfetto protobuf trace"),
+        "{}",
+        stdout(&out)
+    );
+    let bytes = std::fs::read(&output).unwrap();
+    // The first packet is field 1 of `Trace`, length-delimited (key 0x0a).
+    assert_eq!(bytes[0], 0x0a);
+    let out = memsnap(&[
+        "export",
+        arg(&input),
+        "--to",
+        "perfetto",
+        "--merge",
+        arg(&input),
+        "-o",
+        arg(&output),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("use --to chrome"), "{}", stderr(&out));
+}
+
 const TORCH_TRACE: &str = r#"{"schemaVersion": 1, "baseTimeNanoseconds": 1700000000000000000,
  "distributedInfo": {"rank": 2},
  "traceEvents": [
