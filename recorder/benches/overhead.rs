@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use memsnap_recorder::stacks::walk_frame_pointers;
+use memsnap_recorder::stacks::{check_frame_pointers, walk_frame_pointers, FramePointerCheck};
 use memsnap_recorder::{
     CachingAllocator, ContextMode, HistoryOptions, SimulatedDevice, StackMode, Stream, Unwinder,
 };
@@ -176,6 +176,15 @@ fn fp_depth_at(depth: usize) -> usize {
     }
 }
 
+#[inline(never)]
+fn check_at(depth: usize) -> Option<FramePointerCheck> {
+    if depth == 0 {
+        check_frame_pointers()
+    } else {
+        black_box(check_at(black_box(depth - 1)))
+    }
+}
+
 fn caching(history: Option<HistoryOptions>) -> Caching {
     let a = CachingAllocator::new(SimulatedDevice::new(80 << 30));
     if let Some(options) = history {
@@ -268,6 +277,29 @@ fn main() {
             "per captured stack ({name}): {:.0} ns",
             (best[i] - best[2]).max(0.0) / 2.0
         );
+    }
+    // What the walk misses against DWARF unwinding: std's prebuilt start-up frames (it has no
+    // frame pointers), on the main thread and on a spawned one.
+    for (thread, check) in [
+        ("main thread", check_at(DEPTH)),
+        (
+            "spawned thread",
+            std::thread::spawn(|| check_at(DEPTH)).join().ok().flatten(),
+        ),
+    ] {
+        if let Some(c) = check {
+            println!(
+                "frame-pointer walk vs DWARF ({thread}): walked {} frames, DWARF {}, missed {}{}",
+                c.walked,
+                c.unwound,
+                c.missed,
+                if c.host_lacks_frame_pointers() {
+                    " (this build lacks frame pointers)"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     let depth = fp_depth_at(DEPTH);
     if depth < DEPTH {
