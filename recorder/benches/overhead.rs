@@ -8,11 +8,14 @@
 //!
 //! ```text
 //! cargo bench -p memsnap-recorder --bench overhead
-//! RUSTFLAGS="-C force-frame-pointers=yes" cargo bench -p memsnap-recorder --bench overhead
+//! MEMSNAP_BENCH_CLOCK=cpu cargo bench -p memsnap-recorder --bench overhead   # on-CPU time
 //! ```
 //!
-//! The frame-pointer walk only sees the whole stack when the build keeps frame pointers (the
-//! second command); otherwise the capture falls back to DWARF unwinding, and the bench says so.
+//! The frame-pointer walk only sees the whole stack when the build keeps frame pointers (this
+//! workspace's `.cargo/config.toml` gives every build them); otherwise the capture falls back
+//! to DWARF unwinding, and the bench says so. It also compares one frame-pointer walk with a
+//! DWARF unwind from the same place (`stacks::check_frame_pointers`), on the main thread and
+//! on a spawned one: the frames the walk misses are std's prebuilt start-up frames.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -140,17 +143,40 @@ impl PairAllocator for Caching {
     }
 }
 
+/// Nanoseconds this thread has run on a CPU (`/proc/thread-self/schedstat`, Linux), or
+/// `None`. Unlike wall time it leaves out the time other processes hold the CPU.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Which clock the pairs are timed with: `MEMSNAP_BENCH_CLOCK=cpu` for on-CPU time
+/// (steadier on a loaded machine), wall time otherwise.
+fn cpu_clock() -> bool {
+    std::env::var("MEMSNAP_BENCH_CLOCK").is_ok_and(|c| c == "cpu") && thread_cpu_ns().is_some()
+}
+
 /// Steady state: `LIVE` blocks alive; each iteration frees the oldest and allocates a new one.
 #[inline(never)]
 fn run_pairs(a: &mut dyn PairAllocator, pairs: usize) -> f64 {
     let mut ring: Vec<u64> = (0..LIVE).map(|i| a.alloc(size_at(i))).collect();
+    let cpu = cpu_clock();
+    let cpu_start = if cpu { thread_cpu_ns() } else { None };
     let start = Instant::now();
     for i in 0..pairs {
         let slot = i % LIVE;
         a.free(ring[slot]);
         ring[slot] = a.alloc(size_at(i + LIVE));
     }
-    let ns = start.elapsed().as_nanos() as f64 / pairs as f64;
+    let wall_ns = start.elapsed().as_nanos() as f64;
+    let ns = match (cpu_start, thread_cpu_ns()) {
+        (Some(s), Some(e)) if cpu => e.saturating_sub(s) as f64,
+        _ => wall_ns,
+    } / pairs as f64;
     for p in ring {
         a.free(p);
     }
@@ -249,7 +275,11 @@ fn main() {
         .max(1);
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
         let load: Vec<&str> = load.split_whitespace().take(3).collect();
-        println!("best of {rounds} rounds; load average {}", load.join(" "));
+        println!(
+            "best of {rounds} rounds; load average {}; {} time",
+            load.join(" "),
+            if cpu_clock() { "on-CPU" } else { "wall" }
+        );
     }
     let mut best = vec![f64::INFINITY; configs.len()];
     for _ in 0..rounds {
