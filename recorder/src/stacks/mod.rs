@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use memsnap_format::Frame;
@@ -93,8 +94,9 @@ pub enum Unwinder {
     /// current thread's stack bounds, so a missing frame pointer ends the walk early instead of
     /// reading wild memory. Falls back to [`Unwinder::Backtrace`] on other platforms or when
     /// the walk finds fewer than four frames. The first capture of the process compares one
-    /// walk with a DWARF unwind and warns once on stderr when the walk misses frames (see
-    /// [`check_frame_pointers`]).
+    /// walk with a DWARF unwind (see [`check_frame_pointers`]): when the walk misses frames
+    /// (the program lacks frame pointers), it warns once on stderr and every capture of the
+    /// process unwinds with DWARF instead, so stacks stay complete.
     FramePointers,
 }
 
@@ -198,39 +200,49 @@ pub fn first_capture_check() -> Option<FramePointerCheck> {
     FIRST_CHECK.get().copied().flatten()
 }
 
-/// Runs [`check_frame_pointers`] at the first frame-pointer capture of the process and warns
-/// once on stderr when the program lacks frame pointers. Later calls cost one atomic load.
+/// Whether frame-pointer walks are used: 0 not decided yet, 1 yes, 2 no (the first capture's
+/// check found the program without frame pointers; captures unwind with DWARF instead).
+static FRAME_POINTERS_USABLE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether [`Unwinder::FramePointers`] captures walk frame pointers in this process. The first
+/// call runs [`check_frame_pointers`] and, when the program lacks frame pointers, warns once
+/// on stderr and answers no from then on. Later calls cost one atomic load.
 #[inline]
-fn check_once() {
-    if FIRST_CHECK.get().is_none() {
-        check_once_slow();
+fn frame_pointers_usable() -> bool {
+    match FRAME_POINTERS_USABLE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => decide_frame_pointers(),
     }
 }
 
 #[cold]
 #[inline(never)]
-fn check_once_slow() {
+fn decide_frame_pointers() -> bool {
     let mut first = false;
-    FIRST_CHECK.get_or_init(|| {
+    let check = *FIRST_CHECK.get_or_init(|| {
         first = true;
         check_frame_pointers()
     });
-    if let (true, Some(check)) = (first, first_capture_check()) {
-        if check.host_lacks_frame_pointers() {
+    let usable = check.is_some_and(|c| !c.host_lacks_frame_pointers());
+    FRAME_POINTERS_USABLE.store(if usable { 1 } else { 2 }, Ordering::Relaxed);
+    if let (true, Some(check)) = (first, check) {
+        if !usable {
             eprintln!("{}", frame_pointer_warning(&check));
         }
     }
+    usable
 }
 
 /// The one-time warning for a program without frame pointers.
 pub fn frame_pointer_warning(check: &FramePointerCheck) -> String {
     format!(
         "memsnap: warning: this program lacks frame pointers: the frame-pointer stack walk \
-         missed {} of the {} frames DWARF unwinding finds, so native stacks are cut short (or \
-         fall back to DWARF unwinding at about 4 µs a stack). Build Rust code with \
-         RUSTFLAGS=\"-C force-frame-pointers=yes\" and C/C++ code with \
-         -fno-omit-frame-pointer (see memsnap-recorder's README, \"Native stacks and frame \
-         pointers\"), or record with Unwinder::Backtrace.",
+         missed {} of the {} frames DWARF unwinding finds, so native stacks are unwound with \
+         DWARF instead (complete, but about 4 µs a stack instead of about 150 ns). For the \
+         fast walk, build Rust code with RUSTFLAGS=\"-C force-frame-pointers=yes\" and \
+         C/C++ code with -fno-omit-frame-pointer (see memsnap-recorder's README, \"Native \
+         stacks and frame pointers\").",
         check.missed, check.unwound
     )
 }
@@ -268,8 +280,7 @@ impl CapturedStack {
                 any(target_arch = "x86_64", target_arch = "aarch64"),
                 target_os = "linux"
             ))]
-            {
-                check_once();
+            if frame_pointers_usable() {
                 stack.len = frame_pointers::walk(&mut stack.ips);
                 if stack.len >= MIN_FRAME_POINTER_FRAMES {
                     return stack;
