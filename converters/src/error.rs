@@ -34,6 +34,9 @@ pub enum ConvertError {
     /// A flame graph or pprof profile cannot be made ([`crate::profile`]).
     #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
+    /// A Parquet export failed ([`crate::parquet`]).
+    #[error(transparent)]
+    Parquet(#[from] crate::parquet::ParquetError),
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

@@ -39,6 +39,9 @@ use memsnap_format::FrameId;
 
 use crate::profile::{frame_label, LiveProfile, ProfileError};
 
+/// The most live bytes a flame graph draws (an exabyte; no device is near).
+pub const MAX_DRAWN_BYTES: u64 = 1 << 60;
+
 /// The live set as folded lines, root first (`f0;f1;…;leaf <bytes>`), one per distinct
 /// stack, sorted. Frame text has `;` replaced by `,` and line breaks by spaces (they would
 /// split the line); a block without frames is `<no frames>`.
@@ -106,6 +109,12 @@ pub fn render(profile: &LiveProfile<'_>, out: &mut impl Write) -> Result<(), Pro
     let fail = |e: std::io::Error| ProfileError::Flamegraph {
         what: e.to_string(),
     };
+    // inferno adds the counts in a usize; the live total saturates, so this bounds every sum.
+    if profile.bytes >= MAX_DRAWN_BYTES {
+        return Err(ProfileError::Implausible {
+            bytes: profile.bytes,
+        });
+    }
     let lines = folded_lines(profile);
     if profile.bytes == 0 {
         return write_empty(profile, out).map_err(fail);

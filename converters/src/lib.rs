@@ -15,7 +15,8 @@
 //! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
 //!   PyTorch's `_memory_viz.py` text reports, byte for byte; [`chrome`], a Chrome Trace Event
 //!   JSON for ui.perfetto.dev (counters, allocation lifetimes, steps), optionally merged into
-//!   a torch.profiler trace.
+//!   a torch.profiler trace; [`parquet`], tables of many ranks' allocations, steps,
+//!   segments, frames and stacks for DuckDB, Spark, Trino or Polars.
 //! - **Profiles** are one device's live set at one instant ([`profile`]: the peak, the end, a
 //!   trace entry or a time), drawn as a [`flamegraph`] SVG of live bytes by stack or site, or
 //!   written as a gzipped [`pprof`] heap profile (`go tool pprof`, speedscope).
@@ -27,11 +28,12 @@ pub mod error;
 pub mod flamegraph;
 pub mod memviz;
 pub mod open;
-pub mod sniff;
-pub mod torch;
-pub mod rocm;
+pub mod parquet;
 pub mod pprof;
 pub mod profile;
+pub mod rocm;
+pub mod sniff;
+pub mod torch;
 
 pub use error::{ConvertError, Result};
 pub use memsnap_format::Snapshot;

@@ -147,6 +147,10 @@ pub enum ProfileError {
         device: i64,
         first: i64,
     },
+    /// Live bytes no GPU holds (a damaged or hostile file): the flame graph's arithmetic
+    /// would overflow.
+    #[error("{bytes} live bytes at that instant is beyond any device (at most 2^60 can be drawn): the snapshot's sizes are damaged")]
+    Implausible { bytes: u64 },
     /// The SVG writer failed.
     #[error("cannot write the flame graph: {what}")]
     Flamegraph { what: String },

@@ -8,17 +8,20 @@
 //!
 //! ```text
 //! cargo bench -p memsnap-recorder --bench overhead
-//! RUSTFLAGS="-C force-frame-pointers=yes" cargo bench -p memsnap-recorder --bench overhead
+//! MEMSNAP_BENCH_CLOCK=cpu cargo bench -p memsnap-recorder --bench overhead   # on-CPU time
 //! ```
 //!
-//! The frame-pointer walk only sees the whole stack when the build keeps frame pointers (the
-//! second command); otherwise the capture falls back to DWARF unwinding, and the bench says so.
+//! The frame-pointer walk only sees the whole stack when the build keeps frame pointers (this
+//! workspace's `.cargo/config.toml` gives every build them); otherwise the capture falls back
+//! to DWARF unwinding, and the bench says so. It also compares one frame-pointer walk with a
+//! DWARF unwind from the same place (`stacks::check_frame_pointers`), on the main thread and
+//! on a spawned one: the frames the walk misses are std's prebuilt start-up frames.
 
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use memsnap_recorder::stacks::walk_frame_pointers;
+use memsnap_recorder::stacks::{check_frame_pointers, walk_frame_pointers, FramePointerCheck};
 use memsnap_recorder::{
     CachingAllocator, ContextMode, HistoryOptions, SimulatedDevice, StackMode, Stream, Unwinder,
 };
@@ -140,17 +143,40 @@ impl PairAllocator for Caching {
     }
 }
 
+/// Nanoseconds this thread has run on a CPU (`/proc/thread-self/schedstat`, Linux), or
+/// `None`. Unlike wall time it leaves out the time other processes hold the CPU.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Which clock the pairs are timed with: `MEMSNAP_BENCH_CLOCK=cpu` for on-CPU time
+/// (steadier on a loaded machine), wall time otherwise.
+fn cpu_clock() -> bool {
+    std::env::var("MEMSNAP_BENCH_CLOCK").is_ok_and(|c| c == "cpu") && thread_cpu_ns().is_some()
+}
+
 /// Steady state: `LIVE` blocks alive; each iteration frees the oldest and allocates a new one.
 #[inline(never)]
 fn run_pairs(a: &mut dyn PairAllocator, pairs: usize) -> f64 {
     let mut ring: Vec<u64> = (0..LIVE).map(|i| a.alloc(size_at(i))).collect();
+    let cpu = cpu_clock();
+    let cpu_start = if cpu { thread_cpu_ns() } else { None };
     let start = Instant::now();
     for i in 0..pairs {
         let slot = i % LIVE;
         a.free(ring[slot]);
         ring[slot] = a.alloc(size_at(i + LIVE));
     }
-    let ns = start.elapsed().as_nanos() as f64 / pairs as f64;
+    let wall_ns = start.elapsed().as_nanos() as f64;
+    let ns = match (cpu_start, thread_cpu_ns()) {
+        (Some(s), Some(e)) if cpu => e.saturating_sub(s) as f64,
+        _ => wall_ns,
+    } / pairs as f64;
     for p in ring {
         a.free(p);
     }
@@ -173,6 +199,15 @@ fn fp_depth_at(depth: usize) -> usize {
         walk_frame_pointers(&mut buf)
     } else {
         black_box(fp_depth_at(black_box(depth - 1)))
+    }
+}
+
+#[inline(never)]
+fn check_at(depth: usize) -> Option<FramePointerCheck> {
+    if depth == 0 {
+        check_frame_pointers()
+    } else {
+        black_box(check_at(black_box(depth - 1)))
     }
 }
 
@@ -240,7 +275,11 @@ fn main() {
         .max(1);
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
         let load: Vec<&str> = load.split_whitespace().take(3).collect();
-        println!("best of {rounds} rounds; load average {}", load.join(" "));
+        println!(
+            "best of {rounds} rounds; load average {}; {} time",
+            load.join(" "),
+            if cpu_clock() { "on-CPU" } else { "wall" }
+        );
     }
     let mut best = vec![f64::INFINITY; configs.len()];
     for _ in 0..rounds {
@@ -268,6 +307,29 @@ fn main() {
             "per captured stack ({name}): {:.0} ns",
             (best[i] - best[2]).max(0.0) / 2.0
         );
+    }
+    // What the walk misses against DWARF unwinding: std's prebuilt start-up frames (it has no
+    // frame pointers), on the main thread and on a spawned one.
+    for (thread, check) in [
+        ("main thread", check_at(DEPTH)),
+        (
+            "spawned thread",
+            std::thread::spawn(|| check_at(DEPTH)).join().ok().flatten(),
+        ),
+    ] {
+        if let Some(c) = check {
+            println!(
+                "frame-pointer walk vs DWARF ({thread}): walked {} frames, DWARF {}, missed {}{}",
+                c.walked,
+                c.unwound,
+                c.missed,
+                if c.host_lacks_frame_pointers() {
+                    " (this build lacks frame pointers)"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     let depth = fp_depth_at(DEPTH);
     if depth < DEPTH {

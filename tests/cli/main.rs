@@ -4,6 +4,7 @@ mod analysis_cmds;
 mod common;
 mod demo;
 mod export_import;
+mod export_parquet;
 mod export_profiles;
 mod format_cmds;
 mod numbers;

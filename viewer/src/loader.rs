@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egui::DroppedFileHandle;
-use memsnap_format::io::{read_bytes_observing, read_path_observing, Detected};
 use memsnap_converters::ConvertError;
+use memsnap_format::io::{read_bytes_observing, read_path_observing, Detected};
 use memsnap_format::{Action, FormatError, Snapshot, TraceEntry};
 
 /// Where a snapshot comes from.
@@ -495,6 +495,31 @@ mod tests {
             name: name.into(),
             bytes: bytes.into(),
         }
+    }
+
+    #[test]
+    fn a_dropped_torch_profiler_trace_opens_through_the_converters() {
+        let trace = br#"{"traceEvents": [
+            {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1700000000000100,
+             "args": {"Device Type": 1, "Device Id": 0, "Addr": 4096, "Bytes": 1024,
+                      "Total Allocated": 1024, "Total Reserved": 2097152}}]}"#;
+        let job = LoadJob::spawn(1, bytes_source("prof.json", trace), || {}, |l, _| Ok(l));
+        let loaded = job.wait().expect("a torch.profiler trace opens");
+        let entries = &loaded.snapshot.traces()[0];
+        assert_eq!(entries.len(), 1);
+        assert_eq!((entries[0].action, entries[0].size), (Action::Alloc, 1024));
+        assert_eq!(entries[0].time_us, Some(1_700_000_000_000_100));
+    }
+
+    #[test]
+    fn a_trace_without_memory_events_names_what_is_missing() {
+        let trace = br#"{"traceEvents": [{"ph": "X", "name": "gemm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}"#;
+        let job = LoadJob::spawn(1, bytes_source("kernels.json", trace), || {}, |l, _| Ok(l));
+        let err = job.wait().expect_err("nothing to show");
+        let text = err.to_string();
+        assert!(text.starts_with("kernels.json: "), "{text}");
+        assert!(text.contains("no [memory] events"), "{text}");
+        assert!(matches!(err, LoadError::Import { .. }));
     }
 
     #[test]

@@ -30,15 +30,20 @@
 //! The trace is written event by event to any [`std::io::Write`]: a million-entry snapshot
 //! never becomes one big JSON value in memory.
 //!
+//! # Perfetto protobuf ([`perfetto`])
+//! The same picture in Perfetto's native `.pftrace` format (hand-written `prost` messages).
+//!
 //! # Merge ([`merge_path`])
 //! `memsnap export --merge TRACE.json[.gz]` appends these events to a torch.profiler trace,
 //! converted to its time base, so memory sits under the kernels; see [`merge`].
 
 pub mod merge;
+pub mod perfetto;
 mod write;
 
 pub use merge::{merge_path, merge_write, MergeReport};
-pub use write::{export_path, write_trace, ExportSummary};
+pub use perfetto::{export_perfetto_path, write_perfetto};
+pub use write::{export_path, write_trace, DeviceSummary, ExportSummary};
 
 /// Process ids of memsnap's rows: `1_000_000_000 + rank * 1000 + device`.
 pub const PID_BASE: i64 = 1_000_000_000;

@@ -191,14 +191,14 @@ pub(crate) fn write_micros(out: &mut dyn Write, base: TimeBase, time_us: i64) ->
 }
 
 /// One device's event clock: entry times, or entry indices when the trace has none.
-struct Clock<'t> {
-    times: Option<&'t [i64]>,
-    trace_len: u32,
+pub(crate) struct Clock<'t> {
+    pub(crate) times: Option<&'t [i64]>,
+    pub(crate) trace_len: u32,
 }
 
 impl Clock<'_> {
     /// The time of entry `event` (the last entry's for events past the end).
-    fn at(&self, event: u32) -> i64 {
+    pub(crate) fn at(&self, event: u32) -> i64 {
         match self.times {
             Some(t) => t
                 .get(event as usize)
@@ -209,7 +209,7 @@ impl Clock<'_> {
         }
     }
 
-    fn last(&self) -> i64 {
+    pub(crate) fn last(&self) -> i64 {
         self.at(self.trace_len.saturating_sub(1))
     }
 }
@@ -233,14 +233,14 @@ pub(crate) fn write_events(
 }
 
 /// Site labels and stack texts, computed once per stack.
-struct Labels<'s> {
+pub(crate) struct Labels<'s> {
     snapshot: &'s Snapshot,
     keyer: SiteKeyer<'s>,
     cache: HashMap<Option<StackId>, (String, String)>,
 }
 
 impl<'s> Labels<'s> {
-    fn new(snapshot: &'s Snapshot) -> Self {
+    pub(crate) fn new(snapshot: &'s Snapshot) -> Self {
         Labels {
             snapshot,
             keyer: SiteKeyer::new(snapshot, GroupBy::Frame),
@@ -249,7 +249,7 @@ impl<'s> Labels<'s> {
     }
 
     /// `(site, stack text)` of a stack: `file:line:name`, one frame a line, innermost first.
-    fn get(&mut self, stack: Option<StackId>) -> &(String, String) {
+    pub(crate) fn get(&mut self, stack: Option<StackId>) -> &(String, String) {
         let (snapshot, keyer) = (self.snapshot, &mut self.keyer);
         self.cache.entry(stack).or_insert_with(|| {
             let site = keyer.key(stack).label(snapshot);
@@ -366,7 +366,7 @@ fn write_device(
         sink.open("b", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":{lane}}}"
+            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":\"{lane:#x}\"}}"
         )?;
         sink.name(site)?;
         sink.ts(start)?;
@@ -384,7 +384,7 @@ fn write_device(
         sink.open("e", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":{lane}}}"
+            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":\"{lane:#x}\"}}"
         )?;
         sink.name(site)?;
         sink.ts(end)?;
@@ -410,7 +410,7 @@ fn write_device(
         sink.open("b", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":{lane}}},\"name\":\"segment\""
+            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":\"{lane:#x}\"}},\"name\":\"segment\""
         )?;
         sink.ts(start)?;
         write!(
@@ -423,7 +423,7 @@ fn write_device(
         sink.open("e", pid, tid::MEMORY)?;
         write!(
             sink.out,
-            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":{lane}}},\"name\":\"segment\""
+            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":\"{lane:#x}\"}},\"name\":\"segment\""
         )?;
         sink.ts(end)?;
         sink.out.write_all(b",\"args\":{")?;
@@ -526,13 +526,13 @@ fn counter(sink: &mut Sink<'_>, pid: i64, name: &str, time: i64, bytes: u64) -> 
 /// Greedy interval packing: a slice reuses the lane that freed first, when it ended strictly
 /// before the slice starts (equal times could be ordered either way by a viewer).
 #[derive(Default)]
-struct Lanes {
+pub(crate) struct Lanes {
     free_at: BinaryHeap<Reverse<(i64, usize)>>,
-    count: usize,
+    pub(crate) count: usize,
 }
 
 impl Lanes {
-    fn place(&mut self, start: i64, end: i64) -> usize {
+    pub(crate) fn place(&mut self, start: i64, end: i64) -> usize {
         let lane = match self.free_at.peek() {
             Some(&Reverse((ends, lane))) if ends < start => {
                 self.free_at.pop();

@@ -58,6 +58,7 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
     let mut memory = Vec::new();
     let mut cpu = 0usize;
     let mut unknown_device = 0usize;
+    let mut first_unknown_device = None;
     for (index, event) in doc.events.iter().enumerate() {
         if !is_memory(event) {
             continue;
@@ -92,6 +93,7 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
             .filter(|d| (0..1 << 16).contains(d))
         else {
             unknown_device += 1;
+            first_unknown_device.get_or_insert(index);
             continue;
         };
         let bytes = int(&args.bytes, "Bytes")?.ok_or_else(|| bad("no \"Bytes\"".into()))?;
@@ -124,6 +126,14 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
         });
     }
     if memory.is_empty() {
+        if let Some(index) = first_unknown_device {
+            return Err(TraceError::BadEvent {
+                index,
+                what: format!(
+                    "{unknown_device} GPU [memory] events, none with a usable \"Device Id\" (0..65535)"
+                ),
+            });
+        }
         if cpu > 0 {
             return Err(TraceError::OnlyCpu { cpu });
         }
@@ -280,6 +290,12 @@ fn rank_of(doc: &TraceDoc) -> Option<i64> {
     integer(info.get("rank")?).and_then(|r| i64::try_from(r).ok())
 }
 
+/// `(pid, tid)` as written (numbers or strings).
+type ThreadKey = (String, String);
+
+/// An `X` slice: start and end (ns, the trace's relative clock) and its event index.
+type Slice = (i128, i128, usize);
+
 /// Gives each memory event the stack of the `X` slices enclosing it on its thread; returns
 /// how many got one.
 fn attach_stacks(doc: &TraceDoc, memory: &mut [Memory], snapshot: &mut Snapshot) -> usize {
@@ -289,12 +305,12 @@ fn attach_stacks(doc: &TraceDoc, memory: &mut [Memory], snapshot: &mut Snapshot)
             e.tid.as_ref().map(|v| v.to_string()).unwrap_or_default(),
         )
     };
-    let mut wanted: HashMap<(String, String), Vec<usize>> = HashMap::default();
+    let mut wanted: HashMap<ThreadKey, Vec<usize>> = HashMap::default();
     for (i, m) in memory.iter().enumerate() {
         wanted.entry(key(&doc.events[m.index])).or_default().push(i);
     }
     // Slices per thread: (start, end, event index).
-    let mut slices: HashMap<(String, String), Vec<(i128, i128, usize)>> = HashMap::default();
+    let mut slices: HashMap<ThreadKey, Vec<Slice>> = HashMap::default();
     for (index, e) in doc.events.iter().enumerate() {
         if e.ph.as_deref() != Some("X")
             || !e
@@ -331,7 +347,7 @@ fn attach_stacks(doc: &TraceDoc, memory: &mut [Memory], snapshot: &mut Snapshot)
         // Memory event times here are relative `ts` like the slices' (no base added).
         let rel = |m: &Memory| m.time_ns - doc.base_time_ns.unwrap_or(0);
         order.sort_by_key(|&i| rel(&memory[i]));
-        let mut open: Vec<(i128, i128, usize)> = Vec::new();
+        let mut open: Vec<Slice> = Vec::new();
         let mut next = 0;
         for i in order {
             let t = rel(&memory[i]);

@@ -29,17 +29,12 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     e.finish().expect("gzip")
 }
 
-/// An entry with its frames resolved (ids differ between snapshots).
-type Resolved = (
-    String,
-    Option<u64>,
-    u64,
-    i64,
-    Option<i64>,
-    Vec<(String, String, String)>,
-);
+/// An entry with its frames resolved to text (stack ids differ between snapshots).
+type Resolved = (String, Option<u64>, u64, i64, Option<i64>, String);
 
 fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
+    // One text per distinct stack: real stacks are a hundred frames deep.
+    let mut texts: BTreeMap<u32, String> = BTreeMap::new();
     snapshot
         .traces()
         .iter()
@@ -50,10 +45,15 @@ fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
                     let frames = e
                         .frames
                         .map(|s| {
-                            snapshot
-                                .stack_frames(s)
-                                .map(|f| (f.filename.clone(), f.line.to_string(), f.name.clone()))
-                                .collect()
+                            texts
+                                .entry(s.0)
+                                .or_insert_with(|| {
+                                    snapshot
+                                        .stack_frames(s)
+                                        .map(|f| format!("{}:{}:{}\n", f.filename, f.line, f.name))
+                                        .collect()
+                                })
+                                .clone()
                         })
                         .unwrap_or_default();
                     (
@@ -77,8 +77,8 @@ fn events(json: &Value) -> &Vec<Value> {
 /// Checks what any viewer needs: every `b` has its `e` on the same lane, and the slices of a
 /// lane never overlap (Perfetto drops mis-nested async slices).
 fn assert_lanes_do_not_overlap(json: &Value) {
-    let mut lanes: BTreeMap<(i64, String, i64), Vec<(i64, i64)>> = BTreeMap::new();
-    let mut open: BTreeMap<(i64, String, i64), Vec<i64>> = BTreeMap::new();
+    let mut lanes: BTreeMap<(i64, String, String), Vec<(i64, i64)>> = BTreeMap::new();
+    let mut open: BTreeMap<(i64, String, String), Vec<i64>> = BTreeMap::new();
     for e in events(json) {
         let ph = e["ph"].as_str().unwrap_or("");
         if ph != "b" && ph != "e" {
@@ -87,7 +87,8 @@ fn assert_lanes_do_not_overlap(json: &Value) {
         let key = (
             e["pid"].as_i64().unwrap(),
             e["cat"].as_str().unwrap().to_string(),
-            e["id2"]["local"].as_i64().unwrap(),
+            // Process-scoped ids, hex strings as the Trace Event Format writes them.
+            e["id2"]["local"].as_str().unwrap().to_string(),
         );
         let ts = e["ts"].as_i64().unwrap();
         if ph == "b" {
@@ -323,50 +324,26 @@ fn torch_trace(with_base: bool) -> String {
 fn a_torch_profiler_trace_imports_to_the_expected_entries() {
     let dir = tempfile::tempdir().unwrap();
     let t = |us: i64| Some(BASE_NS / 1000 + us);
-    let frames = vec![
-        ("".to_string(), "0".to_string(), "aten::empty".to_string()),
-        (
-            "model.py".to_string(),
-            "42".to_string(),
-            "forward".to_string(),
-        ),
-        ("train.py".to_string(), "10".to_string(), "step".to_string()),
+    let frames = [
+        ":0:aten::empty\n",
+        "model.py:42:forward\n",
+        "train.py:10:step\n",
     ];
+    let stack = |from: usize| frames[from..].concat();
     let big = 139888158572544u64;
     let old = 139888160669696u64;
     let expected_device_0: Vec<Resolved> = vec![
-        ("alloc".into(), Some(old), 512, 0, t(205), vec![]),
-        (
-            "alloc".into(),
-            Some(big),
-            2097152,
-            0,
-            t(205),
-            frames.clone(),
-        ),
-        (
-            "free_requested".into(),
-            Some(old),
-            512,
-            0,
-            t(500),
-            frames[2..].to_vec(),
-        ),
-        (
-            "free_completed".into(),
-            Some(old),
-            512,
-            0,
-            t(500),
-            frames[2..].to_vec(),
-        ),
+        ("alloc".into(), Some(old), 512, 0, t(205), String::new()),
+        ("alloc".into(), Some(big), 2097152, 0, t(205), stack(0)),
+        ("free_requested".into(), Some(old), 512, 0, t(500), stack(2)),
+        ("free_completed".into(), Some(old), 512, 0, t(500), stack(2)),
         (
             "free_requested".into(),
             Some(big),
             2097152,
             0,
             t(900),
-            frames[2..].to_vec(),
+            stack(2),
         ),
         (
             "free_completed".into(),
@@ -374,16 +351,9 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
             2097152,
             0,
             t(900),
-            frames[2..].to_vec(),
+            stack(2),
         ),
-        (
-            "oom".into(),
-            None,
-            8589934592,
-            0,
-            t(950),
-            frames[2..].to_vec(),
-        ),
+        ("oom".into(), None, 8589934592, 0, t(950), stack(2)),
     ];
     for with_base in [true, false] {
         let text = torch_trace(with_base);
@@ -423,7 +393,7 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
 #[test]
 fn bad_traces_name_the_file_and_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, Vec<u8>, &str); 5] = [
+    let cases: [(&str, Vec<u8>, &str); 6] = [
         (
             "no_memory.json",
             br#"{"traceEvents": [{"ph": "X", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}"#.to_vec(),
@@ -443,6 +413,11 @@ fn bad_traces_name_the_file_and_what_is_missing() {
             "old.json",
             br#"{"traceEvents": [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512}}]}"#.to_vec(),
             "no Addr (a PyTorch 1.8-era trace)",
+        ),
+        (
+            "no_device.json",
+            br#"{"traceEvents": [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1, "args": {"Device Type": 1, "Addr": 4096, "Bytes": 512}}]}"#.to_vec(),
+            "traceEvents[0]: 1 GPU [memory] events, none with a usable \"Device Id\"",
         ),
         (
             "bad_timeline.raw.json",
@@ -676,6 +651,14 @@ fn every_real_snapshot_exports_and_round_trips() {
                 assert_eq!(last, reserved, "{} device {d}", file.display());
             }
         }
+        // The protobuf of the same picture decodes, one packet per event written.
+        let mut proto = Vec::new();
+        let summary = chrome::write_perfetto(&snapshot, &ChromeOptions::default(), &mut proto)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let decoded =
+            <memsnap_converters::chrome::perfetto::Trace as prost::Message>::decode(&proto[..])
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_eq!(decoded.packet.len() as u64, summary.events);
         let path = write_file(out_dir.path(), "real.json", &bytes);
         let (back, _) = open_path(&path).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         assert_eq!(
@@ -685,4 +668,76 @@ fn every_real_snapshot_exports_and_round_trips() {
             file.display()
         );
     }
+}
+
+#[test]
+fn the_perfetto_protobuf_decodes_with_its_own_types() {
+    use memsnap_converters::chrome::perfetto::{
+        Trace, TYPE_COUNTER, TYPE_SLICE_BEGIN, TYPE_SLICE_END,
+    };
+    use prost::Message;
+    let (snapshot, _) = generate(&TrainingRun {
+        steps: 2,
+        ..TrainingRun::default()
+    });
+    let mut out = Vec::new();
+    let summary =
+        chrome::write_perfetto(&snapshot, &ChromeOptions::default(), &mut out).expect("export");
+    let trace = Trace::decode(&out[..]).expect("decodes");
+    assert_eq!(trace.packet.len() as u64, summary.events);
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut open: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut slices: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut allocated = None;
+    let mut alloc_slices = 0;
+    let mut last_ts = 0;
+    for p in &trace.packet {
+        assert_eq!(p.trusted_packet_sequence_id, Some(7));
+        if let Some(d) = &p.track_descriptor {
+            let name = d
+                .name
+                .clone()
+                .or_else(|| d.process.as_ref().and_then(|p| p.process_name.clone()));
+            names.insert(d.uuid.unwrap(), name.unwrap_or_default());
+        }
+        let Some(e) = &p.track_event else { continue };
+        let ts = p.timestamp.unwrap();
+        assert!(ts >= last_ts, "events in time order");
+        last_ts = ts;
+        let track = e.track_uuid.unwrap();
+        let name = names.get(&track).expect("track declared before its events");
+        match e.r#type {
+            Some(TYPE_COUNTER) if name == "allocated" => allocated = e.counter_value,
+            Some(TYPE_SLICE_BEGIN) => {
+                assert!(open.insert(track, ts).is_none(), "{name}: nested begin");
+                alloc_slices += usize::from(name == "allocations");
+            }
+            Some(TYPE_SLICE_END) => {
+                let start = open.remove(&track).expect("end after begin");
+                slices.entry(track).or_default().push((start, ts));
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty());
+    // The allocated counter ends at the live bytes, summed here from the trace.
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    for e in &snapshot.traces()[0] {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, e.size);
+            }
+            Action::FreeRequested => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(allocated, Some(live.values().sum::<u64>() as i64));
+    let allocs = snapshot.traces()[0]
+        .iter()
+        .filter(|e| e.action == Action::Alloc)
+        .count();
+    assert_eq!(alloc_slices, allocs);
+    assert_eq!(names[&1_000_000_000], "memsnap GPU 0");
 }

@@ -3,5 +3,6 @@
 mod chrome;
 mod memviz;
 mod open;
-mod rocm;
+mod parquet_export;
 mod profiles;
+mod rocm;

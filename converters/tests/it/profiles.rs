@@ -479,6 +479,20 @@ fn frame_names_cannot_break_the_folded_format() {
         .any(|f| f.name == "outer <&>" && f.bytes == 4096));
 }
 
+#[test]
+fn sizes_no_device_holds_are_refused_not_wrapped() {
+    let mut s = Snapshot::new(1);
+    let trace = &mut s.device_traces.as_mut().expect("traces")[0];
+    trace.push(TraceEntry::new(Action::Alloc, 0x1000, 1 << 63, 0));
+    trace.push(TraceEntry::new(Action::Alloc, 0x2000, 1 << 63, 0));
+    let live = LiveProfile::select(&s, &ProfileOptions::default()).expect("live");
+    let err = flamegraph::render(&live, &mut Vec::new()).expect_err("refused");
+    assert!(matches!(err, ProfileError::Implausible { .. }), "{err}");
+    // pprof values saturate instead.
+    let p = decode_pprof(&pprof::encode(&live).expect("pprof"));
+    assert_eq!(sum(&p, INUSE_OBJECTS), 2);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Snapshots without a trace, and without anything.
 

@@ -88,38 +88,13 @@ fn a_c_program_links_the_static_library_and_dumps_a_valid_snapshot() {
     if !have_program("gcc", "the C ABI test") {
         return;
     }
-    let library = built_library("libmemsnap_recorder.a");
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("pattern.c");
     let program = dir.path().join("pattern");
     let snapshot_path = dir.path().join("c.pickle");
     std::fs::write(&source, PROGRAM).unwrap();
 
-    let compiled = Command::new("gcc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O0"])
-        .arg("-I")
-        .arg(&include)
-        .arg(&source)
-        .arg(&library)
-        .args([
-            "-lgcc_s",
-            "-lutil",
-            "-lrt",
-            "-lpthread",
-            "-lm",
-            "-ldl",
-            "-lc",
-            "-o",
-        ])
-        .arg(&program)
-        .output()
-        .unwrap();
-    assert!(
-        compiled.status.success(),
-        "gcc failed:\n{}",
-        String::from_utf8_lossy(&compiled.stderr)
-    );
+    compile(&source, &program, &["-O0"]);
 
     let run = Command::new(&program)
         .arg(&snapshot_path)
@@ -132,6 +107,10 @@ fn a_c_program_links_the_static_library_and_dumps_a_valid_snapshot() {
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
+
+    // The library and this program (-O0) keep frame pointers: no warning.
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!stderr.contains("lacks frame pointers"), "{stderr}");
 
     let (snapshot, _) = memsnap_format::read_path(&snapshot_path).unwrap();
     assert_eq!(
@@ -174,4 +153,105 @@ fn a_c_program_links_the_static_library_and_dumps_a_valid_snapshot() {
         .map(|b| b.requested_size.unwrap_or(0))
         .collect();
     assert_eq!(live, vec![3 * MIB]);
+}
+
+/// Compiles `source` against `memsnap.h` and the static library.
+fn compile(source: &Path, program: &Path, flags: &[&str]) {
+    let library = built_library("libmemsnap_recorder.a");
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
+    let compiled = Command::new("gcc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        .args(flags)
+        .arg("-I")
+        .arg(&include)
+        .arg(source)
+        .arg(&library)
+        .args([
+            "-lgcc_s",
+            "-lutil",
+            "-lrt",
+            "-lpthread",
+            "-lm",
+            "-ldl",
+            "-lc",
+            "-o",
+        ])
+        .arg(program)
+        .output()
+        .unwrap();
+    assert!(
+        compiled.status.success(),
+        "gcc failed:\n{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+}
+
+/// A host whose own code has no frame pointers: allocations twelve calls deep, `rbp` used as
+/// an ordinary register on the way.
+const NO_FRAME_POINTER_PROGRAM: &str = r#"
+#include <stddef.h>
+#include "memsnap.h"
+
+long layer(int depth, long a, long b, long c, long d, long e);
+/* Called through a volatile pointer so gcc neither inlines the recursion nor turns it into a
+   loop: twelve real frames. */
+static long (*volatile next_layer)(int, long, long, long, long, long) = layer;
+
+/* Keeps many values live across the call so gcc needs rbp as a general register. */
+long layer(int depth, long a, long b, long c, long d, long e) {
+    long f = a * 3 + b, g = b * 5 + c, h = c * 7 + d, i = d * 11 + e, j = e * 13 + a;
+    long k = f ^ g, l = g ^ h, m = h ^ i, n = i ^ j, o = j ^ f;
+    long r;
+    if (depth == 0) {
+        for (int t = 0; t < 50; t++) {
+            void *p = memsnap_alloc(4096, 0, NULL);
+            memsnap_free(p, 4096, 0, NULL);
+        }
+        r = 1;
+    } else {
+        r = next_layer(depth - 1, k, l, m, n, o);
+    }
+    return r + f + g + h + i + j + k + l + m + n + o;
+}
+
+int main(int argc, char **argv) {
+    (void)argv;
+    if (memsnap_init("host") != MEMSNAP_OK) return 2;
+    if (memsnap_record_history("all", "all", "native", 0) != MEMSNAP_OK) return 2;
+    return layer(11 + argc, 1, 2, 3, 4, 5) == 0 ? 3 : 0;
+}
+"#;
+
+/// The stderr of [`NO_FRAME_POINTER_PROGRAM`] compiled with `flags`.
+fn deep_program_stderr(flags: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("deep.c");
+    let program = dir.path().join("deep");
+    std::fs::write(&source, NO_FRAME_POINTER_PROGRAM).unwrap();
+    compile(&source, &program, flags);
+    let run = Command::new(&program)
+        .env_remove("MEMSNAP_DUMP")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "the C program failed:\n{stderr}");
+    stderr
+}
+
+#[test]
+fn a_host_without_frame_pointers_gets_one_warning() {
+    if !have_program("gcc", "the frame-pointer warning test") {
+        return;
+    }
+    let stderr = deep_program_stderr(&["-O2", "-fomit-frame-pointer"]);
+    // 100 captures, one warning, naming the fix.
+    assert_eq!(
+        stderr.matches("lacks frame pointers").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("-fno-omit-frame-pointer"), "{stderr}");
+    // The fix the warning names silences it.
+    let stderr = deep_program_stderr(&["-O2", "-fno-omit-frame-pointer"]);
+    assert!(!stderr.contains("lacks frame pointers"), "{stderr}");
 }

@@ -91,7 +91,9 @@ pub(super) fn walk(out: &mut [usize]) -> usize {
                 std::ptr::read_volatile((fp + word) as *const usize),
             )
         };
-        if ret == 0 {
+        // A return address points into code: zero, or an address inside this thread's stack
+        // (a register that only looked like a frame pointer), ends the walk.
+        if ret == 0 || (bottom..top).contains(&ret) {
             break;
         }
         out[n] = ret;

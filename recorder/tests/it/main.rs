@@ -2,6 +2,7 @@
 
 mod common;
 mod deps;
+mod frame_pointers;
 mod given;
 mod global_alloc;
 #[cfg(any(feature = "cuda", feature = "hip"))]

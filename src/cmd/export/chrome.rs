@@ -1,5 +1,5 @@
-//! `memsnap export --to chrome`: Chrome Trace Event JSON for ui.perfetto.dev and
-//! chrome://tracing, optionally merged into a torch.profiler trace.
+//! `memsnap export --to chrome|perfetto`: Chrome Trace Event JSON for ui.perfetto.dev and
+//! chrome://tracing, optionally merged into a torch.profiler trace, or Perfetto's protobuf.
 
 use std::process::ExitCode;
 
@@ -10,9 +10,6 @@ use super::{Args, Target};
 use crate::cmd::common;
 
 pub fn run(args: &Args) -> Result<ExitCode> {
-    if args.to == Target::Perfetto {
-        bail!("--to perfetto (the native protobuf) is not available yet: use --to chrome, which ui.perfetto.dev opens too");
-    }
     let [input] = args.inputs.as_slice() else {
         bail!(
             "--to chrome takes one snapshot ({} given): export each on its own, with --rank",
@@ -28,12 +25,21 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             .map(|m| common::format_size(m.len()))
             .unwrap_or_default()
     };
+    if args.to == Target::Perfetto && args.merge.is_some() {
+        bail!("--merge writes a Chrome trace (JSON): use --to chrome");
+    }
     match &args.merge {
         None => {
-            let summary = chrome::export_path(&snapshot, &options, &args.output)
-                .with_context(|| format!("cannot export {}", input.display()))?;
+            let (summary, what) = if args.to == Target::Perfetto {
+                let s = chrome::export_perfetto_path(&snapshot, &options, &args.output);
+                (s, "Perfetto protobuf trace")
+            } else {
+                let s = chrome::export_path(&snapshot, &options, &args.output);
+                (s, "Chrome trace")
+            };
+            let summary = summary.with_context(|| format!("cannot export {}", input.display()))?;
             outln!(
-                "{} ({}) -> {} (Chrome trace, {} events, {})",
+                "{} ({}) -> {} ({what}, {} events, {})",
                 input.display(),
                 source.describe(),
                 args.output.display(),
@@ -49,7 +55,11 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                     d.allocations,
                     d.lanes,
                     d.phases,
-                    if d.timed { "" } else { " (no times: the entry index is the clock)" }
+                    if d.timed {
+                        ""
+                    } else {
+                        " (no times: the entry index is the clock)"
+                    }
                 );
             }
         }

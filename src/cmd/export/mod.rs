@@ -29,7 +29,8 @@ Examples:
   memsnap export run.pickle --to flamegraph --by site --min-size 1MiB -o sites.svg
   memsnap export run.pickle --to pprof -o run.pb.gz             go tool pprof run.pb.gz
   memsnap export run.pickle --to pprof --at event:1200 --device 1 -o e1200.pb.gz
-  memsnap export rank*.pickle --to parquet -o tables/           query with DuckDB")]
+  memsnap export rank*.pickle --to parquet -o tables/           query with DuckDB:
+      duckdb -c \"FROM 'tables/allocations/*.parquet' SELECT rank, site, sum(size) GROUP BY ALL\"")]
 pub struct Args {
     /// Snapshot(s) to read. Several only with `--to parquet`.
     #[arg(required = true, value_name = "FILE")]
@@ -69,6 +70,8 @@ pub struct Args {
     /// highest).
     #[arg(long, value_name = "N")]
     pub device: Option<i64>,
+    #[command(flatten)]
+    pub parquet: parquet::ParquetArgs,
 }
 
 /// How a flame graph or pprof profile groups the live blocks.
