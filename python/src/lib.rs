@@ -88,17 +88,20 @@ fn as_pickle<'a>(bytes: &'a [u8], name: &str) -> PyResult<std::borrow::Cow<'a, [
     }
 }
 
-fn read_file(path: &Path) -> PyResult<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        let message = format!("{}: {e}", path.display());
-        match e.kind() {
-            std::io::ErrorKind::NotFound => pyo3::exceptions::PyFileNotFoundError::new_err(message),
-            std::io::ErrorKind::PermissionDenied => {
-                pyo3::exceptions::PyPermissionError::new_err(message)
-            }
-            _ => pyo3::exceptions::PyOSError::new_err(message),
+/// An I/O error as the matching Python exception (`FileNotFoundError`, ...), naming the file.
+pub(crate) fn io_error(path: &Path, e: std::io::Error) -> PyErr {
+    let message = format!("{}: {e}", path.display());
+    match e.kind() {
+        std::io::ErrorKind::NotFound => pyo3::exceptions::PyFileNotFoundError::new_err(message),
+        std::io::ErrorKind::PermissionDenied => {
+            pyo3::exceptions::PyPermissionError::new_err(message)
         }
-    })
+        _ => pyo3::exceptions::PyOSError::new_err(message),
+    }
+}
+
+fn read_file(path: &Path) -> PyResult<Vec<u8>> {
+    std::fs::read(path).map_err(|e| io_error(path, e))
 }
 
 fn run_pickle<'py>(py: Python<'py>, pickle: &[u8], name: &str) -> PyResult<Bound<'py, PyAny>> {

@@ -3,6 +3,10 @@
 //! and written once, a shared object written again as a memo reference (`BINGET`), so
 //! `pickle.load` of the result gives back equal objects with the same sharing. Anything else
 //! (class instances, functions, NumPy arrays) is refused: a snapshot pickle holds only data.
+//!
+//! The framing follows CPython's C pickler too (a frame is closed at the start of the first
+//! `save` once it holds 64 KiB; payloads of 64 KiB or more go between frames), so
+//! `dumps(pickle.load(f))` gives back the bytes of a file CPython wrote.
 
 use std::collections::HashMap;
 
@@ -16,29 +20,71 @@ use pyo3::types::{
 const BATCH: usize = 1000;
 /// Deeper nesting than this is refused (a snapshot is about six levels deep).
 const MAX_DEPTH: usize = 1000;
+/// A frame is closed at the first opcode boundary once it holds this many bytes.
+const FRAME_TARGET: usize = 64 * 1024;
+const FRAME_HEADER: usize = 9;
 
 pub fn dumps(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     let mut pickler = Pickler {
         out: Vec::with_capacity(1 << 16),
         memo: HashMap::new(),
         path: Vec::new(),
+        frame_start: 0,
     };
     pickler.out.extend_from_slice(&[0x80, 4]);
+    pickler.start_frame();
     pickler.save(obj)?;
     pickler.out.push(b'.');
+    pickler.commit_frame();
     Ok(pickler.out)
+}
+
+/// One step down from the root: a list or tuple index, or a dict key.
+enum Step {
+    Index(usize),
+    Key(Py<PyAny>),
 }
 
 struct Pickler {
     out: Vec<u8>,
     /// Object address -> memo index. The objects stay alive: the root holds them.
     memo: HashMap<usize, u32>,
-    /// Where we are (`["device_traces"][0][12]`), for error messages.
-    path: Vec<String>,
+    /// Where we are (`['device_traces'][0][12]`), for error messages.
+    path: Vec<Step>,
+    /// Offset of the open frame's header.
+    frame_start: usize,
 }
 
 impl Pickler {
+    fn start_frame(&mut self) {
+        self.frame_start = self.out.len();
+        self.out.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    /// Writes the open frame's length, or drops its header when it holds under 4 bytes
+    /// (as CPython does).
+    fn commit_frame(&mut self) {
+        let body = self.out.len() - self.frame_start - FRAME_HEADER;
+        if body >= 4 {
+            let len = (body as u64).to_le_bytes();
+            self.out[self.frame_start + 1..self.frame_start + FRAME_HEADER].copy_from_slice(&len);
+        } else {
+            self.out
+                .drain(self.frame_start..self.frame_start + FRAME_HEADER);
+        }
+    }
+
     fn save(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        // An opcode boundary, as CPython checks it at the start of every `save`: start a new
+        // frame once the open one is full.
+        if self.out.len() - self.frame_start - FRAME_HEADER >= FRAME_TARGET {
+            self.commit_frame();
+            self.start_frame();
+        }
+        self.save_object(obj)
+    }
+
+    fn save_object(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         if obj.is_none() {
             self.out.push(b'N');
             return Ok(());
@@ -92,7 +138,7 @@ impl Pickler {
         if self.path.len() >= MAX_DEPTH {
             return Err(PyRecursionError::new_err(format!(
                 "memsnap.dump: nesting deeper than {MAX_DEPTH} levels at {}",
-                self.where_()
+                self.where_(obj.py())
             )));
         }
         if let Ok(list) = obj.cast_exact::<PyList>() {
@@ -100,15 +146,17 @@ impl Pickler {
             self.memoize(address);
             let items: Vec<_> = list.iter().collect();
             for (batch_index, batch) in items.chunks(BATCH).enumerate() {
-                if batch.len() > 1 {
+                if items.len() > 1 {
                     self.out.push(b'(');
                 }
                 for (i, item) in batch.iter().enumerate() {
-                    self.path.push(format!("[{}]", batch_index * BATCH + i));
+                    self.path.push(Step::Index(batch_index * BATCH + i));
                     self.save(item)?;
                     self.path.pop();
                 }
-                self.out.push(if batch.len() > 1 { b'e' } else { b'a' });
+                // CPython: one item is `APPEND`; more go in `MARK ... APPENDS` batches, a final
+                // batch of one included.
+                self.out.push(if items.len() > 1 { b'e' } else { b'a' });
             }
             return Ok(());
         }
@@ -117,22 +165,16 @@ impl Pickler {
             self.memoize(address);
             let items: Vec<_> = dict.iter().collect();
             for batch in items.chunks(BATCH) {
-                if batch.len() > 1 {
+                if items.len() > 1 {
                     self.out.push(b'(');
                 }
                 for (key, value) in batch {
-                    self.path.push(match key.cast_exact::<PyString>() {
-                        Ok(s) => format!("[{:?}]", s.to_string_lossy()),
-                        Err(_) => format!(
-                            "[{}]",
-                            key.repr().map(|r| r.to_string()).unwrap_or_default()
-                        ),
-                    });
+                    self.path.push(Step::Key(key.clone().unbind()));
                     self.save(key)?;
                     self.save(value)?;
                     self.path.pop();
                 }
-                self.out.push(if batch.len() > 1 { b'u' } else { b's' });
+                self.out.push(if items.len() > 1 { b'u' } else { b's' });
             }
             return Ok(());
         }
@@ -146,7 +188,7 @@ impl Pickler {
                 self.out.push(b'(');
             }
             for (i, item) in tuple.iter().enumerate() {
-                self.path.push(format!("[{i}]"));
+                self.path.push(Step::Index(i));
                 self.save(&item)?;
                 self.path.pop();
             }
@@ -162,16 +204,25 @@ impl Pickler {
         Err(PyTypeError::new_err(format!(
             "memsnap.dump: cannot write a {} at {}: a snapshot pickle holds only dict, list, tuple, str, bytes, int, float, bool and None",
             obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into()),
-            self.where_()
+            self.where_(obj.py())
         )))
     }
 
-    fn where_(&self) -> String {
+    fn where_(&self, py: Python<'_>) -> String {
         if self.path.is_empty() {
-            "the top level".to_owned()
-        } else {
-            format!("obj{}", self.path.concat())
+            return "the top level".to_owned();
         }
+        let mut out = "obj".to_owned();
+        for step in &self.path {
+            match step {
+                Step::Index(i) => out.push_str(&format!("[{i}]")),
+                Step::Key(key) => {
+                    let shown = key.bind(py).repr().map(|r| r.to_string());
+                    out.push_str(&format!("[{}]", shown.unwrap_or_else(|_| "?".into())));
+                }
+            }
+        }
+        out
     }
 
     fn save_int(&mut self, int: &Bound<'_, PyInt>) -> PyResult<()> {
@@ -205,7 +256,9 @@ impl Pickler {
         // Beyond 64 bits: Python's own arithmetic gives the bytes.
         let bits: usize = int.call_method0("bit_length")?.extract()?;
         let mut nbytes = bits / 8 + 1;
-        let bytes_obj = int.call_method1("to_bytes", (nbytes, "little", true))?;
+        let signed = pyo3::types::PyDict::new(int.py());
+        signed.set_item("signed", true)?;
+        let bytes_obj = int.call_method("to_bytes", (nbytes, "little"), Some(&signed))?;
         let mut bytes = bytes_obj.cast::<PyBytes>()?.as_bytes().to_vec();
         let negative = int.lt(0)?;
         if negative && nbytes > 1 && bytes[nbytes - 1] == 0xff && bytes[nbytes - 2] & 0x80 != 0 {
@@ -222,8 +275,20 @@ impl Pickler {
         Ok(())
     }
 
-    /// A string or bytes opcode with a 1-, 4- or 8-byte length.
+    /// A string or bytes opcode with a 1-, 4- or 8-byte length; large payloads go between
+    /// frames (CPython's rule).
     fn sized(&mut self, bytes: &[u8], short: u8, long: u8, huge: u8) {
+        let n = bytes.len();
+        if n >= FRAME_TARGET {
+            self.commit_frame();
+            self.sized_unframed(bytes, short, long, huge);
+            self.start_frame();
+        } else {
+            self.sized_unframed(bytes, short, long, huge);
+        }
+    }
+
+    fn sized_unframed(&mut self, bytes: &[u8], short: u8, long: u8, huge: u8) {
         let n = bytes.len();
         if n < 256 {
             self.out.extend_from_slice(&[short, n as u8]);

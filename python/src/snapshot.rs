@@ -45,8 +45,7 @@ fn is_plain_pickle(head: &[u8]) -> bool {
 impl RawSnapshot {
     fn open_detached(path: PathBuf) -> PyResult<RawSnapshot> {
         let name = path.display().to_string();
-        let file = std::fs::File::open(&path)
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{name}: {e}")))?;
+        let file = std::fs::File::open(&path).map_err(|e| crate::io_error(&path, e))?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let mut head = [0u8; 2];
         let plain = {
@@ -60,7 +59,7 @@ impl RawSnapshot {
             let mut reader = std::io::BufReader::new(file);
             reader
                 .seek(std::io::SeekFrom::Start(0))
-                .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{name}: {e}")))?;
+                .map_err(|e| crate::io_error(&path, e))?;
             let part = pickle::read_part_from(reader, len, Part::Segments, &mut |_, _| true)
                 .map_err(|e| format_error(&name, e))?;
             if part.device_traces.is_some() {
