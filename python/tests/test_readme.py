@@ -56,7 +56,7 @@ def run_shell_lines(text, folder):
 @pytest.mark.parametrize("readme", READMES, ids=["python/README.md", "README.md"])
 def test_readme_python_section_runs(readme, folder):
     text = python_section(readme)
-    assert run_shell_lines(text, folder) >= 2
+    assert run_shell_lines(text, folder) >= 1
     assert (folder / "snapshot.pickle").exists()
     for code in blocks(text, "python"):
         namespace = {"train_one_epoch": lambda: None}
