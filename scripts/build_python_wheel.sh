@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 MATURIN="${MATURIN:-maturin}"
 cargo build --release --locked --bin memsnap --bin memsnap-viewer
-cargo build --release --locked -p memsnap-recorder-ffi --lib
+cargo build --release --locked -p memsnap-recorder-ffi --lib --features cuda,hip
 rm -rf python/memsnap/_bin python/memsnap/_lib
 mkdir -p python/memsnap/_bin python/memsnap/_lib
 cp "$TARGET_DIR/release/memsnap" "$TARGET_DIR/release/memsnap-viewer" python/memsnap/_bin/

@@ -23,7 +23,9 @@ step "programs (cargo test's debug build)"
 # shared library exist and are fresh, with the features the test build used.
 cargo test --workspace --locked --no-run --quiet 2>/dev/null ||
   cargo test --workspace --locked --no-run
-cargo build -p memsnap-recorder-ffi --lib --locked --quiet
+# The recorder library with its GPU backends (loaded at run time), as the last `cargo test`
+# line of check.sh built it.
+cargo build -p memsnap-recorder-ffi --lib --features cuda,hip --locked --quiet
 bin="python/memsnap/_bin"
 lib="python/memsnap/_lib"
 rm -rf "$bin" "$lib"

@@ -13,6 +13,7 @@ installs the ``memsnap`` and ``memsnap-viewer`` programs.
 
 import gc as _gc
 import os as _os
+from typing import Any, BinaryIO, Union
 
 from . import _memsnap
 from ._memsnap import FormatError
@@ -58,7 +59,7 @@ def _without_gc(function, *args):
             _gc.enable()
 
 
-def load(source):
+def load(source: Union[str, "_os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]) -> Any:
     """Reads a snapshot and returns exactly what ``pickle.load`` returns for it.
 
     ``source`` is a path (``str`` or ``os.PathLike``), ``bytes``-like data, or a binary file
@@ -80,19 +81,19 @@ def load(source):
     return _without_gc(_memsnap.load_path, _os.fspath(source))
 
 
-def loads(data):
+def loads(data: Union[bytes, bytearray, memoryview]) -> Any:
     """:func:`load` for ``bytes``-like data."""
     return _without_gc(_memsnap.load_bytes, bytes(data), "<bytes>")
 
 
-def dumps(obj):
+def dumps(obj: Any) -> bytes:
     """The protocol-4 pickle of ``obj`` (dicts, lists, tuples, str, bytes, int, float, bool and
     None only; anything else raises ``TypeError`` naming where it is), with shared objects
     written once, as ``pickle.dumps`` does."""
     return _memsnap.dumps(obj)
 
 
-def dump(obj, path):
+def dump(obj: Any, path: Union[str, "_os.PathLike[str]"]) -> None:
     """Writes ``obj`` (a snapshot, e.g. from :func:`load`) to ``path`` as a pickle that
     ``pickle.load`` and PyTorch's tools (``torch.cuda._memory_viz``, pytorch.org/memory_viz)
     read. A ``.gz`` or ``.zst`` suffix compresses; a ``.msgpack`` or ``.json`` name writes
@@ -101,7 +102,7 @@ def dump(obj, path):
     _memsnap.dump(obj, _os.fspath(path))
 
 
-def open(path):  # noqa: A001 - memsnap.open is the name people look for
+def open(path: Union[str, "_os.PathLike[str]"]) -> Snapshot:  # noqa: A001 - memsnap.open is the name people look for
     """Opens a snapshot for analysis: a typed, lazy :class:`Snapshot`.
 
     Only the segments are decoded before this returns (for a file in PyTorch's layout); the

@@ -510,7 +510,7 @@ impl<'py, 'a> Vm<'py, 'a> {
             .ok_or_else(|| stack_err(offset, op, what))?;
         target
             .cast::<T>()
-            .map(|t| t.clone())
+            .cloned()
             .map_err(|_| stack_err(offset, op, what))
     }
 
@@ -522,7 +522,7 @@ impl<'py, 'a> Vm<'py, 'a> {
         dict: &Bound<'py, PyDict>,
         start: usize,
     ) -> Result<()> {
-        if (self.stack.len() - start) % 2 != 0 {
+        if !self.stack.len().saturating_sub(start).is_multiple_of(2) {
             return Err(stack_err(
                 offset,
                 op,
