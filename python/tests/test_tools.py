@@ -28,22 +28,20 @@ def test_summary_of_a_bad_file_raises_format_error(tmp_path):
 
 
 def test_plot_is_a_png(generated_runs, tmp_path):
-    picture = memsnap.plot(generated_runs[0], min_size="64KiB")
+    picture = memsnap.plot(generated_runs[0], min_size="64KiB", width=480, height=270)
     assert picture.data.startswith(b"\x89PNG\r\n\x1a\n")
     assert picture._repr_png_() == picture.data
     out = tmp_path / "t.png"
-    again = memsnap.plot(generated_runs[0], out=out, min_size=65536, colour_by="phase")
-    assert out.read_bytes() == again.data
-    svg = memsnap.plot(generated_runs[0], out=tmp_path / "t.svg")
+    svg = memsnap.plot(generated_runs[0], out=tmp_path / "t.svg", colour_by="phase", width=480, height=270)
+    assert (tmp_path / "t.svg").read_bytes() == svg.data
     assert b"<svg" in svg.data[:500] and svg._repr_png_() is None
 
 
 @pytest.mark.skipif(not REAL, reason="MEMSNAP_REAL_SNAPSHOTS is unset")
-def test_summary_and_plot_on_a_real_snapshot():
+def test_summary_of_a_real_snapshot():
     path = [p for p in REAL if p.name.startswith("11_")][0]
     report = memsnap.summary(path)
     assert report["devices"][0]["peak"]["bytes"] > 0
-    assert memsnap.plot(path).data.startswith(b"\x89PNG")
 
 
 def test_console_scripts_run(generated_runs):
