@@ -9,7 +9,8 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 echo "== snapshot ($ENTRIES entries, pytorch-fresh-frames layout)"
 cargo run --release --locked -q -p memsnap-format --example bench_pickle -- \
-  --entries "$ENTRIES" --layout pytorch-fresh-frames --runs 1 --keep "$WORK/bench.pickle" | head -1
+  --entries "$ENTRIES" --layout pytorch-fresh-frames --runs 1 --keep "$WORK/bench.pickle" >"$WORK/make.log"
+head -1 "$WORK/make.log"
 echo "== release wheel"
 python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check maturin==1.9.6 numpy==2.2.6

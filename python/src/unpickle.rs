@@ -27,9 +27,13 @@ const MEMO_DENSE_SLACK: usize = 1 << 16;
 /// Strings longer than this are not looked up in the cache (snapshot strings that repeat are
 /// keys, names and file paths).
 const MAX_CACHED_STR: usize = 512;
-/// Distinct strings and ints kept in the caches (a bound on the memory a hostile file can make
-/// the caches hold beyond the objects themselves).
+/// Distinct strings kept in the cache (a bound on the memory a hostile file can make the cache
+/// hold beyond the objects themselves).
 const MAX_CACHED: usize = 1 << 20;
+/// Slots of the int cache: direct-mapped, so the unique values of a trace (timestamps,
+/// addresses) cost one overwrite each instead of growing a map, and the repeated ones
+/// (sizes, line numbers, streams) are found again.
+const INT_CACHE_SLOTS: usize = 1 << 16;
 /// Highest protocol read (5 adds only out-of-band buffers, which are refused).
 const MAX_PROTOCOL: u8 = 5;
 
@@ -89,7 +93,7 @@ pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
         memo: Vec::new(),
         sparse_memo: HashMap::new(),
         strings: HashMap::with_hasher(Default::default()),
-        ints: HashMap::with_hasher(Default::default()),
+        ints: vec![None; INT_CACHE_SLOTS],
     };
     vm.run()
 }
@@ -104,7 +108,7 @@ struct Vm<'py, 'a> {
     memo: Vec<Option<Bound<'py, PyAny>>>,
     sparse_memo: HashMap<u64, Bound<'py, PyAny>>,
     strings: HashMap<&'a [u8], Bound<'py, PyAny>, foldhash::fast::RandomState>,
-    ints: HashMap<i64, Bound<'py, PyAny>, foldhash::fast::RandomState>,
+    ints: Vec<Option<(i64, Bound<'py, PyAny>)>>,
 }
 
 /// The name of an opcode, for messages.
@@ -544,14 +548,17 @@ impl<'py, 'a> Vm<'py, 'a> {
             self.stack.push(value.into_pyobject(py).into_any_ok());
             return;
         }
-        if let Some(cached) = self.ints.get(&value) {
-            self.stack.push(cached.clone());
-            return;
+        // Fibonacci hashing: the top bits of the product pick the slot.
+        let slot = ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize
+            % INT_CACHE_SLOTS;
+        if let Some((cached_value, cached)) = &self.ints[slot] {
+            if *cached_value == value {
+                self.stack.push(cached.clone());
+                return;
+            }
         }
         let object = value.into_pyobject(py).into_any_ok();
-        if self.ints.len() < MAX_CACHED {
-            self.ints.insert(value, object.clone());
-        }
+        self.ints[slot] = Some((value, object.clone()));
         self.stack.push(object);
     }
 
