@@ -8,6 +8,8 @@ that of one method alone; times are the best of --runs. Ratios are pickle / mems
 
 * load: build the whole object graph (``pickle.load(f)`` vs ``memsnap.load(path)``), then
   one full cyclic-GC pass (``gc.collect()``) so neither side leaves collection work behind;
+* the same with the cyclic collector disabled around ``pickle.load`` (memsnap.load disables it
+  while it builds; this shows how much of the difference that alone is);
 * first query: the bytes reserved per device from the segments (what ``memviz stats``, the
   viewer's overview and most notebooks ask first): ``pickle.load`` + a sum over
   ``snapshot['segments']`` vs ``memsnap.open(path).segments.total_size``;
@@ -28,6 +30,14 @@ if method == "pickle.load":
     import pickle
     with open(path, "rb") as f:
         obj = pickle.load(f)
+    gc.collect()
+    result = len(obj["device_traces"][0])
+elif method == "pickle.load gc off":
+    import pickle
+    gc.disable()
+    with open(path, "rb") as f:
+        obj = pickle.load(f)
+    gc.enable()
     gc.collect()
     result = len(obj["device_traces"][0])
 elif method == "memsnap.load":
@@ -59,6 +69,7 @@ print(json.dumps({"s": seconds, "rss_kib": resource.getrusage(resource.RUSAGE_SE
 
 PAIRS = [
     ("load", "pickle.load", "memsnap.load"),
+    ("load, pickle with gc off", "pickle.load gc off", "memsnap.load"),
     ("first query (segments)", "pickle first query", "memsnap.open first query"),
     ("trace query (alloc bytes)", "pickle trace query", "memsnap.open trace query"),
 ]
