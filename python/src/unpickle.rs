@@ -549,8 +549,8 @@ impl<'py, 'a> Vm<'py, 'a> {
             return;
         }
         // Fibonacci hashing: the top bits of the product pick the slot.
-        let slot = ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize
-            % INT_CACHE_SLOTS;
+        let slot =
+            ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize % INT_CACHE_SLOTS;
         if let Some((cached_value, cached)) = &self.ints[slot] {
             if *cached_value == value {
                 self.stack.push(cached.clone());
