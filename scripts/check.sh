@@ -17,3 +17,7 @@ cargo clippy -p memsnap-recorder -p memsnap-recorder-ffi --all-targets \
 echo "== cargo test"
 cargo test --workspace --locked
 cargo test -p memsnap-recorder -p memsnap-recorder-ffi --features cuda,hip --locked
+
+echo "== python package"
+# The wheel (dev profile, reusing the debug build above), a fresh virtualenv, pytest.
+bash scripts/check_python.sh

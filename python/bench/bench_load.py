@@ -1,0 +1,109 @@
+"""memsnap.load and memsnap.open side by side with pickle.load, on the same file, same run.
+
+    python python/bench/bench_load.py FILE [--runs 3]
+
+(scripts/bench_python.sh makes FILE: a 1M-entry snapshot in PyTorch's layout, and builds
+the release wheel.) Each measurement runs in a fresh interpreter, so peak RSS (ru_maxrss) is
+that of one method alone; times are the best of --runs. Ratios are pickle / memsnap.
+
+* load: build the whole object graph (``pickle.load(f)`` vs ``memsnap.load(path)``), then
+  one full cyclic-GC pass (``gc.collect()``) so neither side leaves collection work behind;
+* the same with the cyclic collector disabled around ``pickle.load`` (memsnap.load disables it
+  while it builds; this shows how much of the difference that alone is);
+* first query: the bytes reserved per device from the segments (what ``memviz stats``, the
+  viewer's overview and most notebooks ask first): ``pickle.load`` + a sum over
+  ``snapshot['segments']`` vs ``memsnap.open(path).segments.total_size``;
+* trace query: the bytes allocated by ``alloc`` events over the whole trace: ``pickle.load`` +
+  a loop over the entries vs ``memsnap.open(path).trace(0)`` columns.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import gc, json, resource, sys, time
+method, path = sys.argv[1], sys.argv[2]
+t = time.perf_counter()
+if method == "pickle.load":
+    import pickle
+    with open(path, "rb") as f:
+        obj = pickle.load(f)
+    gc.collect()
+    result = len(obj["device_traces"][0])
+elif method == "pickle.load gc off":
+    import pickle
+    gc.disable()
+    with open(path, "rb") as f:
+        obj = pickle.load(f)
+    gc.enable()
+    gc.collect()
+    result = len(obj["device_traces"][0])
+elif method == "memsnap.load":
+    import memsnap
+    obj = memsnap.load(path)
+    gc.collect()
+    result = len(obj["device_traces"][0])
+elif method == "pickle first query":
+    import pickle
+    with open(path, "rb") as f:
+        obj = pickle.load(f)
+    result = sum(s["total_size"] for s in obj["segments"])
+elif method == "memsnap.open first query":
+    import memsnap
+    snap = memsnap.open(path)
+    result = int(snap.segments.total_size.sum())
+elif method == "pickle trace query":
+    import pickle
+    with open(path, "rb") as f:
+        obj = pickle.load(f)
+    result = sum(e["size"] for e in obj["device_traces"][0] if e["action"] == "alloc")
+elif method == "memsnap.open trace query":
+    import memsnap
+    trace = memsnap.open(path).trace(0)
+    result = int(trace.size[trace.action_code == trace.action_names.index("alloc")].sum())
+seconds = time.perf_counter() - t
+print(json.dumps({"s": seconds, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "result": result}))
+"""
+
+PAIRS = [
+    ("load", "pickle.load", "memsnap.load"),
+    ("load, pickle with gc off", "pickle.load gc off", "memsnap.load"),
+    ("first query (segments)", "pickle first query", "memsnap.open first query"),
+    ("trace query (alloc bytes)", "pickle trace query", "memsnap.open trace query"),
+]
+
+
+def measure(method, path, runs):
+    best = None
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", CHILD, method, path], check=True, capture_output=True)
+        m = json.loads(out.stdout)
+        if best is None or m["s"] < best["s"]:
+            best = m
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    import memsnap
+
+    print(f"python {sys.version.split()[0]}, memsnap {memsnap.__version__}, file {args.file}")
+    for title, reference, ours in PAIRS:
+        ref = measure(reference, args.file, args.runs)
+        got = measure(ours, args.file, args.runs)
+        if ref["result"] != got["result"]:
+            raise SystemExit(f"{title}: results differ: {ref['result']} vs {got['result']}")
+        print(
+            f"{title:28} {reference} {ref['s']:.3f} s, {ref['rss_kib'] / 1024:.0f} MiB | "
+            f"{ours} {got['s']:.3f} s, {got['rss_kib'] / 1024:.0f} MiB | "
+            f"{ref['s'] / got['s']:.1f}x faster, {got['rss_kib'] / ref['rss_kib']:.2f} of the memory"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""memsnap.torch: record PyTorch's GPU memory with memsnap's allocator.
+
+    import memsnap.torch
+    memsnap.torch.enable(max_entries=200_000, stacks="all", dump_on_oom="oom.pickle")
+    ...  # train as usual; tensors now come from memsnap
+    memsnap.torch.dump("snapshot.pickle")    # then: memsnap view snapshot.pickle
+
+or, for one region of a program::
+
+    with memsnap.torch.record("run.pickle"):
+        train_one_epoch()
+
+``enable()`` installs the recorder's shared library (shipped in this package) as PyTorch's
+CUDA allocator through ``torch.cuda.memory.CUDAPluggableAllocator``; it must run before the
+first CUDA tensor exists.
+
+Limits (PyTorch's, not memsnap's): under a pluggable allocator PyTorch's own
+``torch.cuda.memory_stats()``, ``memory_allocated()``, ``_record_memory_history()`` and
+``_dump_snapshot()`` raise "CUDAPluggableAllocator does not yet support ...". Use
+:func:`memory_stats`, :func:`record_history` and :func:`dump` from this module instead.
+CUDA graphs' private pools, IPC (tensor sharing across processes) and ``cudnn.benchmark``'s
+cache queries do not work under any pluggable allocator.
+
+Python frames are recorded for allocations made while the calling thread holds the GIL.
+PyTorch releases the GIL inside many operators, so those allocations carry native frames only;
+memsnap never waits for the GIL, so it cannot deadlock the training process.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import sys
+
+__all__ = [
+    "MemsnapError",
+    "library_path",
+    "load_library",
+    "enable",
+    "is_enabled",
+    "record",
+    "record_history",
+    "dump",
+    "set_oom_dump_path",
+    "memory_stats",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "empty_cache",
+]
+
+LIBRARY_NAME = {"win32": "memsnap_recorder.dll", "darwin": "libmemsnap_recorder.dylib"}.get(
+    sys.platform, "libmemsnap_recorder.so"
+)
+
+_lib = None
+_lib_path = None
+_allocator = None
+
+
+class MemsnapError(RuntimeError):
+    """A recorder call failed (the message is the recorder's), or torch/CUDA is missing."""
+
+
+def library_path():
+    """The recorder's shared library: ``$MEMSNAP_LIBRARY`` when set, else the one shipped in
+    this package."""
+    explicit = os.environ.get("MEMSNAP_LIBRARY")
+    if explicit:
+        return explicit
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", LIBRARY_NAME)
+
+
+def load_library(path=None):
+    """Loads the recorder library (once) and declares its C signatures; returns the handle.
+
+    The handle is a ``ctypes.PyDLL``: calls keep the GIL, so memsnap can read the caller's
+    Python frames. memsnap's functions never wait for the GIL themselves.
+    """
+    global _lib, _lib_path
+    if _lib is not None:
+        if path is not None and os.path.abspath(path) != os.path.abspath(_lib_path):
+            raise MemsnapError(f"memsnap is already loaded from {_lib_path}")
+        return _lib
+    path = path or library_path()
+    if not os.path.isfile(path):
+        raise MemsnapError(
+            f"the memsnap recorder library is missing: {path} (reinstall the memsnap wheel, "
+            "or set MEMSNAP_LIBRARY to a libmemsnap_recorder built with cargo)"
+        )
+    lib = ctypes.PyDLL(path)
+    c_int, c_size_t, c_void_p, c_char_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+    signatures = {
+        "memsnap_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+        "memsnap_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+        "memsnap_init": (c_int, [c_char_p]),
+        "memsnap_record_history": (c_int, [c_char_p, c_char_p, c_char_p, c_size_t]),
+        "memsnap_dump_snapshot": (c_int, [c_char_p]),
+        "memsnap_set_oom_dump_path": (c_int, [c_char_p]),
+        "memsnap_empty_cache": (c_int, []),
+        "memsnap_set_memory_fraction": (c_int, [ctypes.c_double, c_int]),
+        "memsnap_record_stream": (c_int, [c_void_p, c_void_p]),
+        "memsnap_stats_json": (c_int, [c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "memsnap_last_error": (c_char_p, []),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    _lib, _lib_path = lib, path
+    return lib
+
+
+def _encode(text):
+    return None if text is None else os.fsencode(text)
+
+
+def _check(status):
+    if status != 0:
+        message = _lib.memsnap_last_error() or b"unknown error"
+        raise MemsnapError(message.decode("utf-8", "replace"))
+
+
+def _function_address(name):
+    return ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise MemsnapError(
+            "memsnap.torch.enable() needs PyTorch (pip install torch); "
+            "memsnap.load/open/summary work without it"
+        ) from e
+    if not torch.cuda.is_available():
+        raise MemsnapError(
+            "memsnap.torch.enable() records CUDA (or ROCm) allocations, and "
+            "torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only PyTorch build"
+        )
+    return torch
+
+
+def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all", library=None):
+    """Makes memsnap PyTorch's CUDA allocator and starts recording the history.
+
+    Call it before anything allocates CUDA memory (``change_current_allocator`` refuses
+    afterwards). ``stacks`` is "python", "native", "all" (both, merged as PyTorch does) or
+    "none"; ``dump_on_oom`` is a path written when an allocation runs out of memory.
+    The backend is ``$MEMSNAP_BACKEND`` (default cuda; hip on ROCm builds of PyTorch).
+    Calling it again changes the recording settings only.
+    """
+    global _allocator
+    torch = _import_torch()
+    lib = load_library(library)
+    if _allocator is None:
+        if "MEMSNAP_BACKEND" not in os.environ and getattr(torch.version, "hip", None):
+            _check(lib.memsnap_init(b"hip"))
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "memsnap_alloc", "memsnap_free")
+        hooks = allocator.allocator()
+        hooks.set_init_fn(_function_address("memsnap_init_hook"))
+        hooks.set_reset_fn(_function_address("memsnap_reset_hook"))
+        hooks.set_memory_fraction_fn(_function_address("memsnap_memory_fraction_hook"))
+        hooks.set_record_stream_fn(_function_address("memsnap_record_stream_hook"))
+        try:
+            torch.cuda.memory.change_current_allocator(allocator)
+        except RuntimeError as e:
+            raise MemsnapError(
+                f"{e} (memsnap.torch.enable() must run before the first CUDA tensor exists)"
+            ) from e
+        _allocator = allocator
+    record_history("all", context=context, stacks=stacks, max_entries=max_entries)
+    set_oom_dump_path(dump_on_oom)
+    return _allocator
+
+
+def is_enabled():
+    """Whether :func:`enable` made memsnap PyTorch's allocator in this process."""
+    return _allocator is not None
+
+
+@contextlib.contextmanager
+def record(path, max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all"):
+    """Records the allocations of the ``with`` block and writes them to ``path`` at its end
+    (also when the block raises, e.g. on out-of-memory). Enables memsnap first if needed.
+
+        with memsnap.torch.record("run.pickle"):
+            train_one_epoch()
+    """
+    enable(max_entries=max_entries, stacks=stacks, dump_on_oom=dump_on_oom, context=context)
+    try:
+        yield
+    finally:
+        dump(path)
+        record_history(None)
+
+
+def record_history(enabled="all", context="all", stacks="all", max_entries=1_000_000):
+    """Like ``torch.cuda.memory._record_memory_history``: enabled is None/"off", "state" or
+    "all"; context "never", "state", "alloc" or "all"; stacks "none", "native", "python" or
+    "all"."""
+    lib = load_library()
+    enabled = "off" if enabled is None else enabled
+    _check(lib.memsnap_record_history(_encode(enabled), _encode(context), _encode(stacks), max_entries))
+
+
+def dump(path):
+    """Writes the snapshot (PyTorch's pickle schema; .msgpack/.json/.gz/.zst by name)."""
+    _check(load_library().memsnap_dump_snapshot(_encode(os.fspath(path))))
+
+
+def set_oom_dump_path(path):
+    """Path written when an allocation runs out of memory; None stops it."""
+    _check(load_library().memsnap_set_oom_dump_path(_encode(None if path is None else os.fspath(path))))
+
+
+def empty_cache():
+    """Releases cached, unused segments (what ``torch.cuda.empty_cache()`` does)."""
+    _check(load_library().memsnap_empty_cache())
+
+
+def memory_stats(device=0):
+    """The allocator's counters with ``torch.cuda.memory_stats()``'s keys."""
+    lib = load_library()
+    needed = ctypes.c_size_t(0)
+    status = lib.memsnap_stats_json(device, None, 0, ctypes.byref(needed))
+    if status not in (0, 1):
+        _check(status)
+    buffer = ctypes.create_string_buffer(needed.value + 1)
+    _check(lib.memsnap_stats_json(device, buffer, len(buffer), ctypes.byref(needed)))
+    return json.loads(buffer.value.decode("utf-8"))
+
+
+def memory_allocated(device=0):
+    """Bytes allocated now (``allocated_bytes.all.current``)."""
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device=0):
+    """Peak bytes allocated (``allocated_bytes.all.peak``)."""
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device=0):
+    """Bytes reserved from the device now (``reserved_bytes.all.current``)."""
+    return memory_stats(device).get("reserved_bytes.all.current", 0)

@@ -1,0 +1,196 @@
+//! # memsnap (Python extension)
+//!
+//! The Rust half of the `memsnap` Python package (`memsnap._memsnap`; the Python half is
+//! `python/memsnap/`). It reads PyTorch memory snapshots without executing anything:
+//!
+//! * [`unpickle`]: a pickle VM that builds the same Python objects `pickle.load` builds (with
+//!   the same sharing), refusing every opcode that could run code; msgpack and JSON snapshots
+//!   go through memsnap-format's reader and its pickle writer first, so every format gives the
+//!   objects `pickle.load` gives for the PyTorch pickle of the same snapshot;
+//! * [`pickler`]: the reverse, for `memsnap.dump`;
+//! * [`snapshot`]: `memsnap.open`, a typed view over memsnap-format's [`Snapshot`] model whose
+//!   trace columns are packed arrays.
+//!
+//! File reading, decompression and the format crate's decoding run with the GIL released.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use memsnap_format::{Compression, Format};
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+mod pickler;
+mod snapshot;
+mod unpickle;
+
+create_exception!(
+    _memsnap,
+    FormatError,
+    PyValueError,
+    "The input is not a snapshot memsnap can read, or it is corrupt or hostile (the message names the file and the byte offset)."
+);
+
+/// Most bytes a compressed input may expand to (memsnap-format's limit).
+const MAX_DECOMPRESSED: u64 = memsnap_format::io::MAX_DECOMPRESSED_BYTES;
+
+fn format_error(name: &str, what: impl std::fmt::Display) -> PyErr {
+    FormatError::new_err(format!("{name}: {what}"))
+}
+
+/// The bytes inside a gzip or zstd wrapper (the bytes themselves when there is none).
+fn decompressed<'a>(bytes: &'a [u8], name: &str) -> PyResult<std::borrow::Cow<'a, [u8]>> {
+    let (codec, reader): (&str, Box<dyn Read + '_>) = match Compression::detect(bytes) {
+        Compression::None => return Ok(std::borrow::Cow::Borrowed(bytes)),
+        Compression::Gzip => ("gzip", Box::new(flate2::read::MultiGzDecoder::new(bytes))),
+        Compression::Zstd => (
+            "zstd",
+            Box::new(
+                zstd::stream::read::Decoder::new(bytes)
+                    .map_err(|e| format_error(name, format!("zstd: {e}")))?,
+            ),
+        ),
+    };
+    let mut out = Vec::new();
+    let n = reader
+        .take(MAX_DECOMPRESSED + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| {
+            format_error(
+                name,
+                format!("{codec}: {e} (the file is truncated or corrupt)"),
+            )
+        })?;
+    if n as u64 > MAX_DECOMPRESSED {
+        return Err(format_error(
+            name,
+            format!("{codec}: decompresses to more than {MAX_DECOMPRESSED} bytes"),
+        ));
+    }
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+/// The pickle to run for `bytes`: the bytes themselves (decompressed) for a pickle, else the
+/// PyTorch pickle of the msgpack or JSON snapshot.
+fn as_pickle<'a>(bytes: &'a [u8], name: &str) -> PyResult<std::borrow::Cow<'a, [u8]>> {
+    let plain = decompressed(bytes, name)?;
+    match Format::detect(&plain) {
+        Some(Format::Msgpack) | Some(Format::Json) => {
+            let (snapshot, _) =
+                memsnap_format::read_bytes(&plain).map_err(|e| format_error(name, e))?;
+            Ok(std::borrow::Cow::Owned(memsnap_format::pickle::to_vec(
+                &snapshot,
+            )))
+        }
+        _ => Ok(plain),
+    }
+}
+
+/// An I/O error as the matching Python exception (`FileNotFoundError`, ...), naming the file.
+pub(crate) fn io_error(path: &Path, e: std::io::Error) -> PyErr {
+    let message = format!("{}: {e}", path.display());
+    match e.kind() {
+        std::io::ErrorKind::NotFound => pyo3::exceptions::PyFileNotFoundError::new_err(message),
+        std::io::ErrorKind::PermissionDenied => {
+            pyo3::exceptions::PyPermissionError::new_err(message)
+        }
+        _ => pyo3::exceptions::PyOSError::new_err(message),
+    }
+}
+
+fn read_file(path: &Path) -> PyResult<Vec<u8>> {
+    std::fs::read(path).map_err(|e| io_error(path, e))
+}
+
+fn run_pickle<'py>(py: Python<'py>, pickle: &[u8], name: &str) -> PyResult<Bound<'py, PyAny>> {
+    if pickle.is_empty() {
+        return Err(format_error(name, "the input is empty"));
+    }
+    unpickle::load(py, pickle).map_err(|e| format_error(name, e))
+}
+
+/// `memsnap.load` on bytes: `name` is used in error messages.
+#[pyfunction]
+fn load_bytes<'py>(py: Python<'py>, data: &[u8], name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let pickle = py.detach(|| as_pickle(data, name))?;
+    run_pickle(py, &pickle, name)
+}
+
+/// `memsnap.load` on a file.
+#[pyfunction]
+fn load_path(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let name = path.display().to_string();
+    let owned = py.detach(|| -> PyResult<Vec<u8>> {
+        let data = read_file(&path)?;
+        Ok(as_pickle(&data, &name)?.into_owned())
+    })?;
+    run_pickle(py, &owned, &name)
+}
+
+/// `pickle.dumps(obj, protocol=4)` for data-only objects, refusing anything else.
+#[pyfunction]
+fn dumps<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    let bytes = pickler::dumps(obj)?;
+    Ok(PyBytes::new(py, &bytes))
+}
+
+/// `memsnap.dump`: the pickle (compressed by a `.gz`/`.zst` suffix), or the msgpack/JSON of
+/// the snapshot when the name asks for one.
+#[pyfunction]
+fn dump(py: Python<'_>, obj: &Bound<'_, PyAny>, path: PathBuf) -> PyResult<()> {
+    let pickle = pickler::dumps(obj)?;
+    let name = path.display().to_string();
+    py.detach(|| -> PyResult<()> {
+        match Format::from_path(&path) {
+            Some(format @ (Format::Msgpack | Format::Json)) => {
+                let snapshot = memsnap_format::pickle::read(&pickle).map_err(|e| {
+                    format_error(
+                        &name,
+                        format!(
+                            "the object is not a snapshot memsnap can write as {}: {e}",
+                            format.name()
+                        ),
+                    )
+                })?;
+                memsnap_format::write_path(&path, &snapshot, Some(format))
+                    .map_err(|e| format_error(&name, e))?;
+            }
+            _ => {
+                let bytes = compress(pickle, Compression::from_path(&path), &name)?;
+                memsnap_format::io::write_atomic(&path, &bytes)
+                    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn compress(bytes: Vec<u8>, compression: Compression, name: &str) -> PyResult<Vec<u8>> {
+    use std::io::Write;
+    match compression {
+        Compression::None => Ok(bytes),
+        Compression::Gzip => {
+            let mut encoder =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            encoder
+                .write_all(&bytes)
+                .and_then(|()| encoder.finish())
+                .map_err(|e| format_error(name, format!("gzip: {e}")))
+        }
+        Compression::Zstd => zstd::stream::encode_all(&bytes[..], 3)
+            .map_err(|e| format_error(name, format!("zstd: {e}"))),
+    }
+}
+
+#[pymodule]
+fn _memsnap(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("FormatError", m.py().get_type::<FormatError>())?;
+    m.add_function(wrap_pyfunction!(load_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(load_path, m)?)?;
+    m.add_function(wrap_pyfunction!(dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(dump, m)?)?;
+    snapshot::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,213 @@
+"""memsnap.load returns what pickle.load returns, and refuses what could run code."""
+
+import gzip
+import io
+import os
+import pickle
+import subprocess
+
+import pytest
+
+import memsnap
+from conftest import REAL, console_script, real_snapshot
+
+
+def sharing(obj):
+    """The object graph's sharing pattern, computed independently of memsnap: for each
+    container met in a depth-first walk, the index of its first visit."""
+    seen, pattern = {}, []
+
+    def walk(o):
+        if isinstance(o, (list, dict, tuple)):
+            first = seen.setdefault(id(o), len(seen))
+            pattern.append(first)
+            if first != len(seen) - 1:
+                return
+            for child in (o.items() if isinstance(o, dict) else o):
+                walk(child)
+
+    walk(obj)
+    return pattern
+
+
+def pickle_load(path):
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+@real_snapshot
+def test_load_equals_pickle_load_on_real_snapshots(path):
+    expected = pickle_load(path)
+    got = memsnap.load(path)
+    assert got == expected
+    assert sharing(got) == sharing(expected)
+
+
+def test_load_equals_pickle_load_on_generated_runs(generated_runs):
+    for path in generated_runs:
+        expected = pickle_load(path)
+        got = memsnap.load(path)
+        assert got == expected, path
+        assert sharing(got) == sharing(expected)
+        assert got["device_traces"][0], "the generated run has trace entries"
+
+
+def test_shared_frames_lists_are_shared_again(generated_runs):
+    snapshot = memsnap.load(generated_runs[0])
+    entries = [e for t in snapshot["device_traces"] for e in t if e.get("frames")]
+    by_content = {}
+    for e in entries:
+        by_content.setdefault(repr(e["frames"]), set()).add(id(e["frames"]))
+    # memsnap's writer stores each distinct stack once, so equal stacks are one list.
+    assert all(len(ids) == 1 for ids in by_content.values())
+    assert len(by_content) < len(entries)
+
+
+def test_every_input_kind_gives_the_same_objects(generated_runs, tmp_path):
+    path = generated_runs[1]
+    expected = pickle_load(path)
+    data = path.read_bytes()
+    assert memsnap.load(data) == expected
+    assert memsnap.loads(bytearray(data)) == expected
+    assert memsnap.load(memoryview(data)) == expected
+    with open(path, "rb") as f:
+        assert memsnap.load(f) == expected
+    assert memsnap.load(str(path)) == expected
+    gz = tmp_path / "s.pickle.gz"
+    gz.write_bytes(gzip.compress(data))
+    assert memsnap.load(gz) == expected
+
+
+@pytest.mark.parametrize("target", ["s.msgpack", "s.json", "s.json.zst", "s.msgpack.gz"])
+def test_msgpack_and_json_give_what_pickle_load_gives_for_the_pickle(generated_runs, tmp_path, target):
+    source = generated_runs[1]
+    out = tmp_path / target
+    subprocess.run([console_script("memsnap"), "convert", str(source), "-o", str(out)], check=True)
+    # The same snapshot as a pickle, written by memsnap from the converted file.
+    back = tmp_path / "back.pickle"
+    subprocess.run([console_script("memsnap"), "convert", str(out), "-o", str(back)], check=True)
+    assert memsnap.load(out) == pickle_load(back)
+    assert memsnap.load(out) == pickle_load(source)
+
+
+# --------------------------------------------------------------------------- hostile input
+
+class Marker:
+    """A class whose unpickling would create a file: proof that code ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def hostile_pickles(marker):
+    """Pickles that run code when pickle.load reads them, one per refused opcode family."""
+    path = str(marker)
+    system = f"touch {path}"
+    return {
+        "REDUCE+STACK_GLOBAL": pickle.dumps(Marker(path), protocol=4),
+        "REDUCE+GLOBAL": pickle.dumps(Marker(path), protocol=2),
+        "os.system": b"cos\nsystem\n(" + pickle.dumps(system, protocol=0)[:-1] + b"tR.",
+        "BUILD": b"\x80\x04}\x94(\x8c\x01a\x94K\x01ub.",
+        "INST": b"(ios\nsystem\n.",
+        "OBJ": b"\x80\x02(]o.",
+        "NEWOBJ": b"\x80\x02])\x81.",
+        "PERSID": b"Pfoo\n.",
+        "BINPERSID": b"\x80\x02K\x01Q.",
+        "EXT1": b"\x80\x02\x82\x01.",
+        "nested in a snapshot": pickle.dumps({"segments": [], "device_traces": [[{"action": Marker(path)}]]}, protocol=4),
+    }
+
+
+@pytest.mark.parametrize("name", list(hostile_pickles("x")))
+def test_hostile_pickles_are_refused_and_run_nothing(tmp_path, name):
+    marker = tmp_path / "ran"
+    data = hostile_pickles(marker)[name]
+    with pytest.raises(memsnap.FormatError) as error:
+        memsnap.load(data)
+    message = str(error.value)
+    assert "byte " in message
+    assert "refused" in message or "corrupt" in message or "opcode" in message
+    assert not marker.exists(), "code ran"
+    # A file gets its name in the message.
+    file = tmp_path / "evil.pickle"
+    file.write_bytes(data)
+    with pytest.raises(memsnap.FormatError, match="evil.pickle"):
+        memsnap.load(file)
+    assert not marker.exists()
+
+
+def test_refusal_names_the_opcode_and_offset():
+    data = pickle.dumps(Marker("/nonexistent/x"), protocol=4)
+    with pytest.raises(memsnap.FormatError) as error:
+        memsnap.load(data)
+    offset = data.index(b"\x93")  # STACK_GLOBAL
+    assert f"byte {offset}: opcode STACK_GLOBAL (0x93) refused" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "name,data,needle",
+    [
+        ("empty", b"", "empty"),
+        ("not a pickle", b"\x00garbage", "unknown opcode 0x00"),
+        ("huge string length", b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"x.", "truncated"),
+        ("huge LONG4", b"\x80\x04\x8b\xff\xff\xff\xff.", "truncated"),
+        ("memo get before put", b"\x80\x04h\x05.", "memo entry 5"),
+        ("huge memo put then get", b"\x80\x04K\x01r\xff\xff\xff\xffj\xfe\xff\xff\xff.", "memo entry"),
+        ("no stop", b"\x80\x04K\x01", "STOP"),
+        ("stop on empty stack", b"\x80\x04.", "needs an item"),
+        ("appends without mark", b"\x80\x04]K\x01e.", "MARK"),
+        ("setitems on a list", b"\x80\x04](K\x01K\x02u.", "a dict"),
+        ("unhashable key", b"\x80\x04}]K\x01s.", "unhashable"),
+        ("protocol 9", b"\x80\x09N.", "protocol 9"),
+        ("bad utf-8", b"\x80\x04\x8c\x02\xff\xfe.", "utf-8"),
+    ],
+)
+def test_corrupt_pickles_raise_format_error(name, data, needle):
+    with pytest.raises(memsnap.FormatError) as error:
+        memsnap.load(data)
+    assert needle.lower() in str(error.value).lower(), str(error.value)
+
+
+@pytest.mark.skipif(not REAL, reason="MEMSNAP_REAL_SNAPSHOTS is unset")
+def test_every_truncation_and_many_corruptions_raise_format_error_or_load():
+    data = REAL[2].read_bytes()  # a small real file
+    for cut in range(len(data)):
+        with pytest.raises(memsnap.FormatError):
+            memsnap.load(data[:cut])
+    import random
+
+    rng = random.Random(15)
+    for _ in range(3000):
+        mutated = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        try:
+            memsnap.load(bytes(mutated))
+        except memsnap.FormatError:
+            pass
+
+
+def test_deep_nesting_and_cycles_do_not_crash():
+    deep = b"\x80\x04" + b"]" * 200_000 + b"a" * 199_999 + b"."
+    result = memsnap.load(deep)
+    depth = 0
+    while result:
+        result = result[0]
+        depth += 1
+    assert depth == 199_999
+    # A list that contains itself, as pickle.load builds it.
+    cyclic = memsnap.load(b"\x80\x04]\x94h\x00a.")
+    assert cyclic[0] is cyclic
+
+
+def test_surrogates_and_big_ints_round_trip():
+    obj = {"s": "\ud800x", "big": 1 << 100, "neg": -(1 << 70), "i64": -(1 << 63), "f": 1.5, "b": b"\x00\xff",
+           "t": (1, "a", None, True, False), "e": ()}
+    data = pickle.dumps(obj, protocol=4)
+    assert memsnap.load(data) == obj
+    del obj["b"]  # protocol 2 writes bytes through a GLOBAL (codecs.encode), which is refused
+    assert memsnap.load(pickle.dumps(obj, protocol=2)) == obj
+    assert memsnap.load(pickle.dumps(obj, protocol=5)) == obj

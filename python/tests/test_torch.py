@@ -1,0 +1,66 @@
+"""memsnap.torch: the recorder library shipped in the wheel, driven through ctypes.
+
+PyTorch and a GPU are not needed: the recorder's host backend (MEMSNAP_BACKEND=host) serves
+the allocations, as recorder-ffi/python/test_memsnap_ctypes.py does."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import memsnap
+import memsnap.torch
+
+
+def test_the_library_is_shipped():
+    assert os.path.isfile(memsnap.torch.library_path())
+
+
+def test_enable_without_torch_says_what_is_missing():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        import pytest
+
+        pytest.skip("torch is installed")
+    try:
+        memsnap.torch.enable()
+    except memsnap.torch.MemsnapError as error:
+        assert "needs PyTorch" in str(error)
+    else:
+        raise AssertionError("enable() without torch did not raise")
+
+
+def test_recording_through_the_shipped_library(tmp_path):
+    out = tmp_path / "run.pickle"
+    script = textwrap.dedent(
+        f"""
+        import memsnap, memsnap.torch
+        lib = memsnap.torch.load_library()
+        memsnap.torch.record_history("all", context="all", stacks="python", max_entries=1000)
+        def allocate_activations():
+            return [lib.memsnap_alloc(4 << 20, 0, None) for _ in range(3)]
+        activations = allocate_activations()
+        assert all(activations), lib.memsnap_last_error()
+        assert memsnap.torch.max_memory_allocated() >= 12 << 20
+        for p in activations:
+            lib.memsnap_free(p, 4 << 20, 0, None)
+        try:
+            memsnap.torch.record_history("sometimes")
+        except memsnap.torch.MemsnapError as e:
+            assert "sometimes" in str(e)
+        else:
+            raise AssertionError("bad mode accepted")
+        memsnap.torch.dump({str(out)!r})
+        """
+    )
+    env = dict(os.environ, MEMSNAP_BACKEND="host")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env)
+    snapshot = memsnap.load(out)
+    entries = snapshot["device_traces"][0]
+    allocs = [e for e in entries if e["action"] == "alloc"]
+    assert [e["size"] for e in allocs] == [4 << 20] * 3
+    names = {f["name"] for e in allocs for f in e["frames"]}
+    assert "allocate_activations" in names

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The Python package (python/): builds the wheel, installs it into a fresh virtualenv with
+# pytest, and runs python/tests against the installed wheel. scripts/check.sh calls it after
+# `cargo test`, whose debug build it reuses: the wheel is built with the dev profile in the
+# same target dir, and ships the `memsnap`/`memsnap-viewer` programs and the recorder library
+# that `cargo test` already built. Needs python3 with venv and pip (Debian: python3-venv,
+# python3-pip); maturin, pytest and numpy come from PyPI at the versions pinned below.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MATURIN_VERSION=1.9.6
+PYTEST_VERSION=8.3.4
+NUMPY_VERSION=2.2.6
+PYTHON="${PYTHON:-python3}"
+TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+started=$SECONDS
+step() { echo "== python: $1 (+$((SECONDS - started)) s)"; }
+
+step "programs (cargo test's debug build)"
+# A no-op after `cargo test --workspace`: it only makes sure the programs and the recorder's
+# shared library exist and are fresh, with the features the test build used.
+cargo test --workspace --locked --no-run --quiet 2>/dev/null ||
+  cargo test --workspace --locked --no-run
+# The recorder library with its GPU backends (loaded at run time), as the last `cargo test`
+# line of check.sh built it.
+cargo build -p memsnap-recorder-ffi --lib --features cuda,hip --locked --quiet
+bin="python/memsnap/_bin"
+lib="python/memsnap/_lib"
+rm -rf "$bin" "$lib"
+mkdir -p "$bin" "$lib"
+for program in memsnap memsnap-viewer; do
+  # Line tables off: the wheel is for the tests, not for debugging.
+  if command -v strip >/dev/null 2>&1; then
+    strip --strip-debug -o "$bin/$program" "$TARGET_DIR/debug/$program"
+  else
+    cp "$TARGET_DIR/debug/$program" "$bin/$program"
+  fi
+done
+cp "$TARGET_DIR/debug/libmemsnap_recorder.so" "$lib/"
+
+step "virtualenv"
+"$PYTHON" -m venv "$WORK/venv"
+"$WORK/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" "numpy==$NUMPY_VERSION"
+
+step "wheel (dev profile)"
+"$WORK/venv/bin/maturin" build --quiet --profile dev --manifest-path python/Cargo.toml \
+  --out "$WORK/dist" --locked
+"$WORK/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \
+  "$WORK"/dist/memsnap-*.whl
+
+step "pytest"
+# Run from the tests folder so `import memsnap` is the installed wheel, not python/memsnap.
+(cd python/tests && PATH="$WORK/venv/bin:$PATH" "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider)
+step "done"
