@@ -96,6 +96,12 @@ pub fn open_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<Opened> {
 
 /// [`open_path_with`], with the import's report.
 pub fn import_path_with(path: &Path, progress: Progress<'_>) -> Result<Import> {
+    if !is_regular_file(path) {
+        // A pipe (`<(zcat run.pickle.gz)`) or a device can be read only once: telling its
+        // format apart would eat the bytes the reader needs, so it is read whole first.
+        let bytes = std::fs::read(path).map_err(io_err(path))?;
+        return import_bytes_with(&bytes, path, progress);
+    }
     let sniffed = crate::rocm::sniff_path(path).map_err(|e| match e {
         // A file that cannot be read is an I/O error whatever it holds.
         crate::rocm::RocmError::Io { path, source } => ConvertError::Io { path, source },
@@ -146,6 +152,12 @@ pub fn import_bytes_with(bytes: &[u8], path: &Path, progress: Progress<'_>) -> R
         source: Source::Snapshot(detected),
         report: None,
     })
+}
+
+/// Whether `path` is a regular file (or cannot be examined: opening it will say why), as
+/// opposed to a pipe or a device, which can be read only once.
+pub fn is_regular_file(path: &Path) -> bool {
+    std::fs::metadata(path).map_or(true, |m| m.is_file())
 }
 
 /// Whether `path` is a pickle or msgpack snapshot (compressed or not): one that

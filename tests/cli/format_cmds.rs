@@ -493,3 +493,55 @@ fn memviz_prints_the_same_for_a_compressed_snapshot() {
         }
     }
 }
+
+/// Regression: content detection opened a named pipe to sniff its first bytes, and the reader
+/// then found the rest of the stream only (`memsnap info <(zcat run.pickle.gz)` failed with
+/// "unrecognised file format"). A pipe is read once, whole.
+#[test]
+fn a_snapshot_from_a_pipe_is_not_eaten_by_format_detection() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fifo = tmp.path().join("piped.pickle");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("notice: mkfifo is not available; skipping the pipe test");
+        return;
+    }
+    let bytes = memsnap_format::pickle::to_vec(&broken_snapshot());
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            // Opening blocks until memsnap opens the pipe for reading; a reader that gives up
+            // early makes the write fail, which the assertions below report.
+            let _ = std::fs::write(&fifo, &bytes);
+        })
+    };
+    // A reader that eats the stream while sniffing blocks forever reopening the pipe:
+    // give it 60 s, then stop it and fail.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(["info", str_arg(&fifo)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run memsnap");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("memsnap output");
+    // If memsnap never opened the pipe, the writer still waits in `open`: a non-blocking
+    // reader (O_NONBLOCK, Linux's 0o4000) releases it so the test fails instead of hanging.
+    let _release = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(0o4000)
+            .open(&fifo)
+    };
+    writer.join().expect("writer");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("pickle"), "{}", stdout(&out));
+}

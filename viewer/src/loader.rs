@@ -343,6 +343,16 @@ pub fn load(
     }
     let input = match source {
         Source::Demo => return Ok(demo_snapshot(name, started)),
+        // A pipe or a device can be read only once: telling its format apart would eat the
+        // bytes the reader needs, so it is read whole first.
+        Source::Path(path) if !memsnap_converters::open::is_regular_file(path) => Input::Memory(
+            std::fs::read(path)
+                .map_err(|e| LoadError::Read {
+                    name: name.clone(),
+                    what: e.to_string(),
+                })?
+                .into(),
+        ),
         Source::Path(path) => Input::File(path.clone()),
         Source::Dropped(file) if file.path().is_file() => Input::File(file.path().to_owned()),
         Source::Dropped(file) => Input::Memory(
