@@ -19,9 +19,14 @@ Limits (PyTorch's, not memsnap's): under a pluggable allocator PyTorch's own
 CUDA graphs' private pools, IPC (tensor sharing across processes) and ``cudnn.benchmark``'s
 cache queries do not work under any pluggable allocator.
 
-Python frames are recorded for allocations made while the calling thread holds the GIL.
-PyTorch releases the GIL inside many operators, so those allocations carry native frames only;
-memsnap never waits for the GIL, so it cannot deadlock the training process.
+Python frames: PyTorch releases the GIL inside its operators, so memsnap takes the GIL to read
+the frames, before taking any lock of its own, as PyTorch's own recorder does
+(``MEMSNAP_PYTHON_GIL=held`` never waits for it; then only allocations made while Python code
+holds the GIL get frames).
+
+Out of memory: PyTorch's pluggable-allocator interface does not check the pointer returned, so
+torch (2.11) raises no ``OutOfMemoryError``: the tensor gets a NULL data pointer. memsnap prints
+the failure to stderr and writes ``dump_on_oom`` at that moment.
 """
 
 import ctypes
@@ -70,8 +75,8 @@ def library_path():
 def load(path=None):
     """Loads the library (once) and declares its C signatures. Returns the ctypes handle.
 
-    The handle is a ``ctypes.PyDLL``: calls keep the GIL, so memsnap can read the caller's
-    Python frames. memsnap's functions never wait for the GIL themselves.
+    The handle is a ``ctypes.PyDLL``: calls keep the GIL, so memsnap reads the caller's
+    Python frames without waiting for it.
     """
     global _lib, _lib_path
     if _lib is not None:

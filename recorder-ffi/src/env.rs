@@ -130,6 +130,30 @@ pub struct EnvConfig {
     pub dump_on_sigusr1: bool,
     /// `PYTORCH_CUDA_ALLOC_CONF` syntax.
     pub alloc_conf: Option<String>,
+    /// Whether Python frames are read only when the allocating thread already holds the GIL.
+    pub python_gil: PythonGil,
+}
+
+/// How Python frames are read when the allocating thread does not hold the GIL
+/// (`MEMSNAP_PYTHON_GIL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonGil {
+    /// Take the GIL for the read, as PyTorch's own recorder does (`_record_memory_history`
+    /// with Python stacks). PyTorch releases the GIL inside its operators, so without this
+    /// almost no allocation of a training step has Python frames.
+    Acquire,
+    /// Never wait for the GIL: only allocations made while the thread holds it get frames.
+    HeldOnly,
+}
+
+pub const PYTHON_GIL_EXPECTED: &str = "acquire or held";
+
+pub fn parse_python_gil(text: &str) -> Option<PythonGil> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "acquire" => Some(PythonGil::Acquire),
+        "held" => Some(PythonGil::HeldOnly),
+        _ => None,
+    }
 }
 
 impl Default for EnvConfig {
@@ -144,6 +168,7 @@ impl Default for EnvConfig {
             dump_path: None,
             dump_on_sigusr1: false,
             alloc_conf: None,
+            python_gil: PythonGil::Acquire,
         }
     }
 }
@@ -212,6 +237,14 @@ impl EnvConfig {
             )?;
         }
         config.alloc_conf = get("MEMSNAP_ALLOC_CONF").or_else(|| get("PYTORCH_CUDA_ALLOC_CONF"));
+        if let Some(v) = get("MEMSNAP_PYTHON_GIL") {
+            config.python_gil = parse_with(
+                "MEMSNAP_PYTHON_GIL",
+                &v,
+                PYTHON_GIL_EXPECTED,
+                parse_python_gil,
+            )?;
+        }
         Ok(config)
     }
 }
@@ -283,8 +316,10 @@ mod tests {
             ("MEMSNAP_MAX_ENTRIES", "10_000"),
             ("MEMSNAP_DUMP_ON_SIGUSR1", "1"),
             ("MEMSNAP_ALLOC_CONF", "expandable_segments:True"),
+            ("MEMSNAP_PYTHON_GIL", "held"),
         ])
         .unwrap();
+        assert_eq!(c.python_gil, PythonGil::HeldOnly);
         assert_eq!(c.backend, BackendKind::Simulated);
         assert_eq!(c.device_memory, 2 << 30);
         assert_eq!(c.context, ContextMode::Alloc);
@@ -292,6 +327,15 @@ mod tests {
         assert_eq!(c.max_entries, 10_000);
         assert!(c.dump_on_sigusr1);
         assert_eq!(c.alloc_conf.as_deref(), Some("expandable_segments:True"));
+    }
+
+    #[test]
+    fn python_frames_take_the_gil_unless_told_not_to() {
+        assert_eq!(config(&[]).unwrap().python_gil, PythonGil::Acquire);
+        let c = config(&[("MEMSNAP_PYTHON_GIL", "Acquire")]).unwrap();
+        assert_eq!(c.python_gil, PythonGil::Acquire);
+        let err = config(&[("MEMSNAP_PYTHON_GIL", "sometimes")]).unwrap_err();
+        assert_eq!(err.variable, "MEMSNAP_PYTHON_GIL");
     }
 
     #[test]

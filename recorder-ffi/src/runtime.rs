@@ -4,6 +4,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::c_int;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Once, OnceLock};
@@ -191,7 +192,7 @@ impl Runtime {
         let result = if self.python_wanted.load(Ordering::Relaxed) {
             // Captured before any lock: reading Python frames needs the GIL, which the caller
             // holds; lock order is GIL, then memsnap's locks (as in PyTorch).
-            let frames = python::capture();
+            let frames = python::capture(self.config.python_gil);
             let mut log = self.python_log.lock();
             let result = allocator.malloc(size, stream);
             if let Ok(ptr) = result {
@@ -207,6 +208,10 @@ impl Runtime {
             Ok(ptr) => Ok(ptr),
             Err(err @ Error::OutOfMemory(_)) => {
                 let mut failure = FfiError::from(err);
+                // A caller such as PyTorch's CUDAPluggableAllocator may not check for NULL (torch
+                // 2.11 does not: the tensor gets a NULL data pointer and no OutOfMemoryError is
+                // raised), so the failure is said here, once per failed allocation.
+                let _ = writeln!(std::io::stderr(), "memsnap: {}", failure.message);
                 let path = self.oom_dump_path.lock().clone();
                 if let Some(path) = path {
                     match self.dump(&path) {
@@ -226,7 +231,8 @@ impl Runtime {
     pub fn free(&self, ptr: u64, device: c_int) -> FfiResult<()> {
         let allocator = self.device(device)?;
         if self.python_wanted.load(Ordering::Relaxed) {
-            let free_site = (self.python_context() >= ContextMode::All as u8).then(python::capture);
+            let free_site = (self.python_context() >= ContextMode::All as u8)
+                .then(|| python::capture(self.config.python_gil));
             let mut log = self.python_log.lock();
             allocator.free(ptr)?;
             log.record_free(device as usize, ptr, free_site);

@@ -448,7 +448,7 @@ fn resolve_ip(ip: usize) -> Vec<Frame> {
     backtrace::resolve(ip as *mut std::ffi::c_void, |symbol| {
         let name = symbol
             .name()
-            .map(|n| format!("{n:#}"))
+            .map(|n| symbol_display_name(&n))
             .unwrap_or_else(|| format!("{ip:#x}"));
         let filename = symbol
             .filename()
@@ -461,6 +461,12 @@ fn resolve_ip(ip: usize) -> Vec<Frame> {
         out.push(Frame::new(format!("{ip:#x}"), "??", 0));
     }
     out
+}
+
+/// A symbol as people read it: Rust and C++ (Itanium ABI) names demangled, as PyTorch shows
+/// libtorch's frames (`at::detail::empty_cuda(...)`, not `_ZN2at6detail10empty_cuda...`).
+fn symbol_display_name(name: &backtrace::SymbolName<'_>) -> String {
+    format!("{name:#}")
 }
 
 /// How far from the top of a stack recorder frames are looked for.
@@ -485,6 +491,25 @@ fn is_recorder_internal(frame: &Frame) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpp_frames_are_demangled_as_pytorch_shows_them() {
+        // What a libtorch frame looked like in a snapshot recorded under torch 2.11 before
+        // backtrace's C++ demangler was turned on.
+        let mangled = backtrace::SymbolName::new(
+            b"_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator8allocateEm",
+        );
+        assert_eq!(
+            symbol_display_name(&mangled),
+            "torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator::allocate(unsigned long)"
+        );
+        let rust = backtrace::SymbolName::new(b"_ZN4core3ptr13drop_in_place17h0123456789abcdefE");
+        assert_eq!(symbol_display_name(&rust), "core::ptr::drop_in_place");
+        assert_eq!(
+            symbol_display_name(&backtrace::SymbolName::new(b"plain_c_function")),
+            "plain_c_function"
+        );
+    }
 
     #[inline(never)]
     fn recurse(depth: usize, unwinder: Unwinder) -> CapturedStack {

@@ -267,3 +267,123 @@ mod hip {
         assert!(validate(&alloc.snapshot()).is_empty());
     }
 }
+
+/// The CUDA backend against a real NVIDIA driver and GPU. These run only where
+/// `MEMSNAP_REAL_CUDA=1` is set (`scripts/gpu_check.sh` sets it on a machine with a GPU); without
+/// it each prints a notice and returns, as the real-snapshot tests do without their folder.
+#[cfg(feature = "cuda")]
+mod real_cuda {
+    use memsnap_format::{validate, Action};
+    use memsnap_recorder::{CachingAllocator, CudaDevice, Device, Error, HistoryOptions, Stream};
+
+    fn real_device() -> Option<CudaDevice> {
+        if std::env::var_os("MEMSNAP_REAL_CUDA").is_none() {
+            eprintln!("skipped: set MEMSNAP_REAL_CUDA=1 on a machine with an NVIDIA GPU");
+            return None;
+        }
+        Some(CudaDevice::new(0).expect("MEMSNAP_REAL_CUDA is set but device 0 did not open"))
+    }
+
+    #[test]
+    fn real_cuda_allocator_round_trip_returns_every_byte_to_the_driver() {
+        let Some(device) = real_device() else { return };
+        let before = device.mem_info().unwrap();
+        assert!(before.total >= 1 << 30, "{before:?}");
+        let alloc = CachingAllocator::new(device);
+        alloc.record_memory_history(HistoryOptions::without_stacks());
+        let small = alloc.malloc(1000, Stream(0)).unwrap();
+        let large = alloc.malloc(300 << 20, Stream(0)).unwrap();
+        assert_eq!(small % 512, 0);
+        assert_ne!(small, 0);
+        assert_ne!(large, 0);
+        // The driver really handed out the large segment.
+        let during = alloc.device().mem_info().unwrap();
+        assert!(
+            before.free - during.free >= 300 << 20,
+            "{before:?} {during:?}"
+        );
+        // A real stream handle: CU_STREAM_PER_THREAD (an arbitrary number would be dereferenced
+        // by the driver when the allocator records its event there).
+        alloc.record_stream(large, Stream(2));
+        alloc.free(large).unwrap();
+        alloc.free(small).unwrap();
+        // Split and reuse: a freed large segment serves a smaller request without a new segment.
+        let reserved = alloc.stats().reserved_bytes();
+        let again = alloc.malloc(100 << 20, Stream(0)).unwrap();
+        assert_eq!(alloc.stats().reserved_bytes(), reserved);
+        alloc.free(again).unwrap();
+        alloc.empty_cache().unwrap();
+        assert_eq!(alloc.stats().reserved_bytes(), 0);
+        let after = alloc.device().mem_info().unwrap();
+        // Other processes may allocate meanwhile; our 2 MiB + 300 MiB must be back.
+        assert!(
+            after.free + (16 << 20) >= before.free,
+            "{before:?} {after:?}"
+        );
+        let snap = alloc.snapshot();
+        assert!(validate(&snap).is_empty(), "{:?}", validate(&snap));
+        let actions: Vec<Action> = snap.traces()[0].iter().map(|e| e.action).collect();
+        assert!(actions.contains(&Action::SegmentAlloc), "{actions:?}");
+        assert!(actions.contains(&Action::SegmentFree), "{actions:?}");
+    }
+
+    #[test]
+    fn real_cuda_out_of_memory_goes_through_the_retry_ladder() {
+        let Some(device) = real_device() else { return };
+        let total = device.mem_info().unwrap().total;
+        let alloc = CachingAllocator::new(device);
+        alloc.record_memory_history(HistoryOptions::without_stacks());
+        let kept = alloc.malloc(64 << 20, Stream(0)).unwrap();
+        // More than the card has: cuMemAlloc itself fails, the allocator frees its cache, retries,
+        // records an `oom` entry and returns OutOfMemory; the process and the kept block survive.
+        let err = alloc.malloc(total + (1 << 30), Stream(0)).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory(_)), "{err}");
+        // A memory fraction makes a request that the card could serve fail the same way.
+        alloc.set_memory_fraction(0.01).unwrap();
+        let err = alloc.malloc(total / 50, Stream(0)).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory(_)), "{err}");
+        alloc.set_memory_fraction(1.0).unwrap();
+        let ok = alloc.malloc(total / 50, Stream(0)).unwrap();
+        alloc.free(ok).unwrap();
+        alloc.free(kept).unwrap();
+        alloc.empty_cache().unwrap();
+        assert_eq!(alloc.stats().reserved_bytes(), 0);
+        let snap = alloc.snapshot();
+        assert!(validate(&snap).is_empty(), "{:?}", validate(&snap));
+        let ooms = snap.traces()[0]
+            .iter()
+            .filter(|e| e.action == Action::Oom)
+            .count();
+        assert_eq!(ooms, 2);
+    }
+
+    #[test]
+    fn real_cuda_threads_share_one_allocator() {
+        let Some(device) = real_device() else { return };
+        let alloc = std::sync::Arc::new(CachingAllocator::new(device));
+        alloc.record_memory_history(HistoryOptions::without_stacks());
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let alloc = alloc.clone();
+                // Each thread makes the context current itself (contexts are per thread).
+                std::thread::spawn(move || {
+                    for i in 0..2000u64 {
+                        let size = 512 + (i * 7919 + t * 104729) % (4 << 20);
+                        // The legacy default stream and CU_STREAM_PER_THREAD, two real handles.
+                        let stream = Stream(if t % 2 == 0 { 0 } else { 2 });
+                        let p = alloc.malloc(size, stream).unwrap();
+                        alloc.free(p).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(alloc.stats().allocated_bytes(), 0);
+        alloc.empty_cache().unwrap();
+        assert_eq!(alloc.stats().reserved_bytes(), 0);
+        let snap = alloc.snapshot();
+        assert!(validate(&snap).is_empty(), "{:?}", validate(&snap));
+    }
+}
