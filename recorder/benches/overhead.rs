@@ -220,8 +220,14 @@ fn caching(history: Option<HistoryOptions>) -> Caching {
 }
 
 fn main() {
+    // `MEMSNAP_BENCH_MAX_ENTRIES` changes the ring size (100,000 entries by default: larger
+    // than the caches, like a real recording).
+    let max_entries = std::env::var("MEMSNAP_BENCH_MAX_ENTRIES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
     let history = HistoryOptions {
-        max_entries: 100_000,
+        max_entries,
         ..HistoryOptions::without_stacks()
     };
     let stacks = move |unwinder| HistoryOptions {
