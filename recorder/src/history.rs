@@ -366,19 +366,27 @@ impl History {
         } else {
             self.ordered_slots()
         };
-        // The newest slots that hold `capacity` entries (or all); the entries they hold over
-        // the capacity are left out when read, and counted as dropped.
-        let mut entries = 0;
-        let newest = kept
-            .iter()
-            .rev()
-            .take_while(|slot| {
-                let take = entries < capacity;
-                entries += slot.entries();
-                take
-            })
-            .count();
+        // The newest entries that fit the new capacity, of those kept now: the newest slots
+        // that hold them. When that leaves only the `free_completed` half of the oldest
+        // slot (its other half is over the capacity, or already was), the slot becomes a
+        // plain `free_completed` one, so that the dropped half does not come back.
+        let keep = held_entries(&kept, self.capacity).0.min(capacity);
+        let mut held = 0;
+        let mut newest = 0;
+        for slot in kept.iter().rev() {
+            if held >= keep {
+                break;
+            }
+            held += slot.entries();
+            newest += 1;
+        }
         kept.drain(..kept.len() - newest);
+        if held > keep {
+            if let Some(oldest) = kept.first_mut() {
+                oldest.time_action =
+                    (oldest.time_action & !ACTION_MASK) | RawAction::FreeCompleted as u64;
+            }
+        }
         if options.clear_history {
             self.annotations.clear();
         }
@@ -691,5 +699,165 @@ mod tests {
         let addrs: Vec<u64> = h.ordered().iter().map(|e| e.addr).collect();
         assert_eq!(addrs, vec![4, 5]);
         assert_eq!(h.dropped(), 4);
+    }
+
+    #[test]
+    fn a_block_freed_at_once_reads_as_free_requested_then_free_completed() {
+        let mut h = History::default();
+        h.configure(all(10));
+        h.push(entry(1));
+        h.record_free_pair(0x7f00_0000_0200, 1000, -3, 42, NO_STACK);
+        let free = |action| RawEntry {
+            action,
+            addr: 0x7f00_0000_0200,
+            size: 1000,
+            stream: -3,
+            time_ns: 42,
+            stack: NO_STACK,
+        };
+        assert_eq!(
+            h.ordered(),
+            vec![
+                entry(1),
+                free(RawAction::FreeRequested),
+                free(RawAction::FreeCompleted)
+            ]
+        );
+        assert_eq!((h.len(), h.recorded(), h.dropped()), (3, 3, 0));
+        assert_eq!(h.trace_copy().iter().collect::<Vec<_>>(), h.ordered());
+    }
+
+    /// One slot holds both free entries, so the ring can hold more entries than its
+    /// capacity: the oldest over it (the `free_requested` half of a slot, possibly) are left
+    /// out when read and counted as dropped.
+    #[test]
+    fn ring_wraps_to_exactly_the_newest_entries_when_a_free_pair_straddles_the_limit() {
+        let mut h = History::default();
+        h.configure(all(3));
+        h.push(entry(1));
+        h.record_free_pair(2, 2, 0, 2, NO_STACK);
+        h.push(entry(3));
+        h.record_free_pair(4, 4, 0, 4, NO_STACK);
+        let read: Vec<(RawAction, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(
+            read,
+            vec![
+                (RawAction::Alloc, 3),
+                (RawAction::FreeRequested, 4),
+                (RawAction::FreeCompleted, 4)
+            ]
+        );
+        assert_eq!((h.len(), h.recorded(), h.dropped()), (3, 6, 3));
+        h.push(entry(5));
+        let read: Vec<(RawAction, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(
+            read,
+            vec![
+                (RawAction::FreeRequested, 4),
+                (RawAction::FreeCompleted, 4),
+                (RawAction::Alloc, 5)
+            ]
+        );
+        assert_eq!((h.len(), h.dropped()), (3, 4));
+        assert!(
+            h.entries.len() <= 3,
+            "the ring holds at most capacity slots"
+        );
+    }
+
+    #[test]
+    fn taking_the_trace_keeps_the_dropped_count() {
+        let mut h = History::default();
+        h.configure(all(2));
+        h.record_free_pair(1, 1, 0, 1, NO_STACK);
+        h.record_free_pair(2, 2, 0, 2, NO_STACK);
+        h.push(entry(3));
+        assert_eq!((h.len(), h.dropped()), (2, 3));
+        let trace = h.take_trace();
+        assert_eq!(trace.len(), 2);
+        let read: Vec<(RawAction, u64)> = trace.iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(
+            read,
+            vec![(RawAction::FreeCompleted, 2), (RawAction::Alloc, 3)]
+        );
+        assert_eq!((h.len(), h.dropped(), h.recorded()), (0, 3, 3));
+    }
+
+    /// Found by `ring_keeps_the_newest_entries_exactly`: with capacity 1, a free pair reads
+    /// as its `free_completed` entry alone; growing the ring brought the dropped
+    /// `free_requested` back.
+    #[test]
+    fn growing_the_ring_does_not_bring_back_a_dropped_free_requested() {
+        let mut h = History::default();
+        h.configure(all(1));
+        h.record_free_pair(8, 8, 0, 8, NO_STACK);
+        assert_eq!((h.len(), h.dropped()), (1, 1));
+        h.configure(all(5));
+        let read: Vec<RawAction> = h.ordered().iter().map(|e| e.action).collect();
+        assert_eq!(read, vec![RawAction::FreeCompleted]);
+        assert_eq!((h.len(), h.dropped()), (1, 1));
+        h.record_free_pair(9, 9, 0, 9, NO_STACK);
+        assert_eq!(h.len(), 3);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        One(u64),
+        FreePair(u64),
+        Resize(usize),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => any::<u64>().prop_map(Op::One),
+            4 => any::<u64>().prop_map(Op::FreePair),
+            1 => (1usize..12).prop_map(Op::Resize),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ring_keeps_the_newest_entries_exactly(
+            capacity in 1usize..12,
+            ops in proptest::collection::vec(op(), 0..80),
+        ) {
+            let mut h = History::default();
+            h.configure(all(capacity));
+            // What the ring must keep: the newest `capacity` entries recorded since the last
+            // resize, and the newest of those kept before it that fit.
+            let mut capacity = capacity;
+            let mut model: Vec<RawEntry> = Vec::new();
+            let mut recorded = 0u64;
+            for (i, op) in ops.into_iter().enumerate() {
+                let time_ns = i as u64;
+                match op {
+                    Op::One(addr) => {
+                        let e = RawEntry { addr, time_ns, ..entry(0) };
+                        h.push(e);
+                        model.push(e);
+                        recorded += 1;
+                    }
+                    Op::FreePair(addr) => {
+                        h.record_free_pair(addr, 512, 7, time_ns, NO_STACK);
+                        for action in [RawAction::FreeRequested, RawAction::FreeCompleted] {
+                            model.push(RawEntry { action, addr, size: 512, stream: 7, time_ns, stack: NO_STACK });
+                        }
+                        recorded += 2;
+                    }
+                    Op::Resize(c) => {
+                        capacity = c;
+                        h.configure(all(c));
+                    }
+                }
+                model.drain(..model.len().saturating_sub(capacity));
+                proptest::prop_assert_eq!(h.ordered(), model.clone());
+                proptest::prop_assert_eq!(h.trace_copy().iter().collect::<Vec<_>>(), model.clone());
+                proptest::prop_assert_eq!(h.len(), model.len());
+                proptest::prop_assert_eq!(h.recorded(), recorded);
+                proptest::prop_assert_eq!(h.dropped(), recorded - model.len() as u64);
+                proptest::prop_assert!(h.entries.len() <= capacity);
+            }
+        }
     }
 }
