@@ -4,7 +4,10 @@
 //!   (best fit by size then address, split, merge with both neighbours, a pointer map);
 //! * `history-off`, `history` (ring buffer, no stacks), `history+stacks-fp` and
 //!   `history+stacks-backtrace` (a native stack captured at every malloc and free, ~30 frames
-//!   deep).
+//!   deep);
+//! * `history-manual-clock`: `history` with the manual clock, which reads a field instead
+//!   of the CPU's counter, so that the difference is what the two clock readings of a pair
+//!   cost.
 //!
 //! ```text
 //! cargo bench -p memsnap-recorder --bench overhead
@@ -220,8 +223,14 @@ fn caching(history: Option<HistoryOptions>) -> Caching {
 }
 
 fn main() {
+    // `MEMSNAP_BENCH_MAX_ENTRIES` changes the ring size (100,000 entries by default: larger
+    // than the caches, like a real recording).
+    let max_entries = std::env::var("MEMSNAP_BENCH_MAX_ENTRIES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
     let history = HistoryOptions {
-        max_entries: 100_000,
+        max_entries,
         ..HistoryOptions::without_stacks()
     };
     let stacks = move |unwinder| HistoryOptions {
@@ -252,6 +261,15 @@ fn main() {
             "history+stacks-backtrace",
             STACK_PAIRS / 4,
             Box::new(move || Box::new(caching(Some(stacks(Unwinder::Backtrace))))),
+        ),
+        (
+            "history-manual-clock",
+            PAIRS,
+            Box::new(move || {
+                let a = caching(Some(history));
+                a.0.use_manual_clock(0);
+                Box::new(a)
+            }),
         ),
     ];
     // `MEMSNAP_BENCH_ONLY=history-off` runs one configuration (for profiling).
@@ -300,6 +318,13 @@ fn main() {
     println!(
         "history-off vs baseline-freelist: {:.2} x (target <= 2)",
         off / best[0]
+    );
+    // The manual clock reads a field: the difference is what the two clock readings of a
+    // pair cost where they are taken.
+    let clock = best[2] - best[5];
+    println!(
+        "clock readings (history - history-manual-clock): {clock:.1} ns/pair ({:.2} x history-off)",
+        clock / off
     );
     // Two stacks (malloc and free) are captured per pair.
     for (i, name) in [(3, "fp"), (4, "backtrace")] {

@@ -314,7 +314,7 @@ pub fn snapshot() -> Option<Snapshot> {
                 .entry(id)
                 .or_insert_with(|| state.stacks.get(id).to_vec());
         }
-        (entries, live, stack_ips, state.history.dropped)
+        (entries, live, stack_ips, state.history.dropped())
     };
 
     let mut snapshot = Snapshot::new(1);

@@ -6,6 +6,12 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::stacks::{RawStackId, Unwinder, NO_STACK};
 
+mod prefetch;
+
+/// How far ahead of the slot being overwritten the ring prefetches (in slots: 512 bytes, a
+/// few alloc+free pairs ahead, so the line has arrived by the time it is written).
+const PREFETCH_SLOTS: usize = 16;
+
 /// `enabled` of `_record_memory_history`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum HistoryMode {
@@ -160,6 +166,11 @@ fn anchor() -> (Instant, i64) {
 
 /// Bits of [`Slot::time_action`] holding the action.
 const ACTION_BITS: u32 = 4;
+const ACTION_MASK: u64 = (1 << ACTION_BITS) - 1;
+/// The action tag of a slot that holds two entries: `free_requested` then `free_completed`,
+/// equal but for the action (a block freed at once). One slot instead of two saves a third
+/// of the ring traffic of an alloc+free pair.
+const FREE_PAIR_TAG: u64 = ACTIONS.len() as u64;
 const ACTIONS: [RawAction; 9] = [
     RawAction::Alloc,
     RawAction::FreeRequested,
@@ -172,10 +183,11 @@ const ACTIONS: [RawAction; 9] = [
     RawAction::Oom,
 ];
 
-/// A [`RawEntry`] as the ring stores it: 32 bytes (two per cache line) instead of 40, since
-/// the ring is written at every event and is usually far larger than the caches. The clock
-/// reading and the action share a word (60 bits of nanoseconds since the anchor are 36 years),
-/// and the stream is an index into the ring's table of distinct streams.
+/// One or two [`RawEntry`]s as the ring stores them: 32 bytes (two per cache line) instead of
+/// 40 or 80, since the ring is written at every event and is usually far larger than the
+/// caches. The clock reading and the action share a word (60 bits of nanoseconds since the
+/// anchor are 36 years; the action [`FREE_PAIR_TAG`] stands for two entries), and the stream
+/// is an index into the ring's table of distinct streams.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     addr: u64,
@@ -188,23 +200,54 @@ struct Slot {
 const _: () = assert!(std::mem::size_of::<Slot>() == 32);
 
 impl Slot {
+    /// `tag` is a [`RawAction`] or [`FREE_PAIR_TAG`].
     #[inline]
-    fn new(
-        action: RawAction,
-        addr: u64,
-        size: u64,
-        stream: u32,
-        time_ns: u64,
-        stack: RawStackId,
-    ) -> Self {
+    fn new(tag: u64, addr: u64, size: u64, stream: u32, time_ns: u64, stack: RawStackId) -> Self {
         Slot {
             addr,
             size,
-            time_action: (time_ns << ACTION_BITS) | action as u64,
+            time_action: (time_ns << ACTION_BITS) | tag,
             stream,
             stack,
         }
     }
+
+    /// How many entries the slot holds (1 or 2).
+    #[inline]
+    fn entries(&self) -> usize {
+        1 + usize::from(self.time_action & ACTION_MASK == FREE_PAIR_TAG)
+    }
+
+    /// The slot's entries (`streams` is the ring's stream table).
+    fn expand(&self, streams: &[i64]) -> impl Iterator<Item = RawEntry> {
+        let tag = self.time_action & ACTION_MASK;
+        let entry = |action| RawEntry {
+            action,
+            addr: self.addr,
+            size: self.size,
+            stream: streams
+                .get(self.stream as usize)
+                .copied()
+                .unwrap_or_default(),
+            time_ns: self.time_action >> ACTION_BITS,
+            stack: self.stack,
+        };
+        let (first, second) = match ACTIONS.get(tag as usize) {
+            Some(&action) => (entry(action), None),
+            None => (
+                entry(RawAction::FreeRequested),
+                Some(entry(RawAction::FreeCompleted)),
+            ),
+        };
+        std::iter::once(first).chain(second)
+    }
+}
+
+/// The entries the ring holds: its slots' entries, less the oldest that are over
+/// `capacity` (a slot holding two entries can straddle the limit).
+fn held_entries(slots: &[Slot], capacity: usize) -> (usize, usize) {
+    let held = slots.len() + slots.iter().filter(|s| s.entries() == 2).count();
+    (held.min(capacity), held.saturating_sub(capacity))
 }
 
 /// A `record_function`-style annotation (`{stage: START, name: ProfilerStep#3}`), kept in its
@@ -224,11 +267,26 @@ pub(crate) struct RingTrace {
     /// The oldest slot once the ring wrapped.
     next: usize,
     streams: Vec<i64>,
+    /// Entries kept (the ring's capacity at most).
+    len: usize,
+    /// Entries of the oldest slots that are over the capacity, left out.
+    skip: usize,
 }
 
 impl RingTrace {
+    fn new(slots: Vec<Slot>, next: usize, streams: Vec<i64>, capacity: usize) -> Self {
+        let (len, skip) = held_entries(&slots, capacity);
+        RingTrace {
+            slots,
+            next,
+            streams,
+            len,
+            skip,
+        }
+    }
+
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.len
     }
 
     /// The entries, oldest first.
@@ -237,18 +295,8 @@ impl RingTrace {
         self.slots[split..]
             .iter()
             .chain(&self.slots[..split])
-            .map(|slot| RawEntry {
-                action: ACTIONS[(slot.time_action & ((1 << ACTION_BITS) - 1)) as usize],
-                addr: slot.addr,
-                size: slot.size,
-                stream: self
-                    .streams
-                    .get(slot.stream as usize)
-                    .copied()
-                    .unwrap_or_default(),
-                time_ns: slot.time_action >> ACTION_BITS,
-                stack: slot.stack,
-            })
+            .flat_map(|slot| slot.expand(&self.streams))
+            .skip(self.skip)
     }
 }
 
@@ -256,13 +304,15 @@ impl RingTrace {
 #[derive(Debug)]
 pub(crate) struct History {
     pub options: HistoryOptions,
-    /// Effective capacity (1 under `State`).
+    /// Effective capacity in entries (1 under `State`); the ring holds at most this many
+    /// slots, so at least this many entries once full.
     capacity: usize,
     entries: Vec<Slot>,
     /// Slot the next entry overwrites once the buffer is full.
     next: usize,
-    /// Entries overwritten (or not stored for lack of host memory) since recording began.
-    pub dropped: u64,
+    /// Entries recorded since recording began: those the ring keeps and those dropped
+    /// (overwritten, not stored for lack of host memory, or cut by a smaller capacity).
+    recorded: u64,
     /// Distinct streams of the stored entries (a handful in practice).
     streams: Vec<i64>,
     /// The most recently used stream and its index in `streams`.
@@ -283,7 +333,7 @@ impl Default for History {
             capacity: 1,
             entries: Vec::new(),
             next: 0,
-            dropped: 0,
+            recorded: 0,
             streams: Vec::new(),
             last_stream: None,
             on: false,
@@ -309,17 +359,33 @@ impl History {
             _ => options.max_entries.max(1),
         };
         let mut kept = if options.clear_history {
-            self.dropped = 0;
+            self.recorded = 0;
             self.streams.clear();
             self.last_stream = None;
             Vec::new()
         } else {
             self.ordered_slots()
         };
-        if kept.len() > capacity {
-            let excess = kept.len() - capacity;
-            kept.drain(..excess);
-            self.dropped += excess as u64;
+        // The newest entries that fit the new capacity, of those kept now: the newest slots
+        // that hold them. When that leaves only the `free_completed` half of the oldest
+        // slot (its other half is over the capacity, or already was), the slot becomes a
+        // plain `free_completed` one, so that the dropped half does not come back.
+        let keep = held_entries(&kept, self.capacity).0.min(capacity);
+        let mut held = 0;
+        let mut newest = 0;
+        for slot in kept.iter().rev() {
+            if held >= keep {
+                break;
+            }
+            held += slot.entries();
+            newest += 1;
+        }
+        kept.drain(..kept.len() - newest);
+        if held > keep {
+            if let Some(oldest) = kept.first_mut() {
+                oldest.time_action =
+                    (oldest.time_action & !ACTION_MASK) | RawAction::FreeCompleted as u64;
+            }
         }
         if options.clear_history {
             self.annotations.clear();
@@ -393,14 +459,11 @@ impl History {
         self.store(action, addr, size, stream, time_ns, stack);
     }
 
-    /// Two entries that differ only in their action (`free_requested` and `free_completed` of
-    /// a block freed at once), in that order.
+    /// `free_requested` then `free_completed` of a block freed at once: two entries equal but
+    /// for the action, stored in one slot.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn record_two(
+    pub(crate) fn record_free_pair(
         &mut self,
-        first: RawAction,
-        second: RawAction,
         addr: u64,
         size: u64,
         stream: i64,
@@ -411,13 +474,11 @@ impl History {
             return;
         }
         let stack = if self.keep_stacks { stack } else { NO_STACK };
+        self.recorded += 2;
         let Some(stream) = self.stream_index(stream) else {
-            self.dropped += 2;
             return;
         };
-        for action in [first, second] {
-            self.put(Slot::new(action, addr, size, stream, time_ns, stack));
-        }
+        self.put(Slot::new(FREE_PAIR_TAG, addr, size, stream, time_ns, stack));
     }
 
     #[inline]
@@ -430,22 +491,22 @@ impl History {
         time_ns: u64,
         stack: RawStackId,
     ) {
+        self.recorded += 1;
         let Some(stream) = self.stream_index(stream) else {
-            self.dropped += 1;
             return;
         };
-        self.put(Slot::new(action, addr, size, stream, time_ns, stack));
+        self.put(Slot::new(action as u64, addr, size, stream, time_ns, stack));
     }
 
-    /// Puts a slot in the ring: grows the buffer up to the capacity, then overwrites the
-    /// oldest slot.
+    /// Puts a slot in the ring (its entries are already counted in `recorded`): grows the
+    /// buffer up to the capacity, then overwrites the oldest slot.
     #[inline]
     fn put(&mut self, slot: Slot) {
         if self.entries.len() < self.capacity {
-            // Growing the buffer must not abort the host process when memory is short.
+            // Growing the buffer must not abort the host process when memory is short (the
+            // entry is then counted as dropped).
             if self.entries.len() == self.entries.capacity() && self.entries.try_reserve(1).is_err()
             {
-                self.dropped += 1;
                 return;
             }
             self.entries.push(slot);
@@ -455,7 +516,11 @@ impl History {
             if self.next >= self.capacity {
                 self.next = 0;
             }
-            self.dropped += 1;
+            let mut ahead = self.next + PREFETCH_SLOTS;
+            if ahead >= self.entries.len() {
+                ahead -= self.entries.len();
+            }
+            prefetch::prefetch(&self.entries, ahead);
         }
     }
 
@@ -467,53 +532,60 @@ impl History {
         out
     }
 
-    fn expand(&self, slot: &Slot) -> RawEntry {
-        RawEntry {
-            action: ACTIONS[(slot.time_action & ((1 << ACTION_BITS) - 1)) as usize],
-            addr: slot.addr,
-            size: slot.size,
-            stream: self.streams[slot.stream as usize],
-            time_ns: slot.time_action >> ACTION_BITS,
-            stack: slot.stack,
-        }
-    }
-
     /// A copy of the ring as stored (slots are 32 bytes, a [`RawEntry`] 40), read oldest
     /// first by [`RingTrace::iter`].
     pub(crate) fn trace_copy(&self) -> RingTrace {
-        RingTrace {
-            slots: self.entries.clone(),
-            next: self.next,
-            streams: self.streams.clone(),
-        }
+        RingTrace::new(
+            self.entries.clone(),
+            self.next,
+            self.streams.clone(),
+            self.capacity,
+        )
     }
 
     /// The ring itself, leaving this history empty (no copy: for an allocator that is done).
+    /// The entries taken are no longer counted as recorded; the dropped ones still are.
     pub(crate) fn take_trace(&mut self) -> RingTrace {
         let next = std::mem::take(&mut self.next);
-        RingTrace {
-            slots: std::mem::take(&mut self.entries),
+        let trace = RingTrace::new(
+            std::mem::take(&mut self.entries),
             next,
-            streams: self.streams.clone(),
-        }
+            self.streams.clone(),
+            self.capacity,
+        );
+        self.recorded -= trace.len() as u64;
+        trace
     }
 
     /// The entries, oldest first.
     pub fn ordered(&self) -> Vec<RawEntry> {
         let split = self.next.min(self.entries.len());
-        let mut out = Vec::with_capacity(self.entries.len());
-        out.extend(self.entries[split..].iter().map(|s| self.expand(s)));
-        out.extend(self.entries[..split].iter().map(|s| self.expand(s)));
+        let (len, skip) = held_entries(&self.entries, self.capacity);
+        let mut out = Vec::with_capacity(len);
+        out.extend(
+            self.entries[split..]
+                .iter()
+                .chain(&self.entries[..split])
+                .flat_map(|slot| slot.expand(&self.streams))
+                .skip(skip),
+        );
         out
     }
 
+    /// Entries the ring keeps (walks the ring: slots hold one or two entries).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        held_entries(&self.entries, self.capacity).0
     }
 
     /// Entries recorded since recording began: those kept and those dropped.
     pub fn recorded(&self) -> u64 {
-        self.entries.len() as u64 + self.dropped
+        self.recorded
+    }
+
+    /// Entries dropped since recording began: overwritten, not stored for lack of host
+    /// memory, or cut by a smaller capacity.
+    pub fn dropped(&self) -> u64 {
+        self.recorded - self.len() as u64
     }
 
     /// Appends an annotation (when enabled), dropping the oldest past the capacity.
@@ -587,7 +659,7 @@ mod tests {
         }
         let addrs: Vec<u64> = h.ordered().iter().map(|e| e.addr).collect();
         assert_eq!(addrs, vec![4, 5, 6]);
-        assert_eq!(h.dropped, 4);
+        assert_eq!(h.dropped(), 4);
     }
 
     #[test]
@@ -610,7 +682,7 @@ mod tests {
         h.push(entry(1));
         h.configure(HistoryOptions::off());
         assert_eq!(h.len(), 0);
-        assert_eq!(h.dropped, 0);
+        assert_eq!(h.dropped(), 0);
         h.push(entry(2));
         h.configure(all(10));
         assert_eq!(h.len(), 0, "entries pushed while off must not be kept");
@@ -626,6 +698,166 @@ mod tests {
         h.configure(all(2));
         let addrs: Vec<u64> = h.ordered().iter().map(|e| e.addr).collect();
         assert_eq!(addrs, vec![4, 5]);
-        assert_eq!(h.dropped, 4);
+        assert_eq!(h.dropped(), 4);
+    }
+
+    #[test]
+    fn a_block_freed_at_once_reads_as_free_requested_then_free_completed() {
+        let mut h = History::default();
+        h.configure(all(10));
+        h.push(entry(1));
+        h.record_free_pair(0x7f00_0000_0200, 1000, -3, 42, NO_STACK);
+        let free = |action| RawEntry {
+            action,
+            addr: 0x7f00_0000_0200,
+            size: 1000,
+            stream: -3,
+            time_ns: 42,
+            stack: NO_STACK,
+        };
+        assert_eq!(
+            h.ordered(),
+            vec![
+                entry(1),
+                free(RawAction::FreeRequested),
+                free(RawAction::FreeCompleted)
+            ]
+        );
+        assert_eq!((h.len(), h.recorded(), h.dropped()), (3, 3, 0));
+        assert_eq!(h.trace_copy().iter().collect::<Vec<_>>(), h.ordered());
+    }
+
+    /// One slot holds both free entries, so the ring can hold more entries than its
+    /// capacity: the oldest over it (the `free_requested` half of a slot, possibly) are left
+    /// out when read and counted as dropped.
+    #[test]
+    fn ring_wraps_to_exactly_the_newest_entries_when_a_free_pair_straddles_the_limit() {
+        let mut h = History::default();
+        h.configure(all(3));
+        h.push(entry(1));
+        h.record_free_pair(2, 2, 0, 2, NO_STACK);
+        h.push(entry(3));
+        h.record_free_pair(4, 4, 0, 4, NO_STACK);
+        let read: Vec<(RawAction, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(
+            read,
+            vec![
+                (RawAction::Alloc, 3),
+                (RawAction::FreeRequested, 4),
+                (RawAction::FreeCompleted, 4)
+            ]
+        );
+        assert_eq!((h.len(), h.recorded(), h.dropped()), (3, 6, 3));
+        h.push(entry(5));
+        let read: Vec<(RawAction, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(
+            read,
+            vec![
+                (RawAction::FreeRequested, 4),
+                (RawAction::FreeCompleted, 4),
+                (RawAction::Alloc, 5)
+            ]
+        );
+        assert_eq!((h.len(), h.dropped()), (3, 4));
+        assert!(
+            h.entries.len() <= 3,
+            "the ring holds at most capacity slots"
+        );
+    }
+
+    #[test]
+    fn taking_the_trace_keeps_the_dropped_count() {
+        let mut h = History::default();
+        h.configure(all(2));
+        h.record_free_pair(1, 1, 0, 1, NO_STACK);
+        h.record_free_pair(2, 2, 0, 2, NO_STACK);
+        h.push(entry(3));
+        assert_eq!((h.len(), h.dropped()), (2, 3));
+        let trace = h.take_trace();
+        assert_eq!(trace.len(), 2);
+        let read: Vec<(RawAction, u64)> = trace.iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(
+            read,
+            vec![(RawAction::FreeCompleted, 2), (RawAction::Alloc, 3)]
+        );
+        assert_eq!((h.len(), h.dropped(), h.recorded()), (0, 3, 3));
+    }
+
+    /// Found by `ring_keeps_the_newest_entries_exactly`: with capacity 1, a free pair reads
+    /// as its `free_completed` entry alone; growing the ring brought the dropped
+    /// `free_requested` back.
+    #[test]
+    fn growing_the_ring_does_not_bring_back_a_dropped_free_requested() {
+        let mut h = History::default();
+        h.configure(all(1));
+        h.record_free_pair(8, 8, 0, 8, NO_STACK);
+        assert_eq!((h.len(), h.dropped()), (1, 1));
+        h.configure(all(5));
+        let read: Vec<RawAction> = h.ordered().iter().map(|e| e.action).collect();
+        assert_eq!(read, vec![RawAction::FreeCompleted]);
+        assert_eq!((h.len(), h.dropped()), (1, 1));
+        h.record_free_pair(9, 9, 0, 9, NO_STACK);
+        assert_eq!(h.len(), 3);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        One(u64),
+        FreePair(u64),
+        Resize(usize),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => any::<u64>().prop_map(Op::One),
+            4 => any::<u64>().prop_map(Op::FreePair),
+            1 => (1usize..12).prop_map(Op::Resize),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ring_keeps_the_newest_entries_exactly(
+            capacity in 1usize..12,
+            ops in proptest::collection::vec(op(), 0..80),
+        ) {
+            let mut h = History::default();
+            h.configure(all(capacity));
+            // What the ring must keep: the newest `capacity` entries recorded since the last
+            // resize, and the newest of those kept before it that fit.
+            let mut capacity = capacity;
+            let mut model: Vec<RawEntry> = Vec::new();
+            let mut recorded = 0u64;
+            for (i, op) in ops.into_iter().enumerate() {
+                let time_ns = i as u64;
+                match op {
+                    Op::One(addr) => {
+                        let e = RawEntry { addr, time_ns, ..entry(0) };
+                        h.push(e);
+                        model.push(e);
+                        recorded += 1;
+                    }
+                    Op::FreePair(addr) => {
+                        h.record_free_pair(addr, 512, 7, time_ns, NO_STACK);
+                        for action in [RawAction::FreeRequested, RawAction::FreeCompleted] {
+                            model.push(RawEntry { action, addr, size: 512, stream: 7, time_ns, stack: NO_STACK });
+                        }
+                        recorded += 2;
+                    }
+                    Op::Resize(c) => {
+                        capacity = c;
+                        h.configure(all(c));
+                    }
+                }
+                model.drain(..model.len().saturating_sub(capacity));
+                proptest::prop_assert_eq!(h.ordered(), model.clone());
+                proptest::prop_assert_eq!(h.trace_copy().iter().collect::<Vec<_>>(), model.clone());
+                proptest::prop_assert_eq!(h.len(), model.len());
+                proptest::prop_assert_eq!(h.recorded(), recorded);
+                proptest::prop_assert_eq!(h.dropped(), recorded - model.len() as u64);
+                proptest::prop_assert!(h.entries.len() <= capacity);
+            }
+        }
     }
 }

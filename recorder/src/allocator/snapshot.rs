@@ -110,7 +110,7 @@ pub(super) fn collect(st: &mut State, take_trace: bool) -> RawSnapshot {
                 .or_insert_with(|| st.stacks.get(id).to_vec());
         }
     }
-    let dropped = st.history.dropped;
+    let dropped = st.history.dropped();
     let settings = settings(st);
     let annotations = st.history.annotations();
     let manual_epoch_us = st.manual_epoch_us;

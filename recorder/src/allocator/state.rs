@@ -386,15 +386,8 @@ impl State {
             return;
         }
         let time_ns = self.call_time_ns();
-        self.history.record_two(
-            RawAction::FreeRequested,
-            RawAction::FreeCompleted,
-            addr,
-            size,
-            stream,
-            time_ns,
-            stack,
-        );
+        self.history
+            .record_free_pair(addr, size, stream, time_ns, stack);
     }
 
     /// Appends the `snapshot` entry (size = active bytes) after a snapshot collected the trace.
