@@ -6,12 +6,6 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::stacks::{RawStackId, Unwinder, NO_STACK};
 
-mod prefetch;
-
-/// How far ahead of the slot being overwritten the ring prefetches (in slots: 512 bytes, a
-/// few alloc+free pairs ahead, so the line has arrived by the time it is written).
-const PREFETCH_SLOTS: usize = 16;
-
 /// `enabled` of `_record_memory_history`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum HistoryMode {
@@ -516,11 +510,6 @@ impl History {
             if self.next >= self.capacity {
                 self.next = 0;
             }
-            let mut ahead = self.next + PREFETCH_SLOTS;
-            if ahead >= self.entries.len() {
-                ahead -= self.entries.len();
-            }
-            prefetch::prefetch(&self.entries, ahead);
         }
     }
 
