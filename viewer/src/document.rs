@@ -240,6 +240,11 @@ impl Document {
         })
     }
 
+    /// Whether every device's steps are computed (they follow the first picture).
+    pub fn steps_ready(&self) -> bool {
+        self.devices.iter().all(DeviceModel::steps_ready)
+    }
+
     /// Whether every device's profile is computed.
     pub fn profiles_ready(&self) -> bool {
         self.devices.iter().all(DeviceModel::profile_done)
@@ -448,5 +453,31 @@ impl Document {
                 ui.label(egui::RichText::new(e).color(ui.visuals().error_fg_color));
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memsnap_workload::{generate, TrainingRun};
+
+    #[test]
+    fn the_picture_is_built_without_the_steps_and_they_arrive_complete() {
+        let (snapshot, _) = generate(&TrainingRun::default());
+        let model = DeviceModel::build(&snapshot, 0).expect("model");
+        // What the first picture needs is there; the steps are not yet.
+        assert!(!model.timeline.by_size_desc().is_empty());
+        assert!(!model.steps_ready());
+        assert!(!model.profile_done());
+        assert!(model.steps().steps.is_empty() && model.steps().categories.is_empty());
+        model.compute_steps();
+        assert!(model.steps_ready());
+        let expected = model.timeline.steps(&StepOptions::default());
+        assert_eq!(model.steps(), &expected);
+        assert!(expected.steps.len() >= 3);
+        assert_eq!(
+            expected.categories.len(),
+            model.timeline.replay().allocations.len()
+        );
     }
 }
