@@ -1,7 +1,7 @@
 //! Memory curves over the event axis, the time axis, and range min/max queries for drawing
 //! them at any zoom.
 
-use memsnap_format::{Action, Snapshot};
+use memsnap_format::Snapshot;
 use serde::Serialize;
 
 use crate::replay::{Lifetime, Replay};
@@ -62,6 +62,47 @@ impl Curve {
     }
 }
 
+/// A curve of `n` events from `initial` and the deltas `visit` reports (`delta(event, bytes)`,
+/// any number per event, `event < n`). Sums in `i64` in the curve's own vector; when a delta or
+/// a sum leaves `i64`, starts over with `i128` deltas ([`Curve::from_deltas`]), which clamp.
+fn build_curve(initial: u64, n: usize, visit: impl Fn(&mut dyn FnMut(u32, i128))) -> Curve {
+    let mut deltas = vec![0i64; n];
+    let mut overflow = false;
+    visit(&mut |event, bytes| {
+        let slot = &mut deltas[event as usize];
+        match i64::try_from(bytes).ok().and_then(|b| slot.checked_add(b)) {
+            Some(sum) => *slot = sum,
+            None => overflow = true,
+        }
+    });
+    if !overflow {
+        if let Ok(mut value) = i64::try_from(initial) {
+            let mut in_range = true;
+            for d in deltas.iter_mut() {
+                match value.checked_add(*d) {
+                    Some(v) if v >= 0 => {
+                        value = v;
+                        *d = v;
+                    }
+                    _ => {
+                        in_range = false;
+                        break;
+                    }
+                }
+            }
+            if in_range {
+                // Same size and alignment: collected in place, no second vector.
+                let after = deltas.into_iter().map(|v| v as u64).collect();
+                return Curve { initial, after };
+            }
+        }
+    }
+    drop(deltas);
+    let mut wide = vec![0i128; n];
+    visit(&mut |event, bytes| wide[event as usize] += bytes);
+    Curve::from_deltas(initial, &wide)
+}
+
 pub(crate) fn clamp_u64(v: i128) -> u64 {
     u64::try_from(v.max(0)).unwrap_or(u64::MAX)
 }
@@ -75,48 +116,42 @@ pub struct Curves {
 }
 
 impl Curves {
-    /// Computes the curves from a replay and the trace's segment events.
-    pub fn build(snapshot: &Snapshot, replay: &Replay) -> Curves {
+    /// Computes the curves from a replay (which keeps the trace's segment events).
+    ///
+    /// Each curve's per-event deltas are summed in place in the vector that becomes the curve
+    /// (as `i64`), so at 10M events building costs the 80 MB a curve keeps rather than 160 MB
+    /// of `i128` deltas per curve on top. A delta or running sum beyond `i64` (never in a
+    /// consistent file) falls back to exact `i128` arithmetic.
+    pub fn build(_snapshot: &Snapshot, replay: &Replay) -> Curves {
         let n = replay.trace_len as usize;
-        let mut allocated = vec![0i128; n];
-        let mut active = vec![0i128; n];
-        let mut initial: u64 = 0;
-        for a in &replay.allocations {
-            let size = i128::from(a.size);
-            match a.alloc_event {
-                Some(e) => {
-                    allocated[e as usize] += size;
-                    active[e as usize] += size;
-                }
-                None => initial = initial.saturating_add(a.size),
-            }
-            if let Some(f) = a.free_requested.or(a.free_completed) {
-                allocated[f as usize] -= size;
-            }
-            if let Some(f) = a.free_completed {
-                active[f as usize] -= size;
-            }
-        }
-        let mut reserved = vec![0i128; n];
-        if let Ok(d) = usize::try_from(replay.device) {
-            if let Some(trace) = snapshot.traces().get(d) {
-                for (i, e) in trace.iter().enumerate() {
-                    match e.action {
-                        Action::SegmentAlloc | Action::SegmentMap => {
-                            reserved[i] += i128::from(e.size)
-                        }
-                        Action::SegmentFree | Action::SegmentUnmap => {
-                            reserved[i] -= i128::from(e.size)
-                        }
-                        _ => {}
+        let initial = replay
+            .allocations
+            .iter()
+            .filter(|a| a.alloc_event.is_none())
+            .fold(0u64, |s, a| s.saturating_add(a.size));
+        let allocation_curve = |end_of: fn(&crate::replay::Allocation) -> Option<u32>| {
+            build_curve(initial, n, |delta| {
+                for a in &replay.allocations {
+                    if let Some(e) = a.alloc_event {
+                        delta(e, i128::from(a.size));
+                    }
+                    if let Some(f) = end_of(a) {
+                        delta(f, -i128::from(a.size));
                     }
                 }
+            })
+        };
+        let allocated = allocation_curve(|a| a.free_requested.or(a.free_completed));
+        let active = allocation_curve(|a| a.free_completed);
+        let reserved = build_curve(replay.reserved_before_window, n, |delta| {
+            for &(event, bytes) in &replay.reserved_changes {
+                delta(event, bytes);
             }
-        }
+        });
         Curves {
-            allocated: Curve::from_deltas(initial, &allocated),
-            active: Curve::from_deltas(initial, &active),
-            reserved: Curve::from_deltas(replay.reserved_before_window, &reserved),
+            allocated,
+            active,
+            reserved,
         }
     }
 

@@ -176,6 +176,11 @@ pub struct Replay {
     /// Inconsistencies (double alloc of an address, ...), at most [`MAX_ANOMALIES`] kept.
     pub anomalies: Vec<Anomaly>,
     pub anomaly_count: u64,
+    /// `(event, bytes)` of every segment event in trace order, signed (`segment_free` and
+    /// `segment_unmap` negative): the reserved curve's changes, so it is built without
+    /// reading the whole trace again.
+    #[serde(skip)]
+    pub(crate) reserved_changes: Vec<(u32, i128)>,
 }
 
 /// How many anomalies a replay keeps (the count is exact).
@@ -277,6 +282,7 @@ impl Replay {
                         replay.actions.segment_map += 1;
                     }
                     reserved_delta += i128::from(entry.size);
+                    replay.reserved_changes.push((i, i128::from(entry.size)));
                     if let Some(prev) = open_segments.insert(
                         entry.addr,
                         SegmentInterval {
@@ -300,6 +306,7 @@ impl Replay {
                         replay.actions.segment_unmap += 1;
                     }
                     reserved_delta -= i128::from(entry.size);
+                    replay.reserved_changes.push((i, -i128::from(entry.size)));
                     close_range(
                         &mut open_segments,
                         &mut replay.segments,
@@ -377,9 +384,12 @@ impl Replay {
             .iter()
             .chain(&freed_before)
             .fold(0u64, |s, a| s.saturating_add(a.size));
-        replay.allocations = ghosts;
-        replay.allocations.append(&mut freed_before);
-        replay.allocations.append(&mut traced);
+        // The traced allocations are nearly all of them (200 MB at 10M entries): the few from
+        // before the window go in front of them in place rather than all being copied after.
+        replay.allocations = traced;
+        replay
+            .allocations
+            .splice(0..0, ghosts.into_iter().chain(freed_before));
 
         replay.dropped_entries = snapshot
             .recorder_info

@@ -250,8 +250,9 @@ impl ViewerApp {
 
         crate::help::help_overlay_ui(ui, &mut self.show_help);
         file_drop_overlay_ui(&ctx);
-        if !self.jobs.is_empty() {
-            // Progress bars move without input events.
+        if !self.jobs.is_empty() || self.documents.iter().any(|d| !d.steps_ready()) {
+            // Progress bars move, and the steps arrive after the first picture, without input
+            // events.
             ctx.request_repaint_after(std::time::Duration::from_millis(100));
         }
     }

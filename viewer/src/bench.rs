@@ -31,9 +31,12 @@ pub struct BenchReport {
     pub entries: usize,
     pub allocations: usize,
     pub parse: Option<Duration>,
-    /// What the picture needs: `DeviceTimeline::build`, its drawing indexes and the steps
-    /// (those two in parallel), the site colours (alongside).
+    /// What the picture needs: `DeviceTimeline::build` and its drawing indexes, the site
+    /// colours (alongside).
     pub analysis: Duration,
+    /// The steps, phases and categories, which the viewer computes on another thread once
+    /// the picture is up (timed after the first frame; the later frames draw them).
+    pub steps: Duration,
     /// The summary and per-site profile (ranks table, diff), which the viewer computes on
     /// another thread once the picture is up.
     pub profile: Duration,
@@ -54,6 +57,15 @@ pub struct BenchReport {
     pub rss_read: Option<u64>,
     pub rss_analysed: Option<u64>,
     pub rss_peak: Option<u64>,
+    /// The peak from the snapshot read on (the generator's own peak left out), when the
+    /// kernel lets the peak be reset (`/proc/self/clear_refs`).
+    pub rss_peak_viewer: Option<u64>,
+}
+
+/// Resets the process's peak resident memory (`VmHWM`) to the current one; false when the
+/// kernel does not allow it (or off Linux).
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in bytes; `None` off Linux.
@@ -88,8 +100,9 @@ impl fmt::Display for BenchReport {
         }
         writeln!(
             f,
-            "analysis build:     {:.1} ms (then the ranks/diff profile in the background: {:.1} ms)",
+            "analysis build:     {:.1} ms (then in the background: steps {:.1} ms, ranks/diff profile {:.1} ms)",
             ms(self.analysis),
+            ms(self.steps),
             ms(self.profile)
         )?;
         writeln!(
@@ -130,10 +143,11 @@ impl fmt::Display for BenchReport {
         let mb = |b: Option<u64>| b.map_or("?".to_owned(), |b| format!("{:.0} MB", b as f64 / 1e6));
         writeln!(
             f,
-            "memory:             {} with the snapshot read, {} with the analysis, peak {}",
+            "memory:             {} with the snapshot read, {} with the analysis, peak {} (from the snapshot read on: {})",
             mb(self.rss_read),
             mb(self.rss_analysed),
-            mb(self.rss_peak)
+            mb(self.rss_peak),
+            mb(self.rss_peak_viewer)
         )?;
         write!(
             f,
@@ -183,10 +197,12 @@ pub fn bench_snapshot(
                 .map_or(0, Vec::len)
         })
         .ok_or(BenchError::NoDevice)?;
-    // What `Document::prepare` does: the device's timeline, its drawing indexes and steps
-    // (side by side), the sites alongside; then the picture. The profile (ranks table,
-    // diff) follows on its own thread in the viewer; here it is timed after the frames.
+    // What `Document::prepare` does: the device's timeline and its drawing indexes, the
+    // sites alongside; then the picture. The steps and the profile (ranks table, diff) follow
+    // on their own thread in the viewer; here the steps are timed after the first frame, the
+    // profile after the frames.
     let rss_read = proc_status_bytes("VmRSS:");
+    let peak_reset = reset_peak_rss();
     let started = Instant::now();
     let (model, sites) = std::thread::scope(|scope| {
         let sites = scope.spawn(|| memsnap_plot::sites::StackSites::new(snapshot));
@@ -198,53 +214,56 @@ pub fn bench_snapshot(
     let analysis = started.elapsed();
     let rss_analysed = proc_status_bytes("VmRSS:");
     let timeline = &*model.timeline;
-    let steps = &model.steps;
     let mut state = TimelineState::new(timeline);
-    let timeline_model = TimelineModel {
-        snapshot,
-        timeline,
-        steps,
-        sites: &sites,
-    };
 
     let ctx = egui::Context::default();
     let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, egui::vec2(1600.0, 900.0));
     let mut frame_index = 0u32;
     let mut selection = crate::view::Selection::default();
-    let mut frame = |state: &mut TimelineState| -> (Duration, usize) {
-        frame_index += 1;
-        let input = egui::RawInput {
-            screen_rect: Some(screen),
-            // 60 frames per second of input time, so the view counts as moving while zooming.
-            time: Some(f64::from(frame_index) / 60.0),
-            ..Default::default()
-        };
-        let started = Instant::now();
-        let mut output = ctx.run_ui(input, |ui| {
-            egui::CentralPanel::default().show(ui, |ui| {
-                timeline_ui(ui, &timeline_model, state, &mut selection);
+    let mut frame =
+        |state: &mut TimelineState, model: &crate::document::DeviceModel| -> (Duration, usize) {
+            let timeline_model = TimelineModel {
+                snapshot,
+                timeline,
+                steps: model.steps(),
+                sites: &sites,
+            };
+            frame_index += 1;
+            let input = egui::RawInput {
+                screen_rect: Some(screen),
+                // 60 frames per second of input time, so the view counts as moving while zooming.
+                time: Some(f64::from(frame_index) / 60.0),
+                ..Default::default()
+            };
+            let started = Instant::now();
+            let mut output = ctx.run_ui(input, |ui| {
+                egui::CentralPanel::default().show(ui, |ui| {
+                    timeline_ui(ui, &timeline_model, state, &mut selection);
+                });
             });
-        });
-        // No renderer takes the font texture here.
-        output.textures_delta.clear();
-        let primitives = ctx.tessellate(output.shapes, output.pixels_per_point);
-        let triangles = primitives
-            .iter()
-            .map(|p| match &p.primitive {
-                egui::epaint::Primitive::Mesh(m) => m.indices.len() / 3,
-                egui::epaint::Primitive::Callback(_) => 0,
-            })
-            .sum();
-        (started.elapsed(), triangles)
-    };
+            // No renderer takes the font texture here.
+            output.textures_delta.clear();
+            let primitives = ctx.tessellate(output.shapes, output.pixels_per_point);
+            let triangles = primitives
+                .iter()
+                .map(|p| match &p.primitive {
+                    egui::epaint::Primitive::Mesh(m) => m.indices.len() / 3,
+                    egui::epaint::Primitive::Callback(_) => 0,
+                })
+                .sum();
+            (started.elapsed(), triangles)
+        };
     // egui lays out fonts on the first pass; that is start-up, not drawing.
-    let _ = frame(&mut state);
+    let _ = frame(&mut state, &model);
     state.window.reset();
     let (first_frame, triangles_first_frame) = {
         // Force a fresh layout for the measured first frame.
         state.min_size = 1;
-        frame(&mut state)
+        frame(&mut state, &model)
     };
+    let started = Instant::now();
+    model.compute_steps();
+    let steps = started.elapsed();
     let bands_first_frame = state.cached_layout().map_or(0, |l| l.bands.len());
     let mut times = Vec::with_capacity(frames);
     let mut layouts = Vec::with_capacity(frames);
@@ -258,7 +277,7 @@ pub fn bench_snapshot(
             _ => state.window.zoom_at(center, 1.0 / 0.92),
         }
         state.last_layout_ms = 0.0;
-        let (time, tris) = frame(&mut state);
+        let (time, tris) = frame(&mut state, &model);
         times.push(time);
         layouts.push(Duration::from_secs_f64(state.last_layout_ms / 1e3));
         triangles.push(tris);
@@ -278,6 +297,7 @@ pub fn bench_snapshot(
         allocations: timeline.replay().allocations.len(),
         parse,
         analysis,
+        steps,
         profile,
         first_frame,
         frames: times,
@@ -289,5 +309,6 @@ pub fn bench_snapshot(
         rss_read,
         rss_analysed,
         rss_peak: proc_status_bytes("VmHWM:"),
+        rss_peak_viewer: peak_reset.then(|| proc_status_bytes("VmHWM:")).flatten(),
     })
 }

@@ -3,7 +3,7 @@
 //! panels themselves live in their own modules.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, Instant as WallInstant};
 
 use memsnap_analysis::{DeviceTimeline, StepAnalysis, StepOptions};
@@ -19,26 +19,43 @@ use crate::view::Selection;
 pub struct DeviceModel {
     pub device: i64,
     pub timeline: Arc<DeviceTimeline>,
-    pub steps: StepAnalysis,
+    /// Steps, phases and categories: computed after the picture is up (the bands do not need
+    /// them; the step marks, phase shading and the steps table appear when they are ready).
+    steps: Arc<OnceLock<StepAnalysis>>,
     /// Summary and per-site bytes, for the ranks table and the diff: computed after the
     /// picture is up (it costs as much as the rest of the analysis), see [`Document::prepare`].
     profile: Arc<OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>>,
 }
 
 impl DeviceModel {
-    /// The timeline with its drawing indexes and the steps, the two built side by side.
+    /// The timeline with its drawing indexes: what the first picture needs. The steps follow
+    /// ([`DeviceModel::compute_steps`]).
     pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceModel, String> {
-        let timeline = DeviceTimeline::build(snapshot, device).map_err(|e| e.to_string())?;
-        let steps = std::thread::scope(|scope| {
-            scope.spawn(|| timeline.prepare_drawing());
-            timeline.steps(&StepOptions::default())
-        });
+        let timeline =
+            DeviceTimeline::build_for_drawing(snapshot, device).map_err(|e| e.to_string())?;
         Ok(DeviceModel {
             device,
             timeline: Arc::new(timeline),
-            steps,
+            steps: Arc::default(),
             profile: Arc::default(),
         })
+    }
+
+    /// The steps, phases and categories; no steps and no categories while they are being
+    /// computed (see [`DeviceModel::steps_ready`]).
+    pub fn steps(&self) -> &StepAnalysis {
+        static PENDING: LazyLock<StepAnalysis> = LazyLock::new(pending_steps);
+        self.steps.get().unwrap_or(&PENDING)
+    }
+
+    /// Whether the steps are computed.
+    pub fn steps_ready(&self) -> bool {
+        self.steps.get().is_some()
+    }
+
+    /// Computes the steps now (when they are not yet).
+    pub fn compute_steps(&self) {
+        compute_steps(&self.timeline, &self.steps);
     }
 
     /// The summary and per-site bytes, once computed (`None` before, or when computing it
@@ -54,15 +71,36 @@ impl DeviceModel {
             .and_then(|p| p.as_ref().err().map(String::as_str))
     }
 
-    /// Whether the profile is computed (or failed).
+    /// Whether the steps and the profile are computed (or the profile failed).
     pub fn profile_done(&self) -> bool {
-        self.profile.get().is_some()
+        self.steps_ready() && self.profile.get().is_some()
     }
 
     /// Computes the profile now (when it is not yet).
     fn compute_profile(&self, snapshot: &Snapshot) {
         compute_profile(snapshot, &self.timeline, &self.profile);
     }
+}
+
+/// No steps, no phases, no categories.
+fn pending_steps() -> StepAnalysis {
+    StepAnalysis {
+        method: memsnap_analysis::StepMethod::None,
+        setup: None,
+        steps: Vec::new(),
+        drift: Default::default(),
+        categories: Vec::new(),
+    }
+}
+
+fn compute_steps(timeline: &DeviceTimeline, cell: &OnceLock<StepAnalysis>) {
+    cell.get_or_init(|| {
+        // Off the loader thread, a panic must cost only the steps (none are shown).
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            timeline.steps(&StepOptions::default())
+        }))
+        .unwrap_or_else(|_| pending_steps())
+    });
 }
 
 fn compute_profile(
@@ -165,18 +203,22 @@ impl Document {
             .map_or(0, |(i, _)| i);
         let states = devices.iter().map(DeviceState::new).collect();
         let snapshot = Arc::new(snapshot);
-        // The ranks table and the diff need each device's profile; the picture does not,
-        // so it is computed on its own thread while the timeline is already on screen.
+        // The steps (marks, phases, the steps table), the ranks table and the diff need each
+        // device's steps and profile; the picture does not, so they are computed on their own
+        // thread while the timeline is already on screen: the steps of every device first.
         let work: Vec<_> = devices
             .iter()
-            .map(|d| (d.timeline.clone(), d.profile.clone()))
+            .map(|d| (d.timeline.clone(), d.steps.clone(), d.profile.clone()))
             .collect();
         let for_profiles = snapshot.clone();
         let profiles = std::thread::Builder::new()
             .name(format!("profile {}", loaded.name))
             .spawn(move || {
-                for (timeline, cell) in work {
-                    compute_profile(&for_profiles, &timeline, &cell);
+                for (timeline, steps, _) in &work {
+                    compute_steps(timeline, steps);
+                }
+                for (timeline, _, profile) in &work {
+                    compute_profile(&for_profiles, timeline, profile);
                 }
             })
             .ok();
@@ -198,6 +240,11 @@ impl Document {
         })
     }
 
+    /// Whether every device's steps are computed (they follow the first picture).
+    pub fn steps_ready(&self) -> bool {
+        self.devices.iter().all(DeviceModel::steps_ready)
+    }
+
     /// Whether every device's profile is computed.
     pub fn profiles_ready(&self) -> bool {
         self.devices.iter().all(DeviceModel::profile_done)
@@ -210,6 +257,7 @@ impl Document {
             let _ = handle.join();
         }
         for d in &self.devices {
+            d.compute_steps();
             d.compute_profile(&self.snapshot);
         }
     }
@@ -257,12 +305,12 @@ impl Document {
         match command {
             Command::PreviousStep | Command::NextStep => {
                 let forward = command == Command::NextStep;
-                if let Some(step) = state.steps.step_after(&model.steps, forward) {
+                if let Some(step) = state.steps.step_after(model.steps(), forward) {
                     state.steps.select_step(step);
                     state.steps.scroll_to_selected = true;
                     state
                         .timeline
-                        .zoom_to_step(&model.timeline, &model.steps.steps[step]);
+                        .zoom_to_step(&model.timeline, &model.steps().steps[step]);
                 }
             }
             Command::JumpToPeak => {
@@ -290,11 +338,13 @@ impl Document {
         let timeline_model = crate::timeline::TimelineModel {
             snapshot,
             timeline: &model.timeline,
-            steps: &model.steps,
+            steps: model.steps(),
             sites: &self.sites,
         };
         crate::timeline::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
-        crate::steps_ui::drift_banner_ui(ui, &model.steps);
+        if model.steps_ready() {
+            crate::steps_ui::drift_banner_ui(ui, model.steps());
+        }
 
         egui::Panel::right("details_panel")
             .resizable(true)
@@ -306,8 +356,11 @@ impl Document {
             .resizable(true)
             .default_size(220.0)
             .show(ui, |ui| {
-                if let Some((start, end)) =
-                    crate::steps_ui::steps_ui(ui, &model.steps, &mut state.steps)
+                if !model.steps_ready() {
+                    ui.add(egui::Spinner::new());
+                    ui.label("Finding the training steps…");
+                } else if let Some((start, end)) =
+                    crate::steps_ui::steps_ui(ui, model.steps(), &mut state.steps)
                 {
                     state.timeline.zoom_to_events(&model.timeline, start, end);
                 }
@@ -400,5 +453,31 @@ impl Document {
                 ui.label(egui::RichText::new(e).color(ui.visuals().error_fg_color));
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memsnap_workload::{generate, TrainingRun};
+
+    #[test]
+    fn the_picture_is_built_without_the_steps_and_they_arrive_complete() {
+        let (snapshot, _) = generate(&TrainingRun::default());
+        let model = DeviceModel::build(&snapshot, 0).expect("model");
+        // What the first picture needs is there; the steps are not yet.
+        assert!(!model.timeline.by_size_desc().is_empty());
+        assert!(!model.steps_ready());
+        assert!(!model.profile_done());
+        assert!(model.steps().steps.is_empty() && model.steps().categories.is_empty());
+        model.compute_steps();
+        assert!(model.steps_ready());
+        let expected = model.timeline.steps(&StepOptions::default());
+        assert_eq!(model.steps(), &expected);
+        assert!(expected.steps.len() >= 3);
+        assert_eq!(
+            expected.categories.len(),
+            model.timeline.replay().allocations.len()
+        );
     }
 }

@@ -248,7 +248,7 @@ fn clicking_a_step_row_zooms_the_timeline_to_that_step() {
         .active_document()
         .expect("open")
         .device()
-        .steps
+        .steps()
         .steps
         .clone();
     assert!(
@@ -426,7 +426,7 @@ fn phases_are_shaded_and_listed_in_the_step_table() {
         Settings::default(),
     );
     let doc = h.state().active_document().expect("open");
-    let steps = doc.device().steps.clone();
+    let steps = doc.device().steps().clone();
     assert!(steps.steps.len() >= 3, "{}", steps.steps.len());
     // Every phase in view is shaded behind the bands, in its kind's tint.
     let shading = doc
@@ -497,7 +497,7 @@ fn a_warm_up_step_is_labelled_warm_up_not_a_leak() {
         &[("run.pickle", training_pickle(18, 0))],
         Settings::default(),
     );
-    let steps = &h.state().active_document().expect("open").device().steps;
+    let steps = &h.state().active_document().expect("open").device().steps();
     let warmup = steps
         .steps
         .iter()
@@ -587,7 +587,7 @@ fn a_real_training_run_lists_ten_steps_with_their_phases() {
     let h = loaded_app(&[("jaspersolt.pickle", bytes)], Settings::default());
     h.get_by_label("Training steps: 10");
     h.get_by_label("from the allocation stacks");
-    let steps = &h.state().active_document().expect("open").device().steps;
+    let steps = &h.state().active_document().expect("open").device().steps();
     // Whole steps run forward, backward, optimizer; the shading covers every phase.
     for step in steps.steps.iter().filter(|s| !s.partial) {
         let kinds: Vec<PhaseKind> = step.phases.iter().map(|p| p.kind).collect();

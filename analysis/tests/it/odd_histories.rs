@@ -169,3 +169,110 @@ fn first_step_floor_is_not_a_leak() {
     assert_eq!(analysis.drift.min_bytes_per_step, 0.0);
     assert!(!analysis.drift.leak_suspected);
 }
+
+/// The curves as exact `i128` sums of the replay's intervals and the trace's segment events,
+/// clamped to `0..=u64::MAX`: what `Curves::build` computed before it summed in `i64` in
+/// place (falling back to this when a sum leaves `i64`).
+fn exact_curves(snapshot: &Snapshot, t: &DeviceTimeline) -> [Vec<u64>; 3] {
+    let replay = t.replay();
+    let n = replay.trace_len as usize;
+    let (mut allocated, mut active, mut reserved) =
+        (vec![0i128; n], vec![0i128; n], vec![0i128; n]);
+    let mut initial = 0u64;
+    for a in &replay.allocations {
+        let size = i128::from(a.size);
+        match a.alloc_event {
+            Some(e) => {
+                allocated[e as usize] += size;
+                active[e as usize] += size;
+            }
+            None => initial = initial.saturating_add(a.size),
+        }
+        if let Some(f) = a.free_requested.or(a.free_completed) {
+            allocated[f as usize] -= size;
+        }
+        if let Some(f) = a.free_completed {
+            active[f as usize] -= size;
+        }
+    }
+    for (i, e) in snapshot.traces()[0].iter().enumerate() {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => reserved[i] += i128::from(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => reserved[i] -= i128::from(e.size),
+            _ => {}
+        }
+    }
+    let sum = |start: u64, deltas: Vec<i128>| -> Vec<u64> {
+        let mut value = i128::from(start);
+        deltas
+            .into_iter()
+            .map(|d| {
+                value += d;
+                u64::try_from(value.max(0)).unwrap_or(u64::MAX)
+            })
+            .collect()
+    };
+    [
+        sum(initial, allocated),
+        sum(initial, active),
+        sum(replay.reserved_before_window, reserved),
+    ]
+}
+
+#[test]
+fn curves_summed_in_place_equal_the_exact_sums_also_past_i64() {
+    let generated = memsnap_workload::generate(&memsnap_workload::TrainingRun::default()).0;
+    let past_i64 = snapshot_of(&[
+        (Action::Alloc, 0x10, u64::MAX),
+        (Action::Alloc, 0x20, i64::MAX as u64),
+        (Action::FreeCompleted, 0x10, u64::MAX),
+        (Action::SegmentAlloc, 0x40, u64::MAX),
+        (Action::SegmentFree, 0x40, u64::MAX),
+        (Action::SegmentFree, 0x80, 1 << 40),
+    ]);
+    // Each value fits in i64, but two live ones do not.
+    let sum_past_i64 = snapshot_of(&[
+        (Action::Alloc, 0x10, 1 << 62),
+        (Action::Alloc, 0x20, 1 << 62),
+        (Action::SegmentAlloc, 0x40, 3 << 61),
+        (Action::SegmentAlloc, 0x80, 3 << 61),
+    ]);
+    // More freed than reserved before, then reserved again (the net change is positive, so
+    // nothing counts as reserved before the window): the sum goes below zero and clamps.
+    let below_zero = snapshot_of(&[
+        (Action::SegmentAlloc, 0x40, 4096),
+        (Action::SegmentFree, 0x80, 8192),
+        (Action::SegmentAlloc, 0xc0, 8192),
+    ]);
+    for snapshot in [&generated, &past_i64, &sum_past_i64, &below_zero] {
+        let t = DeviceTimeline::build(snapshot, 0).unwrap();
+        let [allocated, active, reserved] = exact_curves(snapshot, &t);
+        assert_eq!(t.curves().allocated.after, allocated);
+        assert_eq!(t.curves().active.after, active);
+        assert_eq!(t.curves().reserved.after, reserved);
+        assert!(!allocated.is_empty());
+    }
+}
+
+#[test]
+fn the_drawing_indexes_built_with_the_timeline_equal_those_built_later() {
+    let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun::default());
+    let eager = DeviceTimeline::build_for_drawing(&snapshot, 0).unwrap();
+    let lazy = DeviceTimeline::build(&snapshot, 0).unwrap();
+    assert_eq!(eager.by_size_desc(), lazy.by_size_desc());
+    // Largest first, ties in stacking order.
+    assert!(
+        eager
+            .by_size_desc()
+            .windows(2)
+            .all(|w| (std::cmp::Reverse(w[0].size), w[0].id)
+                < (std::cmp::Reverse(w[1].size), w[1].id))
+    );
+    let axis = eager.replay().axis_len();
+    for kind in [CurveKind::Allocated, CurveKind::Active, CurveKind::Reserved] {
+        assert_eq!(
+            eager.curve_envelope(kind, 0, axis, 97).unwrap(),
+            lazy.curve_envelope(kind, 0, axis, 97).unwrap()
+        );
+    }
+}

@@ -24,6 +24,9 @@ pub(super) struct BandKey {
     show_reserved: bool,
     search: Option<String>,
     colour_by: ColourBy,
+    /// Whether the steps (categories, phases) had arrived: they colour the bands in the
+    /// category and phase modes, and come after the first picture.
+    steps_ready: bool,
 }
 
 /// Band geometry and its mesh, kept while the [`BandKey`] is unchanged.
@@ -115,6 +118,7 @@ pub(super) fn timeline_scene_ui(
         show_reserved: state.show_reserved,
         search: state.search_match.as_ref().map(|m| m.query.clone()),
         colour_by: state.color_mode,
+        steps_ready: !model.steps.categories.is_empty(),
     };
     if state.band_cache.as_ref().is_none_or(|c| c.key != key) {
         let style = BandStyle {
