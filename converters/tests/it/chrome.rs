@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memsnap_converters::chrome::{self, ChromeOptions};
 use memsnap_converters::{open_path, ConvertError, Source};

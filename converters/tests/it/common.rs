@@ -29,8 +29,8 @@ pub fn real_snapshots() -> Vec<PathBuf> {
 }
 
 /// Writes `bytes` to `dir/name` and returns the path.
-pub fn write_file(dir: &Path, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
+pub fn write_file(dir: &Path, name: &str, bytes: &(impl AsRef<[u8]> + ?Sized)) -> PathBuf {
     let path = dir.join(name);
-    std::fs::write(&path, bytes).expect("write");
+    std::fs::write(&path, bytes.as_ref()).expect("write");
     path
 }

@@ -7,7 +7,7 @@
 //! frames. The real snapshots are compared with Python's outputs of them (golden files).
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memsnap_converters::memviz::{self, Check, MemvizError, Report};
 use memsnap_converters::ConvertError;

@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
-use std::path::PathBuf;
 
 use memsnap_converters::pprof::{
     self, proto, ALLOC_OBJECTS, ALLOC_SPACE, INUSE_OBJECTS, INUSE_SPACE,

@@ -20,7 +20,7 @@
 //! segment); the CPU allocation, its free and the null free vanish; the free of U is
 //! skipped with a warning.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memsnap_converters::rocm::{self, RocmError, RocmFormat, Warning};
 use memsnap_converters::{open_path, ConvertError, Source};
