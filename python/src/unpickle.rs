@@ -158,26 +158,28 @@ impl<'py, 'a> Vm<'py, 'a> {
         loop {
             // Refused before anything of their argument is read.
             let offset = self.ops.offset();
-            let (code, name) = self.ops.peek()?;
-            if ops::executes_code(code) || matches!(code, op::NEXT_BUFFER | op::READONLY_BUFFER) {
-                return Err(LoadError::Refused {
-                    offset,
-                    opcode: code,
-                    name,
-                });
-            }
-            if matches!(
-                code,
-                op::STRING | op::BINSTRING | op::SHORT_BINSTRING | op::UNICODE
-            ) {
-                return Err(bad(
-                    offset,
+            if let Some(code) = self.ops.peek() {
+                if ops::executes_code(code) || matches!(code, op::NEXT_BUFFER | op::READONLY_BUFFER)
+                {
+                    return Err(LoadError::Refused {
+                        offset,
+                        opcode: code,
+                        name: opcode_name(code),
+                    });
+                }
+                if matches!(
                     code,
-                    "Python 2 and protocol-0 text strings are not read (PyTorch writes protocol 2 or later)",
-                ));
+                    op::STRING | op::BINSTRING | op::SHORT_BINSTRING | op::UNICODE
+                ) {
+                    return Err(bad(
+                        offset,
+                        code,
+                        "Python 2 and protocol-0 text strings are not read (PyTorch writes protocol 2 or later)",
+                    ));
+                }
             }
             let decoded = self.ops.next_op()?;
-            let arg = decoded.arg;
+            let (code, arg) = (decoded.code, decoded.arg);
             match code {
                 op::STOP => return self.pop(offset, code),
                 op::PROTO => {

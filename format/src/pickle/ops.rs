@@ -30,7 +30,47 @@
 //! # Ok::<(), memsnap_format::pickle::ops::OpError>(())
 //! ```
 
-pub use super::vm::{executes_code, op, opcode_info, Arg};
+pub use super::vm::{op, Arg};
+
+use super::vm;
+
+/// [`vm::opcode_info`] for every byte, built at compile time: one indexed load per opcode
+/// (the decoder looks each one up on the hot path of a load).
+static OPCODES: [Option<(&str, Arg)>; 256] = {
+    let mut table = [None; 256];
+    let mut code = 0;
+    while code < 256 {
+        table[code] = vm::opcode_info(code as u8);
+        code += 1;
+    }
+    table
+};
+
+/// [`vm::executes_code`] for every byte, built at compile time.
+static EXECUTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut code = 0;
+    while code < 256 {
+        table[code] = vm::executes_code(code as u8);
+        code += 1;
+    }
+    table
+};
+
+/// The reader's one opcode table: an opcode's name (as in CPython's `pickle.py`) and argument
+/// layout, `None` for a byte that is no opcode.
+#[inline]
+pub fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
+    OPCODES[usize::from(code)]
+}
+
+/// Whether an opcode would import or call something (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`,
+/// `BUILD`, `INST`, `OBJ`, `NEWOBJ*`, `PERSID`, `BINPERSID`, `EXT*`): what a reader that
+/// executes nothing refuses.
+#[inline]
+pub fn executes_code(code: u8) -> bool {
+    EXECUTES[usize::from(code)]
+}
 
 /// Why the next opcode could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -77,10 +117,15 @@ impl Op<'_> {
     /// argument; otherwise it is cut or zero-padded to `N` bytes.
     #[inline]
     pub fn array<const N: usize>(&self) -> [u8; N] {
-        let mut out = [0; N];
-        let n = N.min(self.arg.len());
-        out[..n].copy_from_slice(&self.arg[..n]);
-        out
+        match <[u8; N]>::try_from(self.arg) {
+            Ok(exact) => exact,
+            Err(_) => {
+                let mut out = [0; N];
+                let n = N.min(self.arg.len());
+                out[..n].copy_from_slice(&self.arg[..n]);
+                out
+            }
+        }
     }
 }
 
@@ -103,14 +148,11 @@ impl<'a> Ops<'a> {
         self.pos
     }
 
-    /// The next opcode byte and its name, without reading its argument or moving on (so a
-    /// caller can refuse an opcode before anything of it is read).
+    /// The next opcode byte (`None` at the end of the input), without decoding or moving on:
+    /// a caller can refuse an opcode before anything of its argument is read.
     #[inline]
-    pub fn peek(&self) -> Result<(u8, &'static str), OpError> {
-        let offset = self.pos;
-        let &code = self.data.get(offset).ok_or(OpError::End { offset })?;
-        let (name, _) = opcode_info(code).ok_or(OpError::Unknown { offset, code })?;
-        Ok((code, name))
+    pub fn peek(&self) -> Option<u8> {
+        self.data.get(self.pos).copied()
     }
 
     /// Decodes the next opcode and its argument, and moves past them. On an error the cursor
@@ -118,55 +160,74 @@ impl<'a> Ops<'a> {
     #[inline]
     pub fn next_op(&mut self) -> Result<Op<'a>, OpError> {
         let offset = self.pos;
-        let &code = self.data.get(offset).ok_or(OpError::End { offset })?;
-        let (name, layout) = opcode_info(code).ok_or(OpError::Unknown { offset, code })?;
-        let mut at = offset + 1;
-        let truncated = |at: usize, needed: u64| OpError::Truncated {
-            offset,
-            name,
-            needed,
-            left: self.data.len() - at,
+        let Some(&code) = self.data.get(offset) else {
+            return Err(OpError::End { offset });
         };
-        let take = |at: &mut usize, n: u64| -> Result<&'a [u8], OpError> {
-            let start = *at;
-            match usize::try_from(n) {
-                Ok(n) if n <= self.data.len() - start => {
-                    *at = start + n;
-                    Ok(&self.data[start..start + n])
-                }
-                _ => Err(truncated(start, n)),
-            }
+        let Some((name, layout)) = opcode_info(code) else {
+            return Err(OpError::Unknown { offset, code });
         };
-        let arg = match layout {
-            Arg::Fixed(n) => take(&mut at, n as u64)?,
+        let start = offset + 1;
+        let (arg, end) = match layout {
+            Arg::Fixed(0) => (&self.data[start..start], start),
+            Arg::Fixed(n) => self.take(offset, name, start, n as u64)?,
             Arg::Counted(width) => {
-                let len = take(&mut at, width as u64)?
+                let (len, at) = self.take(offset, name, start, width as u64)?;
+                let len = len
                     .iter()
                     .rev()
                     .fold(0u64, |len, &b| (len << 8) | u64::from(b));
-                take(&mut at, len)?
+                self.take(offset, name, at, len)?
             }
-            Arg::Lines(lines) => {
-                let rest = &self.data[at..];
-                let mut end = 0;
-                for _ in 0..lines {
-                    let newline = rest[end..]
-                        .iter()
-                        .position(|&b| b == b'\n')
-                        .ok_or(OpError::NoNewline { offset, name })?;
-                    end += newline + 1;
-                }
-                at += end;
-                &rest[..end.saturating_sub(1)]
-            }
+            Arg::Lines(lines) => self.lines(offset, name, start, lines)?,
         };
-        self.pos = at;
+        self.pos = end;
         Ok(Op {
             offset,
             code,
             name,
             arg,
         })
+    }
+
+    /// `n` bytes from `start`, and where they end.
+    #[inline]
+    fn take(
+        &self,
+        offset: usize,
+        name: &'static str,
+        start: usize,
+        n: u64,
+    ) -> Result<(&'a [u8], usize), OpError> {
+        let data = self.data;
+        match usize::try_from(n) {
+            Ok(n) if n <= data.len() - start => Ok((&data[start..start + n], start + n)),
+            _ => Err(OpError::Truncated {
+                offset,
+                name,
+                needed: n,
+                left: data.len() - start,
+            }),
+        }
+    }
+
+    /// `lines` text lines from `start`: the text before the last newline, and where it ends.
+    fn lines(
+        &self,
+        offset: usize,
+        name: &'static str,
+        start: usize,
+        lines: usize,
+    ) -> Result<(&'a [u8], usize), OpError> {
+        let rest = &self.data[start..];
+        let mut end = 0;
+        for _ in 0..lines {
+            let newline = rest[end..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .ok_or(OpError::NoNewline { offset, name })?;
+            end += newline + 1;
+        }
+        Ok((&rest[..end.saturating_sub(1)], start + end))
     }
 }
 
@@ -204,8 +265,18 @@ mod tests {
             ]
         );
         assert_eq!(i32::from_le_bytes(ops[3].array()), -1);
+        assert_eq!(ops[2].array::<3>(), [b'h', b'i', 0], "padded");
         let [protocol] = ops[0].array();
         assert_eq!(protocol, 4);
+    }
+
+    #[test]
+    fn the_compile_time_tables_are_the_readers_table() {
+        for code in 0..=255u8 {
+            assert_eq!(opcode_info(code), vm::opcode_info(code), "0x{code:02x}");
+            assert_eq!(executes_code(code), vm::executes_code(code), "0x{code:02x}");
+        }
+        assert!(executes_code(op::STACK_GLOBAL) && !executes_code(op::BINUNICODE));
     }
 
     #[test]
@@ -223,7 +294,7 @@ mod tests {
             }
         );
         assert_eq!(ops.offset(), 2, "the cursor did not move");
-        assert_eq!(ops.peek(), Ok((op::BINUNICODE8, "BINUNICODE8")));
+        assert_eq!(ops.peek(), Some(op::BINUNICODE8));
         // The length itself cut short.
         assert_eq!(
             Ops::new(b"X\x01\x00").next_op(),
@@ -238,7 +309,8 @@ mod tests {
             Ops::new(b"\x00").next_op(),
             Err(OpError::Unknown { offset: 0, code: 0 })
         );
-        assert_eq!(Ops::new(b"").peek(), Err(OpError::End { offset: 0 }));
+        assert_eq!(Ops::new(b"").peek(), None);
+        assert_eq!(Ops::new(b"").next_op(), Err(OpError::End { offset: 0 }));
         assert_eq!(
             Ops::new(b"cos\nsystem").next_op(),
             Err(OpError::NoNewline {

@@ -302,7 +302,7 @@ pub enum Arg {
 /// The one opcode table: every opcode's name (as in CPython's `pickle.py`) and argument
 /// layout. The VM names opcodes in errors with it, and [`super::part`] skips over opcodes with
 /// it without running them.
-pub fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
+pub const fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
     use Arg::{Counted, Fixed, Lines};
     Some(match code {
         op::MARK => ("MARK", Fixed(0)),
@@ -383,7 +383,7 @@ fn opcode_name(code: u8) -> Option<&'static str> {
 }
 
 /// Whether an opcode would import or call something.
-pub fn executes_code(code: u8) -> bool {
+pub const fn executes_code(code: u8) -> bool {
     matches!(
         code,
         op::GLOBAL
