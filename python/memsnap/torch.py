@@ -29,6 +29,10 @@ holds the GIL get frames).
 Out of memory: PyTorch's pluggable-allocator interface does not check the pointer returned, so
 torch (2.11) raises no ``OutOfMemoryError``: the tensor gets a NULL data pointer. memsnap prints
 the failure to stderr and writes ``dump_on_oom`` at that moment.
+
+This file is also ``memsnap_torch`` for people who build from source:
+``recorder-ffi/python/memsnap_torch.py`` loads it from the checkout (no wheel needed), and then
+the library comes from the checkout's cargo build.
 """
 
 import contextlib
@@ -68,12 +72,21 @@ class MemsnapError(RuntimeError):
 
 
 def library_path():
-    """The recorder's shared library: ``$MEMSNAP_LIBRARY`` when set, else the one shipped in
-    this package."""
+    """The recorder's shared library: ``$MEMSNAP_LIBRARY`` when set; in a source checkout, its
+    cargo build (``target/release``, then ``target/debug``); else the one shipped in this
+    package; else the name alone (found through the loader path, ``LD_LIBRARY_PATH``)."""
     explicit = os.environ.get("MEMSNAP_LIBRARY")
     if explicit:
         return explicit
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", LIBRARY_NAME)
+    here = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.abspath(os.path.join(here, "..", ".."))
+    if os.path.isfile(os.path.join(checkout, "Cargo.toml")):
+        for profile in ("release", "debug"):
+            candidate = os.path.join(checkout, "target", profile, LIBRARY_NAME)
+            if os.path.isfile(candidate):
+                return candidate
+    shipped = os.path.join(here, "_lib", LIBRARY_NAME)
+    return shipped if os.path.isfile(shipped) else LIBRARY_NAME
 
 
 def load_library(path=None):
@@ -88,12 +101,15 @@ def load_library(path=None):
             raise MemsnapError(f"memsnap is already loaded from {_lib_path}")
         return _lib
     path = path or library_path()
-    if not os.path.isfile(path):
-        raise MemsnapError(
-            f"the memsnap recorder library is missing: {path} (reinstall the memsnap wheel, "
-            "or set MEMSNAP_LIBRARY to a libmemsnap_recorder built with cargo)"
-        )
-    lib = ctypes.PyDLL(path)
+    missing = (
+        "(reinstall the memsnap wheel, or set MEMSNAP_LIBRARY to a libmemsnap_recorder built with cargo)"
+    )
+    if os.path.dirname(path) and not os.path.isfile(path):
+        raise MemsnapError(f"the memsnap recorder library is missing: {path} {missing}")
+    try:
+        lib = ctypes.PyDLL(path)
+    except OSError as e:
+        raise MemsnapError(f"cannot load the memsnap recorder library {path}: {e} {missing}") from e
     c_int, c_size_t, c_void_p, c_char_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
     signatures = {
         "memsnap_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
@@ -135,12 +151,12 @@ def _import_torch():
         import torch
     except ImportError as e:
         raise MemsnapError(
-            "memsnap.torch.enable() needs PyTorch (pip install torch); "
+            f"{__name__}.enable() needs PyTorch (pip install torch); "
             "memsnap.load/open/summary work without it"
         ) from e
     if not torch.cuda.is_available():
         raise MemsnapError(
-            "memsnap.torch.enable() records CUDA (or ROCm) allocations, and "
+            f"{__name__}.enable() records CUDA (or ROCm) allocations, and "
             "torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only PyTorch build"
         )
     return torch
@@ -171,7 +187,7 @@ def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all",
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
             raise MemsnapError(
-                f"{e} (memsnap.torch.enable() must run before the first CUDA tensor exists)"
+                f"{e} ({__name__}.enable() must run before the first CUDA tensor exists)"
             ) from e
         _allocator = allocator
     record_history("all", context=context, stacks=stacks, max_entries=max_entries)

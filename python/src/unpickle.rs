@@ -12,10 +12,13 @@
 //! names, file and function names) and ints (sizes, line numbers, addresses) millions of times.
 //! `pickle.load` makes a new `str` for each occurrence; this VM makes each one once and hands
 //! out new references to it (strings and ints are immutable, so nobody can tell, except by
-//! `is`). Every length is checked against the remaining input before anything is read.
+//! `is`). The opcodes and their arguments are decoded by memsnap-format's opcode decoder
+//! ([`memsnap_format::pickle::ops`], the format crate's one opcode table), which checks every
+//! length against the remaining input before anything is read; this VM gives them meaning.
 
 use std::collections::HashMap;
 
+use memsnap_format::pickle::ops::{self, op, OpError, Ops};
 use pyo3::prelude::*;
 use pyo3::types::{
     PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple,
@@ -78,16 +81,49 @@ pub enum LoadError {
     },
     #[error("byte {offset}: pickle protocol {protocol} is newer than the highest memsnap reads ({MAX_PROTOCOL})")]
     Protocol { offset: usize, protocol: u8 },
+    /// A decoding error of memsnap-format's opcode decoder that has no variant here.
+    #[error(transparent)]
+    Decode(OpError),
 }
 
 type Result<T> = std::result::Result<T, LoadError>;
+
+/// The format crate's decoding errors, in this loader's words.
+impl From<OpError> for LoadError {
+    fn from(e: OpError) -> Self {
+        match e {
+            OpError::End { offset } => LoadError::NoStop { offset },
+            OpError::Unknown { offset, code } => LoadError::UnknownOpcode {
+                offset,
+                opcode: code,
+            },
+            OpError::Truncated {
+                offset,
+                name,
+                needed,
+                left,
+            } => LoadError::Truncated {
+                offset,
+                name,
+                needed,
+                left,
+            },
+            OpError::NoNewline { offset, name } => LoadError::Truncated {
+                offset,
+                name,
+                needed: 1,
+                left: 0,
+            },
+            other => LoadError::Decode(other),
+        }
+    }
+}
 
 /// Runs the pickle in `data` and returns the object `STOP` returns.
 pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
     let mut vm = Vm {
         py,
-        data,
-        pos: 0,
+        ops: Ops::new(data),
         stack: Vec::with_capacity(64),
         marks: Vec::new(),
         memo: Vec::new(),
@@ -100,8 +136,8 @@ pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
 
 struct Vm<'py, 'a> {
     py: Python<'py>,
-    data: &'a [u8],
-    pos: usize,
+    /// The opcodes, decoded by memsnap-format's opcode table.
+    ops: Ops<'a>,
     stack: Vec<Bound<'py, PyAny>>,
     /// Stack lengths at each `MARK`.
     marks: Vec<usize>,
@@ -113,304 +149,202 @@ struct Vm<'py, 'a> {
 
 /// The name of an opcode, for messages.
 fn opcode_name(op: u8) -> &'static str {
-    match op {
-        b'(' => "MARK",
-        b'.' => "STOP",
-        b'0' => "POP",
-        b'1' => "POP_MARK",
-        b'2' => "DUP",
-        b'F' => "FLOAT",
-        b'I' => "INT",
-        b'J' => "BININT",
-        b'K' => "BININT1",
-        b'L' => "LONG",
-        b'M' => "BININT2",
-        b'N' => "NONE",
-        b'P' => "PERSID",
-        b'Q' => "BINPERSID",
-        b'R' => "REDUCE",
-        b'S' => "STRING",
-        b'T' => "BINSTRING",
-        b'U' => "SHORT_BINSTRING",
-        b'V' => "UNICODE",
-        b'X' => "BINUNICODE",
-        b'a' => "APPEND",
-        b'b' => "BUILD",
-        b'c' => "GLOBAL",
-        b'd' => "DICT",
-        b'}' => "EMPTY_DICT",
-        b'e' => "APPENDS",
-        b'g' => "GET",
-        b'h' => "BINGET",
-        b'i' => "INST",
-        b'j' => "LONG_BINGET",
-        b'l' => "LIST",
-        b']' => "EMPTY_LIST",
-        b'o' => "OBJ",
-        b'p' => "PUT",
-        b'q' => "BINPUT",
-        b'r' => "LONG_BINPUT",
-        b's' => "SETITEM",
-        b't' => "TUPLE",
-        b')' => "EMPTY_TUPLE",
-        b'u' => "SETITEMS",
-        b'G' => "BINFLOAT",
-        b'B' => "BINBYTES",
-        b'C' => "SHORT_BINBYTES",
-        0x80 => "PROTO",
-        0x81 => "NEWOBJ",
-        0x82 => "EXT1",
-        0x83 => "EXT2",
-        0x84 => "EXT4",
-        0x85 => "TUPLE1",
-        0x86 => "TUPLE2",
-        0x87 => "TUPLE3",
-        0x88 => "NEWTRUE",
-        0x89 => "NEWFALSE",
-        0x8a => "LONG1",
-        0x8b => "LONG4",
-        0x8c => "SHORT_BINUNICODE",
-        0x8d => "BINUNICODE8",
-        0x8e => "BINBYTES8",
-        0x8f => "EMPTY_SET",
-        0x90 => "ADDITEMS",
-        0x91 => "FROZENSET",
-        0x92 => "NEWOBJ_EX",
-        0x93 => "STACK_GLOBAL",
-        0x94 => "MEMOIZE",
-        0x95 => "FRAME",
-        0x96 => "BYTEARRAY8",
-        0x97 => "NEXT_BUFFER",
-        0x98 => "READONLY_BUFFER",
-        _ => "?",
-    }
+    ops::opcode_info(op).map_or("?", |(name, _)| name)
 }
 
 impl<'py, 'a> Vm<'py, 'a> {
     fn run(&mut self) -> Result<Bound<'py, PyAny>> {
         let py = self.py;
         loop {
-            let offset = self.pos;
-            let Some(&op) = self.data.get(offset) else {
-                return Err(LoadError::NoStop { offset });
-            };
-            self.pos += 1;
-            match op {
-                b'.' => return self.pop(offset, op),
-                0x80 => {
-                    let protocol = self.take(offset, op, 1)?[0];
+            // Refused before anything of their argument is read.
+            let offset = self.ops.offset();
+            if let Some(code) = self.ops.peek() {
+                if ops::executes_code(code) || matches!(code, op::NEXT_BUFFER | op::READONLY_BUFFER)
+                {
+                    return Err(LoadError::Refused {
+                        offset,
+                        opcode: code,
+                        name: opcode_name(code),
+                    });
+                }
+                if matches!(
+                    code,
+                    op::STRING | op::BINSTRING | op::SHORT_BINSTRING | op::UNICODE
+                ) {
+                    return Err(bad(
+                        offset,
+                        code,
+                        "Python 2 and protocol-0 text strings are not read (PyTorch writes protocol 2 or later)",
+                    ));
+                }
+            }
+            let decoded = self.ops.next_op()?;
+            let (code, arg) = (decoded.code, decoded.arg);
+            match code {
+                op::STOP => return self.pop(offset, code),
+                op::PROTO => {
+                    let [protocol] = decoded.array();
                     if protocol > MAX_PROTOCOL {
                         return Err(LoadError::Protocol { offset, protocol });
                     }
                 }
-                0x95 => {
-                    // FRAME: a length prefix for buffered readers; the data is already here.
-                    self.take(offset, op, 8)?;
+                // A length prefix for buffered readers; the data is already here.
+                op::FRAME => {}
+                op::MARK => self.marks.push(self.stack.len()),
+                op::POP => {
+                    self.pop(offset, code)?;
                 }
-                b'(' => self.marks.push(self.stack.len()),
-                b'0' => {
-                    self.pop(offset, op)?;
-                }
-                b'1' => {
-                    let start = self.pop_mark(offset, op)?;
+                op::POP_MARK => {
+                    let start = self.pop_mark(offset, code)?;
                     self.stack.truncate(start);
                 }
-                b'2' => {
-                    let top = self.top(offset, op)?.clone();
+                op::DUP => {
+                    let top = self.top(offset, code)?.clone();
                     self.stack.push(top);
                 }
-                b'N' => self.stack.push(py.None().into_bound(py)),
-                0x88 => self.stack.push(pyo3::types::PyBool::new(py, true).to_owned().into_any()),
-                0x89 => self.stack.push(pyo3::types::PyBool::new(py, false).to_owned().into_any()),
-                b'K' => {
-                    let v = self.take(offset, op, 1)?[0];
+                op::NONE => self.stack.push(py.None().into_bound(py)),
+                op::NEWTRUE => self
+                    .stack
+                    .push(pyo3::types::PyBool::new(py, true).to_owned().into_any()),
+                op::NEWFALSE => self
+                    .stack
+                    .push(pyo3::types::PyBool::new(py, false).to_owned().into_any()),
+                op::BININT1 => {
+                    let [v] = decoded.array();
                     self.push_int(i64::from(v));
                 }
-                b'M' => {
-                    let b = self.take(offset, op, 2)?;
-                    self.push_int(i64::from(u16::from_le_bytes([b[0], b[1]])));
+                op::BININT2 => self.push_int(i64::from(u16::from_le_bytes(decoded.array()))),
+                op::BININT => self.push_int(i64::from(i32::from_le_bytes(decoded.array()))),
+                op::LONG1 | op::LONG4 => self.push_long(offset, code, arg)?,
+                op::INT => self.push_text_int(offset, code, arg)?,
+                op::LONG => {
+                    let line = arg.strip_suffix(b"L").unwrap_or(arg);
+                    self.push_text_int(offset, code, line)?;
                 }
-                b'J' => {
-                    let b = self.take(offset, op, 4)?;
-                    self.push_int(i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-                }
-                0x8a => {
-                    let n = usize::from(self.take(offset, op, 1)?[0]);
-                    let bytes = self.take(offset, op, n as u64)?;
-                    self.push_long(offset, op, bytes)?;
-                }
-                0x8b => {
-                    let n = self.len4(offset, op)?;
-                    let bytes = self.take(offset, op, n)?;
-                    self.push_long(offset, op, bytes)?;
-                }
-                b'I' => {
-                    let line = self.line(offset, op)?;
-                    self.push_text_int(offset, op, line)?;
-                }
-                b'L' => {
-                    let line = self.line(offset, op)?;
-                    let line = line.strip_suffix(b"L").unwrap_or(line);
-                    self.push_text_int(offset, op, line)?;
-                }
-                b'G' => {
-                    let b = self.take(offset, op, 8)?;
-                    let mut raw = [0u8; 8];
-                    raw.copy_from_slice(b);
-                    self.stack
-                        .push(PyFloat::new(py, f64::from_be_bytes(raw)).into_any());
-                }
-                b'F' => {
-                    let line = self.line(offset, op)?;
-                    let value = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<f64>().ok())
-                        .ok_or_else(|| bad(offset, op, "not a float literal"))?;
+                op::BINFLOAT => {
+                    let value = f64::from_be_bytes(decoded.array());
                     self.stack.push(PyFloat::new(py, value).into_any());
                 }
-                0x8c => {
-                    let n = u64::from(self.take(offset, op, 1)?[0]);
-                    self.push_str(offset, op, n)?;
+                op::FLOAT => {
+                    let value = std::str::from_utf8(arg)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<f64>().ok())
+                        .ok_or_else(|| bad(offset, code, "not a float literal"))?;
+                    self.stack.push(PyFloat::new(py, value).into_any());
                 }
-                b'X' => {
-                    let n = self.len4(offset, op)?;
-                    self.push_str(offset, op, n)?;
+                op::SHORT_BINUNICODE | op::BINUNICODE | op::BINUNICODE8 => {
+                    self.push_str(offset, code, arg)?
                 }
-                0x8d => {
-                    let n = self.len8(offset, op)?;
-                    self.push_str(offset, op, n)?;
+                op::SHORT_BINBYTES | op::BINBYTES | op::BINBYTES8 => {
+                    self.stack.push(PyBytes::new(py, arg).into_any())
                 }
-                b'C' => {
-                    let n = u64::from(self.take(offset, op, 1)?[0]);
-                    let b = self.take(offset, op, n)?;
-                    self.stack.push(PyBytes::new(py, b).into_any());
-                }
-                b'B' => {
-                    let n = self.len4(offset, op)?;
-                    let b = self.take(offset, op, n)?;
-                    self.stack.push(PyBytes::new(py, b).into_any());
-                }
-                0x8e => {
-                    let n = self.len8(offset, op)?;
-                    let b = self.take(offset, op, n)?;
-                    self.stack.push(PyBytes::new(py, b).into_any());
-                }
-                0x96 => {
-                    let n = self.len8(offset, op)?;
-                    let b = self.take(offset, op, n)?;
-                    self.stack.push(PyByteArray::new(py, b).into_any());
-                }
-                b']' => self.stack.push(PyList::empty(py).into_any()),
-                b'}' => self.stack.push(PyDict::new(py).into_any()),
-                b')' => self.stack.push(PyTuple::empty(py).into_any()),
-                0x8f => self.stack.push(PySet::empty(py).map_err(py_err(offset, op))?.into_any()),
-                b'l' => {
-                    let start = self.pop_mark(offset, op)?;
-                    let list = PyList::new(py, self.stack.drain(start..)).map_err(py_err(offset, op))?;
+                op::BYTEARRAY8 => self.stack.push(PyByteArray::new(py, arg).into_any()),
+                op::EMPTY_LIST => self.stack.push(PyList::empty(py).into_any()),
+                op::EMPTY_DICT => self.stack.push(PyDict::new(py).into_any()),
+                op::EMPTY_TUPLE => self.stack.push(PyTuple::empty(py).into_any()),
+                op::EMPTY_SET => self
+                    .stack
+                    .push(PySet::empty(py).map_err(py_err(offset, code))?.into_any()),
+                op::LIST => {
+                    let start = self.pop_mark(offset, code)?;
+                    let list =
+                        PyList::new(py, self.stack.drain(start..)).map_err(py_err(offset, code))?;
                     self.stack.push(list.into_any());
                 }
-                b't' => {
-                    let start = self.pop_mark(offset, op)?;
-                    let tuple = PyTuple::new(py, self.stack.drain(start..)).map_err(py_err(offset, op))?;
+                op::TUPLE => {
+                    let start = self.pop_mark(offset, code)?;
+                    let tuple = PyTuple::new(py, self.stack.drain(start..))
+                        .map_err(py_err(offset, code))?;
                     self.stack.push(tuple.into_any());
                 }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
+                op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
+                    let n = usize::from(code - op::TUPLE1) + 1;
                     if self.stack.len() < n + self.floor() {
-                        return Err(stack_err(offset, op, "enough items"));
+                        return Err(stack_err(offset, code, "enough items"));
                     }
                     let start = self.stack.len() - n;
-                    let tuple = PyTuple::new(py, self.stack.drain(start..)).map_err(py_err(offset, op))?;
+                    let tuple = PyTuple::new(py, self.stack.drain(start..))
+                        .map_err(py_err(offset, code))?;
                     self.stack.push(tuple.into_any());
                 }
-                0x91 => {
-                    let start = self.pop_mark(offset, op)?;
+                op::FROZENSET => {
+                    let start = self.pop_mark(offset, code)?;
                     let items: Vec<_> = self.stack.drain(start..).collect();
-                    let set = PyFrozenSet::new(py, items).map_err(py_err(offset, op))?;
+                    let set = PyFrozenSet::new(py, items).map_err(py_err(offset, code))?;
                     self.stack.push(set.into_any());
                 }
-                b'd' => {
-                    let start = self.pop_mark(offset, op)?;
+                op::DICT => {
+                    let start = self.pop_mark(offset, code)?;
                     let dict = PyDict::new(py);
-                    self.set_items(offset, op, &dict, start)?;
+                    self.set_items(offset, code, &dict, start)?;
                     self.stack.push(dict.into_any());
                 }
-                b'a' => {
-                    let item = self.pop(offset, op)?;
-                    let list = self.container::<PyList>(offset, op, self.stack.len(), "a list")?;
-                    list.append(item).map_err(py_err(offset, op))?;
+                op::APPEND => {
+                    let item = self.pop(offset, code)?;
+                    let list =
+                        self.container::<PyList>(offset, code, self.stack.len(), "a list")?;
+                    list.append(item).map_err(py_err(offset, code))?;
                 }
-                b'e' => {
-                    let start = self.pop_mark(offset, op)?;
-                    let list = self.container::<PyList>(offset, op, start, "a list")?;
+                op::APPENDS => {
+                    let start = self.pop_mark(offset, code)?;
+                    let list = self.container::<PyList>(offset, code, start, "a list")?;
                     for item in self.stack.drain(start..) {
-                        list.append(item).map_err(py_err(offset, op))?;
+                        list.append(item).map_err(py_err(offset, code))?;
                     }
                 }
-                b's' => {
+                op::SETITEM => {
                     if self.stack.len() < 2 + self.floor() {
-                        return Err(stack_err(offset, op, "a key and a value"));
+                        return Err(stack_err(offset, code, "a key and a value"));
                     }
                     let start = self.stack.len() - 2;
-                    let dict = self.container::<PyDict>(offset, op, start, "a dict")?;
-                    self.set_items(offset, op, &dict, start)?;
+                    let dict = self.container::<PyDict>(offset, code, start, "a dict")?;
+                    self.set_items(offset, code, &dict, start)?;
                 }
-                b'u' => {
-                    let start = self.pop_mark(offset, op)?;
-                    let dict = self.container::<PyDict>(offset, op, start, "a dict")?;
-                    self.set_items(offset, op, &dict, start)?;
+                op::SETITEMS => {
+                    let start = self.pop_mark(offset, code)?;
+                    let dict = self.container::<PyDict>(offset, code, start, "a dict")?;
+                    self.set_items(offset, code, &dict, start)?;
                 }
-                0x90 => {
-                    let start = self.pop_mark(offset, op)?;
-                    let set = self.container::<PySet>(offset, op, start, "a set")?;
+                op::ADDITEMS => {
+                    let start = self.pop_mark(offset, code)?;
+                    let set = self.container::<PySet>(offset, code, start, "a set")?;
                     for item in self.stack.drain(start..) {
-                        set.add(item).map_err(py_err(offset, op))?;
+                        set.add(item).map_err(py_err(offset, code))?;
                     }
                 }
-                0x94 => {
-                    let top = self.top(offset, op)?.clone();
+                op::MEMOIZE => {
+                    let top = self.top(offset, code)?.clone();
                     self.memo.push(Some(top));
                 }
-                b'q' => {
-                    let index = u64::from(self.take(offset, op, 1)?[0]);
-                    self.put(offset, op, index)?;
+                op::BINPUT => {
+                    let [index] = decoded.array();
+                    self.put(offset, code, u64::from(index))?;
                 }
-                b'r' => {
-                    let index = self.len4(offset, op)?;
-                    self.put(offset, op, index)?;
+                op::LONG_BINPUT => {
+                    self.put(offset, code, u64::from(u32::from_le_bytes(decoded.array())))?
                 }
-                b'p' => {
-                    let index = self.text_index(offset, op)?;
-                    self.put(offset, op, index)?;
+                op::PUT => {
+                    let index = text_index(offset, code, arg)?;
+                    self.put(offset, code, index)?;
                 }
-                b'h' => {
-                    let index = u64::from(self.take(offset, op, 1)?[0]);
-                    self.get(offset, op, index)?;
+                op::BINGET => {
+                    let [index] = decoded.array();
+                    self.get(offset, code, u64::from(index))?;
                 }
-                b'j' => {
-                    let index = self.len4(offset, op)?;
-                    self.get(offset, op, index)?;
+                op::LONG_BINGET => {
+                    self.get(offset, code, u64::from(u32::from_le_bytes(decoded.array())))?
                 }
-                b'g' => {
-                    let index = self.text_index(offset, op)?;
-                    self.get(offset, op, index)?;
+                op::GET => {
+                    let index = text_index(offset, code, arg)?;
+                    self.get(offset, code, index)?;
                 }
-                b'c' | 0x93 | b'R' | b'b' | b'i' | b'o' | 0x81 | 0x92 | b'P' | b'Q' | 0x82
-                | 0x83 | 0x84 | 0x97 | 0x98 => {
-                    return Err(LoadError::Refused {
+                // Every opcode of the table is above or refused before it was decoded.
+                _ => {
+                    return Err(LoadError::UnknownOpcode {
                         offset,
-                        opcode: op,
-                        name: opcode_name(op),
+                        opcode: code,
                     })
                 }
-                b'S' | b'T' | b'U' | b'V' => {
-                    return Err(bad(
-                        offset,
-                        op,
-                        "Python 2 and protocol-0 text strings are not read (PyTorch writes protocol 2 or later)",
-                    ))
-                }
-                _ => return Err(LoadError::UnknownOpcode { offset, opcode: op }),
             }
         }
     }
@@ -419,59 +353,6 @@ impl<'py, 'a> Vm<'py, 'a> {
     #[inline]
     fn floor(&self) -> usize {
         self.marks.last().copied().unwrap_or(0)
-    }
-
-    #[inline]
-    fn take(&mut self, offset: usize, op: u8, n: u64) -> Result<&'a [u8]> {
-        let left = self.data.len() - self.pos;
-        match usize::try_from(n) {
-            Ok(n) if n <= left => {
-                let bytes = &self.data[self.pos..self.pos + n];
-                self.pos += n;
-                Ok(bytes)
-            }
-            _ => Err(LoadError::Truncated {
-                offset,
-                name: opcode_name(op),
-                needed: n,
-                left,
-            }),
-        }
-    }
-
-    fn len4(&mut self, offset: usize, op: u8) -> Result<u64> {
-        let b = self.take(offset, op, 4)?;
-        Ok(u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-    }
-
-    fn len8(&mut self, offset: usize, op: u8) -> Result<u64> {
-        let b = self.take(offset, op, 8)?;
-        let mut raw = [0u8; 8];
-        raw.copy_from_slice(b);
-        Ok(u64::from_le_bytes(raw))
-    }
-
-    /// A protocol-0 argument: the bytes up to the next newline.
-    fn line(&mut self, offset: usize, op: u8) -> Result<&'a [u8]> {
-        let rest = &self.data[self.pos..];
-        let Some(end) = rest.iter().position(|&b| b == b'\n') else {
-            return Err(LoadError::Truncated {
-                offset,
-                name: opcode_name(op),
-                needed: 1,
-                left: 0,
-            });
-        };
-        self.pos += end + 1;
-        Ok(&rest[..end])
-    }
-
-    fn text_index(&mut self, offset: usize, op: u8) -> Result<u64> {
-        let line = self.line(offset, op)?;
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| bad(offset, op, "not a memo index"))
     }
 
     #[inline]
@@ -628,8 +509,7 @@ impl<'py, 'a> Vm<'py, 'a> {
         Ok(())
     }
 
-    fn push_str(&mut self, offset: usize, op: u8, n: u64) -> Result<()> {
-        let bytes = self.take(offset, op, n)?;
+    fn push_str(&mut self, offset: usize, op: u8, bytes: &'a [u8]) -> Result<()> {
         if bytes.len() <= MAX_CACHED_STR {
             if let Some(cached) = self.strings.get(bytes) {
                 self.stack.push(cached.clone());
@@ -681,6 +561,14 @@ impl<'py, 'a> Vm<'py, 'a> {
         self.stack.push(found);
         Ok(())
     }
+}
+
+/// A protocol-0 memo index (`GET`/`PUT`): a decimal line.
+fn text_index(offset: usize, op: u8, line: &[u8]) -> Result<u64> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .ok_or_else(|| bad(offset, op, "not a memo index"))
 }
 
 fn bad(offset: usize, op: u8, what: &str) -> LoadError {

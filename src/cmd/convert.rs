@@ -1,10 +1,11 @@
 //! `memsnap convert`: rewrite a snapshot in another format or compression.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use memsnap_format::{Compression, Format};
+use memsnap_converters::Source;
+use memsnap_format::{Compression, Format, Snapshot};
 
 use super::common;
 
@@ -50,26 +51,42 @@ impl From<FormatArg> for Format {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let format = match args.to.map(Format::from).or_else(|| Format::from_path(&args.output)) {
-        Some(f) => f,
+    let format = output_format(args.to, &args.output)?;
+    let (snapshot, source) = common::load(&args.input)?;
+    write_and_report(&args.input, &source, &args.output, &snapshot, format)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The output format: `--to`, else the output file's name (`memsnap import` shares this).
+pub(super) fn output_format(to: Option<FormatArg>, output: &Path) -> Result<Format> {
+    match to.map(Format::from).or_else(|| Format::from_path(output)) {
+        Some(f) => Ok(f),
         None => bail!(
             "cannot tell the output format from the name {}: use --to pickle|msgpack|json, or end the name in .pickle, .msgpack or .json",
-            args.output.display()
+            output.display()
         ),
-    };
-    let (snapshot, source) = common::load(&args.input)?;
-    let written = memsnap_format::write_path(&args.output, &snapshot, Some(format))
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
-    let bytes = std::fs::metadata(&args.output)
-        .map(|m| m.len())
-        .unwrap_or(0);
+    }
+}
+
+/// Writes `snapshot` to `output` atomically and prints `input (source) -> output (encoding,
+/// size)` (`memsnap import` shares this).
+pub(super) fn write_and_report(
+    input: &Path,
+    source: &Source,
+    output: &Path,
+    snapshot: &Snapshot,
+    format: Format,
+) -> Result<()> {
+    let written = memsnap_format::write_path(output, snapshot, Some(format))
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    let bytes = std::fs::metadata(output).map(|m| m.len()).unwrap_or(0);
     outln!(
         "{} ({}) -> {} ({}, {})",
-        args.input.display(),
+        input.display(),
         source.describe(),
-        args.output.display(),
-        common::describe_encoding(written, Compression::from_path(&args.output)),
+        output.display(),
+        common::describe_encoding(written, Compression::from_path(output)),
         common::format_size(bytes)
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
-use memsnap_format::{Compression, Format};
+use anyhow::Result;
 
 use super::common;
 
@@ -45,13 +44,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let format = match args.to.map(Format::from).or_else(|| Format::from_path(&args.output)) {
-        Some(f) => f,
-        None => bail!(
-            "cannot tell the output format from the name {}: use --to pickle|msgpack|json, or end the name in .pickle, .msgpack or .json",
-            args.output.display()
-        ),
-    };
+    let format = super::convert::output_format(args.to, &args.output)?;
     let import = if args.input.as_os_str() == "-" {
         let bytes = common::read_input(&args.input)?;
         common::with_progress(&args.input, |progress| {
@@ -62,19 +55,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             memsnap_converters::import_path_with(&args.input, progress)
         })?
     };
-    let written = memsnap_format::write_path(&args.output, &import.snapshot, Some(format))
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
-    let bytes = std::fs::metadata(&args.output)
-        .map(|m| m.len())
-        .unwrap_or(0);
-    outln!(
-        "{} ({}) -> {} ({}, {})",
-        args.input.display(),
-        import.source.describe(),
-        args.output.display(),
-        common::describe_encoding(written, Compression::from_path(&args.output)),
-        common::format_size(bytes)
-    );
+    super::convert::write_and_report(
+        &args.input,
+        &import.source,
+        &args.output,
+        &import.snapshot,
+        format,
+    )?;
     match &import.report {
         None => outln!("  a memsnap snapshot already: rewritten as is (memsnap convert does this)"),
         Some(report) => {

@@ -15,11 +15,11 @@ use std::io::Write;
 use std::path::Path;
 
 use memsnap_analysis::{DeviceTimeline, Lifetime, StepOptions};
-use memsnap_format::{Action, Snapshot, TraceEntry};
+use memsnap_format::{Action, Snapshot};
 use prost::Message;
 
-use super::write::{write_atomically, write_err, Clock, DeviceSummary, Labels, Lanes};
-use super::{pid_of, ChromeOptions, ExportSummary};
+use super::write::{write_atomically, write_err, DeviceView, Labels, Lanes};
+use super::{ChromeOptions, ExportSummary};
 use crate::Result;
 
 /// `Trace`.
@@ -166,31 +166,15 @@ pub fn write_perfetto(
     };
     for device in DeviceTimeline::devices(snapshot) {
         let timeline = DeviceTimeline::build(snapshot, device)?;
-        let rank = options.rank.unwrap_or(0);
-        let pid = pid_of(rank, device);
-        let trace: &[TraceEntry] = usize::try_from(device)
-            .ok()
-            .and_then(|d| snapshot.traces().get(d))
-            .map_or(&[], Vec::as_slice);
-        let clock = Clock {
-            times: timeline.time().times(),
-            trace_len: u32::try_from(trace.len()).unwrap_or(u32::MAX),
-        };
+        let DeviceView {
+            pid,
+            trace,
+            clock,
+            process_name: name,
+            summary: mut d,
+        } = DeviceView::new(snapshot, options, &timeline);
         let ns = |us: i64| u64::try_from(i128::from(us) * 1000).unwrap_or(0);
         let process = pid as u64;
-        let name = match options.rank {
-            Some(r) => format!("memsnap GPU {device} (rank {r})"),
-            None => format!("memsnap GPU {device}"),
-        };
-        let mut d = DeviceSummary {
-            device,
-            pid,
-            entries: trace.len(),
-            timed: clock.times.is_some(),
-            first_time_us: clock.at(0),
-            last_time_us: clock.last(),
-            ..DeviceSummary::default()
-        };
         emit(
             descriptor(TrackDescriptor {
                 uuid: Some(process),
@@ -257,30 +241,15 @@ pub fn write_perfetto(
                     },
                 )
             };
-            let mut written = curve.initial;
-            events.push(counter(clock.at(0), written));
-            for (e, &bytes) in curve.after.iter().enumerate() {
-                let time = clock.at(e as u32);
-                let last_at_time = e + 1 == curve.after.len() || clock.at(e as u32 + 1) != time;
-                if last_at_time && bytes != written {
-                    events.push(counter(time, bytes));
-                    written = bytes;
-                }
+            for (time, bytes) in clock.counter_points(curve) {
+                events.push(counter(time, bytes));
             }
         }
         let replay = timeline.replay();
-        let end_time = |end: u32| {
-            if end >= clock.trace_len {
-                clock.last()
-            } else {
-                clock.at(end)
-            }
-        };
         let mut lanes = Lanes::default();
         let mut new_tracks = Vec::new();
         for a in &replay.allocations {
-            let start = clock.at(a.start());
-            let end = end_time(a.end(Lifetime::Active, replay.axis_len())).max(start);
+            let (start, end) = clock.span(a.start(), a.end(Lifetime::Active, replay.axis_len()));
             let before = lanes.count;
             let lane = lanes.place(start, end);
             let track = uuid(pid, KIND_ALLOC_LANE, lane);
@@ -332,8 +301,7 @@ pub fn write_perfetto(
         d.lanes = lanes.count;
         let mut segment_lanes = Lanes::default();
         for s in &replay.segments {
-            let start = clock.at(s.start());
-            let end = end_time(s.end(clock.trace_len)).max(start);
+            let (start, end) = clock.span(s.start(), s.end(clock.trace_len));
             let before = segment_lanes.count;
             let lane = segment_lanes.place(start, end);
             let track = uuid(pid, KIND_SEGMENT_LANE, lane);
@@ -398,15 +366,7 @@ pub fn write_perfetto(
         if options.phases && !trace.is_empty() {
             let track = uuid(pid, KIND_PHASES, 0);
             for (step, phase) in timeline.steps(&StepOptions::default()).phases() {
-                let start = phase
-                    .start_time_us
-                    .filter(|_| d.timed)
-                    .unwrap_or_else(|| clock.at(phase.start_event));
-                let end = phase
-                    .end_time_us
-                    .filter(|_| d.timed)
-                    .unwrap_or_else(|| end_time(phase.end_event))
-                    .max(start);
+                let (start, end) = clock.phase_span(phase);
                 let mut annotations = Vec::new();
                 if let Some(step) = step {
                     annotations.push(DebugAnnotation {

@@ -6,6 +6,8 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use foldhash::HashMap;
+use memsnap_analysis::curve::Curve;
+use memsnap_analysis::phases::Phase;
 use memsnap_analysis::sites::{is_filtered_frame, GroupBy, SiteKeyer};
 use memsnap_analysis::{DeviceTimeline, Lifetime, StepOptions};
 use memsnap_format::{Action, Snapshot, StackId, StrTable, TraceEntry};
@@ -212,6 +214,110 @@ impl Clock<'_> {
     pub(crate) fn last(&self) -> i64 {
         self.at(self.trace_len.saturating_sub(1))
     }
+
+    /// The time of an event that ends at entry `end`: the last entry's past the trace.
+    fn end_at(&self, end: u32) -> i64 {
+        if end >= self.trace_len {
+            self.last()
+        } else {
+            self.at(end)
+        }
+    }
+
+    /// The times of a span from entry `start` to entry `end`, never ending before it starts.
+    pub(crate) fn span(&self, start: u32, end: u32) -> (i64, i64) {
+        let start = self.at(start);
+        (start, self.end_at(end).max(start))
+    }
+
+    /// A step phase's span: its recorded times on a timed trace, else its entries'.
+    pub(crate) fn phase_span(&self, phase: &Phase) -> (i64, i64) {
+        let timed = self.times.is_some();
+        let start = phase
+            .start_time_us
+            .filter(|_| timed)
+            .unwrap_or_else(|| self.at(phase.start_event));
+        let end = phase
+            .end_time_us
+            .filter(|_| timed)
+            .unwrap_or_else(|| self.end_at(phase.end_event))
+            .max(start);
+        (start, end)
+    }
+
+    /// The points a counter track shows for `curve`: its initial value, then the value after
+    /// the last entry at each time where it changed (viewers keep the last value anyway).
+    pub(crate) fn counter_points<'c>(
+        &'c self,
+        curve: &'c Curve,
+    ) -> impl Iterator<Item = (i64, u64)> + 'c {
+        let mut written = curve.initial;
+        let changes = curve
+            .after
+            .iter()
+            .enumerate()
+            .filter_map(move |(event, &bytes)| {
+                let time = self.at(event as u32);
+                let last_at_time =
+                    event + 1 == curve.after.len() || self.at(event as u32 + 1) != time;
+                (last_at_time && bytes != written).then(|| {
+                    written = bytes;
+                    (time, bytes)
+                })
+            });
+        std::iter::once((self.at(0), curve.initial)).chain(changes)
+    }
+}
+
+/// What both writers (the JSON here, the protobuf in `perfetto`) take from one device's
+/// timeline before writing its events.
+pub(crate) struct DeviceView<'t> {
+    pub(crate) pid: i64,
+    pub(crate) trace: &'t [TraceEntry],
+    pub(crate) clock: Clock<'t>,
+    /// `memsnap GPU 0 (rank 1)`.
+    pub(crate) process_name: String,
+    /// The summary so far: counts are filled in as the events are written.
+    pub(crate) summary: DeviceSummary,
+}
+
+impl<'t> DeviceView<'t> {
+    pub(crate) fn new(
+        snapshot: &'t Snapshot,
+        options: &ChromeOptions,
+        timeline: &'t DeviceTimeline,
+    ) -> Self {
+        let device = timeline.device();
+        let pid = pid_of(options.rank.unwrap_or(0), device);
+        let trace: &[TraceEntry] = usize::try_from(device)
+            .ok()
+            .and_then(|d| snapshot.traces().get(d))
+            .map_or(&[], Vec::as_slice);
+        let clock = Clock {
+            times: timeline.time().times(),
+            trace_len: u32::try_from(trace.len()).unwrap_or(u32::MAX),
+        };
+        let process_name = match options.rank {
+            Some(r) => format!("memsnap GPU {device} (rank {r})"),
+            None => format!("memsnap GPU {device}"),
+        };
+        let summary = DeviceSummary {
+            device,
+            pid,
+            entries: trace.len(),
+            timed: clock.times.is_some(),
+            first_time_us: clock.at(0),
+            last_time_us: clock.last(),
+            ..DeviceSummary::default()
+        };
+        DeviceView {
+            pid,
+            trace,
+            clock,
+            process_name,
+            summary,
+        }
+    }
 }
 
 /// Writes every device's events into `sink`.
@@ -275,35 +381,19 @@ fn write_device(
     labels: &mut Labels<'_>,
     sink: &mut Sink<'_>,
 ) -> io::Result<DeviceSummary> {
-    let device = timeline.device();
-    let rank = options.rank.unwrap_or(0);
-    let pid = pid_of(rank, device);
-    let trace: &[TraceEntry] = usize::try_from(device)
-        .ok()
-        .and_then(|d| snapshot.traces().get(d))
-        .map_or(&[], Vec::as_slice);
+    let DeviceView {
+        pid,
+        trace,
+        clock,
+        process_name,
+        summary: mut out,
+    } = DeviceView::new(snapshot, options, timeline);
+    let (device, rank) = (out.device, options.rank.unwrap_or(0));
     let replay = timeline.replay();
-    let clock = Clock {
-        times: timeline.time().times(),
-        trace_len: u32::try_from(trace.len()).unwrap_or(u32::MAX),
-    };
     let mut carried = vec![false; trace.len()];
     let entries = (trace, &snapshot.strings);
-    let mut out = DeviceSummary {
-        device,
-        pid,
-        entries: trace.len(),
-        timed: clock.times.is_some(),
-        first_time_us: clock.at(0),
-        last_time_us: clock.last(),
-        ..DeviceSummary::default()
-    };
 
     // Names and order.
-    let process_name = match options.rank {
-        Some(r) => format!("memsnap GPU {device} (rank {r})"),
-        None => format!("memsnap GPU {device}"),
-    };
     sink.open("M", pid, 0)?;
     sink.name("process_name")?;
     sink.out.write_all(b",\"args\":{\"name\":")?;
@@ -335,32 +425,16 @@ fn write_device(
         ("active", &curves.active),
         ("reserved", &curves.reserved),
     ] {
-        // Only the value after the last event at each time (viewers keep the last anyway).
-        let mut written = curve.initial;
-        counter(sink, pid, name, clock.at(0), written)?;
-        for (event, &bytes) in curve.after.iter().enumerate() {
-            let time = clock.at(event as u32);
-            let last_at_time = event + 1 == curve.after.len() || clock.at(event as u32 + 1) != time;
-            if last_at_time && bytes != written {
-                counter(sink, pid, name, time, bytes)?;
-                written = bytes;
-            }
+        for (time, bytes) in clock.counter_points(curve) {
+            counter(sink, pid, name, time, bytes)?;
         }
     }
 
     // Allocation lifetimes, packed into lanes.
     let axis_len = replay.axis_len();
-    let end_time = |end: u32| {
-        if end >= clock.trace_len {
-            clock.last()
-        } else {
-            clock.at(end)
-        }
-    };
     let mut lanes = Lanes::default();
     for a in &replay.allocations {
-        let start = clock.at(a.start());
-        let end = end_time(a.end(Lifetime::Active, axis_len)).max(start);
+        let (start, end) = clock.span(a.start(), a.end(Lifetime::Active, axis_len));
         let lane = lanes.place(start, end);
         let (site, stack) = labels.get(a.stack);
         sink.open("b", pid, tid::MEMORY)?;
@@ -404,8 +478,7 @@ fn write_device(
     // Segments, their own lanes.
     let mut lanes = Lanes::default();
     for s in &replay.segments {
-        let start = clock.at(s.start());
-        let end = end_time(s.end(clock.trace_len)).max(start);
+        let (start, end) = clock.span(s.start(), s.end(clock.trace_len));
         let lane = lanes.place(start, end);
         sink.open("b", pid, tid::MEMORY)?;
         write!(
@@ -486,15 +559,7 @@ fn write_device(
     if options.phases && !trace.is_empty() {
         let steps = timeline.steps(&StepOptions::default());
         for (step, phase) in steps.phases() {
-            let start = phase
-                .start_time_us
-                .filter(|_| out.timed)
-                .unwrap_or_else(|| clock.at(phase.start_event));
-            let end = phase
-                .end_time_us
-                .filter(|_| out.timed)
-                .unwrap_or_else(|| end_time(phase.end_event))
-                .max(start);
+            let (start, end) = clock.phase_span(phase);
             sink.open("X", pid, tid::PHASES)?;
             sink.out.write_all(b",\"cat\":\"memsnap.phase\"")?;
             sink.name(phase.kind.name())?;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memsnap_converters::chrome::{self, ChromeOptions};
 use memsnap_converters::{open_path, ConvertError, Source};
@@ -11,16 +11,12 @@ use memsnap_format::{Action, Snapshot, TraceEntry};
 use memsnap_workload::{generate, TrainingRun};
 use serde_json::Value;
 
+use super::common::{real_snapshots_dir, snapshot_files, write_file};
+
 fn export(snapshot: &Snapshot, options: &ChromeOptions) -> Vec<u8> {
     let mut out = Vec::new();
     chrome::write_trace(snapshot, options, &mut out).expect("export");
     out
-}
-
-fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).expect("write");
-    path
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -605,16 +601,10 @@ fn merging_keeps_the_torch_trace_and_reports_the_clock_offset() {
 
 #[test]
 fn every_real_snapshot_exports_and_round_trips() {
-    let Some(dir) = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS").map(PathBuf::from) else {
-        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
+    let Some(dir) = real_snapshots_dir() else {
         return;
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
-        .collect();
-    files.sort();
+    let files = snapshot_files(&dir);
     assert!(files.len() >= 15, "{} files", files.len());
     let out_dir = tempfile::tempdir().unwrap();
     for file in files {

@@ -1,6 +1,7 @@
 //! memsnap-converters' integration tests (one binary; a module per converter).
 
 mod chrome;
+mod common;
 mod memviz;
 mod open;
 mod parquet_export;

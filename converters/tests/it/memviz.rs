@@ -7,13 +7,15 @@
 //! frames. The real snapshots are compared with Python's outputs of them (golden files).
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memsnap_converters::memviz::{self, Check, MemvizError, Report};
 use memsnap_converters::ConvertError;
 use memsnap_format::{
     Action, Block, BlockState, Frame, HistoryItem, Segment, Snapshot, StackId, TraceEntry, Value,
 };
+
+use super::common::{real_snapshots_dir, snapshot_files};
 
 const MIB: u64 = 1 << 20;
 const BASE: u64 = 0x7f00_0000_0000;
@@ -281,14 +283,6 @@ fn damage_after_the_segments_is_found_only_when_validating() {
     assert!(err.contains("at byte"), "{err}");
 }
 
-fn real_snapshots_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS");
-    if dir.is_none() {
-        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
-    }
-    dir.map(PathBuf::from)
-}
-
 /// Python's output of `report` for a real file, from the gzipped golden files.
 fn golden(dir: &Path, stem: &str, report: Report) -> Option<Vec<u8>> {
     let name = match report {
@@ -314,12 +308,7 @@ fn every_real_file_renders_as_python_from_the_part_it_needs() {
         return;
     };
     let mut compared = 0;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("real snapshots dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pickle" || x == "pkl"))
-        .collect();
-    files.sort();
+    let files = snapshot_files(&dir);
     for file in &files {
         let bytes = std::fs::read(file).expect("real file");
         let stem = file.file_stem().and_then(|s| s.to_str()).expect("name");

@@ -16,6 +16,8 @@ use memsnap_format::{Action, BlockState, Snapshot};
 use memsnap_workload::{generate, Role, TrainingRun};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+use super::common::{real_snapshots_dir, snapshot_files};
+
 /// Every batch of every file of a table, files in name order.
 fn read_table(dir: &Path, table: &str) -> Vec<RecordBatch> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join(table))
@@ -505,16 +507,10 @@ fn a_bad_input_names_the_file_and_leaves_no_output() {
 
 #[test]
 fn every_real_snapshot_exports_and_reads_back() {
-    let Some(dir) = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS") else {
-        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
+    let Some(dir) = real_snapshots_dir() else {
         return;
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
-        .collect();
-    files.sort();
+    let files = snapshot_files(&dir);
     assert!(!files.is_empty());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("real");

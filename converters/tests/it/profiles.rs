@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
-use std::path::PathBuf;
 
 use memsnap_converters::pprof::{
     self, proto, ALLOC_OBJECTS, ALLOC_SPACE, INUSE_OBJECTS, INUSE_SPACE,
@@ -12,6 +11,8 @@ use memsnap_converters::profile::{At, By, LiveProfile, LiveSource, ProfileError,
 use memsnap_converters::{flamegraph, open_path};
 use memsnap_format::{Action, Block, BlockState, Frame, Segment, Snapshot, TraceEntry};
 use prost::Message;
+
+use super::common::real_snapshots;
 
 // ---------------------------------------------------------------------------------------------
 // Reading the outputs back.
@@ -640,20 +641,6 @@ fn a_generated_run_exports_its_live_bytes_at_the_peak_and_between() {
 
 // ---------------------------------------------------------------------------------------------
 // Every real snapshot.
-
-fn real_snapshots() -> Vec<PathBuf> {
-    let Some(dir) = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS") else {
-        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("real snapshots dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pickle" || x == "pkl"))
-        .collect();
-    files.sort();
-    files
-}
 
 #[test]
 fn every_real_snapshot_exports_to_both_formats() {

@@ -20,12 +20,14 @@
 //! segment); the CPU allocation, its free and the null free vanish; the free of U is
 //! skipped with a warning.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memsnap_converters::rocm::{self, RocmError, RocmFormat, Warning};
 use memsnap_converters::{open_path, ConvertError, Source};
 use memsnap_format::{Action, BlockState, Snapshot};
 use rusqlite::Connection;
+
+use super::common::{real_snapshots_dir, snapshot_files, write_file};
 
 const A: u64 = 0x7f3a_4000_0000;
 const H: u64 = 0x7f00_0000_1000;
@@ -151,12 +153,6 @@ fn agent_relative(who: Who) -> String {
     }
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 /// Today's form: quoted strings, bare numbers, padded hex.
 fn csv_current(calls: &[Call]) -> String {
     let mut s = format!("{HEADER}\n");
@@ -178,12 +174,12 @@ fn csv_current(calls: &[Call]) -> String {
 #[test]
 fn csv_current_form_with_agent_info() {
     let tmp = tempfile::tempdir().unwrap();
-    let trace = write(
+    let trace = write_file(
         tmp.path(),
         "1234_memory_allocation_trace.csv",
         &csv_current(&standard_calls()),
     );
-    write(tmp.path(), "1234_agent_info.csv", AGENT_INFO);
+    write_file(tmp.path(), "1234_agent_info.csv", AGENT_INFO);
     let import = rocm::import_paths(&[&trace]).unwrap();
     assert_eq!(import.format, RocmFormat::Csv);
     assert_eq!(import.ranks.len(), 1);
@@ -210,7 +206,7 @@ fn csv_without_agent_info_takes_agent_n_as_device_n_and_says_so() {
         start: 1_000,
         end: 2_000,
     }];
-    let trace = write(
+    let trace = write_file(
         tmp.path(),
         "77_memory_allocation_trace.csv",
         &csv_current(&calls),
@@ -244,7 +240,7 @@ fn csv_type_relative_agents_need_no_agent_info() {
             c.end
         );
     }
-    let trace = write(tmp.path(), "9_memory_allocation_trace.csv", &s);
+    let trace = write_file(tmp.path(), "9_memory_allocation_trace.csv", &s);
     let import = rocm::import_paths(&[&trace]).unwrap();
     check_standard(&import.ranks[0].snapshot);
     check_unmatched_warning(&import.warnings);
@@ -265,8 +261,8 @@ fn csv_2024_11_starting_address_decimal_node_ids_no_frees() {
             c.size, c.address, c.start, c.end
         );
     }
-    let trace = write(tmp.path(), "5_memory_allocation_trace.csv", &s);
-    write(tmp.path(), "5_agent_info.csv", AGENT_INFO);
+    let trace = write_file(tmp.path(), "5_memory_allocation_trace.csv", &s);
+    write_file(tmp.path(), "5_agent_info.csv", AGENT_INFO);
     let import = rocm::import_paths(&[&trace]).unwrap();
     let snap = &import.ranks[0].snapshot;
     use Action::*;
@@ -303,8 +299,8 @@ fn csv_2025_integer_agents_with_zero_on_frees() {
             c.end
         );
     }
-    let trace = write(tmp.path(), "5_memory_allocation_trace.csv", &s);
-    write(tmp.path(), "5_agent_info.csv", AGENT_INFO);
+    let trace = write_file(tmp.path(), "5_memory_allocation_trace.csv", &s);
+    write_file(tmp.path(), "5_agent_info.csv", AGENT_INFO);
     let import = rocm::import_paths(&[&trace]).unwrap();
     check_standard(&import.ranks[0].snapshot);
 }
@@ -315,12 +311,12 @@ fn csv_2025_07_header_with_size_last_while_rows_keep_it_fourth() {
     let header = r#""Kind","Operation","Agent_Id","Address","Correlation_Id","Start_Timestamp","End_Timestamp","Allocation_Size""#;
     let body = csv_current(&standard_calls());
     let rows = body.split_once('\n').unwrap().1;
-    let trace = write(
+    let trace = write_file(
         tmp.path(),
         "3_memory_allocation_trace.csv",
         &format!("{header}\n{rows}"),
     );
-    write(tmp.path(), "3_agent_info.csv", AGENT_INFO);
+    write_file(tmp.path(), "3_agent_info.csv", AGENT_INFO);
     let import = rocm::import_paths(&[&trace]).unwrap();
     check_standard(&import.ranks[0].snapshot);
 }
@@ -343,8 +339,8 @@ fn csv_size_last_in_header_and_rows() {
             c.size
         );
     }
-    let trace = write(tmp.path(), "3_memory_allocation_trace.csv", &s);
-    write(tmp.path(), "3_agent_info.csv", AGENT_INFO);
+    let trace = write_file(tmp.path(), "3_memory_allocation_trace.csv", &s);
+    write_file(tmp.path(), "3_agent_info.csv", AGENT_INFO);
     check_standard(&rocm::import_paths(&[&trace]).unwrap().ranks[0].snapshot);
 }
 
@@ -367,8 +363,8 @@ fn csv_docs_form_bare_unpadded_and_swapped_columns() {
             c.end
         );
     }
-    let trace = write(tmp.path(), "3_memory_allocation_trace.csv", &s);
-    write(tmp.path(), "3_agent_info.csv", AGENT_INFO);
+    let trace = write_file(tmp.path(), "3_memory_allocation_trace.csv", &s);
+    write_file(tmp.path(), "3_agent_info.csv", AGENT_INFO);
     check_standard(&rocm::import_paths(&[&trace]).unwrap().ranks[0].snapshot);
 }
 
@@ -392,8 +388,8 @@ fn csv_from_rocpd_convert_with_guid_uppercase_hex_and_stray_quote_agents() {
             c.end
         );
     }
-    let trace = write(tmp.path(), "out_memory_allocation_trace.csv", &s);
-    write(tmp.path(), "out_agent_info.csv", AGENT_INFO);
+    let trace = write_file(tmp.path(), "out_memory_allocation_trace.csv", &s);
+    write_file(tmp.path(), "out_agent_info.csv", AGENT_INFO);
     let import = rocm::import_paths(&[&trace]).unwrap();
     assert_eq!(import.ranks.len(), 1);
     check_standard(&import.ranks[0].snapshot);
@@ -405,7 +401,7 @@ fn truncated_csv_names_the_file_and_line() {
     let full = csv_current(&standard_calls());
     // Cut inside the 7th row (line 8), after its fourth field.
     let cut = full.trim_end().rfind(",\"0x").unwrap();
-    let trace = write(tmp.path(), "1_memory_allocation_trace.csv", &full[..cut]);
+    let trace = write_file(tmp.path(), "1_memory_allocation_trace.csv", &full[..cut]);
     let err = rocm::import_paths(&[&trace]).unwrap_err();
     assert!(matches!(err, RocmError::Csv { line: 8, .. }), "{err:?}");
     let text = err.to_string();
@@ -419,7 +415,7 @@ fn truncated_csv_names_the_file_and_line() {
 fn csv_with_a_bad_value_names_line_and_column() {
     let tmp = tempfile::tempdir().unwrap();
     let full = csv_current(&standard_calls()).replacen(",2097152,", ",2MiB,", 1);
-    let trace = write(tmp.path(), "1_memory_allocation_trace.csv", &full);
+    let trace = write_file(tmp.path(), "1_memory_allocation_trace.csv", &full);
     let text = rocm::import_paths(&[&trace]).unwrap_err().to_string();
     assert!(
         text.contains("line 2: Allocation_Size \"2MiB\" is not a byte count"),
@@ -434,7 +430,7 @@ fn csv_with_an_absurd_gpu_ordinal_skips_it_with_a_warning() {
         "{HEADER}\n\"MEMORY_ALLOCATION\",\"MEMORY_ALLOCATION_ALLOCATE\",\"GPU 4000000000\",64,\"0x10\",1,1,2\n\
          \"MEMORY_ALLOCATION\",\"MEMORY_ALLOCATION_ALLOCATE\",\"GPU 1\",64,\"0x20\",1,1,2000\n"
     );
-    let trace = write(tmp.path(), "1_memory_allocation_trace.csv", &text);
+    let trace = write_file(tmp.path(), "1_memory_allocation_trace.csv", &text);
     let import = rocm::import_paths(&[&trace]).unwrap();
     assert_eq!(import.ranks[0].snapshot.traces().len(), 2);
     assert!(matches!(
@@ -446,7 +442,7 @@ fn csv_with_an_absurd_gpu_ordinal_skips_it_with_a_warning() {
 #[test]
 fn csv_with_only_a_header_says_how_to_record() {
     let tmp = tempfile::tempdir().unwrap();
-    let trace = write(tmp.path(), "1_memory_allocation_trace.csv", HEADER);
+    let trace = write_file(tmp.path(), "1_memory_allocation_trace.csv", HEADER);
     let text = rocm::import_paths(&[&trace]).unwrap_err().to_string();
     assert!(text.contains("--memory-allocation-trace"), "{text}");
 }
@@ -515,7 +511,7 @@ fn json_with_two_processes() {
         json_process(1300, &second),
         json_process(1234, &standard_calls()),
     ]});
-    let path = write(tmp.path(), "1234_results.json", &doc.to_string());
+    let path = write_file(tmp.path(), "1234_results.json", &doc.to_string());
     let import = rocm::import_paths(&[&path]).unwrap();
     assert_eq!(import.format, RocmFormat::Json);
     let labels: Vec<&str> = import.ranks.iter().map(|r| r.label.as_str()).collect();
@@ -546,7 +542,7 @@ fn json_with_two_processes() {
 fn json_without_memory_records_says_how_to_record() {
     let tmp = tempfile::tempdir().unwrap();
     let doc = serde_json::json!({"rocprofiler-sdk-tool": [json_process(1, &[])]});
-    let path = write(tmp.path(), "1_results.json", &doc.to_string());
+    let path = write_file(tmp.path(), "1_results.json", &doc.to_string());
     let text = rocm::import_paths(&[&path]).unwrap_err().to_string();
     assert!(
         text.contains("1_results.json") && text.contains("--memory-allocation-trace"),
@@ -949,8 +945,8 @@ fn database_is_opened_read_only() {
 fn every_rocm_format_opens_by_content() {
     let tmp = tempfile::tempdir().unwrap();
     // Names that say nothing: detection is by content.
-    let csv = write(tmp.path(), "a.bin", &csv_current(&standard_calls()));
-    let json = write(
+    let csv = write_file(tmp.path(), "a.bin", &csv_current(&standard_calls()));
+    let json = write_file(
         tmp.path(),
         "b.bin",
         &serde_json::json!({"rocprofiler-sdk-tool": [json_process(1, &standard_calls())]})
@@ -987,17 +983,11 @@ fn every_rocm_format_opens_by_content() {
 /// trace window dropped (and counted in the warning).
 #[test]
 fn real_snapshots_segment_history_survives_a_rocprofv3_csv() {
-    let Some(dir) = std::env::var_os("MEMSNAP_REAL_SNAPSHOTS").map(PathBuf::from) else {
-        eprintln!("notice: MEMSNAP_REAL_SNAPSHOTS is unset; skipping the real-snapshot tests");
+    let Some(dir) = real_snapshots_dir() else {
         return;
     };
+    let files = snapshot_files(&dir);
     let tmp = tempfile::tempdir().unwrap();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
-        .collect();
-    files.sort();
     let mut checked = 0;
     for file in files {
         let (snapshot, _) = open_path(&file).unwrap();
@@ -1049,7 +1039,7 @@ fn real_snapshots_segment_history_survives_a_rocprofv3_csv() {
             continue; // no segment events (a bare segment list, or an empty trace)
         }
         let name = file.file_name().unwrap().to_string_lossy();
-        let trace = write(tmp.path(), "1_memory_allocation_trace.csv", &csv);
+        let trace = write_file(tmp.path(), "1_memory_allocation_trace.csv", &csv);
         let import = rocm::import_paths(&[&trace]).unwrap();
         let got = &import.ranks[0].snapshot;
         assert_eq!(got.traces().len(), expected.len(), "{name}");

@@ -31,6 +31,9 @@
 //! input before anything is read, memo indices are checked, and the expansion of
 //! memo-shared containers and the nesting of unknown values are bounded.
 //!
+//! [`ops`] exposes the opcode table and an opcode-at-a-time decoder for readers that build
+//! their own objects (the `memsnap` Python package builds Python objects with it).
+//!
 //! ## Reading part of a file
 //!
 //! [`read_part`] decodes only what a report needs: with [`Part::Segments`], a snapshot laid
@@ -42,9 +45,12 @@
 //! [`to_vec`] writes protocol 4 with framing and the CPython C pickler's encoding rules, with
 //! every string, stack and frame written once and referenced by memo afterwards. The keys and
 //! their order come from the crate's schema walk (`schema`); `writer` only spells them as
-//! opcodes.
+//! opcodes, through [`emit::Emitter`], which `memsnap.dump` (the Python package) writes
+//! through too.
 
 mod convert;
+pub mod emit;
+pub mod ops;
 mod part;
 mod vm;
 mod writer;

@@ -217,7 +217,7 @@ impl<'a> Iterator for Items<'a> {
 }
 
 /// Opcodes (names as in CPython's `pickle.py`).
-pub(crate) mod op {
+pub mod op {
     pub const MARK: u8 = b'(';
     pub const STOP: u8 = b'.';
     pub const POP: u8 = b'0';
@@ -290,7 +290,7 @@ pub(crate) mod op {
 
 /// How an opcode's argument follows the opcode byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Arg {
+pub enum Arg {
     /// This many bytes.
     Fixed(usize),
     /// A little-endian length in this many bytes, then that many bytes.
@@ -302,7 +302,7 @@ pub(crate) enum Arg {
 /// The one opcode table: every opcode's name (as in CPython's `pickle.py`) and argument
 /// layout. The VM names opcodes in errors with it, and [`super::part`] skips over opcodes with
 /// it without running them.
-pub(crate) fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
+pub const fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
     use Arg::{Counted, Fixed, Lines};
     Some(match code {
         op::MARK => ("MARK", Fixed(0)),
@@ -383,7 +383,7 @@ fn opcode_name(code: u8) -> Option<&'static str> {
 }
 
 /// Whether an opcode would import or call something.
-pub(crate) fn executes_code(code: u8) -> bool {
+pub const fn executes_code(code: u8) -> bool {
     matches!(
         code,
         op::GLOBAL

@@ -1,7 +1,8 @@
 //! The pickle writer: protocol 4 with framing, following the CPython C pickler's encoding
 //! rules (spec §4.2) and PyTorch's key orders (spec §1), with more memo sharing than PyTorch:
 //! every string is written once and referenced after, each stack once as a list and each
-//! frame once as a dict. So the output is never larger than `_dump_snapshot`'s.
+//! frame once as a dict. So the output is never larger than `_dump_snapshot`'s. The opcodes
+//! and frames are spelled by the shared [`Emitter`] (`emit`).
 
 use std::collections::HashMap;
 
@@ -13,42 +14,29 @@ use crate::model::*;
 use crate::schema::{self, Emit, Key, Walk};
 use crate::value::Value;
 
+use super::emit::{Emitter, BATCH};
 use super::vm::op;
 
-/// A frame is closed at the first opcode boundary once it holds this many bytes.
-pub(crate) const FRAME_TARGET: usize = 64 * 1024;
-/// Items per `MARK ... APPENDS` / `MARK ... SETITEMS` batch.
-pub(crate) const BATCH: usize = 1000;
-const FRAME_HEADER: usize = 9;
 const NO_MEMO: u32 = u32::MAX;
 
 /// Encodes a snapshot as a protocol-4 pickle.
 pub(crate) fn to_vec(snapshot: &Snapshot) -> Vec<u8> {
     let mut w = Writer {
         snap: snapshot,
-        out: Vec::with_capacity(64 * 1024 + 32 * snapshot.entry_count()),
-        frame_start: 0,
-        memo_next: 0,
+        e: Emitter::new(64 * 1024 + 32 * snapshot.entry_count()),
         statics: vec![NO_MEMO; Key::ALL.len()],
         str_ids: vec![NO_MEMO; snapshot.strings.len()],
         stack_ids: vec![NO_MEMO; snapshot.stacks.len()],
         frame_ids: vec![NO_MEMO; snapshot.frames.len()],
         dyn_strs: HashMap::new(),
     };
-    w.out.extend_from_slice(&[op::PROTO, 4]);
-    w.start_frame();
     let Ok(()) = schema::snapshot(&mut w, snapshot);
-    w.out.push(op::STOP);
-    w.commit_frame();
-    w.out
+    w.e.finish()
 }
 
 pub(crate) struct Writer<'s> {
     snap: &'s Snapshot,
-    pub(crate) out: Vec<u8>,
-    /// Offset of the open frame's header.
-    frame_start: usize,
-    memo_next: u32,
+    e: Emitter,
     statics: Vec<u32>,
     str_ids: Vec<u32>,
     stack_ids: Vec<u32>,
@@ -57,164 +45,29 @@ pub(crate) struct Writer<'s> {
 }
 
 impl<'s> Writer<'s> {
-    // ---------------------------------------------------------------- framing
-
-    fn start_frame(&mut self) {
-        self.frame_start = self.out.len();
-        self.out
-            .extend_from_slice(&[op::FRAME, 0, 0, 0, 0, 0, 0, 0, 0]);
-    }
-
-    /// Writes the open frame's length, or drops its header when it holds under 4 bytes
-    /// (as CPython does).
-    fn commit_frame(&mut self) {
-        let body = self.out.len() - self.frame_start - FRAME_HEADER;
-        if body >= 4 {
-            let len = (body as u64).to_le_bytes();
-            self.out[self.frame_start + 1..self.frame_start + FRAME_HEADER].copy_from_slice(&len);
-        } else {
-            self.out
-                .drain(self.frame_start..self.frame_start + FRAME_HEADER);
-        }
-    }
-
-    /// An opcode boundary: start a new frame once the open one is full.
-    #[inline]
-    fn boundary(&mut self) {
-        if self.out.len() - self.frame_start - FRAME_HEADER >= FRAME_TARGET {
-            self.commit_frame();
-            self.start_frame();
-        }
-    }
-
-    // ---------------------------------------------------------------- scalars
-
-    #[inline]
-    fn memoize(&mut self) -> u32 {
-        self.out.push(op::MEMOIZE);
-        let idx = self.memo_next;
-        self.memo_next += 1;
-        idx
-    }
-
-    #[inline]
-    fn get(&mut self, idx: u32) {
-        if idx < 256 {
-            self.out.extend_from_slice(&[op::BINGET, idx as u8]);
-        } else {
-            self.out.push(op::LONG_BINGET);
-            self.out.extend_from_slice(&idx.to_le_bytes());
-        }
-    }
-
-    #[inline]
-    fn int(&mut self, v: i64) {
-        if (0..=0xff).contains(&v) {
-            self.out.extend_from_slice(&[op::BININT1, v as u8]);
-        } else if (0..=0xffff).contains(&v) {
-            self.out.push(op::BININT2);
-            self.out.extend_from_slice(&(v as u16).to_le_bytes());
-        } else if i32::try_from(v).is_ok() {
-            self.out.push(op::BININT);
-            self.out.extend_from_slice(&(v as i32).to_le_bytes());
-        } else {
-            self.long1(v.into());
-        }
-    }
-
-    #[inline]
-    fn uint(&mut self, v: u64) {
-        match i64::try_from(v) {
-            Ok(i) => self.int(i),
-            Err(_) => self.long1(v.into()),
-        }
-    }
+    // ---------------------------------------------------------------- strings
 
     /// Any int, as CPython writes it (`LONG1`, or `LONG4` past 255 bytes).
     fn pyint(&mut self, v: &PyInt) {
         match v {
-            PyInt::Small(i) => self.int(*i),
-            PyInt::Big(bytes) => self.long_bytes(bytes),
+            PyInt::Small(i) => self.e.int(*i),
+            PyInt::Big(bytes) => self.e.long(bytes),
         }
-    }
-
-    /// `LONG1` (or `LONG4`) with these little-endian two's-complement bytes.
-    fn long_bytes(&mut self, bytes: &[u8]) {
-        if let Ok(n) = u8::try_from(bytes.len()) {
-            self.out.extend_from_slice(&[op::LONG1, n]);
-        } else {
-            self.out.push(op::LONG4);
-            self.out
-                .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        }
-        self.out.extend_from_slice(bytes);
-    }
-
-    /// `LONG1` with the minimal little-endian two's-complement bytes.
-    fn long1(&mut self, v: i128) {
-        let bytes = v.to_le_bytes();
-        let mut n = bytes.len();
-        while n > 1 {
-            let (top, below) = (bytes[n - 1], bytes[n - 2] & 0x80);
-            if (top == 0 && below == 0) || (top == 0xff && below != 0) {
-                n -= 1;
-            } else {
-                break;
-            }
-        }
-        if v == 0 {
-            n = 0;
-        }
-        self.out.extend_from_slice(&[op::LONG1, n as u8]);
-        self.out.extend_from_slice(&bytes[..n]);
-    }
-
-    fn bool(&mut self, b: bool) {
-        self.out.push(if b { op::NEWTRUE } else { op::NEWFALSE });
-    }
-
-    fn float(&mut self, f: f64) {
-        self.out.push(op::BINFLOAT);
-        self.out.extend_from_slice(&f.to_be_bytes());
     }
 
     /// A string written in full and memoized; returns its memo index.
     fn str_fresh(&mut self, s: &str) -> u32 {
-        let b = s.as_bytes();
-        if b.len() < 256 {
-            self.out
-                .extend_from_slice(&[op::SHORT_BINUNICODE, b.len() as u8]);
-            self.out.extend_from_slice(b);
-        } else if b.len() < FRAME_TARGET {
-            self.out.push(op::BINUNICODE);
-            self.out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-            self.out.extend_from_slice(b);
-        } else {
-            // Large payloads go between frames (CPython's rule), so readers can pass them
-            // through without buffering a frame.
-            self.commit_frame();
-            if let Ok(len) = u32::try_from(b.len()) {
-                self.out.push(op::BINUNICODE);
-                self.out.extend_from_slice(&len.to_le_bytes());
-            } else {
-                self.out.push(op::BINUNICODE8);
-                self.out.extend_from_slice(&(b.len() as u64).to_le_bytes());
-            }
-            self.out.extend_from_slice(b);
-            self.start_frame();
-        }
-        self.memoize()
+        self.e.str(s.as_bytes());
+        self.e.memoize()
     }
 
     /// A memo reference, unless writing a short string again is smaller than `LONG_BINGET`.
     #[inline]
     fn str_ref(&mut self, idx: u32, s: &str) {
         if idx >= 256 && s.len() <= 2 {
-            self.out
-                .extend_from_slice(&[op::SHORT_BINUNICODE, s.len() as u8]);
-            self.out.extend_from_slice(s.as_bytes());
+            self.e.str(s.as_bytes());
         } else {
-            self.get(idx);
+            self.e.get(idx);
         }
     }
 
@@ -255,114 +108,117 @@ impl<'s> Writer<'s> {
 
     /// `EMPTY_DICT MEMOIZE` and, for two or more pairs, `MARK`.
     fn dict_begin(&mut self, pairs: usize) {
-        self.out.push(op::EMPTY_DICT);
-        self.memoize();
+        self.e.op(op::EMPTY_DICT);
+        self.e.memoize();
         if pairs >= 2 {
-            self.out.push(op::MARK);
+            self.e.op(op::MARK);
         }
     }
 
     fn dict_end(&mut self, pairs: usize) {
         match pairs {
             0 => {}
-            1 => self.out.push(op::SETITEM),
-            _ => self.out.push(op::SETITEMS),
+            1 => self.e.op(op::SETITEM),
+            _ => self.e.op(op::SETITEMS),
         }
-        self.boundary();
+        self.e.boundary();
     }
 
     /// A list in CPython's batches: one item with `APPEND`, more in `MARK ... APPENDS`
     /// batches of at most 1000 (a final batch of one included).
     fn list_of<T>(&mut self, items: &'s [T], mut item: impl FnMut(&mut Self, &'s T)) -> u32 {
-        self.out.push(op::EMPTY_LIST);
-        let idx = self.memoize();
+        self.e.op(op::EMPTY_LIST);
+        let idx = self.e.memoize();
         match items {
             [] => {}
             [one] => {
                 item(self, one);
-                self.out.push(op::APPEND);
+                self.e.op(op::APPEND);
             }
             _ => {
                 for batch in items.chunks(BATCH) {
-                    self.out.push(op::MARK);
+                    self.e.op(op::MARK);
                     for x in batch {
                         item(self, x);
-                        self.boundary();
+                        self.e.boundary();
                     }
-                    self.out.push(op::APPENDS);
+                    self.e.op(op::APPENDS);
                 }
             }
         }
-        self.boundary();
+        self.e.boundary();
         idx
     }
 
     pub(crate) fn value(&mut self, v: &'s Value) {
         match v {
-            Value::None => self.out.push(op::NONE),
-            Value::Bool(b) => self.bool(*b),
-            Value::Int(i) => self.int(*i),
-            Value::BigInt(bytes) => self.long_bytes(bytes),
-            Value::Float(f) => self.float(*f),
+            Value::None => self.e.op(op::NONE),
+            Value::Bool(b) => self.e.bool(*b),
+            Value::Int(i) => self.e.int(*i),
+            Value::BigInt(bytes) => self.e.long(bytes),
+            Value::Float(f) => self.e.float(*f),
             Value::Str(s) => self.str(s),
             Value::Bytes(b) => {
+                // Inside the frame whatever its size (unlike `Emitter::bytes`, which follows
+                // CPython): what this writer has always written for a bytes extra.
+                let out = &mut self.e.out;
                 if let Ok(n) = u8::try_from(b.len()) {
-                    self.out.extend_from_slice(&[op::SHORT_BINBYTES, n]);
+                    out.extend_from_slice(&[op::SHORT_BINBYTES, n]);
                 } else {
-                    self.out.push(op::BINBYTES);
-                    self.out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                    out.push(op::BINBYTES);
+                    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
                 }
-                self.out.extend_from_slice(b);
-                self.memoize();
+                out.extend_from_slice(b);
+                self.e.memoize();
             }
             Value::List(items) => {
                 self.list_of(items, |w, x| w.value(x));
             }
             Value::Tuple(items) => {
                 match items.len() {
-                    0 => self.out.push(op::EMPTY_TUPLE),
+                    0 => self.e.op(op::EMPTY_TUPLE),
                     n @ 1..=3 => {
                         for x in items {
                             self.value(x);
                         }
-                        self.out.push([op::TUPLE1, op::TUPLE2, op::TUPLE3][n - 1]);
+                        self.e.op([op::TUPLE1, op::TUPLE2, op::TUPLE3][n - 1]);
                     }
                     _ => {
-                        self.out.push(op::MARK);
+                        self.e.op(op::MARK);
                         for x in items {
                             self.value(x);
-                            self.boundary();
+                            self.e.boundary();
                         }
-                        self.out.push(op::TUPLE);
+                        self.e.op(op::TUPLE);
                     }
                 }
-                self.memoize();
+                self.e.memoize();
             }
             Value::Dict(pairs) => {
-                self.out.push(op::EMPTY_DICT);
-                self.memoize();
+                self.e.op(op::EMPTY_DICT);
+                self.e.memoize();
                 match &pairs[..] {
                     [] => {}
                     [(k, v)] => {
                         self.value(k);
                         self.value(v);
-                        self.out.push(op::SETITEM);
+                        self.e.op(op::SETITEM);
                     }
                     _ => {
                         for batch in pairs.chunks(BATCH) {
-                            self.out.push(op::MARK);
+                            self.e.op(op::MARK);
                             for (k, v) in batch {
                                 self.value(k);
                                 self.value(v);
-                                self.boundary();
+                                self.e.boundary();
                             }
-                            self.out.push(op::SETITEMS);
+                            self.e.op(op::SETITEMS);
                         }
                     }
                 }
             }
         }
-        self.boundary();
+        self.e.boundary();
     }
 
     // ---------------------------------------------------------------- stacks
@@ -370,7 +226,7 @@ impl<'s> Writer<'s> {
     fn stack(&mut self, id: StackId) {
         let idx = self.stack_ids[id.0 as usize];
         if idx != NO_MEMO {
-            self.get(idx);
+            self.e.get(idx);
             return;
         }
         let snap = self.snap;
@@ -381,12 +237,12 @@ impl<'s> Writer<'s> {
     fn frame(&mut self, id: FrameId) {
         let idx = self.frame_ids[id.0 as usize];
         if idx != NO_MEMO {
-            self.get(idx);
+            self.e.get(idx);
             return;
         }
         let snap = self.snap;
         // The dict's own memo index: `dict_begin` memoizes it first.
-        self.frame_ids[id.0 as usize] = self.memo_next;
+        self.frame_ids[id.0 as usize] = self.e.memo_next();
         let Ok(()) = schema::frame(self, snap.frames.get(id));
     }
 }
@@ -423,12 +279,12 @@ impl<'s> Emit<'s> for Writer<'s> {
 
     #[inline(always)]
     fn uint(&mut self, v: u64) {
-        Writer::uint(self, v);
+        self.e.uint(v);
     }
 
     #[inline(always)]
     fn int(&mut self, v: i64) {
-        Writer::int(self, v);
+        self.e.int(v);
     }
 
     #[inline]
@@ -438,11 +294,11 @@ impl<'s> Emit<'s> for Writer<'s> {
     }
 
     fn float(&mut self, v: f64) {
-        Writer::float(self, v);
+        self.e.float(v);
     }
 
     fn bool(&mut self, v: bool) {
-        Writer::bool(self, v);
+        self.e.bool(v);
     }
 
     #[inline]
@@ -480,38 +336,39 @@ impl<'s> Emit<'s> for Writer<'s> {
     fn pair_next(&mut self) {}
 
     fn pair_end(&mut self) {
-        self.out.push(op::TUPLE2);
-        self.memoize();
+        self.e.op(op::TUPLE2);
+        self.e.memoize();
     }
 
     fn divisions(&mut self, d: &'s [(String, PyInt)]) -> Result<(), Infallible> {
-        self.out.push(op::EMPTY_DICT);
-        self.memoize();
+        self.e.op(op::EMPTY_DICT);
+        self.e.memoize();
         match d {
             [] => {}
             [(k, v)] => {
                 Writer::str(self, k);
                 Writer::pyint(self, v);
-                self.out.push(op::SETITEM);
+                self.e.op(op::SETITEM);
             }
             _ => {
                 for batch in d.chunks(BATCH) {
-                    self.out.push(op::MARK);
+                    self.e.op(op::MARK);
                     for (k, v) in batch {
                         Writer::str(self, k);
                         Writer::pyint(self, v);
                     }
-                    self.out.push(op::SETITEMS);
+                    self.e.op(op::SETITEMS);
                 }
             }
         }
-        self.boundary();
+        self.e.boundary();
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::emit::{FRAME_HEADER, FRAME_TARGET};
     use super::*;
     use crate::intern::Frame;
 
@@ -520,18 +377,16 @@ mod tests {
         let snap: &'s Snapshot = Box::leak(Box::default());
         let mut w = Writer {
             snap,
-            out: Vec::new(),
-            frame_start: 0,
-            memo_next: 0,
+            e: Emitter::new(0),
             statics: vec![NO_MEMO; Key::ALL.len()],
             str_ids: Vec::new(),
             stack_ids: Vec::new(),
             frame_ids: Vec::new(),
             dyn_strs: HashMap::new(),
         };
-        w.start_frame();
         f(&mut w);
-        w.out.split_off(FRAME_HEADER)
+        // After `PROTO 4` and the open frame's header.
+        w.e.out.split_off(2 + FRAME_HEADER)
     }
 
     #[test]
@@ -553,14 +408,14 @@ mod tests {
             (i64::MIN, &[0x8a, 8, 0, 0, 0, 0, 0, 0, 0, 0x80]),
         ];
         for &(v, expected) in cases {
-            assert_eq!(encode(|w| w.int(v)), expected, "{v}");
+            assert_eq!(encode(|w| w.e.int(v)), expected, "{v}");
         }
         assert_eq!(
-            encode(|w| w.uint(1 << 63)),
+            encode(|w| w.e.uint(1 << 63)),
             [0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0x80, 0]
         );
         assert_eq!(
-            encode(|w| w.uint(u64::MAX)),
+            encode(|w| w.e.uint(u64::MAX)),
             [0x8a, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0]
         );
     }
