@@ -328,6 +328,11 @@ enum V<'a> {
     /// A new frames list of this many frames (the frame dicts made up front), as PyTorch
     /// writes most entries.
     InlineFrames(usize),
+    /// The first frame dict made up front, its `name` set to this in place (`SETITEM`).
+    RenameFrame(&'a str),
+    /// A new frame dict with this name, stored over the memo slot of the first frame dict
+    /// made up front.
+    ReplaceFrame(&'a str),
 }
 
 type Entry<'a> = Vec<(&'a str, V<'a>)>;
@@ -385,6 +390,24 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
                             p.out.push(b'e');
                         }
                     }
+                }
+                V::RenameFrame(name) => {
+                    p.get(dicts[0]);
+                    p.str("name");
+                    p.str(name);
+                    p.out.push(b's');
+                }
+                V::ReplaceFrame(name) => {
+                    p.out.extend([b'}', b'(']);
+                    p.str("name");
+                    p.str(name);
+                    p.str("filename");
+                    p.str("train.py");
+                    p.str("line");
+                    p.int(7);
+                    p.out.push(b'u');
+                    let slot = u8::try_from(dicts[0]).expect("an early memo index");
+                    p.out.extend([b'q', slot]);
                 }
             }
         }
@@ -496,6 +519,57 @@ fn hand_made_entry_layouts_read_the_same_through_both_paths() {
         }
         let hits = check_both_paths(&snapshot_of(binput, &run), "fresh strings");
         assert!(hits >= 37, "fresh strings: only {hits} of 40 fast");
+    }
+}
+
+/// Entries 1.. hold the same fresh frames list bytes (the two frame dicts made up front);
+/// entry 0 has an empty list (it introduces the keys). `change` is added to entry `at` as
+/// the value of an unknown key. Returns the innermost frame's name of every entry from 1 on.
+fn same_list_bytes_with(binput: bool, at: usize, change: V<'static>) -> Vec<String> {
+    let mut run: Vec<Entry> = (0..6)
+        .map(|i| {
+            let mut e = plain_entry("alloc", 4096 * (i + 1), 0);
+            e[5] = ("frames", V::InlineFrames(if i == 0 { 0 } else { 2 }));
+            e
+        })
+        .collect();
+    run[at].push(("mystery", change));
+    let bytes = snapshot_of(binput, &run);
+    let hits = check_both_paths(&bytes, &format!("change at {at} (binput: {binput})"));
+    assert!(hits >= 4, "only {hits} entries through the fast path");
+    let snap = pickle::read(&bytes).unwrap();
+    let trace = &snap.device_traces.as_ref().unwrap()[0];
+    trace[1..]
+        .iter()
+        .map(|e| {
+            let innermost = snap.stacks.get(e.frames.expect("frames"))[0];
+            snap.frames.get(innermost).name.clone()
+        })
+        .collect()
+}
+
+#[test]
+fn a_frames_list_read_again_sees_a_frame_renamed_after_the_fast_path_gave_up() {
+    // Entry 1's fast-path attempt reads the list (converting its frames), then gives up at the
+    // unknown key; the generic VM then renames the first frame before it is read as a frame.
+    // Entries 2.. have the same list bytes: they must not get the stack from before.
+    for binput in [false, true] {
+        let names = same_list_bytes_with(binput, 1, V::RenameFrame("renamed"));
+        assert_eq!(names, ["renamed"; 5], "binput: {binput}");
+    }
+}
+
+#[test]
+fn a_frames_list_read_again_sees_a_frame_replaced_in_the_memo() {
+    // Entry 1 is read by the fast path; entry 2 stores another frame dict over the first
+    // frame's memo slot. Entries 3.. have entry 1's list bytes but reference the new frame.
+    for binput in [false, true] {
+        let names = same_list_bytes_with(binput, 2, V::ReplaceFrame("replaced"));
+        assert_eq!(
+            names,
+            ["forward", "forward", "replaced", "replaced", "replaced"],
+            "binput: {binput}"
+        );
     }
 }
 

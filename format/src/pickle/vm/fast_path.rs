@@ -50,6 +50,79 @@ use super::{op, short_long, Feed, Memo, MemoPut, Val, Vm, NONE};
 /// Bytes [`Vm::fast_entry`] wants in the window (an entry is about 60).
 const FAST_ENTRY_WINDOW: usize = 4096;
 
+/// Most of a real file is trace entries each with a fresh frames list of memoized frame dicts
+/// (`EMPTY_LIST MEMOIZE MARK`, a `BINGET`/`LONG_BINGET` per frame, `APPENDS`), and a run
+/// has few distinct stacks. Resolving each reference and hashing the frames to find the stack
+/// was a third of the load time; equal bytes from `MARK` to `APPENDS` mean equal memo
+/// references, so the stack is looked up by those bytes instead.
+///
+/// A cached stack stays right while the memo slots it was read from hold what they held
+/// ([`Memo::changes`] unchanged: the map is emptied otherwise) and the frame dicts they hold
+/// do not change (a dict read as a frame is frozen, and a list is only added when its entry
+/// was read: a rollback unfreezes the frames it converted).
+#[derive(Default)]
+pub(super) struct ListCache {
+    stacks: foldhash::HashMap<Box<[u8]>, StackId>,
+    /// Bytes of the keys in `stacks` (bounded by [`LIST_CACHE_BYTES`]).
+    bytes: usize,
+    /// [`Memo::changes`] when `stacks` was last known right.
+    memo_changes: u64,
+    /// The list read by the entry being tried, added when the entry is read.
+    pending: Option<PendingList>,
+}
+
+/// A frames list read frame by frame: its bytes after `MARK` in the window, and its stack.
+#[derive(Clone, Copy)]
+pub(super) struct PendingList {
+    at: usize,
+    end: usize,
+    stack: StackId,
+    /// [`Memo::changes`] when its references were resolved.
+    memo_changes: u64,
+}
+
+/// The most key bytes [`ListCache`] holds (real runs need a few KiB; past this, lists are
+/// read frame by frame).
+const LIST_CACHE_BYTES: usize = 16 << 20;
+
+impl ListCache {
+    /// The stack of a list whose bytes after `MARK` are `refs`, if one was read before.
+    #[inline]
+    fn get(&mut self, refs: &[u8], memo_changes: u64) -> Option<StackId> {
+        if memo_changes != self.memo_changes {
+            self.stacks.clear();
+            self.bytes = 0;
+            self.memo_changes = memo_changes;
+        }
+        self.stacks.get(refs).copied()
+    }
+
+    fn insert(&mut self, refs: &[u8], list: PendingList, memo_changes: u64) {
+        if list.memo_changes != memo_changes
+            || memo_changes != self.memo_changes
+            || self.bytes + refs.len() > LIST_CACHE_BYTES
+        {
+            return;
+        }
+        self.bytes += refs.len();
+        self.stacks.insert(refs.into(), list.stack);
+    }
+}
+
+/// The end (after `APPENDS`) of the `BINGET`/`LONG_BINGET` run at `at`, when the window holds
+/// it whole with nothing else in it (a `FRAME` header, another opcode).
+#[inline]
+fn refs_end(window: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        match *window.get(at)? {
+            op::BINGET => at += 2,
+            op::LONG_BINGET => at += 5,
+            op::APPENDS => return Some(at + 1),
+            _ => return None,
+        }
+    }
+}
+
 /// Memo stores made by a [`Vm::fast_entry`] attempt, undone if it gives up: stores at the
 /// dense end (nearly all) by truncating, the others from a log.
 struct Undo {
@@ -128,8 +201,15 @@ impl<F: Feed> Vm<'_, '_, F> {
             self.state.forget_journal();
         }
         self.journal_buf = self.state.cache_journal.take().unwrap_or_default();
+        let list = self.lists.pending.take();
         match decoded {
             Some((end, entry, frames_node)) => {
+                if let Some(list) = list {
+                    // Only now: had the attempt given up, the frames it converted would be
+                    // forgotten (and could change) while the cache still named them.
+                    let refs = &self.feed.window()[list.at..list.end];
+                    self.lists.insert(refs, list, self.memo.changes);
+                }
                 self.pos = end;
                 if let Some(list) = frames_node {
                     self.arena.nodes[list as usize].shared = true;
@@ -245,12 +325,11 @@ impl<F: Feed> Vm<'_, '_, F> {
             *p = q;
             code = self.window_op(&mut q)?;
         }
-        let mut frames = std::mem::take(&mut self.frames_buf);
-        frames.clear();
-        let read = self.fast_frame_refs(code, &mut q, &mut frames);
-        let stack = read.map(|()| self.state.intern_stack(&frames));
-        self.frames_buf = frames;
-        let stack = stack?;
+        let stack = if code == op::MARK {
+            self.fast_marked_refs(&mut q)?
+        } else {
+            self.fast_refs_stack(code, &mut q)?
+        };
         if code == op::MARK || code == op::BINGET || code == op::LONG_BINGET {
             *p = q;
         }
@@ -258,6 +337,41 @@ impl<F: Feed> Vm<'_, '_, F> {
             undo.put(&mut self.memo, index, Val::Stack(stack.0))?;
         }
         Some(stack)
+    }
+
+    /// `MARK` refs `APPENDS` (`MARK` just read) as a stack: found by the refs' bytes when a
+    /// list with the same bytes was read before ([`ListCache`]), else read frame by frame.
+    #[inline]
+    fn fast_marked_refs(&mut self, q: &mut usize) -> Option<StackId> {
+        let at = *q;
+        let end = refs_end(self.feed.window(), at);
+        if let Some(end) = end {
+            let refs = &self.feed.window()[at..end];
+            if let Some(stack) = self.lists.get(refs, self.memo.changes) {
+                *q = end;
+                return Some(stack);
+            }
+        }
+        let stack = self.fast_refs_stack(op::MARK, q)?;
+        if end == Some(*q) {
+            self.lists.pending = Some(PendingList {
+                at,
+                end: *q,
+                stack,
+                memo_changes: self.memo.changes,
+            });
+        }
+        Some(stack)
+    }
+
+    /// The frame dicts from the opcode after a frames list's memo store, interned as a stack.
+    fn fast_refs_stack(&mut self, code: u8, q: &mut usize) -> Option<StackId> {
+        let mut frames = std::mem::take(&mut self.frames_buf);
+        frames.clear();
+        let read = self.fast_frame_refs(code, q, &mut frames);
+        let stack = read.map(|()| self.state.intern_stack(&frames));
+        self.frames_buf = frames;
+        stack
     }
 
     /// The frame dicts of a frames list, from the opcode after its memo store: `MARK` refs
