@@ -424,7 +424,7 @@ impl<'a> SliceFeed<'a> {
 }
 
 impl Feed for SliceFeed<'_> {
-    #[inline]
+    #[inline(always)]
     fn window(&self) -> &[u8] {
         &self.data[self.start..]
     }
@@ -455,7 +455,7 @@ impl<R: Read> ReaderFeed<R> {
 }
 
 impl<R: Read> Feed for ReaderFeed<R> {
-    #[inline]
+    #[inline(always)]
     fn window(&self) -> &[u8] {
         &self.buf[self.start..self.end]
     }
