@@ -1042,6 +1042,9 @@ impl<F: Feed> Vm<'_, '_, F> {
     fn check_target(&self, target: Val, kind: Kind, name: &str) -> Result<u32> {
         let frozen = match target {
             Val::Node(id) => self.state.is_frozen(id),
+            // A frames list the fast path read as a stack: the generic VM would have read
+            // (and frozen) its node, so both report the same error.
+            Val::Stack(_) => true,
             _ => false,
         };
         if self.arena.entry_of(target).is_some() || frozen {

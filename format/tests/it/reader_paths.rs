@@ -333,6 +333,9 @@ enum V<'a> {
     /// A new frame dict with this name, stored over the memo slot of the first frame dict
     /// made up front.
     ReplaceFrame(&'a str),
+    /// The last `InlineFrames` list from the memo, then `APPEND` (`b'a'`) or `SETITEM`
+    /// (`b's'`) of the first frame dict made up front onto it.
+    ModifyLastList(u8),
 }
 
 type Entry<'a> = Vec<(&'a str, V<'a>)>;
@@ -357,6 +360,7 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
     p.out.push(b']');
     p.memoize();
     p.out.push(b'(');
+    let mut last_list = None;
     for entry in entries {
         p.out.push(b'}');
         p.memoize();
@@ -375,7 +379,7 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
                 V::Frames(i) => p.get(frames[*i]),
                 V::InlineFrames(n) => {
                     p.out.push(b']');
-                    p.memoize();
+                    last_list = Some(p.memoize());
                     match n {
                         0 => {}
                         1 => {
@@ -396,6 +400,14 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
                     p.str("name");
                     p.str(name);
                     p.out.push(b's');
+                }
+                V::ModifyLastList(op) => {
+                    p.get(last_list.expect("an inline frames list before"));
+                    p.get(dicts[0]);
+                    if *op == b's' {
+                        p.get(dicts[0]);
+                    }
+                    p.out.push(*op);
                 }
                 V::ReplaceFrame(name) => {
                     p.out.extend([b'}', b'(']);
@@ -570,6 +582,33 @@ fn a_frames_list_read_again_sees_a_frame_replaced_in_the_memo() {
             ["forward", "forward", "replaced", "replaced", "replaced"],
             "binput: {binput}"
         );
+    }
+}
+
+#[test]
+fn changing_a_frames_list_read_as_a_stack_is_the_same_error_on_both_paths() {
+    // Found by fuzzing `reader_paths`: a fresh frames list the fast path read is a stack in
+    // the memo, the generic VM's is a frozen list; APPEND or SETITEM onto it from the memo
+    // said "APPEND on a list, expected a list" on one path and "modifies ... after it was
+    // read" on the other.
+    for op in [b'a', b's'] {
+        for binput in [false, true] {
+            let mut run: Vec<Entry> = (0..4)
+                .map(|i| {
+                    let mut e = plain_entry("alloc", 4096 * (i + 1), 0);
+                    e[5] = ("frames", V::InlineFrames(if i == 0 { 0 } else { 2 }));
+                    e
+                })
+                .collect();
+            // Entry 3 modifies entry 2's list (and has a shared one of its own).
+            run[3][5] = ("frames", V::Frames(0));
+            run[3].push(("mystery", V::ModifyLastList(op)));
+            let bytes = snapshot_of(binput, &run);
+            let what = format!("op {} (binput: {binput})", op as char);
+            let error = pickle::read(&bytes).expect_err(&what).to_string();
+            assert!(error.contains("after it was read"), "{what}: {error}");
+            check_both_paths(&bytes, &what);
+        }
     }
 }
 
