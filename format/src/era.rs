@@ -6,7 +6,7 @@
 //! would have it) a highest one. [`Era::infer`] gives that range and the keys behind it; a
 //! file whose keys no single release writes is "mixed".
 
-use crate::model::{Action, Shape, Snapshot};
+use crate::model::{Action, Shape, Snapshot, TraceEntry};
 
 /// The PyTorch versions (minor numbers of 2.x) whose snapshots have the keys this one has.
 pub struct Era {
@@ -15,6 +15,33 @@ pub struct Era {
     /// Highest minor version that writes none of the keys absent here, and the missing key.
     pub high: (u32, &'static str),
     pub shape: Shape,
+}
+
+/// Which of the keys that date a file some trace entry has.
+#[derive(Default)]
+struct EntryKeys {
+    any: bool,
+    time_us: bool,
+    compile_context: bool,
+    user_metadata: bool,
+    forward_frames: bool,
+    internal_metadata: bool,
+    annotate: bool,
+}
+
+impl EntryKeys {
+    #[inline]
+    fn add(&mut self, e: &TraceEntry) {
+        self.any = true;
+        self.time_us |= e.time_us.is_some();
+        self.compile_context |= e.compile_context.is_some();
+        self.user_metadata |= e.user_metadata.is_some();
+        self.annotate |= e.action == Action::Annotate;
+        if let Some(r) = e.rare.as_deref() {
+            self.forward_frames |= r.forward_frames.is_some();
+            self.internal_metadata |= r.internal_metadata.is_some();
+        }
+    }
 }
 
 /// The newest format memsnap knows.
@@ -30,7 +57,11 @@ impl Era {
                 low = (v, why);
             }
         };
-        let entries: Vec<_> = s.traces().iter().flatten().collect();
+        // One pass over the entries (a million in a big file) for every key they can have.
+        let mut seen = EntryKeys::default();
+        for e in s.traces().iter().flatten() {
+            seen.add(e);
+        }
         let blocks = s.segments.iter().flat_map(|seg| seg.blocks.iter());
         let legacy_blocks = blocks
             .clone()
@@ -40,7 +71,7 @@ impl Era {
         {
             at_least(1, "block addresses");
         }
-        if entries.iter().any(|e| e.time_us.is_some()) {
+        if seen.time_us {
             at_least(2, "time_us");
         }
         if s.allocator_settings.is_some() {
@@ -49,18 +80,17 @@ impl Era {
         if s.external_annotations.is_some() {
             at_least(5, "external_annotations");
         }
-        if entries.iter().any(|e| e.compile_context.is_some()) {
+        if seen.compile_context {
             at_least(8, "compile_context");
         }
         let settings = s.allocator_settings.as_ref();
         if settings.is_some_and(|a| a.graph_capture_record_stream_reuse.is_some()) {
             at_least(9, "graph_capture_record_stream_reuse");
         }
-        if entries.iter().any(|e| e.user_metadata.is_some()) {
+        if seen.user_metadata {
             at_least(10, "user_metadata");
         }
-        let rare = || entries.iter().filter_map(|e| e.rare.as_deref());
-        if rare().any(|r| r.forward_frames.is_some()) {
+        if seen.forward_frames {
             at_least(11, "forward_frames");
         }
         if settings.is_some_and(|a| a.max_round_threshold.is_some() || a.max_cached_size.is_some())
@@ -70,10 +100,10 @@ impl Era {
         if s.host_segments.is_some() || s.host_traces.is_some() {
             at_least(14, "host_segments");
         }
-        if entries.iter().any(|e| e.action == Action::Annotate) {
+        if seen.annotate {
             at_least(14, "annotate entries");
         }
-        if rare().any(|r| r.internal_metadata.is_some()) {
+        if seen.internal_metadata {
             at_least(15, "internal_metadata");
         }
 
@@ -104,14 +134,14 @@ impl Era {
                     at_most(12, "max_round_threshold");
                 }
             }
-            if !entries.is_empty() {
-                if entries.iter().all(|e| e.time_us.is_none()) {
+            if seen.any {
+                if !seen.time_us {
                     at_most(1, "time_us");
                 }
-                if entries.iter().all(|e| e.compile_context.is_none()) {
+                if !seen.compile_context {
                     at_most(7, "compile_context");
                 }
-                if entries.iter().all(|e| e.user_metadata.is_none()) {
+                if !seen.user_metadata {
                     at_most(9, "user_metadata");
                 }
             }
@@ -187,7 +217,7 @@ impl Era {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{AllocatorSettings, TraceEntry};
+    use crate::model::AllocatorSettings;
 
     #[test]
     fn era_comes_from_the_keys_present_and_absent() {
@@ -209,5 +239,32 @@ mod tests {
         let mut old = Snapshot::new(1);
         old.device_traces = Some(vec![vec![TraceEntry::new(Action::Alloc, 0, 512, 0)]]);
         assert_eq!(Era::infer(&old).describe(), "PyTorch ≤2.1 (no time_us)");
+    }
+
+    #[test]
+    fn a_key_on_any_entry_of_any_device_dates_the_file() {
+        use crate::model::EntryRare;
+        let plain = || TraceEntry::new(Action::Alloc, 0x1000, 512, 0);
+        let mut s = Snapshot::new(2);
+        s.allocator_settings = Some(AllocatorSettings::default());
+        s.external_annotations = Some(Vec::new());
+        let mut last = plain();
+        last.time_us = Some(1);
+        last.rare = Some(Box::new(EntryRare {
+            forward_frames: Some(vec!["f".into()]),
+            ..EntryRare::default()
+        }));
+        s.device_traces = Some(vec![vec![plain(); 3], vec![plain(), last]]);
+        // forward_frames (2.11) and time_us on the last entry only; the absent
+        // graph_capture_record_stream_reuse caps it at 2.8: not one release.
+        let era = Era::infer(&s);
+        assert_eq!(era.low, (11, "forward_frames"));
+        assert_eq!(era.high, (7, "compile_context"));
+
+        let mut annotate = plain();
+        annotate.action = Action::Annotate;
+        s.device_traces = Some(vec![vec![], vec![plain(), annotate]]);
+        assert_eq!(Era::infer(&s).low, (14, "annotate entries"));
+        assert_eq!(Era::infer(&s).high, (1, "time_us"));
     }
 }

@@ -53,7 +53,17 @@ pub(crate) struct ConvState {
     /// The last string interned per entry field (`compile_context`, `user_metadata`) as a
     /// heap range: consecutive entries nearly always repeat it, so this skips hashing it
     /// again (and the fast path stores a fresh copy's bytes only once).
-    pub recent_strs: [(usize, u32, StrId); 2],
+    pub recent_strs: [RecentStr; 2],
+}
+
+/// A string interned through [`ConvState::recent_strs`]: its heap range, id, and what the VM
+/// recognised it as.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecentStr {
+    pub start: usize,
+    pub len: u32,
+    pub id: StrId,
+    pub sym: Sym,
 }
 
 impl ConvState {
@@ -68,7 +78,12 @@ impl ConvState {
             cache_journal: None,
             fast_entries: 0,
             entries_taken: false,
-            recent_strs: [(0, u32::MAX, StrId(0)); 2],
+            recent_strs: [RecentStr {
+                start: 0,
+                len: u32::MAX,
+                id: StrId(0),
+                sym: Sym::Other,
+            }; 2],
         }
     }
 
@@ -92,6 +107,18 @@ impl ConvState {
     pub fn cached_frame(&self, id: u32) -> Option<FrameId> {
         let cached = *self.frame_cache.get(id as usize)?;
         (cached != NONE).then_some(FrameId(cached))
+    }
+
+    /// The id of `v` if it is the string last interned through `slot` of `recent_strs`.
+    #[inline]
+    pub fn recent_str_id(&self, arena: &Arena, v: Val, slot: usize) -> Option<StrId> {
+        let Val::Str { start, len, .. } = v else {
+            return None;
+        };
+        let r = self.recent_strs[slot];
+        (r.len == len
+            && (r.start == start || arena.bytes(r.start, r.len) == arena.bytes(start, len)))
+        .then_some(r.id)
     }
 
     pub fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
@@ -721,18 +748,18 @@ impl<'b> Conv<'b> {
     /// Interns a string through the one-entry cache `slot` of [`ConvState::recent_strs`].
     #[inline]
     pub(crate) fn recent_str(&mut self, v: Val, slot: usize) -> Result<StrId> {
-        if let Val::Str { start, len, .. } = v {
-            let (s0, l0, id) = self.st.recent_strs[slot];
-            if l0 == len
-                && (s0 == start || self.arena.bytes(s0, l0) == self.arena.bytes(start, len))
-            {
-                return Ok(id);
-            }
+        if let Some(id) = self.st.recent_str_id(self.arena, v, slot) {
+            return Ok(id);
         }
         let text = self.str(v)?;
         let id = self.st.snap.strings.intern(text);
-        if let Val::Str { start, len, .. } = v {
-            self.st.recent_strs[slot] = (start, len, id);
+        if let Val::Str { start, len, sym } = v {
+            self.st.recent_strs[slot] = RecentStr {
+                start,
+                len,
+                id,
+                sym,
+            };
         }
         Ok(id)
     }

@@ -424,7 +424,7 @@ impl<'a> SliceFeed<'a> {
 }
 
 impl Feed for SliceFeed<'_> {
-    #[inline]
+    #[inline(always)]
     fn window(&self) -> &[u8] {
         &self.data[self.start..]
     }
@@ -455,7 +455,7 @@ impl<R: Read> ReaderFeed<R> {
 }
 
 impl<R: Read> Feed for ReaderFeed<R> {
-    #[inline]
+    #[inline(always)]
     fn window(&self) -> &[u8] {
         &self.buf[self.start..self.end]
     }
@@ -494,6 +494,9 @@ struct Memo {
     sparse: HashMap<u64, Val>,
     /// Number of indices stored (the next `MEMOIZE` index).
     count: usize,
+    /// Bumped whenever a stored index changes or is removed (not when one is added): what was
+    /// concluded from memo references before then may be stale (see `fast_path::ListCache`).
+    changes: u64,
 }
 
 /// Where a [`Memo::put`] went and what it replaced, to undo it.
@@ -620,6 +623,8 @@ impl Memo {
         };
         if old.is_none() {
             self.count += 1;
+        } else {
+            self.changes += 1;
         }
         MemoPut { index, dense, old }
     }
@@ -641,6 +646,7 @@ impl Memo {
 
     /// Undoes a [`Memo::put`].
     fn undo(&mut self, put: MemoPut) {
+        self.changes += 1;
         if put.old.is_none() {
             self.count -= 1;
         }
@@ -685,6 +691,8 @@ struct Vm<'p, 'o, F> {
     frames_buf: Vec<FrameId>,
     /// Reused for [`ConvState::cache_journal`].
     journal_buf: Vec<(bool, u32)>,
+    /// Fresh frames lists already read, by their bytes.
+    lists: fast_path::ListCache,
     /// Where to end the top-level dict as if `SETITEMS STOP` stood there (see [`super::part`]).
     end_at: Option<u64>,
 }
@@ -727,6 +735,7 @@ pub(crate) fn run<F: Feed>(
         fast_entries,
         frames_buf: Vec::new(),
         journal_buf: Vec::new(),
+        lists: fast_path::ListCache::default(),
         end_at,
     };
     vm.arena.root = vm.run()?;
@@ -1033,6 +1042,9 @@ impl<F: Feed> Vm<'_, '_, F> {
     fn check_target(&self, target: Val, kind: Kind, name: &str) -> Result<u32> {
         let frozen = match target {
             Val::Node(id) => self.state.is_frozen(id),
+            // A frames list the fast path read as a stack: the generic VM would have read
+            // (and frozen) its node, so both report the same error.
+            Val::Stack(_) => true,
             _ => false,
         };
         if self.arena.entry_of(target).is_some() || frozen {

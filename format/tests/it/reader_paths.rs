@@ -328,6 +328,14 @@ enum V<'a> {
     /// A new frames list of this many frames (the frame dicts made up front), as PyTorch
     /// writes most entries.
     InlineFrames(usize),
+    /// The first frame dict made up front, its `name` set to this in place (`SETITEM`).
+    RenameFrame(&'a str),
+    /// A new frame dict with this name, stored over the memo slot of the first frame dict
+    /// made up front.
+    ReplaceFrame(&'a str),
+    /// The last `InlineFrames` list from the memo, then `APPEND` (`b'a'`) or `SETITEM`
+    /// (`b's'`) of the first frame dict made up front onto it.
+    ModifyLastList(u8),
 }
 
 type Entry<'a> = Vec<(&'a str, V<'a>)>;
@@ -352,6 +360,7 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
     p.out.push(b']');
     p.memoize();
     p.out.push(b'(');
+    let mut last_list = None;
     for entry in entries {
         p.out.push(b'}');
         p.memoize();
@@ -370,7 +379,7 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
                 V::Frames(i) => p.get(frames[*i]),
                 V::InlineFrames(n) => {
                     p.out.push(b']');
-                    p.memoize();
+                    last_list = Some(p.memoize());
                     match n {
                         0 => {}
                         1 => {
@@ -385,6 +394,32 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
                             p.out.push(b'e');
                         }
                     }
+                }
+                V::RenameFrame(name) => {
+                    p.get(dicts[0]);
+                    p.str("name");
+                    p.str(name);
+                    p.out.push(b's');
+                }
+                V::ModifyLastList(op) => {
+                    p.get(last_list.expect("an inline frames list before"));
+                    p.get(dicts[0]);
+                    if *op == b's' {
+                        p.get(dicts[0]);
+                    }
+                    p.out.push(*op);
+                }
+                V::ReplaceFrame(name) => {
+                    p.out.extend([b'}', b'(']);
+                    p.str("name");
+                    p.str(name);
+                    p.str("filename");
+                    p.str("train.py");
+                    p.str("line");
+                    p.int(7);
+                    p.out.push(b'u');
+                    let slot = u8::try_from(dicts[0]).expect("an early memo index");
+                    p.out.extend([b'q', slot]);
                 }
             }
         }
@@ -496,6 +531,84 @@ fn hand_made_entry_layouts_read_the_same_through_both_paths() {
         }
         let hits = check_both_paths(&snapshot_of(binput, &run), "fresh strings");
         assert!(hits >= 37, "fresh strings: only {hits} of 40 fast");
+    }
+}
+
+/// Entries 1.. hold the same fresh frames list bytes (the two frame dicts made up front);
+/// entry 0 has an empty list (it introduces the keys). `change` is added to entry `at` as
+/// the value of an unknown key. Returns the innermost frame's name of every entry from 1 on.
+fn same_list_bytes_with(binput: bool, at: usize, change: V<'static>) -> Vec<String> {
+    let mut run: Vec<Entry> = (0..6)
+        .map(|i| {
+            let mut e = plain_entry("alloc", 4096 * (i + 1), 0);
+            e[5] = ("frames", V::InlineFrames(if i == 0 { 0 } else { 2 }));
+            e
+        })
+        .collect();
+    run[at].push(("mystery", change));
+    let bytes = snapshot_of(binput, &run);
+    let hits = check_both_paths(&bytes, &format!("change at {at} (binput: {binput})"));
+    assert!(hits >= 4, "only {hits} entries through the fast path");
+    let snap = pickle::read(&bytes).unwrap();
+    let trace = &snap.device_traces.as_ref().unwrap()[0];
+    trace[1..]
+        .iter()
+        .map(|e| {
+            let innermost = snap.stacks.get(e.frames.expect("frames"))[0];
+            snap.frames.get(innermost).name.clone()
+        })
+        .collect()
+}
+
+#[test]
+fn a_frames_list_read_again_sees_a_frame_renamed_after_the_fast_path_gave_up() {
+    // Entry 1's fast-path attempt reads the list (converting its frames), then gives up at the
+    // unknown key; the generic VM then renames the first frame before it is read as a frame.
+    // Entries 2.. have the same list bytes: they must not get the stack from before.
+    for binput in [false, true] {
+        let names = same_list_bytes_with(binput, 1, V::RenameFrame("renamed"));
+        assert_eq!(names, ["renamed"; 5], "binput: {binput}");
+    }
+}
+
+#[test]
+fn a_frames_list_read_again_sees_a_frame_replaced_in_the_memo() {
+    // Entry 1 is read by the fast path; entry 2 stores another frame dict over the first
+    // frame's memo slot. Entries 3.. have entry 1's list bytes but reference the new frame.
+    for binput in [false, true] {
+        let names = same_list_bytes_with(binput, 2, V::ReplaceFrame("replaced"));
+        assert_eq!(
+            names,
+            ["forward", "forward", "replaced", "replaced", "replaced"],
+            "binput: {binput}"
+        );
+    }
+}
+
+#[test]
+fn changing_a_frames_list_read_as_a_stack_is_the_same_error_on_both_paths() {
+    // Found by fuzzing `reader_paths`: a fresh frames list the fast path read is a stack in
+    // the memo, the generic VM's is a frozen list; APPEND or SETITEM onto it from the memo
+    // said "APPEND on a list, expected a list" on one path and "modifies ... after it was
+    // read" on the other.
+    for op in [b'a', b's'] {
+        for binput in [false, true] {
+            let mut run: Vec<Entry> = (0..4)
+                .map(|i| {
+                    let mut e = plain_entry("alloc", 4096 * (i + 1), 0);
+                    e[5] = ("frames", V::InlineFrames(if i == 0 { 0 } else { 2 }));
+                    e
+                })
+                .collect();
+            // Entry 3 modifies entry 2's list (and has a shared one of its own).
+            run[3][5] = ("frames", V::Frames(0));
+            run[3].push(("mystery", V::ModifyLastList(op)));
+            let bytes = snapshot_of(binput, &run);
+            let what = format!("op {} (binput: {binput})", op as char);
+            let error = pickle::read(&bytes).expect_err(&what).to_string();
+            assert!(error.contains("after it was read"), "{what}: {error}");
+            check_both_paths(&bytes, &what);
+        }
     }
 }
 
