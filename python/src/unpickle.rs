@@ -50,17 +50,6 @@ pub enum LoadError {
         opcode: u8,
         name: &'static str,
     },
-    #[error("byte {offset}: unknown opcode 0x{opcode:02x}: not a pickle, or a corrupt one")]
-    UnknownOpcode { offset: usize, opcode: u8 },
-    #[error("byte {offset}: the input ends inside opcode {name} (needs {needed} more bytes, {left} left): the file is truncated")]
-    Truncated {
-        offset: usize,
-        name: &'static str,
-        needed: u64,
-        left: usize,
-    },
-    #[error("the input ends at byte {offset} without the STOP opcode: the file is truncated")]
-    NoStop { offset: usize },
     #[error("byte {offset}: opcode {name} needs {what} on the stack: the pickle is corrupt")]
     Stack {
         offset: usize,
@@ -81,43 +70,12 @@ pub enum LoadError {
     },
     #[error("byte {offset}: pickle protocol {protocol} is newer than the highest memsnap reads ({MAX_PROTOCOL})")]
     Protocol { offset: usize, protocol: u8 },
-    /// A decoding error of memsnap-format's opcode decoder that has no variant here.
+    /// Unknown opcode, truncated argument, no `STOP`: memsnap-format's opcode decoder says it.
     #[error(transparent)]
-    Decode(OpError),
+    Decode(#[from] OpError),
 }
 
 type Result<T> = std::result::Result<T, LoadError>;
-
-/// The format crate's decoding errors, in this loader's words.
-impl From<OpError> for LoadError {
-    fn from(e: OpError) -> Self {
-        match e {
-            OpError::End { offset } => LoadError::NoStop { offset },
-            OpError::Unknown { offset, code } => LoadError::UnknownOpcode {
-                offset,
-                opcode: code,
-            },
-            OpError::Truncated {
-                offset,
-                name,
-                needed,
-                left,
-            } => LoadError::Truncated {
-                offset,
-                name,
-                needed,
-                left,
-            },
-            OpError::NoNewline { offset, name } => LoadError::Truncated {
-                offset,
-                name,
-                needed: 1,
-                left: 0,
-            },
-            other => LoadError::Decode(other),
-        }
-    }
-}
 
 /// Runs the pickle in `data` and returns the object `STOP` returns.
 pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
@@ -339,12 +297,7 @@ impl<'py, 'a> Vm<'py, 'a> {
                     self.get(offset, code, index)?;
                 }
                 // Every opcode of the table is above or refused before it was decoded.
-                _ => {
-                    return Err(LoadError::UnknownOpcode {
-                        offset,
-                        opcode: code,
-                    })
-                }
+                _ => return Err(OpError::Unknown { offset, code }.into()),
             }
         }
     }

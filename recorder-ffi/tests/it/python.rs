@@ -189,3 +189,66 @@ fn the_environment_alone_configures_a_simulated_run_with_sigusr1_and_exit_dumps(
         "the exit dump comes last"
     );
 }
+
+/// Allocates through `ctypes.CDLL`, which releases the GIL around the call as PyTorch's
+/// operators do, and returns the function names of the allocation's frames.
+fn frames_of_an_allocation_made_without_the_gil(gil_policy: Option<&str>) -> Vec<String> {
+    const SCRIPT: &str = r#"
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.memsnap_alloc.restype = ctypes.c_void_p
+lib.memsnap_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.memsnap_record_history.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_size_t]
+lib.memsnap_dump_snapshot.argtypes = [ctypes.c_char_p]
+assert lib.memsnap_record_history(b"all", b"all", b"python", 1000) == 0
+def operator_that_released_the_gil():
+    return lib.memsnap_alloc(1 << 20, 0, None)
+assert operator_that_released_the_gil()
+assert lib.memsnap_dump_snapshot(sys.argv[2].encode()) == 0
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot_path = dir.path().join("gil.pickle");
+    let mut command = Command::new("python3");
+    command
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(built_library("libmemsnap_recorder.so"))
+        .arg(&snapshot_path)
+        .env("MEMSNAP_BACKEND", "host")
+        .env_remove("MEMSNAP_DUMP")
+        .env_remove("MEMSNAP_PYTHON_GIL");
+    if let Some(policy) = gil_policy {
+        command.env("MEMSNAP_PYTHON_GIL", policy);
+    }
+    let run = command.output().unwrap();
+    assert!(
+        run.status.success(),
+        "the script failed:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (snapshot, _) = memsnap_format::read_path(&snapshot_path).unwrap();
+    let stacks = alloc_frames(&snapshot);
+    assert_eq!(stacks.len(), 1);
+    stacks[0].iter().map(|(name, _, _)| name.clone()).collect()
+}
+
+/// Regression: on an H100 with torch 2.11 no allocation had Python frames, because they were
+/// read only when the GIL was already held and PyTorch releases it inside its operators.
+#[test]
+fn python_frames_are_read_when_the_caller_released_the_gil() {
+    if !have_program("python3", "the Python GIL test") {
+        return;
+    }
+    let taken = frames_of_an_allocation_made_without_the_gil(None);
+    assert!(
+        taken.iter().any(|n| n == "operator_that_released_the_gil"),
+        "{taken:?}"
+    );
+    let held_only = frames_of_an_allocation_made_without_the_gil(Some("held"));
+    assert!(
+        !held_only
+            .iter()
+            .any(|n| n == "operator_that_released_the_gil"),
+        "{held_only:?}"
+    );
+}
