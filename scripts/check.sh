@@ -15,8 +15,11 @@ cargo clippy -p memsnap-recorder -p memsnap-recorder-ffi --all-targets \
   --features cuda,hip,frame-pointers --locked -- -D warnings
 
 echo "== cargo test"
-cargo test --workspace --locked
-cargo test -p memsnap-recorder -p memsnap-recorder-ffi --features cuda,hip --locked
+# Examples are not built here: clippy --all-targets above already compiles them, and linking
+# each one against the workspace costs CI time. Doc tests run on their own line.
+cargo test --workspace --lib --bins --tests --locked
+cargo test --workspace --doc --locked
+cargo test -p memsnap-recorder -p memsnap-recorder-ffi --features cuda,hip --lib --tests --locked
 
 echo "== python package"
 # The wheel (dev profile, reusing the debug build above), a fresh virtualenv, pytest.

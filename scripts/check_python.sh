@@ -21,8 +21,8 @@ step() { echo "== python: $1 (+$((SECONDS - started)) s)"; }
 step "programs (cargo test's debug build)"
 # A no-op after `cargo test --workspace`: it only makes sure the programs and the recorder's
 # shared library exist and are fresh, with the features the test build used.
-cargo test --workspace --locked --no-run --quiet 2>/dev/null ||
-  cargo test --workspace --locked --no-run
+cargo test --workspace --lib --bins --tests --locked --no-run --quiet 2>/dev/null ||
+  cargo test --workspace --lib --bins --tests --locked --no-run
 # The recorder library with its GPU backends (loaded at run time), as the last `cargo test`
 # line of check.sh built it.
 cargo build -p memsnap-recorder-ffi --lib --features cuda,hip --locked --quiet
