@@ -13,7 +13,10 @@
 //!
 //! The body is the serde encoding of the model types, so **any change to the fields of the
 //! model must bump [`FORMAT_VERSION`]**; a reader refuses versions it does not know rather than
-//! misreading them. The header (a map whose first key is `"memsnap_msgpack"`, bytes
+//! misreading them. Trace entries are the exception that proves it: the in-memory
+//! [`TraceEntry`] is compact (flags, sentinels, an unknown action's name in its rare part), and
+//! this module writes and reads it through wire types that are the earlier entry field for
+//! field, so files stayed as they were. The header (a map whose first key is `"memsnap_msgpack"`, bytes
 //! `82 af 6d 65 6d ...`) is what [`looks_like`] detects; it cannot be mistaken for a pickle,
 //! which starts `80 02`..`80 05`.
 //!
