@@ -360,7 +360,8 @@ impl TraceEntry {
         }
     }
 
-    /// The action's name as written in the file.
+    /// The action's name as written in the file (`""` for an [`Action::Other`] set without
+    /// [`TraceEntry::set_other_action`], which `compare::check_ids` reports).
     pub fn action_name<'a>(&self, strings: &'a StrTable) -> &'a str {
         match self.action.known_name() {
             Some(name) => name,

@@ -38,6 +38,7 @@ use std::fmt;
 use std::io::Cursor;
 
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{FormatError, Result};
@@ -203,8 +204,9 @@ struct RareIn {
     exact: ExactInts,
 }
 
-fn action_wire(e: &TraceEntry) -> ActionWire {
-    match e.action {
+/// `None` for an [`Action::Other`] without its name (which `check_ids` refuses before writing).
+fn action_wire(e: &TraceEntry) -> Option<ActionWire> {
+    Some(match e.action {
         Action::Alloc => ActionWire::Alloc,
         Action::FreeRequested => ActionWire::FreeRequested,
         Action::FreeCompleted => ActionWire::FreeCompleted,
@@ -216,9 +218,8 @@ fn action_wire(e: &TraceEntry) -> ActionWire {
         Action::Oom => ActionWire::Oom,
         Action::Annotate => ActionWire::Annotate,
         Action::Free => ActionWire::Free,
-        // `check_ids` (run before writing) refuses an `Other` without a name.
-        Action::Other => e.other_action().map_or(ActionWire::Free, ActionWire::Other),
-    }
+        Action::Other => ActionWire::Other(e.other_action()?),
+    })
 }
 
 /// `device_traces` as written, entries in their wire form.
@@ -232,7 +233,14 @@ impl Serialize for TracesOut<'_> {
         struct Trace<'a>(&'a [TraceEntry], &'a StrTable);
         impl Serialize for Trace<'_> {
             fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-                s.collect_seq(self.0.iter().map(|e| entry_out(e, self.1)))
+                let mut seq = s.serialize_seq(Some(self.0.len()))?;
+                for e in self.0 {
+                    let wire = entry_out(e, self.1).ok_or_else(|| {
+                        serde::ser::Error::custom("an unknown action without its name")
+                    })?;
+                    seq.serialize_element(&wire)?;
+                }
+                seq.end()
             }
         }
         struct All<'a>(&'a [Vec<TraceEntry>], &'a StrTable);
@@ -248,9 +256,9 @@ impl Serialize for TracesOut<'_> {
     }
 }
 
-fn entry_out<'a>(e: &'a TraceEntry, strings: &StrTable) -> EntryWire<RareOut<'a>> {
-    EntryWire {
-        action: action_wire(e),
+fn entry_out<'a>(e: &'a TraceEntry, strings: &StrTable) -> Option<EntryWire<RareOut<'a>>> {
+    Some(EntryWire {
+        action: action_wire(e)?,
         addr: e.addr,
         size: e.size,
         stream: e.stream,
@@ -271,7 +279,7 @@ fn entry_out<'a>(e: &'a TraceEntry, strings: &StrTable) -> EntryWire<RareOut<'a>
                 extra: &r.extra,
                 exact: &r.exact,
             }),
-    }
+    })
 }
 
 /// The field names of a trace entry and of its rare part as written (for the schema's test
@@ -288,7 +296,7 @@ pub(crate) fn trace_entry_wire_fields() -> Vec<String> {
         .rare_mut()
         .exact
         .set(crate::IntField::Size, Some(crate::PyInt::from(-1i64)));
-    let wire = entry_out(&entry, &strings);
+    let wire = entry_out(&entry, &strings).unwrap();
     let keys = |v: serde_json::Value| match v {
         serde_json::Value::Object(map) => map.keys().cloned().collect::<Vec<_>>(),
         other => panic!("not a struct: {other:?}"),

@@ -32,7 +32,9 @@ use std::convert::Infallible;
 
 use crate::error::{FormatError, Result};
 use crate::int::{ExactInts, IntField, PyInt};
-use crate::intern::{Frame, StackId, StrId, StrTable};
+use crate::intern::{
+    Frame, StackId, StrId, StrTable, COMPILE_CONTEXT_DEFAULT, USER_METADATA_DEFAULT,
+};
 use crate::model::*;
 use crate::value::{Extras, Value};
 
@@ -632,9 +634,11 @@ fn action<'s, E: Emit<'s>>(w: &mut E, e: &TraceEntry) {
         Action::Annotate => Key::a_annotate,
         Action::Free => Key::a_free,
         Action::Other => {
-            // `check_ids` (run before writing) refuses an `Other` without its name.
-            if let Some(id) = e.other_action() {
-                w.str_id(id);
+            // Without its name (code that set `Action::Other` directly; `check_ids` refuses
+            // it) the key still gets a value: `action_name`'s "".
+            match e.other_action() {
+                Some(id) => w.str_id(id),
+                None => w.str(""),
             }
             return;
         }
@@ -677,18 +681,21 @@ fn entry_fields<'s, E: Emit<'s>>(w: &mut E, e: &'s TraceEntry) -> Result<(), E::
         w.key(Key::time_us);
         int_x(w, x, IntField::TimeUs, t)?;
     }
-    // `check_ids` (run before writing) makes sure the table has the defaults an entry uses.
+    // A default whose id the table lacks (an entry moved between snapshots without its
+    // strings; `check_ids` refuses it) is still written, as its text.
     let strings = w.strings();
     if e.has_compile_context() {
         w.key(Key::compile_context);
-        if let Some(id) = strings.and_then(|s| e.compile_context(s)) {
-            w.str_id(id);
+        match strings.and_then(|s| e.compile_context(s)) {
+            Some(id) => w.str_id(id),
+            None => w.str(COMPILE_CONTEXT_DEFAULT),
         }
     }
     if e.has_user_metadata() {
         w.key(Key::user_metadata);
-        if let Some(id) = strings.and_then(|s| e.user_metadata(s)) {
-            w.str_id(id);
+        match strings.and_then(|s| e.user_metadata(s)) {
+            Some(id) => w.str_id(id),
+            None => w.str(USER_METADATA_DEFAULT),
         }
     }
     if let Some(r) = rare {

@@ -444,7 +444,7 @@ impl Export {
             parts.frames.flush_if_full()?;
         }
         for i in new_stacks {
-            let stack = snapshot.stacks.get(StackId::from_index(i as usize));
+            let stack = snapshot.stacks.get(StackId::from_index(i));
             for (depth, f) in stack.iter().enumerate() {
                 let Some(frame) = ids.frames.get(f.index()) else {
                     continue;
