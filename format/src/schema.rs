@@ -834,10 +834,11 @@ impl<'s> Walk<'s> for PyInt {
 pub(crate) trait Source: Sized {
     /// A value in hand.
     type V: Copy;
-    /// The snapshot's string table (what `get_interned` interns into).
-    fn strings(&self) -> &StrTable;
     /// A dict key as read (an unknown one goes to `extra` under it).
     type Name;
+
+    /// The snapshot's string table (what `get_interned` interns into).
+    fn strings(&self) -> &StrTable;
 
     /// An error at the reader's current place.
     fn fail(&self, what: String) -> FormatError;
@@ -881,7 +882,6 @@ pub(crate) trait Source: Sized {
         known: fn(&str) -> Option<T>,
         other: fn(StrId) -> T,
     ) -> Result<T>;
-    /// A trace entry's `action`.
     /// A trace entry's `action`, with the interned name of one this version does not know.
     fn get_action(&mut self, v: Self::V) -> Result<(Action, Option<StrId>)> {
         self.get_named(
