@@ -190,14 +190,14 @@ impl TimeAxis {
         let Some(trace) = trace else {
             return TimeAxis { times: None };
         };
-        let Some(first) = trace.iter().find_map(|e| e.time_us) else {
+        let Some(first) = trace.iter().find_map(|e| e.time_us()) else {
             return TimeAxis { times: None };
         };
         let mut last = first;
         let times = trace
             .iter()
             .map(|e| {
-                last = e.time_us.unwrap_or(last).max(last);
+                last = e.time_us().unwrap_or(last).max(last);
                 last
             })
             .collect();

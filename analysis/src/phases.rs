@@ -135,7 +135,7 @@ impl StackClassifier {
         let Some(stack) = stack else {
             return Evidence::NoFrames;
         };
-        let Some(slot) = self.stack_flags.get(stack.0 as usize).copied() else {
+        let Some(slot) = self.stack_flags.get(stack.index()).copied() else {
             return Evidence::NoFrames;
         };
         let flags = if slot != 0 {
@@ -143,13 +143,13 @@ impl StackClassifier {
         } else {
             let ids = snapshot.stacks.get(stack);
             if ids.is_empty() {
-                self.stack_flags[stack.0 as usize] = 0x80 | 0x40;
+                self.stack_flags[stack.index()] = 0x80 | 0x40;
                 return Evidence::NoFrames;
             }
             let flags = ids.iter().fold(0u8, |acc, f| {
-                acc | self.frame_flags.get(f.0 as usize).copied().unwrap_or(0)
+                acc | self.frame_flags.get(f.index()).copied().unwrap_or(0)
             });
-            self.stack_flags[stack.0 as usize] = 0x80 | flags;
+            self.stack_flags[stack.index()] = 0x80 | flags;
             flags
         };
         if flags & 0x40 != 0 {

@@ -321,7 +321,7 @@ impl Replay {
                     replay.actions.oom += 1;
                     replay.oom_events.push(i);
                 }
-                Action::Annotate | Action::Other(_) => replay.actions.other += 1,
+                Action::Annotate | Action::Other => replay.actions.other += 1,
             }
         }
 

@@ -199,7 +199,7 @@ fn is_python(frame: &Frame) -> bool {
 /// innermost frame PyTorch's viewers show that is not the allocator or the unwinder; else the
 /// innermost frame.
 pub fn top_frame(snapshot: &Snapshot, stack: StackId) -> Option<FrameId> {
-    if stack.0 as usize >= snapshot.stacks.len() {
+    if stack.index() >= snapshot.stacks.len() {
         return None;
     }
     let ids: Vec<FrameId> = snapshot
@@ -207,7 +207,7 @@ pub fn top_frame(snapshot: &Snapshot, stack: StackId) -> Option<FrameId> {
         .get(stack)
         .iter()
         .copied()
-        .filter(|f| (f.0 as usize) < snapshot.frames.len())
+        .filter(|f| f.index() < snapshot.frames.len())
         .collect();
     let frame = |f: &FrameId| snapshot.frames.get(*f);
     ids.iter()
@@ -257,8 +257,7 @@ impl<'a> SiteKeyer<'a> {
         let no_frames = match &key {
             SiteKey::Unknown => true,
             SiteKey::Stack(id) => {
-                (id.0 as usize) < self.snapshot.stacks.len()
-                    && self.snapshot.stacks.get(*id).is_empty()
+                id.index() < self.snapshot.stacks.len() && self.snapshot.stacks.get(*id).is_empty()
             }
             _ => false,
         };

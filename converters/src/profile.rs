@@ -330,7 +330,7 @@ impl<'a> LiveProfile<'a> {
                 .rev()
                 .copied()
                 .filter(|&f| {
-                    (f.0 as usize) < self.snapshot.frames.len()
+                    f.index() < self.snapshot.frames.len()
                         && !is_filtered_frame(self.snapshot.frames.get(f))
                 })
                 .collect(),
@@ -348,7 +348,7 @@ impl<'a> LiveProfile<'a> {
 }
 
 fn valid_stack(snapshot: &Snapshot, stack: Option<StackId>) -> Option<StackId> {
-    stack.filter(|s| (s.0 as usize) < snapshot.stacks.len())
+    stack.filter(|s| s.index() < snapshot.stacks.len())
 }
 
 /// The trace entry an instant refers to.

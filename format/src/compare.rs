@@ -46,14 +46,10 @@ pub fn diff(a: &Snapshot, b: &Snapshot) -> Option<String> {
 pub fn check_ids(snapshot: &Snapshot) -> Result<()> {
     let frames = snapshot.frames.len();
     for (id, stack) in snapshot.stacks.iter() {
-        if let Some((i, f)) = stack
-            .iter()
-            .enumerate()
-            .find(|(_, f)| f.0 as usize >= frames)
-        {
+        if let Some((i, f)) = stack.iter().enumerate().find(|(_, f)| f.index() >= frames) {
             return Err(FormatError::Schema {
-                path: format!("stacks[{}][{i}]", id.0),
-                what: format!("frame id {} is out of range ({frames} frames)", f.0),
+                path: format!("stacks[{}][{i}]", id.index()),
+                what: format!("frame id {} is out of range ({frames} frames)", f.index()),
             });
         }
     }
@@ -82,12 +78,39 @@ pub fn check_ids(snapshot: &Snapshot) -> Result<()> {
         for (i, e) in trace.iter().enumerate() {
             let at = |field: &str| format!("device_traces[{d}][{i}].{field}");
             ids.stack(e.frames, || at("frames"))?;
-            if let Action::Other(s) = e.action {
+            if e.action == Action::Other {
+                let Some(s) = e.other_action() else {
+                    return Err(FormatError::Schema {
+                        path: at("action"),
+                        what: "an unknown action without its name".into(),
+                    });
+                };
                 ids.string(s, || at("action"))?;
             }
+            let table = &snapshot.strings;
+            let defaults = [
+                (
+                    "compile_context",
+                    e.has_compile_context(),
+                    e.compile_context(table),
+                ),
+                (
+                    "user_metadata",
+                    e.has_user_metadata(),
+                    e.user_metadata(table),
+                ),
+            ];
+            for (field, present, id) in defaults {
+                if present && id.is_none() {
+                    return Err(FormatError::Schema {
+                        path: at(field),
+                        what: "the value is missing (a default the string table lacks)".into(),
+                    });
+                }
+            }
             let strings = [
-                ("compile_context", e.compile_context),
-                ("user_metadata", e.user_metadata),
+                ("compile_context", e.compile_context(table)),
+                ("user_metadata", e.user_metadata(table)),
                 (
                     "internal_metadata",
                     e.rare.as_ref().and_then(|r| r.internal_metadata),
@@ -172,21 +195,26 @@ struct IdCheck {
 impl IdCheck {
     fn stack(&self, id: Option<StackId>, path: impl Fn() -> String) -> Result<()> {
         match id {
-            Some(id) if id.0 as usize >= self.stacks => Err(FormatError::Schema {
+            Some(id) if id.index() >= self.stacks => Err(FormatError::Schema {
                 path: path(),
-                what: format!("stack id {} is out of range ({} stacks)", id.0, self.stacks),
+                what: format!(
+                    "stack id {} is out of range ({} stacks)",
+                    id.index(),
+                    self.stacks
+                ),
             }),
             _ => Ok(()),
         }
     }
 
     fn string(&self, id: StrId, path: impl Fn() -> String) -> Result<()> {
-        if id.0 as usize >= self.strings {
+        if id.index() >= self.strings {
             return Err(FormatError::Schema {
                 path: path(),
                 what: format!(
                     "string id {} is out of range ({} strings)",
-                    id.0, self.strings
+                    id.index(),
+                    self.strings
                 ),
             });
         }
@@ -323,6 +351,11 @@ impl<'s> Emit<'s> for Recorder<'s> {
     fn str(&mut self, s: &'s str) {
         self.toks.push(Tok::Str(s));
     }
+    #[inline(always)]
+    fn strings(&self) -> Option<&'s crate::intern::StrTable> {
+        Some(&self.snap.strings)
+    }
+
     fn str_id(&mut self, id: StrId) {
         self.toks.push(Tok::Str(self.snap.str(id)));
     }
@@ -598,7 +631,7 @@ mod tests {
     fn dangling_ids_are_reported_not_panicked_on() {
         let a = small();
         let mut b = small();
-        b.device_traces.as_mut().unwrap()[0][0].frames = Some(StackId(99));
+        b.device_traces.as_mut().unwrap()[0][0].frames = Some(StackId::from_index(99));
         let d = diff(&a, &b).unwrap();
         assert!(
             d.contains("device_traces[0][0].frames") && d.contains("99"),

@@ -33,9 +33,9 @@ impl EntryKeys {
     #[inline]
     fn add(&mut self, e: &TraceEntry) {
         self.any = true;
-        self.time_us |= e.time_us.is_some();
-        self.compile_context |= e.compile_context.is_some();
-        self.user_metadata |= e.user_metadata.is_some();
+        self.time_us |= e.time_us().is_some();
+        self.compile_context |= e.has_compile_context();
+        self.user_metadata |= e.has_user_metadata();
         self.annotate |= e.action == Action::Annotate;
         if let Some(r) = e.rare.as_deref() {
             self.forward_frames |= r.forward_frames.is_some();
@@ -231,8 +231,9 @@ mod tests {
         );
 
         let mut e = TraceEntry::new(Action::Alloc, 0x1000, 512, 0);
-        e.time_us = Some(1);
-        e.compile_context = Some(s.strings.intern("N/A"));
+        e.set_time_us(Some(1));
+        let na = s.strings.intern("N/A");
+        e.set_compile_context(Some(na), &s.strings);
         s.device_traces = Some(vec![vec![e]]);
         assert!(Era::infer(&s).describe().starts_with("PyTorch 2.8 "));
 
@@ -249,7 +250,7 @@ mod tests {
         s.allocator_settings = Some(AllocatorSettings::default());
         s.external_annotations = Some(Vec::new());
         let mut last = plain();
-        last.time_us = Some(1);
+        last.set_time_us(Some(1));
         last.rare = Some(Box::new(EntryRare {
             forward_frames: Some(vec!["f".into()]),
             ..EntryRare::default()

@@ -9,22 +9,100 @@
 // process, so crafted input still cannot pick collisions in advance.
 use foldhash::HashMap;
 
+use std::num::NonZeroU32;
+
 use serde::{Deserialize, Serialize};
 
 use crate::int::PyInt;
 use crate::value::Extras;
 
-/// Index of a frame in [`FrameTable`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct FrameId(pub u32);
+/// Defines an id type: an index stored plus one in a `NonZeroU32`, so `Option<Id>` takes 4
+/// bytes (a trace entry holds `Option<StackId>` and, in its rare part, `Option<StrId>`s).
+/// Serialized as the index (a `u32` newtype), as when the id was a plain `u32`.
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(NonZeroU32);
 
-/// Index of a stack (a list of frames) in [`StackTable`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct StackId(pub u32);
+        /// `StrId(3)`: the index, as when ids were plain indices.
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.index())
+            }
+        }
 
-/// Index of a string in [`StrTable`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct StrId(pub u32);
+        impl $name {
+            /// The id of the table entry at `index`.
+            ///
+            /// # Panics
+            /// When `index` is `u32::MAX` or more: no table holds that many entries (interning
+            /// 4 billion distinct values would take far more memory than a machine has).
+            #[inline]
+            pub fn from_index(index: usize) -> Self {
+                u32::try_from(index)
+                    .ok()
+                    .and_then(Self::try_from_index)
+                    .unwrap_or_else(|| panic!("{} index {index} does not fit an id", $what))
+            }
+
+            /// The id of the entry at `index`; `None` for `u32::MAX`, the one index an id
+            /// cannot hold.
+            #[inline]
+            pub const fn try_from_index(index: u32) -> Option<Self> {
+                match index.checked_add(1) {
+                    Some(n) => match NonZeroU32::new(n) {
+                        Some(n) => Some($name(n)),
+                        None => None,
+                    },
+                    None => None,
+                }
+            }
+
+            /// The index of the entry in its table.
+            #[inline]
+            pub const fn index(self) -> usize {
+                (self.0.get() - 1) as usize
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_newtype_struct(stringify!($name), &(self.index() as u32))
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                #[derive(Deserialize)]
+                #[serde(rename = $what)]
+                struct Index(u32);
+                let Index(index) = Index::deserialize(d)?;
+                $name::try_from_index(index).ok_or_else(|| {
+                    serde::de::Error::custom(format!("{} id {index} is out of range", $what))
+                })
+            }
+        }
+    };
+}
+
+id_type!(
+    /// Index of a frame in [`FrameTable`].
+    FrameId,
+    "frame"
+);
+
+id_type!(
+    /// Index of a stack (a list of frames) in [`StackTable`].
+    StackId,
+    "stack"
+);
+
+id_type!(
+    /// Index of a string in [`StrTable`].
+    StrId,
+    "string"
+);
 
 /// One stack frame: `{'name': ..., 'filename': ..., 'line': ...}`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -86,7 +164,7 @@ impl FrameTable {
             if let Some(&id) = self.index.get(&key) {
                 return id;
             }
-            let id = FrameId(self.frames.len() as u32);
+            let id = FrameId::from_index(self.frames.len());
             self.frames
                 .push(Frame::new(key.0.clone(), key.1.clone(), key.2.clone()));
             self.index.insert(key, id);
@@ -96,7 +174,7 @@ impl FrameTable {
             if let Some(&id) = self.index_with_extra.get(&key) {
                 return id;
             }
-            let id = FrameId(self.frames.len() as u32);
+            let id = FrameId::from_index(self.frames.len());
             self.frames.push(frame);
             self.index_with_extra.insert(key, id);
             id
@@ -104,7 +182,7 @@ impl FrameTable {
     }
 
     pub fn get(&self, id: FrameId) -> &Frame {
-        &self.frames[id.0 as usize]
+        &self.frames[id.index()]
     }
 
     pub fn len(&self) -> usize {
@@ -145,7 +223,7 @@ impl StackTable {
         if let Some(&id) = self.index.get(frames) {
             return id;
         }
-        let id = StackId((self.offsets.len() - 1) as u32);
+        let id = StackId::from_index(self.offsets.len() - 1);
         self.frame_ids.extend_from_slice(frames);
         self.offsets.push(self.frame_ids.len() as u32);
         self.index.insert(frames.into(), id);
@@ -154,7 +232,7 @@ impl StackTable {
 
     /// The frames of a stack, innermost first.
     pub fn get(&self, id: StackId) -> &[FrameId] {
-        let i = id.0 as usize;
+        let i = id.index();
         &self.frame_ids[self.offsets[i] as usize..self.offsets[i + 1] as usize]
     }
 
@@ -168,32 +246,61 @@ impl StackTable {
 
     pub fn iter(&self) -> impl Iterator<Item = (StackId, &[FrameId])> {
         (0..self.len()).map(|i| {
-            let id = StackId(i as u32);
+            let id = StackId::from_index(i);
             (id, self.get(id))
         })
     }
 }
 
 /// Repeated short strings (compile contexts, user metadata, unknown action names).
+///
+/// Ids are given in interning order (the order the msgpack format stores the table in). The
+/// table remembers the ids of the version defaults of `compile_context` (`"N/A"`) and
+/// `user_metadata` (`""`), which nearly every trace entry holds: an entry keeps only a flag for
+/// them (see [`crate::TraceEntry::compile_context`]).
 #[derive(Clone, Debug, Default)]
 pub struct StrTable {
     strings: Vec<Box<str>>,
     index: HashMap<Box<str>, StrId>,
+    compile_context_default: Option<StrId>,
+    user_metadata_default: Option<StrId>,
 }
+
+/// `compile_context` when compile-context recording was off.
+pub const COMPILE_CONTEXT_DEFAULT: &str = "N/A";
+/// `user_metadata` when none was set.
+pub const USER_METADATA_DEFAULT: &str = "";
 
 impl StrTable {
     pub fn intern(&mut self, s: &str) -> StrId {
         if let Some(&id) = self.index.get(s) {
             return id;
         }
-        let id = StrId(self.strings.len() as u32);
+        let id = StrId::from_index(self.strings.len());
         self.strings.push(s.into());
         self.index.insert(s.into(), id);
+        match s {
+            COMPILE_CONTEXT_DEFAULT => self.compile_context_default = Some(id),
+            USER_METADATA_DEFAULT => self.user_metadata_default = Some(id),
+            _ => {}
+        }
         id
     }
 
     pub fn get(&self, id: StrId) -> &str {
-        &self.strings[id.0 as usize]
+        &self.strings[id.index()]
+    }
+
+    /// The id of `"N/A"` ([`COMPILE_CONTEXT_DEFAULT`]), once interned.
+    #[inline]
+    pub fn compile_context_default(&self) -> Option<StrId> {
+        self.compile_context_default
+    }
+
+    /// The id of `""` ([`USER_METADATA_DEFAULT`]), once interned.
+    #[inline]
+    pub fn user_metadata_default(&self) -> Option<StrId> {
+        self.user_metadata_default
     }
 
     pub fn len(&self) -> usize {
@@ -249,11 +356,12 @@ mod tests {
     #[test]
     fn stacks_are_interned_by_their_frame_ids() {
         let mut stacks = StackTable::default();
-        let a = stacks.intern(&[FrameId(1), FrameId(2)]);
-        let b = stacks.intern(&[FrameId(1), FrameId(2)]);
+        let ids = [FrameId::from_index(1), FrameId::from_index(2)];
+        let a = stacks.intern(&ids);
+        let b = stacks.intern(&ids);
         let empty = stacks.intern(&[]);
         assert_eq!(a, b);
-        assert_eq!(stacks.get(a), &[FrameId(1), FrameId(2)]);
+        assert_eq!(stacks.get(a), &ids);
         assert!(stacks.get(empty).is_empty());
         assert_eq!(stacks.len(), 2);
     }

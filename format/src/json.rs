@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 
 use crate::error::{FormatError, Result};
 use crate::int::{ExactInts, IntField, PyInt};
-use crate::intern::{FrameId, StackId, StrId};
+use crate::intern::{FrameId, StackId, StrId, StrTable};
 use crate::model::*;
 use crate::schema::{self, Emit, EntryIn, Key, Setting, Source, Walk};
 use crate::value::{Extras, Value};
@@ -132,7 +132,7 @@ impl<'s> Writer<'s> {
     }
 
     fn stack(&mut self, id: StackId) -> Result<()> {
-        let slot = id.0 as usize;
+        let slot = id.index();
         if self.stack_text[slot].is_none() {
             let outer = std::mem::take(&mut self.out);
             let written = self.frames(id);
@@ -273,6 +273,11 @@ impl<'s> Emit<'s> for Writer<'s> {
 
     fn str(&mut self, s: &'s str) {
         Writer::str(self, s);
+    }
+
+    #[inline(always)]
+    fn strings(&self) -> Option<&'s crate::intern::StrTable> {
+        Some(&self.snap.strings)
     }
 
     fn str_id(&mut self, id: StrId) {
@@ -1053,6 +1058,11 @@ impl<'a> Parser<'a> {
 /// The JSON parser reads the schema ([`schema`]'s read side) from its tokens: it stands at
 /// each value as it is read.
 impl<'a> Source for Parser<'a> {
+    #[inline]
+    fn strings(&self) -> &StrTable {
+        &self.snap.strings
+    }
+
     type V = ();
     type Name = Cow<'a, str>;
 

@@ -286,40 +286,239 @@ impl HistoryItem {
 }
 
 /// One event of a device trace.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// 48 bytes (a 10M-entry trace is 480 MB): what nearly every entry has is stored inline, the
+/// rest in [`EntryRare`]. `time_us` is stored with a sentinel for "absent",
+/// `compile_context` and `user_metadata` as flags when they hold their version default (`"N/A"`,
+/// `""`: nearly every real entry), an unknown action's name in the rare part. Read and set
+/// those through the methods ([`TraceEntry::time_us`], [`TraceEntry::compile_context`],
+/// [`TraceEntry::action_name`], ...).
+#[derive(Clone, Debug, PartialEq)]
 pub struct TraceEntry {
-    pub action: Action,
     /// Block or segment address; 0 for `snapshot`; 0 and absent for `oom` (see [`EntryRare`]).
     pub addr: u64,
     /// Requested bytes for alloc/free, segment bytes for segment events, active bytes for
     /// `snapshot`, the rounded request for `oom`.
     pub size: u64,
     pub stream: i64,
-    /// Microseconds since the Unix epoch (2.2+).
-    pub time_us: Option<i64>,
-    /// 2.8+; `"N/A"` unless compile-context recording was on.
-    pub compile_context: Option<StrId>,
-    /// 2.10+; `""` by default.
-    pub user_metadata: Option<StrId>,
-    /// Present only when the entry has a context.
-    pub frames: Option<StackId>,
+    /// Microseconds since the Unix epoch (2.2+); [`NO_TIME`] when absent (a file that holds
+    /// that very value says so in [`EntryRare::time_us_is_sentinel`]).
+    time_us: i64,
     /// Keys few entries have, boxed to keep the common entry small.
     pub rare: Option<Box<EntryRare>>,
+    /// Present only when the entry has a context.
+    pub frames: Option<StackId>,
+    /// [`Action::Other`]'s name is [`EntryRare::other_action`].
+    pub action: Action,
+    /// Which of `compile_context` / `user_metadata` the entry has, and whether it holds the
+    /// version default (otherwise the value is in [`EntryRare`]).
+    strs: EntryStrs,
+}
+
+/// `time_us` of an entry without the key.
+const NO_TIME: i64 = i64::MIN;
+
+/// Bits of [`TraceEntry::strs`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct EntryStrs(u8);
+
+impl EntryStrs {
+    const COMPILE_CONTEXT: u8 = 1;
+    const COMPILE_CONTEXT_IS_DEFAULT: u8 = 2;
+    const USER_METADATA: u8 = 4;
+    const USER_METADATA_IS_DEFAULT: u8 = 8;
+
+    #[inline]
+    fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+
+    #[inline]
+    fn set(&mut self, bit: u8, on: bool) {
+        if on {
+            self.0 |= bit;
+        } else {
+            self.0 &= !bit;
+        }
+    }
 }
 
 impl TraceEntry {
     /// A bare entry with the given action, address, size and stream.
+    ///
+    /// For an action this version does not know, use [`TraceEntry::set_other_action`].
     pub fn new(action: Action, addr: u64, size: u64, stream: i64) -> Self {
         TraceEntry {
-            action,
             addr,
             size,
             stream,
-            time_us: None,
-            compile_context: None,
-            user_metadata: None,
-            frames: None,
+            time_us: NO_TIME,
             rare: None,
+            frames: None,
+            action,
+            strs: EntryStrs::default(),
+        }
+    }
+
+    /// The action's name as written in the file (`""` for an [`Action::Other`] set without
+    /// [`TraceEntry::set_other_action`], which `compare::check_ids` reports).
+    pub fn action_name<'a>(&self, strings: &'a StrTable) -> &'a str {
+        match self.action.known_name() {
+            Some(name) => name,
+            None => self.other_action().map_or("", |id| strings.get(id)),
+        }
+    }
+
+    /// The interned name of an [`Action::Other`] (`None` for a known action).
+    pub fn other_action(&self) -> Option<StrId> {
+        match self.action {
+            Action::Other => self.rare.as_ref().and_then(|r| r.other_action),
+            _ => None,
+        }
+    }
+
+    /// Makes the action one this version does not know, named `name`.
+    pub fn set_other_action(&mut self, name: StrId) {
+        self.action = Action::Other;
+        self.rare_mut().other_action = Some(name);
+    }
+
+    /// `time_us` (2.2+), `None` when the entry has no such key.
+    #[inline]
+    pub fn time_us(&self) -> Option<i64> {
+        if self.time_us != NO_TIME {
+            Some(self.time_us)
+        } else if self.rare.as_ref().is_some_and(|r| r.time_us_is_sentinel) {
+            Some(NO_TIME)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    pub fn set_time_us(&mut self, time_us: Option<i64>) {
+        self.time_us = time_us.unwrap_or(NO_TIME);
+        let sentinel = time_us == Some(NO_TIME);
+        if sentinel {
+            self.rare_mut().time_us_is_sentinel = true;
+        } else if let Some(r) = &mut self.rare {
+            r.time_us_is_sentinel = false;
+        }
+    }
+
+    /// `compile_context` (2.8+): `None` when the entry has no such key. `strings` is the
+    /// snapshot's table (the default `"N/A"` is kept as a flag, its id is the table's).
+    #[inline]
+    pub fn compile_context(&self, strings: &StrTable) -> Option<StrId> {
+        self.entry_str(
+            EntryStrs::COMPILE_CONTEXT,
+            EntryStrs::COMPILE_CONTEXT_IS_DEFAULT,
+            || strings.compile_context_default(),
+            |r| r.compile_context,
+        )
+    }
+
+    /// `user_metadata` (2.10+): `None` when the entry has no such key. `strings` is the
+    /// snapshot's table (the default `""` is kept as a flag, its id is the table's).
+    #[inline]
+    pub fn user_metadata(&self, strings: &StrTable) -> Option<StrId> {
+        self.entry_str(
+            EntryStrs::USER_METADATA,
+            EntryStrs::USER_METADATA_IS_DEFAULT,
+            || strings.user_metadata_default(),
+            |r| r.user_metadata,
+        )
+    }
+
+    /// Whether the entry has a `compile_context` key.
+    #[inline]
+    pub fn has_compile_context(&self) -> bool {
+        self.strs.has(EntryStrs::COMPILE_CONTEXT)
+    }
+
+    /// Whether the entry has a `user_metadata` key.
+    #[inline]
+    pub fn has_user_metadata(&self) -> bool {
+        self.strs.has(EntryStrs::USER_METADATA)
+    }
+
+    /// Sets `compile_context` to `value`, an id of `strings` (the snapshot's table).
+    #[inline]
+    pub fn set_compile_context(&mut self, value: Option<StrId>, strings: &StrTable) {
+        self.set_compile_context_given_default(value, strings.compile_context_default());
+    }
+
+    /// Sets `user_metadata` to `value`, an id of `strings` (the snapshot's table).
+    #[inline]
+    pub fn set_user_metadata(&mut self, value: Option<StrId>, strings: &StrTable) {
+        self.set_user_metadata_given_default(value, strings.user_metadata_default());
+    }
+
+    /// [`TraceEntry::set_compile_context`] where the caller knows the id of `"N/A"`.
+    #[inline]
+    pub(crate) fn set_compile_context_given_default(
+        &mut self,
+        value: Option<StrId>,
+        default: Option<StrId>,
+    ) {
+        self.set_entry_str(
+            value,
+            default,
+            EntryStrs::COMPILE_CONTEXT,
+            EntryStrs::COMPILE_CONTEXT_IS_DEFAULT,
+            |r| &mut r.compile_context,
+        );
+    }
+
+    /// [`TraceEntry::set_user_metadata`] where the caller knows the id of `""`.
+    #[inline]
+    pub(crate) fn set_user_metadata_given_default(
+        &mut self,
+        value: Option<StrId>,
+        default: Option<StrId>,
+    ) {
+        self.set_entry_str(
+            value,
+            default,
+            EntryStrs::USER_METADATA,
+            EntryStrs::USER_METADATA_IS_DEFAULT,
+            |r| &mut r.user_metadata,
+        );
+    }
+
+    #[inline]
+    fn entry_str(
+        &self,
+        present: u8,
+        is_default: u8,
+        default: impl FnOnce() -> Option<StrId>,
+        rare: impl FnOnce(&EntryRare) -> Option<StrId>,
+    ) -> Option<StrId> {
+        if !self.strs.has(present) {
+            None
+        } else if self.strs.has(is_default) {
+            default()
+        } else {
+            self.rare.as_deref().and_then(rare)
+        }
+    }
+
+    #[inline]
+    fn set_entry_str(
+        &mut self,
+        value: Option<StrId>,
+        default: Option<StrId>,
+        present: u8,
+        is_default: u8,
+        rare: impl Fn(&mut EntryRare) -> &mut Option<StrId>,
+    ) {
+        let is_the_default = value.is_some() && value == default;
+        self.strs.set(present, value.is_some());
+        self.strs.set(is_default, is_the_default);
+        if value.is_some() && !is_the_default {
+            *rare(self.rare_mut()) = value;
+        } else if let Some(r) = &mut self.rare {
+            *rare(r) = None;
         }
     }
 
@@ -347,7 +546,7 @@ impl TraceEntry {
             IntField::DeviceFree => self.device_free()?,
             IntField::Size => self.size,
             IntField::Stream => self.stream as u64,
-            IntField::TimeUs => self.time_us? as u64,
+            IntField::TimeUs => self.time_us()? as u64,
             _ => return None,
         };
         Some(match &self.rare {
@@ -363,7 +562,7 @@ impl TraceEntry {
 }
 
 /// Trace-entry keys that few entries carry.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EntryRare {
     /// `oom`: free device bytes, written in place of `addr`.
     pub device_free: Option<u64>,
@@ -379,8 +578,31 @@ pub struct EntryRare {
     pub extra: Extras,
     /// Exact values of the entry's int fields where the typed field differs (see
     /// [`crate::int`]; kept here so the common entry stays small).
-    #[serde(default, skip_serializing_if = "ExactInts::is_empty")]
     pub exact: ExactInts,
+    /// The name of an [`Action::Other`].
+    pub other_action: Option<StrId>,
+    /// A `compile_context` other than `"N/A"` (set through
+    /// [`TraceEntry::set_compile_context`]).
+    pub compile_context: Option<StrId>,
+    /// A `user_metadata` other than `""` (set through [`TraceEntry::set_user_metadata`]).
+    pub user_metadata: Option<StrId>,
+    /// `time_us` is present and is `i64::MIN`, the value the entry uses for "absent".
+    pub time_us_is_sentinel: bool,
+}
+
+impl EntryRare {
+    /// Whether it holds only what an entry keeps here to stay small (an unknown action's name,
+    /// a non-default `compile_context` or `user_metadata`, the `time_us` sentinel flag): the
+    /// keys that were inline before the entry shrank, so msgpack writes no rare part for it.
+    pub fn holds_only_moved_fields(&self) -> bool {
+        self.device_free.is_none()
+            && !self.no_addr
+            && self.internal_metadata.is_none()
+            && self.forward_frames.is_none()
+            && !self.legacy_frames_first
+            && self.extra.is_empty()
+            && self.exact.is_empty()
+    }
 }
 
 /// Trace actions (`TraceEntry::Action` in PyTorch).
@@ -398,8 +620,9 @@ pub enum Action {
     Annotate,
     /// Never written by PyTorch; its viewer merges a free pair into it.
     Free,
-    /// An action name this version does not know, passed through.
-    Other(StrId),
+    /// An action name this version does not know, passed through; the name is the entry's
+    /// ([`TraceEntry::other_action`]).
+    Other,
 }
 
 impl Action {
@@ -421,9 +644,10 @@ impl Action {
         })
     }
 
-    /// The action's name as written in the file.
-    pub fn name<'a>(&self, strings: &'a StrTable) -> &'a str {
-        match self {
+    /// The name of a known action as written in the file; `None` for [`Action::Other`] (whose
+    /// name [`TraceEntry::action_name`] gives).
+    pub fn known_name(&self) -> Option<&'static str> {
+        Some(match self {
             Action::Alloc => "alloc",
             Action::FreeRequested => "free_requested",
             Action::FreeCompleted => "free_completed",
@@ -435,8 +659,8 @@ impl Action {
             Action::Oom => "oom",
             Action::Annotate => "annotate",
             Action::Free => "free",
-            Action::Other(id) => strings.get(*id),
-        }
+            Action::Other => return None,
+        })
     }
 }
 
@@ -585,5 +809,63 @@ impl Snapshot {
         devices.sort_unstable();
         devices.dedup();
         devices
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What keeps the entry at 48 bytes (pinned in `tests/it/numbers.rs`).
+    #[test]
+    fn optional_ids_take_4_bytes() {
+        assert_eq!(std::mem::size_of::<Option<StrId>>(), 4);
+        assert_eq!(std::mem::size_of::<Option<StackId>>(), 4);
+    }
+
+    #[test]
+    fn entry_strings_keep_defaults_as_flags_and_others_in_the_rare_part() {
+        let mut strings = StrTable::default();
+        let own = strings.intern("ctx");
+        let na = strings.intern("N/A");
+        let blank = strings.intern("");
+        let mut e = TraceEntry::new(Action::Alloc, 1, 2, 3);
+        e.set_compile_context(Some(na), &strings);
+        e.set_user_metadata(Some(blank), &strings);
+        assert_eq!(e.compile_context(&strings), Some(na));
+        assert_eq!(e.user_metadata(&strings), Some(blank));
+        assert!(e.rare.is_none());
+        e.set_compile_context(Some(own), &strings);
+        assert_eq!(e.compile_context(&strings), Some(own));
+        assert_eq!(e.user_metadata(&strings), Some(blank));
+        e.set_compile_context(None, &strings);
+        assert_eq!(e.compile_context(&strings), None);
+        assert!(!e.has_compile_context());
+        assert!(e.rare.as_ref().unwrap().holds_only_moved_fields());
+    }
+
+    #[test]
+    fn a_time_of_i64_min_is_kept_apart_from_no_time() {
+        let mut e = TraceEntry::new(Action::Alloc, 1, 2, 3);
+        assert_eq!(e.time_us(), None);
+        e.set_time_us(Some(i64::MIN));
+        assert_eq!(e.time_us(), Some(i64::MIN));
+        assert_eq!(e.exact_int(IntField::TimeUs), Some(PyInt::from(i64::MIN)));
+        e.set_time_us(None);
+        assert_eq!(e.time_us(), None);
+        e.set_time_us(Some(-1));
+        assert_eq!(e.time_us(), Some(-1));
+    }
+
+    #[test]
+    fn an_unknown_action_is_named_by_its_entry() {
+        let mut strings = StrTable::default();
+        let name = strings.intern("future_action");
+        let mut e = TraceEntry::new(Action::Alloc, 1, 2, 3);
+        assert_eq!(e.action_name(&strings), "alloc");
+        e.set_other_action(name);
+        assert_eq!(e.action, Action::Other);
+        assert_eq!(e.action_name(&strings), "future_action");
+        assert_eq!(e.other_action(), Some(name));
     }
 }

@@ -13,7 +13,10 @@
 //!
 //! The body is the serde encoding of the model types, so **any change to the fields of the
 //! model must bump [`FORMAT_VERSION`]**; a reader refuses versions it does not know rather than
-//! misreading them. The header (a map whose first key is `"memsnap_msgpack"`, bytes
+//! misreading them. Trace entries are the exception that proves it: the in-memory
+//! [`TraceEntry`] is compact (flags, sentinels, an unknown action's name in its rare part), and
+//! this module writes and reads it through wire types that are the earlier entry field for
+//! field, so files stayed as they were. The header (a map whose first key is `"memsnap_msgpack"`, bytes
 //! `82 af 6d 65 6d ...`) is what [`looks_like`] detects; it cannot be mistaken for a pickle,
 //! which starts `80 02`..`80 05`.
 //!
@@ -31,12 +34,18 @@
 //! checked (`device_traces[0][17].frames: stack id 99 is out of range (12 stacks)`), and tables
 //! with duplicate entries are refused, so no lookup can panic later.
 
+use std::fmt;
 use std::io::Cursor;
 
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{FormatError, Result};
-use crate::intern::{Frame, FrameId};
+use crate::int::ExactInts;
+use crate::intern::{
+    Frame, FrameId, StackId, StrId, StrTable, COMPILE_CONTEXT_DEFAULT, USER_METADATA_DEFAULT,
+};
 use crate::model::*;
 use crate::value::{Extras, Value};
 
@@ -73,7 +82,7 @@ struct BodyRef<'a> {
     stacks: Vec<&'a [FrameId]>,
     shape: Shape,
     segments: &'a [Segment],
-    device_traces: &'a Option<Vec<Vec<TraceEntry>>>,
+    device_traces: TracesOut<'a>,
     allocator_settings: &'a Option<AllocatorSettings>,
     external_annotations: &'a Option<Vec<Annotation>>,
     host_segments: &'a Option<Value>,
@@ -87,14 +96,17 @@ impl<'a> BodyRef<'a> {
     fn of(snapshot: &'a Snapshot) -> Self {
         let strings = &snapshot.strings;
         BodyRef {
-            strings: (0..strings.len() as u32)
-                .map(|i| strings.get(crate::StrId(i)))
+            strings: (0..strings.len())
+                .map(|i| strings.get(StrId::from_index(i)))
                 .collect(),
             frames: snapshot.frames.iter().collect(),
             stacks: snapshot.stacks.iter().map(|(_, s)| s).collect(),
             shape: snapshot.shape,
             segments: &snapshot.segments,
-            device_traces: &snapshot.device_traces,
+            device_traces: TracesOut {
+                traces: &snapshot.device_traces,
+                strings,
+            },
             allocator_settings: &snapshot.allocator_settings,
             external_annotations: &snapshot.external_annotations,
             host_segments: &snapshot.host_segments,
@@ -105,7 +117,6 @@ impl<'a> BodyRef<'a> {
     }
 }
 
-#[derive(Deserialize)]
 struct Body {
     strings: Vec<String>,
     frames: Vec<Frame>,
@@ -119,6 +130,398 @@ struct Body {
     host_traces: Option<Value>,
     recorder_info: Option<RecorderInfo>,
     extra: Extras,
+}
+
+// ------------------------------------------------------------ trace entries on the wire
+//
+// A `TraceEntry` keeps `time_us`, `compile_context`, `user_metadata` and an unknown action's
+// name in a compact form (see `model::TraceEntry`); the file keeps the form the derived serde
+// of the earlier, 80-byte entry wrote: `EntryWire` and `RareWire` are that struct, field for
+// field, so files are unchanged and no version bump was needed. Turning an entry into its
+// wire form needs the ids of the default strings, so traces are written and read with the
+// string table at hand.
+
+/// A known action, or the id of an unknown action's name.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "Action")]
+enum ActionWire {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    Annotate,
+    Free,
+    Other(StrId),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "TraceEntry")]
+struct EntryWire<R> {
+    action: ActionWire,
+    addr: u64,
+    size: u64,
+    stream: i64,
+    time_us: Option<i64>,
+    compile_context: Option<StrId>,
+    user_metadata: Option<StrId>,
+    frames: Option<StackId>,
+    rare: Option<R>,
+}
+
+/// [`EntryRare`] as written: the keys other than those the entry moved into it.
+#[derive(Serialize)]
+#[serde(rename = "EntryRare")]
+struct RareOut<'a> {
+    device_free: Option<u64>,
+    no_addr: bool,
+    internal_metadata: Option<StrId>,
+    forward_frames: &'a Option<Vec<String>>,
+    legacy_frames_first: bool,
+    extra: &'a Extras,
+    #[serde(skip_serializing_if = "no_exact_ints")]
+    exact: &'a ExactInts,
+}
+
+fn no_exact_ints(exact: &&ExactInts) -> bool {
+    exact.is_empty()
+}
+
+#[derive(Deserialize)]
+#[serde(rename = "EntryRare")]
+struct RareIn {
+    device_free: Option<u64>,
+    no_addr: bool,
+    internal_metadata: Option<StrId>,
+    forward_frames: Option<Vec<String>>,
+    legacy_frames_first: bool,
+    extra: Extras,
+    #[serde(default)]
+    exact: ExactInts,
+}
+
+/// `None` for an [`Action::Other`] without its name (which `check_ids` refuses before writing).
+fn action_wire(e: &TraceEntry) -> Option<ActionWire> {
+    Some(match e.action {
+        Action::Alloc => ActionWire::Alloc,
+        Action::FreeRequested => ActionWire::FreeRequested,
+        Action::FreeCompleted => ActionWire::FreeCompleted,
+        Action::SegmentAlloc => ActionWire::SegmentAlloc,
+        Action::SegmentFree => ActionWire::SegmentFree,
+        Action::SegmentMap => ActionWire::SegmentMap,
+        Action::SegmentUnmap => ActionWire::SegmentUnmap,
+        Action::Snapshot => ActionWire::Snapshot,
+        Action::Oom => ActionWire::Oom,
+        Action::Annotate => ActionWire::Annotate,
+        Action::Free => ActionWire::Free,
+        Action::Other => ActionWire::Other(e.other_action()?),
+    })
+}
+
+/// `device_traces` as written, entries in their wire form.
+struct TracesOut<'a> {
+    traces: &'a Option<Vec<Vec<TraceEntry>>>,
+    strings: &'a StrTable,
+}
+
+impl Serialize for TracesOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        struct Trace<'a>(&'a [TraceEntry], &'a StrTable);
+        impl Serialize for Trace<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                let mut seq = s.serialize_seq(Some(self.0.len()))?;
+                for e in self.0 {
+                    let wire = entry_out(e, self.1).ok_or_else(|| {
+                        serde::ser::Error::custom("an unknown action without its name")
+                    })?;
+                    seq.serialize_element(&wire)?;
+                }
+                seq.end()
+            }
+        }
+        struct All<'a>(&'a [Vec<TraceEntry>], &'a StrTable);
+        impl Serialize for All<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.iter().map(|t| Trace(t, self.1)))
+            }
+        }
+        match self.traces {
+            None => s.serialize_none(),
+            Some(traces) => s.serialize_some(&All(traces, self.strings)),
+        }
+    }
+}
+
+fn entry_out<'a>(e: &'a TraceEntry, strings: &StrTable) -> Option<EntryWire<RareOut<'a>>> {
+    Some(EntryWire {
+        action: action_wire(e)?,
+        addr: e.addr,
+        size: e.size,
+        stream: e.stream,
+        time_us: e.time_us(),
+        compile_context: e.compile_context(strings),
+        user_metadata: e.user_metadata(strings),
+        frames: e.frames,
+        rare: e
+            .rare
+            .as_deref()
+            .filter(|r| !r.holds_only_moved_fields())
+            .map(|r| RareOut {
+                device_free: r.device_free,
+                no_addr: r.no_addr,
+                internal_metadata: r.internal_metadata,
+                forward_frames: &r.forward_frames,
+                legacy_frames_first: r.legacy_frames_first,
+                extra: &r.extra,
+                exact: &r.exact,
+            }),
+    })
+}
+
+/// The field names of a trace entry and of its rare part as written (for the schema's test
+/// that msgpack writes nothing the schema does not know).
+#[cfg(test)]
+pub(crate) fn trace_entry_wire_fields() -> Vec<String> {
+    let mut strings = StrTable::default();
+    let id = strings.intern("x");
+    let mut entry = TraceEntry::new(Action::Alloc, 1, 2, 3);
+    entry.rare_mut().device_free = Some(1);
+    entry.rare_mut().internal_metadata = Some(id);
+    entry.rare_mut().forward_frames = Some(vec![]);
+    entry
+        .rare_mut()
+        .exact
+        .set(crate::IntField::Size, Some(crate::PyInt::from(-1i64)));
+    let wire = entry_out(&entry, &strings).unwrap();
+    let keys = |v: serde_json::Value| match v {
+        serde_json::Value::Object(map) => map.keys().cloned().collect::<Vec<_>>(),
+        other => panic!("not a struct: {other:?}"),
+    };
+    let mut fields = keys(serde_json::to_value(&wire).unwrap());
+    fields.extend(keys(serde_json::to_value(&wire.rare).unwrap()));
+    fields
+}
+
+/// The file ids of the default strings, which entries keep as flags.
+#[derive(Clone, Copy)]
+struct DefaultStrs {
+    compile_context: Option<StrId>,
+    user_metadata: Option<StrId>,
+}
+
+impl DefaultStrs {
+    /// The first occurrence of each default in the file's string table (a table with
+    /// repeats is refused after decoding).
+    fn of(strings: &[String]) -> Self {
+        let find = |text: &str| {
+            strings
+                .iter()
+                .position(|s| s == text)
+                .map(StrId::from_index)
+        };
+        DefaultStrs {
+            compile_context: find(COMPILE_CONTEXT_DEFAULT),
+            user_metadata: find(USER_METADATA_DEFAULT),
+        }
+    }
+
+    fn entry(self, wire: EntryWire<RareIn>) -> TraceEntry {
+        let mut other_action = None;
+        let action = match wire.action {
+            ActionWire::Alloc => Action::Alloc,
+            ActionWire::FreeRequested => Action::FreeRequested,
+            ActionWire::FreeCompleted => Action::FreeCompleted,
+            ActionWire::SegmentAlloc => Action::SegmentAlloc,
+            ActionWire::SegmentFree => Action::SegmentFree,
+            ActionWire::SegmentMap => Action::SegmentMap,
+            ActionWire::SegmentUnmap => Action::SegmentUnmap,
+            ActionWire::Snapshot => Action::Snapshot,
+            ActionWire::Oom => Action::Oom,
+            ActionWire::Annotate => Action::Annotate,
+            ActionWire::Free => Action::Free,
+            ActionWire::Other(id) => {
+                other_action = Some(id);
+                Action::Other
+            }
+        };
+        let mut e = TraceEntry::new(action, wire.addr, wire.size, wire.stream);
+        e.frames = wire.frames;
+        e.rare = wire.rare.map(|r| {
+            Box::new(EntryRare {
+                device_free: r.device_free,
+                no_addr: r.no_addr,
+                internal_metadata: r.internal_metadata,
+                forward_frames: r.forward_frames,
+                legacy_frames_first: r.legacy_frames_first,
+                extra: r.extra,
+                exact: r.exact,
+                ..EntryRare::default()
+            })
+        });
+        if let Some(id) = other_action {
+            e.set_other_action(id);
+        }
+        e.set_time_us(wire.time_us);
+        // The defaults' ids of the file: an entry refers to its table's ids, and the table
+        // is interned from the file's strings in order (ids unchanged).
+        e.set_compile_context_given_default(wire.compile_context, self.compile_context);
+        e.set_user_metadata_given_default(wire.user_metadata, self.user_metadata);
+        e
+    }
+}
+
+/// Reads `Option<Vec<Vec<TraceEntry>>>` in wire form, converting entry by entry (so the
+/// decoded trace is never held twice).
+struct TracesSeed(DefaultStrs);
+
+impl<'de> DeserializeSeed<'de> for TracesSeed {
+    type Value = Option<Vec<Vec<TraceEntry>>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TracesSeed {
+    type Value = Option<Vec<Vec<TraceEntry>>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("device_traces: nil or a list of traces")
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_seq(ListSeed(TraceSeed(self.0))).map(Some)
+    }
+}
+
+/// A list whose items `T` reads.
+struct ListSeed<T>(T);
+
+impl<'de, T: DeserializeSeed<'de> + Copy> DeserializeSeed<'de> for ListSeed<T> {
+    type Value = Vec<T::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: DeserializeSeed<'de> + Copy> Visitor<'de> for ListSeed<T> {
+    type Value = Vec<T::Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        // The length is checked against the bytes left, not against memory: reserve a
+        // bounded amount, as serde's own `Vec` does.
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+        while let Some(item) = seq.next_element_seed(self.0)? {
+            items.push(item);
+        }
+        Ok(items)
+    }
+}
+
+/// One trace: a list of entries.
+#[derive(Clone, Copy)]
+struct TraceSeed(DefaultStrs);
+
+impl<'de> DeserializeSeed<'de> for TraceSeed {
+    type Value = Vec<TraceEntry>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_seq(ListSeed(EntrySeed(self.0)))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct EntrySeed(DefaultStrs);
+
+impl<'de> DeserializeSeed<'de> for EntrySeed {
+    type Value = TraceEntry;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        EntryWire::<RareIn>::deserialize(d).map(|wire| self.0.entry(wire))
+    }
+}
+
+const BODY_FIELDS: &[&str] = &[
+    "strings",
+    "frames",
+    "stacks",
+    "shape",
+    "segments",
+    "device_traces",
+    "allocator_settings",
+    "external_annotations",
+    "host_segments",
+    "host_traces",
+    "recorder_info",
+    "extra",
+];
+
+impl<'de> Deserialize<'de> for Body {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_struct("Body", BODY_FIELDS, BodyVisitor)
+    }
+}
+
+struct BodyVisitor;
+
+fn missing_field<E: serde::de::Error>(name: &str) -> E {
+    E::custom(format!("the snapshot has no `{name}` field"))
+}
+
+impl<'de> Visitor<'de> for BodyVisitor {
+    type Value = Body;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "the snapshot as a list of {} fields", BODY_FIELDS.len())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Body, A::Error> {
+        fn next<'de, T: Deserialize<'de>, A: SeqAccess<'de>>(
+            seq: &mut A,
+            name: &str,
+        ) -> std::result::Result<T, A::Error> {
+            seq.next_element()?
+                .ok_or_else(|| missing_field::<A::Error>(name))
+        }
+        let strings: Vec<String> = next(&mut seq, "strings")?;
+        let defaults = DefaultStrs::of(&strings);
+        Ok(Body {
+            frames: next(&mut seq, "frames")?,
+            stacks: next(&mut seq, "stacks")?,
+            shape: next(&mut seq, "shape")?,
+            segments: next(&mut seq, "segments")?,
+            device_traces: seq
+                .next_element_seed(TracesSeed(defaults))?
+                .ok_or_else(|| missing_field::<A::Error>("device_traces"))?,
+            allocator_settings: next(&mut seq, "allocator_settings")?,
+            external_annotations: next(&mut seq, "external_annotations")?,
+            host_segments: next(&mut seq, "host_segments")?,
+            host_traces: next(&mut seq, "host_traces")?,
+            recorder_info: next(&mut seq, "recorder_info")?,
+            extra: next(&mut seq, "extra")?,
+            strings,
+        })
+    }
 }
 
 fn msgpack_error(what: impl Into<String>) -> FormatError {
@@ -199,7 +602,7 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot> {
 fn build(body: Body) -> Result<Snapshot> {
     let mut snap = Snapshot::default();
     for (i, s) in body.strings.iter().enumerate() {
-        if snap.strings.intern(s).0 as usize != i {
+        if snap.strings.intern(s).index() != i {
             return Err(FormatError::Schema {
                 path: format!("strings[{i}]"),
                 what: "repeats an earlier string".into(),
@@ -207,7 +610,7 @@ fn build(body: Body) -> Result<Snapshot> {
         }
     }
     for (i, frame) in body.frames.into_iter().enumerate() {
-        if snap.frames.intern(frame).0 as usize != i {
+        if snap.frames.intern(frame).index() != i {
             return Err(FormatError::Schema {
                 path: format!("frames[{i}]"),
                 what: "repeats an earlier frame".into(),
@@ -219,14 +622,17 @@ fn build(body: Body) -> Result<Snapshot> {
         if let Some((j, f)) = stack
             .iter()
             .enumerate()
-            .find(|(_, f)| f.0 as usize >= frame_count)
+            .find(|(_, f)| f.index() >= frame_count)
         {
             return Err(FormatError::Schema {
                 path: format!("stacks[{i}][{j}]"),
-                what: format!("frame id {} is out of range ({frame_count} frames)", f.0),
+                what: format!(
+                    "frame id {} is out of range ({frame_count} frames)",
+                    f.index()
+                ),
             });
         }
-        if snap.stacks.intern(stack).0 as usize != i {
+        if snap.stacks.intern(stack).index() != i {
             return Err(FormatError::Schema {
                 path: format!("stacks[{i}]"),
                 what: "repeats an earlier stack".into(),
@@ -392,7 +798,7 @@ mod tests {
         traces[1] = vec![entry.clone(), entry.clone()];
         assert!(read(&encode_unchecked(&snap)).is_ok());
 
-        snap.device_traces.as_mut().unwrap()[1][1].frames = Some(crate::StackId(7));
+        snap.device_traces.as_mut().unwrap()[1][1].frames = Some(StackId::from_index(7));
         match read(&encode_unchecked(&snap)) {
             Err(FormatError::Schema { path, what }) => {
                 assert_eq!(path, "device_traces[1][1].frames");
@@ -401,13 +807,38 @@ mod tests {
             other => panic!("{other:?}"),
         }
         snap.device_traces.as_mut().unwrap()[1][1].frames = Some(stack);
-        snap.device_traces.as_mut().unwrap()[1][0].user_metadata = Some(crate::StrId(3));
+        let dangling = StrId::from_index(3);
+        snap.device_traces.as_mut().unwrap()[1][0].set_user_metadata(Some(dangling), &snap.strings);
         match read(&encode_unchecked(&snap)) {
             Err(FormatError::Schema { path, .. }) => {
                 assert_eq!(path, "device_traces[1][0].user_metadata")
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Ids are stored as index + 1 since `Option<StackId>` became 4 bytes: the one index that
+    /// does not fit, `u32::MAX`, must be refused, not panic or wrap to index 0 (a valid id).
+    #[test]
+    fn an_id_of_u32_max_is_refused() {
+        let mut snap = Snapshot::new(1);
+        let stack = snap.intern_stack([Frame::new("f", "a.py", 1)]);
+        let mut entry = TraceEntry::new(Action::Alloc, 4096, 10, 0);
+        entry.frames = Some(stack);
+        snap.device_traces.as_mut().unwrap()[0] = vec![entry.clone()];
+        assert!(read(&encode_unchecked(&snap)).is_ok(), "id 0 reads");
+
+        snap.device_traces.as_mut().unwrap()[0][0].frames = Some(StackId::from_index(0x7fff_fffe));
+        let mut bytes = encode_unchecked(&snap);
+        let marker = [0xce, 0x7f, 0xff, 0xff, 0xfe];
+        let at = bytes.windows(5).position(|w| w == marker).unwrap();
+        bytes[at + 1..at + 5].copy_from_slice(&[0xff; 4]);
+        let err = read(&bytes).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("stack id 4294967295 is out of range"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -32,7 +32,9 @@ use std::convert::Infallible;
 
 use crate::error::{FormatError, Result};
 use crate::int::{ExactInts, IntField, PyInt};
-use crate::intern::{Frame, StackId, StrId};
+use crate::intern::{
+    Frame, StackId, StrId, StrTable, COMPILE_CONTEXT_DEFAULT, USER_METADATA_DEFAULT,
+};
 use crate::model::*;
 use crate::value::{Extras, Value};
 
@@ -229,6 +231,9 @@ pub(crate) trait Emit<'s> {
     fn bool(&mut self, v: bool);
     fn str(&mut self, s: &'s str);
     fn str_id(&mut self, id: StrId);
+    /// The snapshot's string table, which gives the ids of the defaults a trace entry keeps
+    /// as flags (`TraceEntry::compile_context`); `None` for emitters that write no values.
+    fn strings(&self) -> Option<&'s StrTable>;
     /// A `frames` list.
     fn stack(&mut self, id: StackId) -> Result<(), Self::Error>;
     /// A generic value (under an unknown key, or the 2.14+ host keys).
@@ -293,6 +298,10 @@ impl<'s> Emit<'s> for Counter {
     fn str(&mut self, _: &'s str) {}
     #[inline(always)]
     fn str_id(&mut self, _: StrId) {}
+    #[inline(always)]
+    fn strings(&self) -> Option<&'s StrTable> {
+        None
+    }
     #[inline(always)]
     fn stack(&mut self, _: StackId) -> Result<(), Infallible> {
         Ok(())
@@ -611,8 +620,8 @@ impl<'s> Walk<'s> for TraceEntry {
 
 /// The action's name: a known one as its [`Key`].
 #[inline(always)]
-fn action<'s, E: Emit<'s>>(w: &mut E, a: Action) {
-    let key = match a {
+fn action<'s, E: Emit<'s>>(w: &mut E, e: &TraceEntry) {
+    let key = match e.action {
         Action::Alloc => Key::a_alloc,
         Action::FreeRequested => Key::a_free_requested,
         Action::FreeCompleted => Key::a_free_completed,
@@ -624,7 +633,15 @@ fn action<'s, E: Emit<'s>>(w: &mut E, a: Action) {
         Action::Oom => Key::a_oom,
         Action::Annotate => Key::a_annotate,
         Action::Free => Key::a_free,
-        Action::Other(id) => return w.str_id(id),
+        Action::Other => {
+            // Without its name (code that set `Action::Other` directly; `check_ids` refuses
+            // it) the key still gets a value: `action_name`'s "".
+            match e.other_action() {
+                Some(id) => w.str_id(id),
+                None => w.str(""),
+            }
+            return;
+        }
     };
     w.known(key);
 }
@@ -646,7 +663,7 @@ fn entry_fields<'s, E: Emit<'s>>(w: &mut E, e: &'s TraceEntry) -> Result<(), E::
         }
     }
     w.key(Key::action);
-    action(w, e.action);
+    action(w, e);
     let x = rare.map(|r| &r.exact);
     if e.has_addr() {
         w.key(Key::addr);
@@ -660,12 +677,27 @@ fn entry_fields<'s, E: Emit<'s>>(w: &mut E, e: &'s TraceEntry) -> Result<(), E::
     uint_x(w, x, IntField::Size, e.size)?;
     w.key(Key::stream);
     int_x(w, x, IntField::Stream, e.stream)?;
-    if let Some(t) = e.time_us {
+    if let Some(t) = e.time_us() {
         w.key(Key::time_us);
         int_x(w, x, IntField::TimeUs, t)?;
     }
-    str_key(w, Key::compile_context, e.compile_context);
-    str_key(w, Key::user_metadata, e.user_metadata);
+    // A default whose id the table lacks (an entry moved between snapshots without its
+    // strings; `check_ids` refuses it) is still written, as its text.
+    let strings = w.strings();
+    if e.has_compile_context() {
+        w.key(Key::compile_context);
+        match strings.and_then(|s| e.compile_context(s)) {
+            Some(id) => w.str_id(id),
+            None => w.str(COMPILE_CONTEXT_DEFAULT),
+        }
+    }
+    if e.has_user_metadata() {
+        w.key(Key::user_metadata);
+        match strings.and_then(|s| e.user_metadata(s)) {
+            Some(id) => w.str_id(id),
+            None => w.str(USER_METADATA_DEFAULT),
+        }
+    }
     if let Some(r) = rare {
         str_key(w, Key::internal_metadata, r.internal_metadata);
     }
@@ -805,6 +837,9 @@ pub(crate) trait Source: Sized {
     /// A dict key as read (an unknown one goes to `extra` under it).
     type Name;
 
+    /// The snapshot's string table (what `get_interned` interns into).
+    fn strings(&self) -> &StrTable;
+
     /// An error at the reader's current place.
     fn fail(&self, what: String) -> FormatError;
     /// A struct (`what`) lacks a required key.
@@ -847,9 +882,13 @@ pub(crate) trait Source: Sized {
         known: fn(&str) -> Option<T>,
         other: fn(StrId) -> T,
     ) -> Result<T>;
-    /// A trace entry's `action`.
-    fn get_action(&mut self, v: Self::V) -> Result<Action> {
-        self.get_named(v, Action::from_name, Action::Other)
+    /// A trace entry's `action`, with the interned name of one this version does not know.
+    fn get_action(&mut self, v: Self::V) -> Result<(Action, Option<StrId>)> {
+        self.get_named(
+            v,
+            |name| Action::from_name(name).map(|a| (a, None)),
+            |id| (Action::Other, Some(id)),
+        )
     }
     fn get_bool(&mut self, v: Self::V) -> Result<bool>;
     /// A `frames` list.
@@ -1086,7 +1125,10 @@ pub(crate) const fn entry_rank(key: Key) -> u8 {
 /// A trace entry being read, one key at a time ([`EntryIn::key`]), then [`EntryIn::finish`].
 pub(crate) struct EntryIn {
     e: TraceEntry,
-    action: Option<Action>,
+    action: Option<(Action, Option<StrId>)>,
+    time_us: Option<i64>,
+    compile_context: Option<StrId>,
+    user_metadata: Option<StrId>,
     addr: Option<u64>,
     size: Option<u64>,
     stream: Option<i64>,
@@ -1101,6 +1143,9 @@ impl EntryIn {
         EntryIn {
             e: TraceEntry::new(Action::Alloc, 0, 0, 0),
             action: None,
+            time_us: None,
+            compile_context: None,
+            user_metadata: None,
             addr: None,
             size: None,
             stream: None,
@@ -1138,13 +1183,15 @@ impl EntryIn {
                 self.stream = Some(s.get_field(k, v, IntField::Stream, x)? as i64)
             }
             Some(k @ Key::time_us) => {
-                self.e.time_us = Some(s.get_field(k, v, IntField::TimeUs, x)? as i64)
+                self.time_us = Some(s.get_field(k, v, IntField::TimeUs, x)? as i64)
             }
             Some(k @ Key::compile_context) => {
-                self.e.compile_context = Some(s.at_key(k, |s| s.get_interned(v, Some(0)))?)
+                let id = s.at_key(k, |s| s.get_interned(v, Some(0)))?;
+                self.compile_context = Some(id);
             }
             Some(k @ Key::user_metadata) => {
-                self.e.user_metadata = Some(s.at_key(k, |s| s.get_interned(v, Some(1)))?)
+                let id = s.at_key(k, |s| s.get_interned(v, Some(1)))?;
+                self.user_metadata = Some(id);
             }
             Some(k @ Key::internal_metadata) => {
                 let id = s.at_key(k, |s| s.get_interned(v, None))?;
@@ -1175,7 +1222,11 @@ impl EntryIn {
     #[inline(always)]
     pub(crate) fn finish<S: Source>(mut self, s: &S) -> Result<TraceEntry> {
         let missing = |key| s.missing("trace entry", key);
-        self.e.action = self.action.ok_or_else(|| missing(Key::action))?;
+        let (action, other_action) = self.action.ok_or_else(|| missing(Key::action))?;
+        if other_action.is_some() {
+            self.rare().other_action = other_action;
+        }
+        self.e.action = action;
         self.e.size = self.size.ok_or_else(|| missing(Key::size))?;
         self.e.stream = self.stream.ok_or_else(|| missing(Key::stream))?;
         match self.addr {
@@ -1187,6 +1238,10 @@ impl EntryIn {
             self.rare().exact = exact;
         }
         self.e.rare = self.rare;
+        self.e.set_time_us(self.time_us);
+        let strings = s.strings();
+        self.e.set_compile_context(self.compile_context, strings);
+        self.e.set_user_metadata(self.user_metadata, strings);
         Ok(self.e)
     }
 }
@@ -1310,15 +1365,6 @@ mod tests {
             "metadata",
             "dropped_entries_exact",
         ];
-        let mut rare = EntryRare {
-            device_free: Some(1),
-            internal_metadata: Some(StrId(0)),
-            forward_frames: Some(vec![]),
-            ..Default::default()
-        };
-        rare.exact.set(IntField::Size, Some(PyInt::from(-1i64)));
-        let mut entry = TraceEntry::new(Action::Alloc, 1, 2, 3);
-        entry.rare = Some(Box::new(rare.clone()));
         let block = Block {
             history: Some(vec![]),
             ..Default::default()
@@ -1341,8 +1387,7 @@ mod tests {
             fields(&Segment::new(0, 0, 0, 0)),
             fields(&block),
             fields(&history),
-            fields(&entry),
-            fields(&rare),
+            crate::msgpack::trace_entry_wire_fields(),
             fields(&AllocatorSettings::default()),
             fields(&annotation),
             fields(&RecorderInfo::default()),
@@ -1378,6 +1423,9 @@ mod tests {
         fn bool(&mut self, _: bool) {}
         fn str(&mut self, _: &'s str) {}
         fn str_id(&mut self, _: StrId) {}
+        fn strings(&self) -> Option<&'s StrTable> {
+            None
+        }
         fn stack(&mut self, _: StackId) -> Result<(), Infallible> {
             Ok(())
         }
@@ -1399,16 +1447,16 @@ mod tests {
     #[test]
     fn entry_order_is_the_walks() {
         let mut entry = TraceEntry::new(Action::Oom, 1, 2, 3);
-        entry.time_us = Some(4);
-        entry.compile_context = Some(StrId(0));
-        entry.user_metadata = Some(StrId(0));
-        entry.frames = Some(StackId(0));
-        entry.rare = Some(Box::new(EntryRare {
-            device_free: Some(5),
-            internal_metadata: Some(StrId(0)),
-            forward_frames: Some(vec![]),
-            ..Default::default()
-        }));
+        let mut strings = StrTable::default();
+        let id = strings.intern("x");
+        entry.set_time_us(Some(4));
+        entry.set_compile_context(Some(id), &strings);
+        entry.set_user_metadata(Some(id), &strings);
+        entry.frames = Some(StackId::from_index(0));
+        let rare = entry.rare_mut();
+        rare.device_free = Some(5);
+        rare.internal_metadata = Some(id);
+        rare.forward_frames = Some(vec![]);
         let mut keys = Keys(Vec::new());
         let Ok(()) = entry.walk(&mut keys);
         assert_eq!(keys.0, ENTRY_ORDER);

@@ -171,7 +171,7 @@ fn check_traces(snapshot: &Snapshot, out: &mut Vec<Violation>) {
         let mut live: HashMap<u64, (u64, usize)> = HashMap::new();
         for (i, entry) in trace.iter().enumerate() {
             let place = || format!("device_traces[{device}][{i}]");
-            if let Some(t) = entry.time_us {
+            if let Some(t) = entry.time_us() {
                 if let Some((prev, j)) = last_time {
                     if t < prev {
                         out.push(Violation {

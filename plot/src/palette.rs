@@ -120,8 +120,8 @@ pub const NO_SITE: Colour = Colour::rgb(120, 120, 120);
 /// next to each other in the table differ).
 pub fn site_colour(site: Option<FrameId>) -> Colour {
     match site {
-        Some(FrameId(id)) => {
-            let h = (u64::from(id) ^ 0x9e37_79b9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Some(id) => {
+            let h = (id.index() as u64 ^ 0x9e37_79b9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             STACK_COLOURS[((h >> 32) % STACK_COLOURS.len() as u64) as usize]
         }
         None => NO_SITE,
@@ -233,10 +233,12 @@ mod tests {
 
     #[test]
     fn neighbouring_sites_get_different_colours() {
-        let distinct: std::collections::HashSet<_> =
-            (0..8).map(|i| site_colour(Some(FrameId(i)))).collect();
+        let distinct: std::collections::HashSet<_> = (0..8)
+            .map(|i| site_colour(Some(FrameId::from_index(i))))
+            .collect();
         assert!(distinct.len() >= 6, "{}", distinct.len());
-        assert_eq!(site_colour(Some(FrameId(3))), site_colour(Some(FrameId(3))));
+        let three = Some(FrameId::from_index(3));
+        assert_eq!(site_colour(three), site_colour(three));
     }
 
     #[test]

@@ -21,14 +21,14 @@ impl StackSites {
         let count = u32::try_from(snapshot.stacks.len()).unwrap_or(u32::MAX);
         StackSites {
             by_stack: (0..count)
-                .map(|i| top_frame(snapshot, StackId(i)))
+                .map(|i| top_frame(snapshot, StackId::from_index(i as usize)))
                 .collect(),
         }
     }
 
     /// The site of a stack; `None` without a stack, for an empty one or an unknown id.
     pub fn site(&self, stack: Option<StackId>) -> Option<FrameId> {
-        stack.and_then(|s| self.by_stack.get(s.0 as usize).copied().flatten())
+        stack.and_then(|s| self.by_stack.get(s.index()).copied().flatten())
     }
 
     /// `file:line:function` of the site, or why there is none.
@@ -65,7 +65,7 @@ impl StackMatch {
         let matches: Vec<bool> = snapshot
             .stacks
             .iter()
-            .map(|(_, frames)| frames.iter().any(|f| frame_hits[f.0 as usize]))
+            .map(|(_, frames)| frames.iter().any(|f| frame_hits[f.index()]))
             .collect();
         let matching_stacks = matches.iter().filter(|m| **m).count();
         StackMatch {
@@ -77,7 +77,7 @@ impl StackMatch {
 
     /// Whether an allocation with this stack matches (no stack never matches).
     pub fn matches(&self, stack: Option<StackId>) -> bool {
-        stack.is_some_and(|s| self.matches.get(s.0 as usize).copied().unwrap_or(false))
+        stack.is_some_and(|s| self.matches.get(s.index()).copied().unwrap_or(false))
     }
 }
 
@@ -106,8 +106,8 @@ mod tests {
         trace.push(b);
         let by_function = StackMatch::new(&s, "LINEAR");
         assert_eq!(by_function.matching_stacks, 1);
-        assert!(by_function.matches(Some(StackId(0))));
-        assert!(!by_function.matches(Some(StackId(1))));
+        assert!(by_function.matches(Some(StackId::from_index(0))));
+        assert!(!by_function.matches(Some(StackId::from_index(1))));
         assert!(!by_function.matches(None));
         assert_eq!(StackMatch::new(&s, "train.py").matching_stacks, 2);
         assert_eq!(StackMatch::new(&s, "nothing").matching_stacks, 0);

@@ -138,7 +138,7 @@ fn column<'py, T: Copy>(
 }
 
 fn stack_index(stack: Option<StackId>) -> i64 {
-    stack.map_or(-1, |s| i64::from(s.0))
+    stack.map_or(-1, |s| s.index() as i64)
 }
 
 /// Names in first-seen order, and each item's index in them.
@@ -323,10 +323,10 @@ impl RawSnapshot {
                 ("addr", col(&|e| e.addr.to_le_bytes())),
                 ("size", col(&|e| e.size.to_le_bytes())),
                 ("stream", col(&|e| e.stream.to_le_bytes())),
-                ("time_us", col(&|e| e.time_us.unwrap_or(-1).to_le_bytes())),
+                ("time_us", col(&|e| e.time_us().unwrap_or(-1).to_le_bytes())),
                 ("stack", col(&|e| stack_index(e.frames).to_le_bytes())),
             ];
-            let (names, codes) = codes(trace.iter().map(|e| e.action.name(&s.strings)));
+            let (names, codes) = codes(trace.iter().map(|e| e.action_name(&s.strings)));
             let names: Vec<String> = names.into_iter().map(str::to_owned).collect();
             (columns, names, codes)
         });
@@ -360,7 +360,7 @@ impl RawSnapshot {
                 ))
             })?;
         let list = PyList::empty(py);
-        for frame in s.stack_frames(StackId(index)) {
+        for frame in s.stack_frames(StackId::from_index(index as usize)) {
             let line: Bound<'py, PyAny> = match frame.line.as_i64() {
                 Some(v) => v.into_pyobject(py)?.into_any(),
                 None => py

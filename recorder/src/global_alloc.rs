@@ -336,7 +336,7 @@ pub fn snapshot() -> Option<Snapshot> {
     let mut trace = Vec::with_capacity(entries.len());
     for raw in &entries {
         let mut entry = TraceEntry::new(raw.action.to_format(), raw.addr, raw.size, raw.stream);
-        entry.time_us = Some(epoch_micros(raw.time_ns));
+        entry.set_time_us(Some(epoch_micros(raw.time_ns)));
         entry.frames = stack_of(&mut snapshot, raw.stack);
         trace.push(entry);
     }

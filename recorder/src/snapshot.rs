@@ -62,12 +62,14 @@ pub fn merge_device_snapshots(
             for entry in trace {
                 let mut entry = entry.clone();
                 entry.frames = reintern(&mut out, entry.frames);
-                entry.compile_context = entry
-                    .compile_context
+                let context = entry
+                    .compile_context(&source.strings)
                     .map(|id| out.strings.intern(source.str(id)));
-                entry.user_metadata = entry
-                    .user_metadata
+                entry.set_compile_context(context, &out.strings);
+                let metadata = entry
+                    .user_metadata(&source.strings)
                     .map(|id| out.strings.intern(source.str(id)));
+                entry.set_user_metadata(metadata, &out.strings);
                 entries.push(entry);
             }
             if let Some(slot) = out.device_traces.as_mut().and_then(|t| t.get_mut(device)) {

@@ -218,7 +218,11 @@ fn memory_by_device(snapshot: &Snapshot) -> BTreeMap<i64, Memory> {
 
 /// `2025-09-07 12:34:56.789 UTC – 2025-09-07 12:35:01.002 UTC (4.213 s)`.
 fn time_span(snapshot: &Snapshot) -> Option<String> {
-    let times = snapshot.traces().iter().flatten().filter_map(|e| e.time_us);
+    let times = snapshot
+        .traces()
+        .iter()
+        .flatten()
+        .filter_map(|e| e.time_us());
     let (first, last) = times.fold(None, |acc: Option<(i64, i64)>, t| match acc {
         None => Some((t, t)),
         Some((lo, hi)) => Some((lo.min(t), hi.max(t))),

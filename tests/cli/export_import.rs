@@ -66,7 +66,7 @@ fn export_to_chrome_then_import_gives_the_same_trace() {
                     .frames
                     .map(|id| s.stack_frames(id).map(|f| f.name.clone()).collect())
                     .unwrap_or_default();
-                (e.action, e.addr, e.size, e.stream, e.time_us, frames)
+                (e.action, e.addr, e.size, e.stream, e.time_us(), frames)
             })
             .collect()
     };

@@ -21,7 +21,7 @@ fn small_run(dir: &std::path::Path) -> std::path::PathBuf {
     {
         let mut e = TraceEntry::new(action, addr, size, 0);
         e.frames = Some(stack);
-        e.time_us = Some(100 + 10 * i as i64);
+        e.set_time_us(Some(100 + 10 * i as i64));
         trace.push(e);
     }
     let path = dir.join("run.pickle");

@@ -518,7 +518,7 @@ mod tests {
         let entries = &loaded.snapshot.traces()[0];
         assert_eq!(entries.len(), 1);
         assert_eq!((entries[0].action, entries[0].size), (Action::Alloc, 1024));
-        assert_eq!(entries[0].time_us, Some(1_700_000_000_000_100));
+        assert_eq!(entries[0].time_us(), Some(1_700_000_000_000_100));
     }
 
     #[test]

@@ -99,11 +99,12 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
 /// Removes what PyTorch 2.1 did not write: times, compile contexts, user metadata, allocator
 /// settings and annotations.
 fn strip_to_2_1(snapshot: &mut Snapshot) {
+    let strings = &snapshot.strings;
     for trace in snapshot.device_traces.iter_mut().flatten() {
         for entry in trace {
-            entry.time_us = None;
-            entry.compile_context = None;
-            entry.user_metadata = None;
+            entry.set_time_us(None);
+            entry.set_compile_context(None, strings);
+            entry.set_user_metadata(None, strings);
         }
     }
     snapshot.allocator_settings = None;

@@ -131,10 +131,11 @@ fn unknown_actions_zero_sizes_double_allocs_and_missing_times() {
     ]);
     let other = snapshot.strings.intern("mystery_action");
     let trace = &mut snapshot.device_traces.as_mut().unwrap()[0];
-    let mut odd = TraceEntry::new(Action::Other(other), 0x40, 12, 0);
-    odd.time_us = Some(10);
+    let mut odd = TraceEntry::new(Action::Other, 0x40, 12, 0);
+    odd.set_other_action(other);
+    odd.set_time_us(Some(10));
     trace.push(odd);
-    trace[1].time_us = Some(20); // backwards relative to the one after, absent elsewhere
+    trace[1].set_time_us(Some(20)); // backwards relative to the one after, absent elsewhere
     exercise(&snapshot);
     let t = DeviceTimeline::build(&snapshot, 0).unwrap();
     let replay = t.replay();

@@ -143,7 +143,7 @@ fn sites_skip_the_allocator_and_torch_internals() {
     for prefix in ["11_", "13_", "12_", "15_"] {
         let Some(snapshot) = load(prefix) else { return };
         for i in 0..snapshot.stacks.len() {
-            let stack = memsnap_format::StackId(i as u32);
+            let stack = memsnap_format::StackId::from_index(i);
             let Some(f) = top_frame(&snapshot, stack) else {
                 continue;
             };

@@ -155,7 +155,7 @@ pub fn merge_write(
         .traces()
         .iter()
         .flatten()
-        .all(|e| e.time_us.is_none())
+        .all(|e| e.time_us().is_none())
         && snapshot.traces().iter().any(|t| !t.is_empty())
     {
         return Err(ConvertError::Trace {
@@ -269,7 +269,7 @@ fn offsets(snapshot: &Snapshot, doc: &crate::torch::TraceDoc, report: &mut Merge
     let mut ours: HashMap<(i64, u64, u64), Vec<i64>> = HashMap::default();
     for (device, trace) in snapshot.traces().iter().enumerate() {
         for e in trace {
-            if let (Action::Alloc, Some(t)) = (e.action, e.time_us) {
+            if let (Action::Alloc, Some(t)) = (e.action, e.time_us()) {
                 ours.entry((device as i64, e.addr, rounded(e.size)))
                     .or_default()
                     .push(t);

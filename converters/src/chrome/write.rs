@@ -361,7 +361,7 @@ impl<'s> Labels<'s> {
             let site = keyer.key(stack).label(snapshot);
             let text = match stack {
                 // The frames PyTorch's viewers show (the exact stack rides in the records).
-                Some(id) if (id.0 as usize) < snapshot.stacks.len() => snapshot
+                Some(id) if id.index() < snapshot.stacks.len() => snapshot
                     .stack_frames(id)
                     .filter(|f| !is_filtered_frame(f))
                     .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
@@ -513,7 +513,7 @@ fn write_device(
         let (name, cat) = match entry.action {
             Action::Oom => ("oom", "memsnap"),
             Action::Snapshot => ("snapshot", "memsnap"),
-            other => (other.name(&snapshot.strings), "memsnap.entry"),
+            _ => (entry.action_name(&snapshot.strings), "memsnap.entry"),
         };
         sink.open("i", pid, tid::MEMORY)?;
         sink.out.write_all(b",\"s\":\"p\",\"cat\":")?;
@@ -645,7 +645,7 @@ fn records(
         }
         any = true;
         write!(sink.out, "[{i},")?;
-        sink.str(entry.action.name(strings))?;
+        sink.str(entry.action_name(strings))?;
         let null = |v: Option<String>| v.unwrap_or_else(|| "null".into());
         write!(
             sink.out,
@@ -653,8 +653,8 @@ fn records(
             null(entry.has_addr().then(|| entry.addr.to_string())),
             entry.size,
             entry.stream,
-            null(entry.time_us.map(|t| t.to_string())),
-            null(entry.frames.map(|s| s.0.to_string())),
+            null(entry.time_us().map(|t| t.to_string())),
+            null(entry.frames.map(|s| s.index().to_string())),
             null(entry.device_free().map(|d| d.to_string())),
         )?;
     }
@@ -737,7 +737,7 @@ pub(crate) fn write_other_data(
             if j > 0 {
                 out.write_all(b",")?;
             }
-            write!(out, "{}", f.0)?;
+            write!(out, "{}", f.index())?;
         }
         out.write_all(b"]")?;
     }

@@ -70,7 +70,7 @@ impl<'s> StackFormatter<'s> {
         let Some(stack) = stack else {
             return "<non-python>";
         };
-        let i = stack.0 as usize;
+        let i = stack.index();
         if self.stacks[i].is_none() {
             let ids = self.snapshot.stacks.get(stack);
             let text = if ids.is_empty() {
@@ -95,7 +95,7 @@ impl<'s> StackFormatter<'s> {
     /// `_frame_fmt(f)` when the frame passes the filter. Only `/` separates directories here,
     /// so Windows paths print whole, as in Python.
     fn frame(&mut self, id: FrameId) -> Option<&str> {
-        let slot = &mut self.frames[id.0 as usize];
+        let slot = &mut self.frames[id.index()];
         if slot.is_none() {
             let frame = self.snapshot.frames.get(id);
             *slot = Some(frame_is_shown(frame).then(|| {

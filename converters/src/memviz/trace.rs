@@ -145,7 +145,7 @@ fn format_device(
             }
             Action::Annotate => {
                 let addr = entry_addr(e, &place)?;
-                let meta = e.user_metadata.ok_or_else(|| {
+                let meta = e.user_metadata(&snapshot.strings).ok_or_else(|| {
                     MemvizError::key_error(
                         "user_metadata",
                         format!("{} is an annotate entry without user_metadata", place()),
@@ -330,7 +330,7 @@ fn entry_repr(out: &mut String, snapshot: &Snapshot, e: &TraceEntry) {
             dict.value(k, v);
         }
     }
-    dict.str("action", e.action.name(&snapshot.strings));
+    dict.str("action", e.action_name(&snapshot.strings));
     for field in [
         IntField::Addr,
         IntField::DeviceFree,
@@ -342,10 +342,10 @@ fn entry_repr(out: &mut String, snapshot: &Snapshot, e: &TraceEntry) {
             dict.int(field.key(), v);
         }
     }
-    if let Some(c) = e.compile_context {
+    if let Some(c) = e.compile_context(&snapshot.strings) {
         dict.str("compile_context", snapshot.str(c));
     }
-    if let Some(m) = e.user_metadata {
+    if let Some(m) = e.user_metadata(&snapshot.strings) {
         dict.str("user_metadata", snapshot.str(m));
     }
     if let Some(m) = rare.and_then(|r| r.internal_metadata) {

@@ -69,8 +69,8 @@ impl SnapshotIds {
                     for f in ids {
                         // A dangling frame index hashes as itself (the stacks table skips it).
                         let id = frames
-                            .get(f.0 as usize)
-                            .map_or(u64::from(f.0), |x| x.id as u64);
+                            .get(f.index())
+                            .map_or(f.index() as u64, |x| x.id as u64);
                         h.write(&id.to_le_bytes());
                     }
                 })

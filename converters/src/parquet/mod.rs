@@ -444,9 +444,9 @@ impl Export {
             parts.frames.flush_if_full()?;
         }
         for i in new_stacks {
-            let stack = snapshot.stacks.get(StackId(i as u32));
+            let stack = snapshot.stacks.get(StackId::from_index(i));
             for (depth, f) in stack.iter().enumerate() {
-                let Some(frame) = ids.frames.get(f.0 as usize) else {
+                let Some(frame) = ids.frames.get(f.index()) else {
                     continue;
                 };
                 let rows = &mut parts.stacks.rows;
@@ -741,7 +741,7 @@ fn write_device(
     let time_of = |event: Option<u32>| {
         event
             .and_then(|e| trace.get(e as usize))
-            .and_then(|t| t.time_us)
+            .and_then(|t| t.time_us())
     };
     let int = |value: u64, what: &dyn Fn() -> String| {
         i64::try_from(value).map_err(|_| ParquetError::OutOfRange {
@@ -770,7 +770,7 @@ fn write_device(
         let key = keyer.key_of(a);
         let (site_frame, site) = sites.entry(key).or_insert_with_key(|key| {
             let frame = match key {
-                SiteKey::Frame(f) => ids.frames.get(f.0 as usize).map(|h| h.id),
+                SiteKey::Frame(f) => ids.frames.get(f.index()).map(|h| h.id),
                 _ => None,
             };
             (frame, key.label(snapshot))
@@ -802,7 +802,7 @@ fn write_device(
         rows.alive_at_end.append_value(alive);
         rows.stack_id.append_option(
             a.stack
-                .and_then(|s| ids.stacks.get(s.0 as usize))
+                .and_then(|s| ids.stacks.get(s.index()))
                 .map(|h| h.id),
         );
         rows.site_frame_id.append_option(*site_frame);

@@ -202,7 +202,7 @@ fn map_process(
     let mut unknown_agent: Option<(u64, u64)> = None; // count, first place
     let entry = |action, addr, size, stream, time_ns: i64| {
         let mut e = TraceEntry::new(action, addr, size, stream);
-        e.time_us = Some(time_ns.div_euclid(1000));
+        e.set_time_us(Some(time_ns.div_euclid(1000)));
         e
     };
     let trace_of = |traces: &mut Vec<Vec<TraceEntry>>, device: i64| -> usize {

@@ -296,8 +296,8 @@ pub struct Options {
 fn shift_times(snapshot: &mut Snapshot, offset_us: i64) {
     for trace in snapshot.device_traces.iter_mut().flatten() {
         for entry in trace {
-            if let Some(t) = &mut entry.time_us {
-                *t = t.saturating_add(offset_us);
+            if let Some(t) = entry.time_us() {
+                entry.set_time_us(Some(t.saturating_add(offset_us)));
             }
         }
     }

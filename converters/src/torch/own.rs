@@ -176,10 +176,17 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
             if slot.is_some() {
                 return Err(bad("carried twice"));
             }
-            let action = Action::from_name(&action)
-                .unwrap_or_else(|| Action::Other(snapshot.strings.intern(&action)));
-            let mut entry = TraceEntry::new(action, addr.unwrap_or(0), size, stream);
-            entry.time_us = time_us;
+            let known = Action::from_name(&action);
+            let mut entry = TraceEntry::new(
+                known.unwrap_or(Action::Other),
+                addr.unwrap_or(0),
+                size,
+                stream,
+            );
+            if known.is_none() {
+                entry.set_other_action(snapshot.strings.intern(&action));
+            }
+            entry.set_time_us(time_us);
             entry.frames = match stack {
                 Some(s) => Some(
                     *stack_ids

@@ -170,10 +170,11 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
             ..DeviceReport::default()
         };
         let mut pre_window_bytes = 0u128;
-        let entry = |action, addr, size, m: &Memory| TraceEntry {
-            time_us: Some(time_us(m.time_ns)),
-            frames: m.stack,
-            ..TraceEntry::new(action, addr, size, 0)
+        let entry = |action, addr, size, m: &Memory| {
+            let mut e = TraceEntry::new(action, addr, size, 0);
+            e.set_time_us(Some(time_us(m.time_ns)));
+            e.frames = m.stack;
+            e
         };
         for m in chunk {
             if let Some(r) = m.total_reserved {
@@ -205,7 +206,7 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
                     None => {
                         // Allocated before the profile: its alloc goes at the start.
                         let mut e = TraceEntry::new(Action::Alloc, m.addr, size, 0);
-                        e.time_us = Some(start_us);
+                        e.set_time_us(Some(start_us));
                         before.push(e);
                         pre_window.0 += 1;
                         pre_window_bytes += u128::from(size);

@@ -112,7 +112,7 @@ pub(crate) fn import_raw(bytes: &[u8]) -> Result<Imported, TraceError> {
         let t = if t < 0 { first_time } else { t };
         let entry = |action, addr, size: u64| {
             let mut e = TraceEntry::new(action, addr, size, 0);
-            e.time_us = Some(t.div_euclid(1000));
+            e.set_time_us(Some(t.div_euclid(1000)));
             e.frames = Some(stacks[category]);
             e
         };
@@ -209,10 +209,11 @@ pub(crate) fn import_plot(bytes: &[u8]) -> Result<Imported, TraceError> {
                 return Err(bad(format!("sizes[{i}][{}]: {value} is not a size", c + 1)));
             }
             let target = value as u64;
-            let entry = |action, addr, size| TraceEntry {
-                time_us: Some(time_us),
-                frames: Some(stacks[c]),
-                ..TraceEntry::new(action, addr, size, 0)
+            let entry = |action, addr, size| {
+                let mut e = TraceEntry::new(action, addr, size, 0);
+                e.set_time_us(Some(time_us));
+                e.frames = Some(stacks[c]);
+                e
             };
             while totals[c] > target {
                 let Some((addr, size)) = blocks[c].pop() else {

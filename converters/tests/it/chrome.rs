@@ -7,7 +7,7 @@ use std::path::Path;
 
 use memsnap_converters::chrome::{self, ChromeOptions};
 use memsnap_converters::{open_path, ConvertError, Source};
-use memsnap_format::{Action, Snapshot, TraceEntry};
+use memsnap_format::{Action, Snapshot, StackId, TraceEntry};
 use memsnap_workload::{generate, TrainingRun};
 use serde_json::Value;
 
@@ -30,7 +30,7 @@ type Resolved = (String, Option<u64>, u64, i64, Option<i64>, String);
 
 fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
     // One text per distinct stack: real stacks are a hundred frames deep.
-    let mut texts: BTreeMap<u32, String> = BTreeMap::new();
+    let mut texts: BTreeMap<StackId, String> = BTreeMap::new();
     snapshot
         .traces()
         .iter()
@@ -42,7 +42,7 @@ fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
                         .frames
                         .map(|s| {
                             texts
-                                .entry(s.0)
+                                .entry(s)
                                 .or_insert_with(|| {
                                     snapshot
                                         .stack_frames(s)
@@ -53,11 +53,11 @@ fn resolved(snapshot: &Snapshot) -> Vec<Vec<Resolved>> {
                         })
                         .unwrap_or_default();
                     (
-                        e.action.name(&snapshot.strings).to_string(),
+                        e.action_name(&snapshot.strings).to_string(),
                         e.has_addr().then_some(e.addr),
                         e.size,
                         e.stream,
-                        e.time_us,
+                        e.time_us(),
                         frames,
                     )
                 })
@@ -455,7 +455,7 @@ fn memory_timeline_raw_events_import_with_synthetic_blocks() {
     let trace = &import.snapshot.traces()[0];
     let summary: Vec<(&str, u64, Option<i64>)> = trace
         .iter()
-        .map(|e| (e.action.name(&import.snapshot.strings), e.size, e.time_us))
+        .map(|e| (e.action_name(&import.snapshot.strings), e.size, e.time_us()))
         .collect();
     let us = t0 / 1000;
     assert_eq!(
@@ -510,7 +510,7 @@ fn memory_timeline_plot_data_keeps_each_categorys_total() {
             }
             _ => {}
         }
-        totals.insert(e.time_us.unwrap(), live.values().sum::<u64>());
+        totals.insert(e.time_us().unwrap(), live.values().sum::<u64>());
     }
     assert_eq!(
         totals.into_values().collect::<Vec<_>>(),
@@ -526,7 +526,7 @@ fn merging_keeps_the_torch_trace_and_reports_the_clock_offset() {
     };
     let (snapshot, _) = generate(&run);
     let trace = &snapshot.traces()[0];
-    let first_us = trace.iter().find_map(|e| e.time_us).unwrap();
+    let first_us = trace.iter().find_map(|e| e.time_us()).unwrap();
     // A torch trace whose [memory] allocs are the snapshot's, seen 2 µs later.
     let base_ns = (first_us - 5_000_000) * 1000;
     for with_base in [true, false] {
@@ -539,7 +539,7 @@ fn merging_keeps_the_torch_trace_and_reports_the_clock_offset() {
             .enumerate()
             .filter(|(_, e)| e.action == Action::Alloc)
         {
-            let t = e.time_us.unwrap() + 2;
+            let t = e.time_us().unwrap() + 2;
             let ts = if with_base {
                 format!("{}.000", t - base_ns / 1000)
             } else {
@@ -586,9 +586,9 @@ fn merging_keeps_the_torch_trace_and_reports_the_clock_offset() {
             .unwrap();
         let first_alloc = trace.iter().find(|e| e.action == Action::Alloc).unwrap();
         let expected = if with_base {
-            (first_alloc.time_us.unwrap() - base_ns / 1000) as f64
+            (first_alloc.time_us().unwrap() - base_ns / 1000) as f64
         } else {
-            first_alloc.time_us.unwrap() as f64
+            first_alloc.time_us().unwrap() as f64
         };
         assert_eq!(b["ts"].as_f64().unwrap(), expected);
         // Read back, memsnap's entries come back exactly (not torch's rounded ones).

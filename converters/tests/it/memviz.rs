@@ -42,7 +42,7 @@ fn block(
 
 fn entry(action: Action, addr: u64, size: u64, time_us: Option<i64>) -> TraceEntry {
     let mut e = TraceEntry::new(action, addr, size, 0);
-    e.time_us = time_us;
+    e.set_time_us(time_us);
     e
 }
 
@@ -141,22 +141,25 @@ fn fixture() -> Snapshot {
     let na = s.strings.intern("N/A");
     let blank = s.strings.intern("");
     let mut oom = entry(Action::Oom, 0, 5_308_694_528, Some(12));
-    oom.compile_context = Some(na);
-    oom.user_metadata = Some(blank);
+    oom.set_compile_context(Some(na), &s.strings);
+    oom.set_user_metadata(Some(blank), &s.strings);
     oom.rare_mut().device_free = Some(95_682_560);
     oom.rare_mut().no_addr = true;
     d0.push(oom);
     let mut annotate = entry(Action::Annotate, BASE + 2048, 0, Some(13));
-    annotate.user_metadata = Some(s.strings.intern("tag {\"k\": 1}"));
+    let tag = s.strings.intern("tag {\"k\": 1}");
+    annotate.set_user_metadata(Some(tag), &s.strings);
     d0.push(annotate);
     let mut map = entry(Action::SegmentMap, 0x9000, 2 * MIB, Some(14));
     map.stream = 7;
-    map.compile_context = Some(na);
-    map.user_metadata = Some(s.strings.intern("it's"));
+    map.set_compile_context(Some(na), &s.strings);
+    let its = s.strings.intern("it's");
+    map.set_user_metadata(Some(its), &s.strings);
     map.frames = Some(b);
     d0.push(map);
     d0.push(entry(Action::Snapshot, 0, 123, Some(15)));
-    let mut weird = TraceEntry::new(Action::Other(s.strings.intern("weird")), 1, 2, -3);
+    let mut weird = TraceEntry::new(Action::Other, 1, 2, -3);
+    weird.set_other_action(s.strings.intern("weird"));
     let mut two_pow_64 = vec![0u8; 8];
     two_pow_64.push(1);
     weird.rare_mut().extra = vec![

@@ -255,7 +255,7 @@ fn hand_made() -> Snapshot {
     for (i, (action, addr, size, frames)) in events.into_iter().enumerate() {
         let mut e = TraceEntry::new(action, addr, size, 0);
         e.frames = frames;
-        e.time_us = Some(100 + 10 * i as i64);
+        e.set_time_us(Some(100 + 10 * i as i64));
         trace.push(e);
     }
     s
@@ -422,7 +422,7 @@ fn bad_instants_are_refused_with_the_reason() {
     );
     let mut no_times = hand_made();
     for e in &mut no_times.device_traces.as_mut().expect("traces")[0] {
-        e.time_us = None;
+        e.set_time_us(None);
     }
     let e = LiveProfile::select(&no_times, &options(At::TimeUs(120), By::Stack, 0))
         .expect_err("no times");

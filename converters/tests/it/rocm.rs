@@ -75,7 +75,7 @@ fn standard_calls() -> Vec<Call> {
 fn entries(snapshot: &Snapshot, device: usize) -> Vec<(Action, u64, u64, i64)> {
     snapshot.traces()[device]
         .iter()
-        .map(|e| (e.action, e.addr, e.size, e.time_us.unwrap_or(-1)))
+        .map(|e| (e.action, e.addr, e.size, e.time_us().unwrap_or(-1)))
         .collect()
 }
 
@@ -869,7 +869,7 @@ fn several_databases_become_ranks() {
     let labels: Vec<&str> = import.ranks.iter().map(|r| r.label.as_str()).collect();
     assert_eq!(labels, ["node1/9", "node1/11"]);
     let first = &import.ranks[0].snapshot.traces()[0][0];
-    assert_eq!(first.time_us, Some(1_700_000_000_000_000 + 512_000));
+    assert_eq!(first.time_us(), Some(1_700_000_000_000_000 + 512_000));
 }
 
 #[test]
@@ -1000,7 +1000,7 @@ fn real_snapshots_segment_history_survives_a_rocprofv3_csv() {
             let mut want = Vec::new();
             for (i, e) in trace.iter().enumerate() {
                 // Files without time_us: the entry index stands in for the time.
-                let us = e.time_us.unwrap_or(i as i64);
+                let us = e.time_us().unwrap_or(i as i64);
                 let ns = us * 1000;
                 match e.action {
                     Action::SegmentAlloc => {

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use crate::error::{FormatError, Result};
 use crate::int::{ExactInts, IntField, PyInt};
-use crate::intern::{FrameId, StackId, StrId};
+use crate::intern::{FrameId, StackId, StrId, StrTable};
 use crate::model::*;
 use crate::schema::{self, EntryIn, Key, Setting, Source, ENTRY_RANK_UNKNOWN};
 use crate::value::{Extras, Value};
@@ -67,6 +67,12 @@ pub(crate) struct RecentStr {
 }
 
 impl ConvState {
+    /// The string table of the snapshot being built.
+    #[inline]
+    pub(crate) fn strings(&self) -> &StrTable {
+        &self.snap.strings
+    }
+
     pub fn new(input_len: u64) -> Self {
         ConvState {
             snap: Snapshot::default(),
@@ -81,7 +87,7 @@ impl ConvState {
             recent_strs: [RecentStr {
                 start: 0,
                 len: u32::MAX,
-                id: StrId(0),
+                id: StrId::from_index(0),
                 sym: Sym::Other,
             }; 2],
         }
@@ -106,7 +112,7 @@ impl ConvState {
     #[inline]
     pub fn cached_frame(&self, id: u32) -> Option<FrameId> {
         let cached = *self.frame_cache.get(id as usize)?;
-        (cached != NONE).then_some(FrameId(cached))
+        (cached != NONE).then(|| FrameId::from_index(cached as usize))
     }
 
     /// The id of `v` if it is the string last interned through `slot` of `recent_strs`.
@@ -501,7 +507,7 @@ impl<'b> Conv<'b> {
                 self.entry_value(&entry)?
             }
             Val::Stack(sid) => {
-                let sid = StackId(sid);
+                let sid = StackId::from_index(sid as usize);
                 self.charge(self.st.snap.stacks.get(sid).len() as u64)?;
                 self.stack_value(sid)
             }
@@ -564,7 +570,7 @@ impl<'b> Conv<'b> {
 
     pub(crate) fn stack(&mut self, v: Val) -> Result<StackId> {
         if let Val::Stack(sid) = v {
-            return Ok(StackId(sid));
+            return Ok(StackId::from_index(sid as usize));
         }
         let id = self.list(v)?;
         if id as usize >= self.st.stack_cache.len() {
@@ -572,11 +578,11 @@ impl<'b> Conv<'b> {
         }
         let cached = self.st.stack_cache[id as usize];
         if cached != NONE {
-            return Ok(StackId(cached));
+            return Ok(StackId::from_index(cached as usize));
         }
         let frames: Vec<Val> = self.arena.items(id).collect();
         let sid = self.stack_of_frames(&frames)?;
-        self.st.stack_cache[id as usize] = sid.0;
+        self.st.stack_cache[id as usize] = sid.index() as u32;
         if let Some(journal) = &mut self.st.cache_journal {
             journal.push((true, id));
         }
@@ -615,11 +621,11 @@ impl<'b> Conv<'b> {
         }
         let cached = self.st.frame_cache[id as usize];
         if cached != NONE {
-            return Ok(FrameId(cached));
+            return Ok(FrameId::from_index(cached as usize));
         }
         let frame = schema::read_frame(self, v)?;
         let fid = self.st.snap.frames.intern(frame);
-        self.st.frame_cache[id as usize] = fid.0;
+        self.st.frame_cache[id as usize] = fid.index() as u32;
         if let Some(journal) = &mut self.st.cache_journal {
             journal.push((false, id));
         }
@@ -778,7 +784,7 @@ impl<'b> Conv<'b> {
                 d.push((s("frames"), f.clone()));
             }
         }
-        d.push((s("action"), s(e.action.name(strings))));
+        d.push((s("action"), s(e.action_name(strings))));
         let int = |field| e.exact_int(field).map(|v| v.to_value());
         if let Some(a) = int(IntField::Addr) {
             d.push((s("addr"), a));
@@ -791,10 +797,10 @@ impl<'b> Conv<'b> {
                 d.push((s(field.key()), v));
             }
         }
-        if let Some(c) = e.compile_context {
+        if let Some(c) = e.compile_context(strings) {
             d.push((s("compile_context"), s(strings.get(c))));
         }
-        if let Some(u) = e.user_metadata {
+        if let Some(u) = e.user_metadata(strings) {
             d.push((s("user_metadata"), s(strings.get(u))));
         }
         if let Some(m) = rare.and_then(|r| r.internal_metadata) {
@@ -912,6 +918,11 @@ impl<'b> Conv<'b> {
 
 /// The pickle converter reads the schema ([`schema`]'s read side) from the VM's values.
 impl Source for Conv<'_> {
+    #[inline]
+    fn strings(&self) -> &StrTable {
+        &self.st.snap.strings
+    }
+
     type V = Val;
     type Name = Val;
 
@@ -1002,10 +1013,14 @@ impl Source for Conv<'_> {
 
     /// A known action name was recognised when the VM read it.
     #[inline]
-    fn get_action(&mut self, v: Val) -> Result<Action> {
+    fn get_action(&mut self, v: Val) -> Result<(Action, Option<StrId>)> {
         match Self::sym(v).action() {
-            Some(known) => Ok(known),
-            None => self.get_named(v, Action::from_name, Action::Other),
+            Some(known) => Ok((known, None)),
+            None => self.get_named(
+                v,
+                |name| Action::from_name(name).map(|a| (a, None)),
+                |id| (Action::Other, Some(id)),
+            ),
         }
     }
 

@@ -85,9 +85,9 @@ impl<'s> Writer<'s> {
     fn str_id(&mut self, id: StrId) {
         let snap = self.snap;
         let text = snap.strings.get(id);
-        let idx = self.str_ids[id.0 as usize];
+        let idx = self.str_ids[id.index()];
         if idx == NO_MEMO {
-            self.str_ids[id.0 as usize] = self.str_fresh(text);
+            self.str_ids[id.index()] = self.str_fresh(text);
         } else {
             self.str_ref(idx, text);
         }
@@ -224,25 +224,25 @@ impl<'s> Writer<'s> {
     // ---------------------------------------------------------------- stacks
 
     fn stack(&mut self, id: StackId) {
-        let idx = self.stack_ids[id.0 as usize];
+        let idx = self.stack_ids[id.index()];
         if idx != NO_MEMO {
             self.e.get(idx);
             return;
         }
         let snap = self.snap;
         let idx = self.list_of(snap.stacks.get(id), |w, f| w.frame(*f));
-        self.stack_ids[id.0 as usize] = idx;
+        self.stack_ids[id.index()] = idx;
     }
 
     fn frame(&mut self, id: FrameId) {
-        let idx = self.frame_ids[id.0 as usize];
+        let idx = self.frame_ids[id.index()];
         if idx != NO_MEMO {
             self.e.get(idx);
             return;
         }
         let snap = self.snap;
         // The dict's own memo index: `dict_begin` memoizes it first.
-        self.frame_ids[id.0 as usize] = self.e.memo_next();
+        self.frame_ids[id.index()] = self.e.memo_next();
         let Ok(()) = schema::frame(self, snap.frames.get(id));
     }
 }
@@ -307,6 +307,10 @@ impl<'s> Emit<'s> for Writer<'s> {
     }
 
     #[inline(always)]
+    fn strings(&self) -> Option<&'s crate::intern::StrTable> {
+        Some(&self.snap.strings)
+    }
+
     fn str_id(&mut self, id: StrId) {
         Writer::str_id(self, id);
     }
@@ -496,8 +500,8 @@ mod tests {
         let trace: Vec<TraceEntry> = (0..entries as u64)
             .map(|i| {
                 let mut e = TraceEntry::new(Action::Alloc, 0x7f00_0000_0000 + i * 512, 512, 0);
-                e.time_us = Some(1_700_000_000_000_000 + i as i64);
-                e.compile_context = Some(na);
+                e.set_time_us(Some(1_700_000_000_000_000 + i as i64));
+                e.set_compile_context(Some(na), &snap.strings);
                 e.frames = Some(stack);
                 e
             })

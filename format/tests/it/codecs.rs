@@ -185,7 +185,7 @@ fn unusual_model_content_agrees_across_codecs() {
     oom.rare_mut().device_free = Some(123_456);
     oom.rare_mut().internal_metadata = Some(snapshot.strings.intern("mallocWithAddress"));
     let unknown = snapshot.strings.intern("future_action");
-    snapshot.device_traces.as_mut().unwrap()[0][3].action = memsnap_format::Action::Other(unknown);
+    snapshot.device_traces.as_mut().unwrap()[0][3].set_other_action(unknown);
     let seg = &mut snapshot.segments[0];
     seg.frames_after_blocks = !seg.frames_after_blocks;
     seg.extra.push((
@@ -205,6 +205,51 @@ fn unusual_model_content_agrees_across_codecs() {
     list_shaped.recorder_info = None;
     list_shaped.extra.clear();
     check_all_chains("segment list", &list_shaped);
+}
+
+/// A trace entry keeps `compile_context` / `user_metadata` defaults as flags and the rest in
+/// its rare part, and stores an absent `time_us` as `i64::MIN`: a file where every entry has
+/// its own strings, and one whose `time_us` really is `i64::MIN`, must still round-trip.
+#[test]
+fn own_entry_strings_and_the_time_sentinel_agree_across_codecs() {
+    let (mut snapshot, _) = generate(&TrainingRun {
+        steps: 2,
+        ..TrainingRun::default()
+    });
+    let mut trace = snapshot.device_traces.as_mut().unwrap().remove(0);
+    let strings = &mut snapshot.strings;
+    for (i, e) in trace.iter_mut().enumerate() {
+        let context = match i % 4 {
+            0 => None,
+            1 => Some(strings.intern("N/A")),
+            _ => Some(strings.intern(&format!("context {i}"))),
+        };
+        let metadata = match i % 3 {
+            0 => Some(strings.intern("")),
+            1 => None,
+            _ => Some(strings.intern(&format!("metadata {i}"))),
+        };
+        e.set_compile_context(context, strings);
+        e.set_user_metadata(metadata, strings);
+        match i % 5 {
+            0 => e.set_time_us(Some(i64::MIN)),
+            1 => e.set_time_us(None),
+            _ => {}
+        }
+    }
+    assert_eq!(trace[0].time_us(), Some(i64::MIN));
+    assert_eq!(trace[1].time_us(), None);
+    assert_eq!(
+        snapshot.str(trace[2].compile_context(&snapshot.strings).unwrap()),
+        "context 2"
+    );
+    assert_eq!(
+        snapshot.str(trace[5].compile_context(&snapshot.strings).unwrap()),
+        "N/A"
+    );
+    assert_eq!(trace[4].compile_context(&snapshot.strings), None);
+    snapshot.device_traces.as_mut().unwrap().insert(0, trace);
+    check_all_chains("own entry strings", &snapshot);
 }
 
 #[test]
@@ -400,7 +445,8 @@ fn msgpack_reports_dangling_ids_with_their_path() {
     });
     let stacks = snapshot.stacks.len() as u32;
     // A writer refuses a snapshot whose ids dangle...
-    snapshot.device_traces.as_mut().unwrap()[0][5].frames = Some(memsnap_format::StackId(stacks));
+    snapshot.device_traces.as_mut().unwrap()[0][5].frames =
+        Some(memsnap_format::StackId::from_index(stacks as usize));
     let err = msgpack::to_vec(&snapshot).unwrap_err();
     assert!(
         err.to_string()

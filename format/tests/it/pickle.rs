@@ -47,7 +47,11 @@ pub fn canonical(s: &Snapshot) -> String {
         let id: u32 = rest[open..close].parse().expect("numeric id");
         if is_stack {
             let ordinal = *ordinal_of_stack.entry(id).or_insert_with(|| {
-                let content = format!("{:?}", s.stack_frames(StackId(id)).collect::<Vec<_>>());
+                let content = format!(
+                    "{:?}",
+                    s.stack_frames(StackId::from_index(id as usize))
+                        .collect::<Vec<_>>()
+                );
                 let next = ordinal_of_content.len();
                 let ordinal = *ordinal_of_content.entry(content.clone()).or_insert(next);
                 if ordinal == contents.len() {
@@ -57,7 +61,7 @@ pub fn canonical(s: &Snapshot) -> String {
             });
             let _ = write!(out, "Stack#{ordinal}");
         } else {
-            let _ = write!(out, "{:?}", s.str(StrId(id)));
+            let _ = write!(out, "{:?}", s.str(StrId::from_index(id as usize)));
         }
         rest = &rest[close + 1..];
     }
@@ -142,7 +146,7 @@ fn real_snapshot_facts_survive_reading() {
     // 10: 2.1 era, no time_us.
     let old = find("10_");
     assert!(old.entry_count() > 0);
-    assert!(old.traces().iter().flatten().all(|e| e.time_us.is_none()));
+    assert!(old.traces().iter().flatten().all(|e| e.time_us().is_none()));
 
     // 15: 1802 annotations, stage then name.
     let ann = find("15_");

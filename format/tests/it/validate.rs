@@ -102,8 +102,8 @@ fn a_wrong_allocated_size_is_reported_at_the_segment() {
 fn time_going_backwards_is_reported_at_the_entry() {
     let mut snapshot = generated();
     let trace = &mut snapshot.device_traces.as_mut().unwrap()[1];
-    let before = trace[9].time_us.unwrap();
-    trace[10].time_us = Some(before - 5);
+    let before = trace[9].time_us().unwrap();
+    trace[10].set_time_us(Some(before - 5));
     let violations = validate(&snapshot);
     assert_eq!(places(&violations), ["device_traces[1][10]"]);
     assert!(

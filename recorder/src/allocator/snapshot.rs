@@ -258,9 +258,9 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
     let mut trace = Vec::with_capacity(raw.trace.len());
     for e in raw.trace.iter() {
         let mut entry = TraceEntry::new(e.action.to_format(), e.addr, e.size, e.stream);
-        entry.time_us = Some(epoch_us(e.time_ns));
-        entry.compile_context = Some(na);
-        entry.user_metadata = Some(no_metadata);
+        entry.set_time_us(Some(epoch_us(e.time_ns)));
+        entry.set_compile_context(Some(na), &snap.strings);
+        entry.set_user_metadata(Some(no_metadata), &snap.strings);
         entry.frames = stacks.get(&mut snap, e.stack);
         if e.action == RawAction::Oom {
             entry.addr = 0;

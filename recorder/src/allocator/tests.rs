@@ -377,7 +377,7 @@ fn ring_wraps_through_the_allocator() {
     );
     let times: Vec<i64> = snap.traces()[0]
         .iter()
-        .map(|e| e.time_us.unwrap())
+        .map(|e| e.time_us().unwrap())
         .collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]));
 }
@@ -586,7 +586,7 @@ fn trace_times_follow_the_os_clock() {
     let trace = &snap.traces()[0];
     // segment_alloc, then alloc, free_requested, free_completed per pair.
     assert_eq!(trace.len(), 1 + 3 * brackets.len());
-    let times: Vec<i64> = trace.iter().map(|e| e.time_us.unwrap()).collect();
+    let times: Vec<i64> = trace.iter().map(|e| e.time_us().unwrap()).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "times go back");
     const SLACK_US: i64 = 200;
     for (i, &(before, after)) in brackets.iter().enumerate() {

@@ -36,7 +36,7 @@ fn manual_clock_stamps_calls_with_the_time_it_was_moved_to() {
     gpu.advance_clock(Duration::from_nanos(1500));
     assert_eq!(gpu.clock_now_us(), 1_700_000_000_000_026);
     let snapshot = gpu.snapshot();
-    let times: Vec<_> = snapshot.traces()[0].iter().map(|e| e.time_us).collect();
+    let times: Vec<_> = snapshot.traces()[0].iter().map(|e| e.time_us()).collect();
     let start = 1_700_000_000_000_000;
     // segment_alloc and alloc share the first call's reading; the free pair the second's.
     assert_eq!(

@@ -156,7 +156,7 @@ fn ring_buffer_keeps_the_newest_entries() {
                 .frames
                 .map(|s| snapshot.stack_frames(s).cloned().collect())
                 .unwrap_or_default();
-            (e.action, e.addr, e.size, e.time_us, frames)
+            (e.action, e.addr, e.size, e.time_us(), frames)
         };
         for (w, f) in window.iter().zip(&whole[whole.len() - max..]) {
             assert_eq!(resolved(&cut, w), resolved(&full, f));
@@ -289,12 +289,18 @@ fn entries_look_like_pytorch_2_10() {
         .iter()
         .any(|e| e.action == Action::Alloc && e.size % 512 != 0));
     // The fake clock: entries of one allocator call share its reading, calls are apart.
-    assert!(trace.windows(2).all(|p| p[0].time_us <= p[1].time_us));
+    assert!(trace.windows(2).all(|p| p[0].time_us() <= p[1].time_us()));
     let allocs: Vec<_> = trace.iter().filter(|e| e.action == Action::Alloc).collect();
-    assert!(allocs.windows(2).all(|p| p[0].time_us < p[1].time_us));
+    assert!(allocs.windows(2).all(|p| p[0].time_us() < p[1].time_us()));
     for e in trace {
-        assert_eq!(snapshot.str(e.compile_context.unwrap()), "N/A");
-        assert_eq!(snapshot.str(e.user_metadata.unwrap()), "");
+        assert_eq!(
+            snapshot.str(e.compile_context(&snapshot.strings).unwrap()),
+            "N/A"
+        );
+        assert_eq!(
+            snapshot.str(e.user_metadata(&snapshot.strings).unwrap()),
+            ""
+        );
         let frames: Vec<_> = snapshot.stack_frames(e.frames.unwrap()).collect();
         assert!(
             (15..=64).contains(&frames.len()),
@@ -361,7 +367,7 @@ fn without_time_is_a_2_1_era_file() {
     let trace = &snapshot.traces()[0];
     assert!(trace
         .iter()
-        .all(|e| e.time_us.is_none() && e.compile_context.is_none() && e.user_metadata.is_none()));
+        .all(|e| e.time_us().is_none() && !e.has_compile_context() && !e.has_user_metadata()));
     assert!(snapshot.allocator_settings.is_none());
     assert!(snapshot.external_annotations.is_none());
 }
@@ -452,7 +458,7 @@ fn annotations_come_from_the_recorder_per_device() {
     // between calls), so a step's entries are exactly those inside its range.
     let trace = &snapshot.traces()[0];
     for a in annotations.iter().filter(|a| a.device == 0) {
-        assert!(trace.iter().all(|e| e.time_us != Some(a.time_us)));
+        assert!(trace.iter().all(|e| e.time_us() != Some(a.time_us)));
     }
 }
 

@@ -365,15 +365,17 @@ impl<F: Feed> Vm<'_, '_, F> {
         entry.stream = self.window_int(&mut p)?;
         let mut key = self.entry_key(&mut p)?;
         if key == Sym::TimeUs {
-            entry.time_us = Some(self.window_int(&mut p)?);
+            entry.set_time_us(Some(self.window_int(&mut p)?));
             key = self.entry_key(&mut p)?;
         }
         if key == Sym::CompileContext {
-            entry.compile_context = Some(self.fast_entry_str(&mut p, undo, 0)?);
+            let id = self.fast_entry_str(&mut p, undo, 0)?;
+            entry.set_compile_context(Some(id), self.state.strings());
             key = self.entry_key(&mut p)?;
         }
         if key == Sym::UserMetadata {
-            entry.user_metadata = Some(self.fast_entry_str(&mut p, undo, 1)?);
+            let id = self.fast_entry_str(&mut p, undo, 1)?;
+            entry.set_user_metadata(Some(id), self.state.strings());
             key = self.entry_key(&mut p)?;
         }
         if key == Sym::Frames {
@@ -442,7 +444,7 @@ impl<F: Feed> Vm<'_, '_, F> {
             *p = q;
         }
         if let Some(index) = memo_index {
-            undo.put(&mut self.memo, index, Val::Stack(stack.0))?;
+            undo.put(&mut self.memo, index, Val::Stack(stack.index() as u32))?;
         }
         Some(stack)
     }
