@@ -127,12 +127,12 @@ impl Curves {
         let initial = replay
             .allocations
             .iter()
-            .filter(|a| a.alloc_event.is_none())
+            .filter(|a| a.alloc_event().is_none())
             .fold(0u64, |s, a| s.saturating_add(a.size));
         let allocation_curve = |end_of: fn(&crate::replay::Allocation) -> Option<u32>| {
             build_curve(initial, n, |delta| {
                 for a in &replay.allocations {
-                    if let Some(e) = a.alloc_event {
+                    if let Some(e) = a.alloc_event() {
                         delta(e, i128::from(a.size));
                     }
                     if let Some(f) = end_of(a) {
@@ -141,8 +141,8 @@ impl Curves {
                 }
             })
         };
-        let allocated = allocation_curve(|a| a.free_requested.or(a.free_completed));
-        let active = allocation_curve(|a| a.free_completed);
+        let allocated = allocation_curve(|a| a.free_requested().or(a.free_completed()));
+        let active = allocation_curve(|a| a.free_completed());
         let reserved = build_curve(replay.reserved_before_window, n, |delta| {
             for &(event, bytes) in &replay.reserved_changes {
                 delta(event, bytes);

@@ -364,11 +364,11 @@ impl Phase {
         slope.bytes_per_event = delta as f64 / f64::from(slope.events);
         let first = replay
             .allocations
-            .partition_point(|a| a.alloc_event.is_none_or(|e| e < start));
+            .partition_point(|a| a.alloc_event().is_none_or(|e| e < start));
         let (mut allocations, mut allocated_bytes) = (0u64, 0u64);
         for a in replay.allocations[first..]
             .iter()
-            .take_while(|a| a.alloc_event.is_some_and(|e| e <= end))
+            .take_while(|a| a.alloc_event().is_some_and(|e| e <= end))
         {
             allocations += 1;
             allocated_bytes = allocated_bytes.saturating_add(a.size);
@@ -456,7 +456,7 @@ pub(crate) fn plan_from_evidence(
     let mut labels: Vec<Option<PhaseKind>> = Vec::with_capacity(traced.len());
     let mut no_frames: Vec<bool> = Vec::with_capacity(traced.len());
     for (a, e) in traced.iter().zip(evidence.get(first_traced..)?) {
-        let Some(event) = a.alloc_event else {
+        let Some(event) = a.alloc_event() else {
             continue;
         };
         events.push(event);

@@ -190,7 +190,7 @@ impl StepAnalysis {
     pub fn categories_before_window(&self, replay: &Replay) -> CategoryBytes {
         let mut out = CategoryBytes::default();
         for (a, c) in replay.allocations.iter().zip(&self.categories) {
-            if a.alloc_event.is_none() {
+            if a.alloc_event().is_none() {
                 out.0[*c as usize] = out.0[*c as usize].saturating_add(a.size);
             }
         }
@@ -318,11 +318,11 @@ fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
         };
         let first = replay
             .allocations
-            .partition_point(|a| a.alloc_event.is_none_or(|e| e < opt.start_event));
+            .partition_point(|a| a.alloc_event().is_none_or(|e| e < opt.start_event));
         let bytes = replay.allocations[first..]
             .iter()
             .zip(&analysis.categories[first..])
-            .take_while(|(a, _)| a.alloc_event.is_some_and(|e| e <= opt.end_event))
+            .take_while(|(a, _)| a.alloc_event().is_some_and(|e| e <= opt.end_event))
             .filter(|(_, c)| **c == Category::OptimizerState)
             .fold(0u64, |acc, (a, _)| acc.saturating_add(a.size));
         step.optimizer_state_bytes = bytes;
@@ -443,7 +443,7 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
         .iter()
         .skip_while(|a| a.start() < first_start)
         .take_while(|a| a.start() <= bounds[0].1)
-        .find(|a| a.alloc_event.is_some());
+        .find(|a| a.alloc_event().is_some());
     let Some(opener) = opener else {
         return bounds;
     };

@@ -333,13 +333,13 @@ impl DeviceTimeline {
                 bytes: 0,
                 count: 0,
                 largest: 0,
-                first_alloc_event: a.alloc_event,
+                first_alloc_event: a.alloc_event(),
                 allocations: Vec::new(),
             });
             g.bytes = g.bytes.saturating_add(a.size);
             g.count += 1;
             g.largest = g.largest.max(a.size);
-            g.first_alloc_event = match (g.first_alloc_event, a.alloc_event) {
+            g.first_alloc_event = match (g.first_alloc_event, a.alloc_event()) {
                 (Some(x), Some(y)) => Some(x.min(y)),
                 _ => None,
             };
@@ -394,13 +394,13 @@ impl DeviceTimeline {
         let mut deltas = vec![0i128; n];
         let mut initial = 0u64;
         for a in self.replay.allocations.iter().filter(|a| a.size < min_size) {
-            match a.alloc_event {
+            match a.alloc_event() {
                 Some(e) => deltas[e as usize] += i128::from(a.size),
                 None => initial = initial.saturating_add(a.size),
             }
             let end = match lifetime {
-                Lifetime::Allocated => a.free_requested.or(a.free_completed),
-                Lifetime::Active => a.free_completed,
+                Lifetime::Allocated => a.free_requested().or(a.free_completed()),
+                Lifetime::Active => a.free_completed(),
             };
             if let Some(f) = end {
                 deltas[f as usize] -= i128::from(a.size);

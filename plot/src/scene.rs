@@ -287,7 +287,7 @@ pub fn band_colour(
             .get(id.0 as usize)
             .map_or(palette::NO_SITE, |&c| palette::category_colour(c)),
         ColourBy::Phase => allocation
-            .alloc_event
+            .alloc_event()
             .and_then(|e| model.steps.phase_at(e))
             .map_or(palette::NO_SITE, |(_, phase)| {
                 palette::phase_colour(phase.kind)

@@ -181,17 +181,17 @@ fn exact_curves(snapshot: &Snapshot, t: &DeviceTimeline) -> [Vec<u64>; 3] {
     let mut initial = 0u64;
     for a in &replay.allocations {
         let size = i128::from(a.size);
-        match a.alloc_event {
+        match a.alloc_event() {
             Some(e) => {
                 allocated[e as usize] += size;
                 active[e as usize] += size;
             }
             None => initial = initial.saturating_add(a.size),
         }
-        if let Some(f) = a.free_requested.or(a.free_completed) {
+        if let Some(f) = a.free_requested().or(a.free_completed()) {
             allocated[f as usize] -= size;
         }
-        if let Some(f) = a.free_completed {
+        if let Some(f) = a.free_completed() {
             active[f as usize] -= size;
         }
     }

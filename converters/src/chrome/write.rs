@@ -453,7 +453,7 @@ fn write_device(
             sink.out.write_all(b",\"stack\":")?;
             sink.str(stack)?;
         }
-        records(sink, entries, &mut carried, &[a.alloc_event], true)?;
+        records(sink, entries, &mut carried, &[a.alloc_event()], true)?;
         sink.out.write_all(b"}}")?;
         sink.open("e", pid, tid::MEMORY)?;
         write!(
@@ -467,7 +467,7 @@ fn write_device(
             sink,
             entries,
             &mut carried,
-            &[a.free_requested, a.free_completed],
+            &[a.free_requested(), a.free_completed()],
             false,
         )?;
         sink.out.write_all(b"}}")?;
