@@ -202,7 +202,7 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
             let s = samples[c];
             let hi = clamp_event(event_edges[c + 1].ceil()).max(s) as usize + 1;
             let (lo_v, hi_v) = minmax
-                .query(&curve.after, s as usize, hi)
+                .query(curve, s as usize, hi)
                 .unwrap_or((curve.at(s), curve.at(s)));
             Column {
                 x0: edge(c),

@@ -429,7 +429,7 @@ fn annotation_bounds(
 /// allocation before the first found step with the stack (and size) that begins the next
 /// step begins the first one (with the `segment_alloc`s right before it, which it caused).
 fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
-    let mut bounds = shape_bounds(&curve.after);
+    let mut bounds = shape_bounds(&curve.to_slice());
     // Allocations are in start order; traced ones follow those from before the window.
     let traced = &replay.allocations[replay.before_window_allocations as usize..];
     refine_starts(&mut bounds, curve, traced);

@@ -7,7 +7,7 @@ use foldhash::HashMap;
 use memsnap_format::Snapshot;
 use serde::Serialize;
 
-use crate::curve::{CurveKind, Curves, RangeMinMax, TimeAxis};
+use crate::curve::{CurveKind, CurveMinMax, Curves, TimeAxis};
 use crate::error::{AnalysisError, Result};
 use crate::layout::{Layout, LayoutRequest};
 use crate::ranges::{named_ranges, NamedRange};
@@ -119,9 +119,9 @@ struct DrawingIndex {
     /// Allocations by size, largest first (ties in stacking order), with their extents
     /// inline so the layout scans them sequentially instead of jumping through `allocations`.
     by_size_desc: Vec<SizeOrdered>,
-    allocated_minmax: RangeMinMax,
-    active_minmax: RangeMinMax,
-    reserved_minmax: RangeMinMax,
+    allocated_minmax: CurveMinMax,
+    active_minmax: CurveMinMax,
+    reserved_minmax: CurveMinMax,
 }
 
 impl DrawingIndex {
@@ -152,10 +152,10 @@ impl DrawingIndex {
 
     fn with_minmax(by_size_desc: Vec<SizeOrdered>, curves: &Curves) -> DrawingIndex {
         let (allocated_minmax, (active_minmax, reserved_minmax)) = std::thread::scope(|scope| {
-            let allocated = scope.spawn(|| RangeMinMax::build(&curves.allocated.after));
+            let allocated = scope.spawn(|| CurveMinMax::build(&curves.allocated));
             let rest = (
-                RangeMinMax::build(&curves.active.after),
-                RangeMinMax::build(&curves.reserved.after),
+                CurveMinMax::build(&curves.active),
+                CurveMinMax::build(&curves.reserved),
             );
             (join(allocated), rest)
         });
@@ -271,7 +271,7 @@ impl DeviceTimeline {
         &self.drawing().by_size_desc
     }
 
-    pub(crate) fn minmax(&self, lifetime: Lifetime) -> &RangeMinMax {
+    pub(crate) fn minmax(&self, lifetime: Lifetime) -> &CurveMinMax {
         let drawing = self.drawing();
         match lifetime {
             Lifetime::Allocated => &drawing.allocated_minmax,
@@ -511,7 +511,7 @@ impl DeviceTimeline {
                 let hi = (start as usize + (span * f64::from(c + 1) / f64::from(columns)) as usize)
                     .max(lo + 1);
                 // Past the trace's end the curve keeps its last value.
-                minmax.query(&curve.after, lo, hi).unwrap_or_else(|| {
+                minmax.query(curve, lo, hi).unwrap_or_else(|| {
                     let v = curve.at(lo as u32);
                     (v, v)
                 })

@@ -53,8 +53,14 @@ fn frees_without_allocs_count_from_the_start_of_the_window() {
     assert_eq!(replay.before_window_bytes, 350);
     assert_eq!(replay.before_window_allocations, 2);
     assert!(replay.truncated);
-    assert_eq!(t.curves().active.after, vec![350, 450, 150, 100]);
-    assert_eq!(t.curves().allocated.after, vec![50, 150, 150, 100]);
+    assert_eq!(
+        t.curves().active.values().collect::<Vec<_>>(),
+        vec![350, 450, 150, 100]
+    );
+    assert_eq!(
+        t.curves().allocated.values().collect::<Vec<_>>(),
+        vec![50, 150, 150, 100]
+    );
 }
 
 #[test]
@@ -85,8 +91,8 @@ fn live_blocks_the_trace_never_allocated_come_from_the_segments() {
     let replay = t.replay();
     assert_eq!(replay.live_in_segments_bytes, 1000);
     assert_eq!(replay.allocations[0].origin, Origin::LiveInSegments);
-    assert_eq!(t.curves().active.after, vec![1700]);
-    assert_eq!(t.curves().reserved.after, vec![4096]);
+    assert_eq!(t.curves().active.values().collect::<Vec<_>>(), vec![1700]);
+    assert_eq!(t.curves().reserved.values().collect::<Vec<_>>(), vec![4096]);
     let frag = t.fragmentation(Instant::Event(0));
     assert_eq!(frag.len(), 1);
     assert_eq!(frag[0].allocated_bytes, 1700);
@@ -141,7 +147,7 @@ fn unknown_actions_zero_sizes_double_allocs_and_missing_times() {
     assert_eq!(replay.anomaly_count, 1);
     assert_eq!(replay.oom_events, vec![4]);
     assert_eq!(replay.actions.other, 2);
-    assert_eq!(t.curves().active.after.last(), Some(&0));
+    assert_eq!(t.curves().active.values().last(), Some(0));
     assert!(t.time().has_time());
 }
 
@@ -247,9 +253,9 @@ fn curves_summed_in_place_equal_the_exact_sums_also_past_i64() {
     for snapshot in [&generated, &past_i64, &sum_past_i64, &below_zero] {
         let t = DeviceTimeline::build(snapshot, 0).unwrap();
         let [allocated, active, reserved] = exact_curves(snapshot, &t);
-        assert_eq!(t.curves().allocated.after, allocated);
-        assert_eq!(t.curves().active.after, active);
-        assert_eq!(t.curves().reserved.after, reserved);
+        assert_eq!(t.curves().allocated.values().collect::<Vec<_>>(), allocated);
+        assert_eq!(t.curves().active.values().collect::<Vec<_>>(), active);
+        assert_eq!(t.curves().reserved.values().collect::<Vec<_>>(), reserved);
         assert!(!allocated.is_empty());
     }
 }

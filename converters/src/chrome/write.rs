@@ -252,14 +252,13 @@ impl Clock<'_> {
         curve: &'c Curve,
     ) -> impl Iterator<Item = (i64, u64)> + 'c {
         let mut written = curve.initial;
+        let len = curve.len();
         let changes = curve
-            .after
-            .iter()
+            .values()
             .enumerate()
-            .filter_map(move |(event, &bytes)| {
+            .filter_map(move |(event, bytes)| {
                 let time = self.at(event as u32);
-                let last_at_time =
-                    event + 1 == curve.after.len() || self.at(event as u32 + 1) != time;
+                let last_at_time = event + 1 == len || self.at(event as u32 + 1) != time;
                 (last_at_time && bytes != written).then(|| {
                     written = bytes;
                     (time, bytes)
