@@ -380,9 +380,64 @@ impl Curves {
 /// Entries without a time take the previous entry's (the first ones the first known time),
 /// and a time earlier than the one before it is raised to it, so the axis is monotonic and
 /// can be searched.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct TimeAxis {
-    times: Option<Vec<i64>>,
+    times: Option<Times>,
+}
+
+/// The per-event times: as 32-bit microsecond offsets from the first when the window spans at
+/// most `u32::MAX` µs (71 minutes; 4 bytes an event instead of 8), else in full.
+#[derive(Clone, Debug)]
+enum Times {
+    Offsets { first: i64, offsets: Vec<u32> },
+    Full(Vec<i64>),
+}
+
+impl Times {
+    /// The monotonic times of entries with these raw times, `first` the first time among
+    /// them.
+    fn build(first: i64, raw: impl Iterator<Item = Option<i64>> + Clone) -> Times {
+        let monotonic = || {
+            let mut last = first;
+            raw.clone().map(move |t| {
+                last = t.unwrap_or(last).max(last);
+                last
+            })
+        };
+        let last = monotonic().last().unwrap_or(first);
+        if u32::try_from(i128::from(last) - i128::from(first)).is_ok() {
+            // Every time is in `first..=last`, so every offset fits.
+            let offsets = monotonic().map(|t| (t - first) as u32).collect();
+            Times::Offsets { first, offsets }
+        } else {
+            Times::Full(monotonic().collect())
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Times::Offsets { offsets, .. } => offsets.len(),
+            Times::Full(times) => times.len(),
+        }
+    }
+
+    /// The time of event `i` (`i < len`).
+    fn get(&self, i: usize) -> i64 {
+        match self {
+            Times::Offsets { first, offsets } => first + i64::from(offsets[i]),
+            Times::Full(times) => times[i],
+        }
+    }
+
+    /// The number of leading events whose time satisfies `pred` (monotonic: true, then false).
+    fn partition_point(&self, pred: impl Fn(i64) -> bool) -> usize {
+        match self {
+            Times::Offsets { first, offsets } => {
+                offsets.partition_point(|&o| pred(first + i64::from(o)))
+            }
+            Times::Full(times) => times.partition_point(|&t| pred(t)),
+        }
+    }
 }
 
 impl TimeAxis {
@@ -396,15 +451,9 @@ impl TimeAxis {
         let Some(first) = trace.iter().find_map(|e| e.time_us) else {
             return TimeAxis { times: None };
         };
-        let mut last = first;
-        let times = trace
-            .iter()
-            .map(|e| {
-                last = e.time_us.unwrap_or(last).max(last);
-                last
-            })
-            .collect();
-        TimeAxis { times: Some(times) }
+        TimeAxis {
+            times: Some(Times::build(first, trace.iter().map(|e| e.time_us))),
+        }
     }
 
     /// Whether the trace has times.
@@ -412,23 +461,41 @@ impl TimeAxis {
         self.times.is_some()
     }
 
+    /// The number of events with a time (0 when the trace has none).
+    pub fn len(&self) -> usize {
+        self.times.as_ref().map_or(0, Times::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first and last times.
+    pub fn span(&self) -> Option<(i64, i64)> {
+        let t = self.times.as_ref()?;
+        let n = t.len();
+        (n > 0).then(|| (t.get(0), t.get(n - 1)))
+    }
+
     /// The time of event `event` (clamped to the trace).
     pub fn time_of(&self, event: u32) -> Option<i64> {
         let t = self.times.as_ref()?;
-        t.get(event as usize).or(t.last()).copied()
+        let n = t.len();
+        (n > 0).then(|| t.get((event as usize).min(n - 1)))
     }
 
     /// The time at a fractional event position (linear between events).
     pub fn time_at(&self, x: f64) -> Option<f64> {
         let t = self.times.as_ref()?;
-        if t.is_empty() || !x.is_finite() {
+        let n = t.len();
+        if n == 0 || !x.is_finite() {
             return None;
         }
-        let x = x.clamp(0.0, (t.len() - 1) as f64);
+        let x = x.clamp(0.0, (n - 1) as f64);
         let i = x.floor() as usize;
         let frac = x - i as f64;
-        let a = t[i] as f64;
-        let b = t.get(i + 1).map_or(a, |&b| b as f64);
+        let a = t.get(i) as f64;
+        let b = if i + 1 < n { t.get(i + 1) as f64 } else { a };
         Some(a + (b - a) * frac)
     }
 
@@ -436,19 +503,20 @@ impl TimeAxis {
     /// (clamped to the trace).
     pub fn event_at(&self, time_us: f64) -> Option<f64> {
         let t = self.times.as_ref()?;
-        if t.is_empty() || !time_us.is_finite() {
+        let n = t.len();
+        if n == 0 || !time_us.is_finite() {
             return None;
         }
         // First event whose time is > time_us.
-        let upper = t.partition_point(|&v| (v as f64) <= time_us);
+        let upper = t.partition_point(|v| (v as f64) <= time_us);
         if upper == 0 {
             return Some(0.0);
         }
         let i = upper - 1;
-        let Some(&next) = t.get(i + 1) else {
+        if i + 1 >= n {
             return Some(i as f64);
-        };
-        let (a, b) = (t[i] as f64, next as f64);
+        }
+        let (a, b) = (t.get(i) as f64, t.get(i + 1) as f64);
         Some(if b > a {
             i as f64 + (time_us - a) / (b - a)
         } else {
@@ -459,18 +527,29 @@ impl TimeAxis {
     /// The first event at or after `time_us` (for named ranges and step boundaries).
     pub fn first_event_at_or_after(&self, time_us: i64) -> Option<u32> {
         let t = self.times.as_ref()?;
-        Some(t.partition_point(|&v| v < time_us) as u32)
+        Some(t.partition_point(|v| v < time_us) as u32)
     }
 
     /// The last event at or before `time_us` (`None` if every event is later).
     pub fn last_event_at_or_before(&self, time_us: i64) -> Option<u32> {
         let t = self.times.as_ref()?;
-        (t.partition_point(|&v| v <= time_us) as u32).checked_sub(1)
+        (t.partition_point(|v| v <= time_us) as u32).checked_sub(1)
     }
+}
 
-    /// The per-event times.
-    pub fn times(&self) -> Option<&[i64]> {
-        self.times.as_deref()
+/// The same JSON as when the axis was `{times: [every time] | null}`.
+impl Serialize for TimeAxis {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Every<'t>(&'t Times);
+        impl Serialize for Every<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq((0..self.0.len()).map(|i| self.0.get(i)))
+            }
+        }
+        let mut s = serializer.serialize_struct("TimeAxis", 1)?;
+        s.serialize_field("times", &self.times.as_ref().map(Every))?;
+        s.end()
     }
 }
 
@@ -607,6 +686,93 @@ impl RangeMinMax {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The axis of these raw times, compact where the span allows, and the same kept in full.
+    fn both_axes(raw: &[Option<i64>]) -> Option<(TimeAxis, TimeAxis)> {
+        let first = raw.iter().find_map(|&t| t)?;
+        let compact = Times::build(first, raw.iter().copied());
+        let full = Times::Full((0..compact.len()).map(|i| compact.get(i)).collect());
+        Some((
+            TimeAxis {
+                times: Some(compact),
+            },
+            TimeAxis { times: Some(full) },
+        ))
+    }
+
+    /// Every query the axis answers, on both representations.
+    fn assert_same_answers(compact: &TimeAxis, full: &TimeAxis, probes: &[i64]) {
+        let n = full.len() as u32;
+        assert_eq!((compact.len(), compact.span()), (full.len(), full.span()));
+        for e in 0..n + 2 {
+            assert_eq!(compact.time_of(e), full.time_of(e), "time_of({e})");
+            let x = f64::from(e) - 0.25;
+            assert_eq!(compact.time_at(x), full.time_at(x), "time_at({x})");
+        }
+        for &t in probes {
+            assert_eq!(
+                compact.first_event_at_or_after(t),
+                full.first_event_at_or_after(t)
+            );
+            assert_eq!(
+                compact.last_event_at_or_before(t),
+                full.last_event_at_or_before(t)
+            );
+            let x = t as f64 + 0.5;
+            assert_eq!(compact.event_at(x), full.event_at(x), "event_at({x})");
+        }
+    }
+
+    #[test]
+    fn time_offsets_hold_up_to_71_minutes_and_longer_windows_keep_full_times() {
+        let max = i64::from(u32::MAX);
+        let cases: [(&[Option<i64>], bool); 6] = [
+            (&[Some(5)], true),
+            (&[None, Some(-40), None, Some(-50), Some(10)], true),
+            (&[Some(1_000), None, Some(1_000 + max)], true),
+            // One microsecond past 71 minutes: offsets would wrap.
+            (&[Some(1_000), Some(2_000), Some(1_001 + max)], false),
+            (&[Some(i64::MIN), Some(0), Some(i64::MAX)], false),
+            (&[Some(-3 * max), None, Some(0), Some(3 * max)], false),
+        ];
+        for (raw, compact_expected) in cases {
+            let (axis, full) = both_axes(raw).unwrap();
+            assert_eq!(
+                matches!(axis.times, Some(Times::Offsets { .. })),
+                compact_expected,
+                "{raw:?}"
+            );
+            let mut probes: Vec<i64> = raw.iter().flatten().copied().collect();
+            probes.extend(
+                probes
+                    .clone()
+                    .iter()
+                    .flat_map(|&t| [t.saturating_sub(1), t.saturating_add(1)]),
+            );
+            assert_same_answers(&axis, &full, &probes);
+        }
+        assert!(both_axes(&[None, None]).is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn compact_and_full_time_axes_give_the_same_answers(
+            start in -1_000_000_000_000i64..1_000_000_000_000,
+            steps in proptest::collection::vec(proptest::option::of(-50i64..5_000_000_000 / 40), 1..40),
+            probes in proptest::collection::vec(-10_000_000i64..6_000_000_000, 1..20),
+        ) {
+            let mut t = start;
+            let raw: Vec<Option<i64>> = steps
+                .iter()
+                .map(|step| step.map(|d| { t += d; t }))
+                .collect();
+            if let Some((compact, full)) = both_axes(&raw) {
+                let probes: Vec<i64> = probes.iter().map(|p| start + p).collect();
+                assert_same_answers(&compact, &full, &probes);
+            }
+        }
+    }
 
     #[test]
     fn a_rarely_changing_curve_keeps_only_its_changes() {

@@ -296,12 +296,7 @@ impl DeviceTimeline {
         match at {
             Instant::Event(e) => e.min(last),
             Instant::Peak => self.peak(CurveKind::Active).event,
-            Instant::TimeUs(t) => match self.time.times() {
-                Some(times) => (times.partition_point(|&v| v <= t) as u32)
-                    .saturating_sub(1)
-                    .min(last),
-                None => 0,
-            },
+            Instant::TimeUs(t) => self.time.last_event_at_or_before(t).unwrap_or(0).min(last),
         }
     }
 
