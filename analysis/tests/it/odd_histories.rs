@@ -267,14 +267,23 @@ fn the_drawing_indexes_built_with_the_timeline_equal_those_built_later() {
     let lazy = DeviceTimeline::build(&snapshot, 0).unwrap();
     assert_eq!(eager.by_size_desc(), lazy.by_size_desc());
     // Largest first, ties in stacking order.
-    assert!(
-        eager
-            .by_size_desc()
-            .windows(2)
-            .all(|w| (std::cmp::Reverse(w[0].size), w[0].id)
-                < (std::cmp::Reverse(w[1].size), w[1].id))
-    );
+    assert!(eager.by_size_desc().windows(2).all(|w| {
+        let size =
+            |o: &memsnap_analysis::SizeOrdered| eager.replay().allocations[o.id.0 as usize].size;
+        (std::cmp::Reverse(size(&w[0])), w[0].id) < (std::cmp::Reverse(size(&w[1])), w[1].id)
+    }));
     let axis = eager.replay().axis_len();
+    for o in eager.by_size_desc() {
+        let a = &eager.replay().allocations[o.id.0 as usize];
+        assert_eq!(
+            (o.start, o.end_allocated, o.end_active),
+            (
+                a.start(),
+                a.end(Lifetime::Allocated, axis),
+                a.end(Lifetime::Active, axis)
+            )
+        );
+    }
     for kind in [CurveKind::Allocated, CurveKind::Active, CurveKind::Reserved] {
         assert_eq!(
             eager.curve_envelope(kind, 0, axis, 97).unwrap(),
