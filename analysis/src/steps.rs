@@ -429,7 +429,7 @@ fn annotation_bounds(
 /// allocation before the first found step with the stack (and size) that begins the next
 /// step begins the first one (with the `segment_alloc`s right before it, which it caused).
 fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
-    let mut bounds = shape_bounds(&curve.to_slice());
+    let mut bounds = shape_bounds_of(curve.len(), |i| curve.at(i as u32));
     // Allocations are in start order; traced ones follow those from before the window.
     let traced = &replay.allocations[replay.before_window_allocations as usize..];
     refine_starts(&mut bounds, curve, traced);
@@ -547,17 +547,22 @@ fn refine_starts(bounds: &mut [(u32, u32)], curve: &Curve, traced: &[crate::repl
 /// from the parameters' allocation, and nothing in the curve tells where one ends and the
 /// other begins ([`find_steps`] then finds it by its call site).
 pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
-    let Some((&first_lo, &hi)) = values.iter().min().zip(values.iter().max()) else {
+    shape_bounds_of(values.len(), |i| values[i])
+}
+
+/// [`shape_bounds`] of `n` values read through `value` (a curve keeps its values compressed).
+fn shape_bounds_of(n: usize, value: impl Fn(usize) -> u64) -> Vec<(u32, u32)> {
+    let Some((first_lo, hi)) = (0..n).map(&value).min().zip((0..n).map(&value).max()) else {
         return Vec::new();
     };
     // The low level is the minimum after the curve first reaches half its height: a run
     // starts from nothing and ramps up through parameter allocation, far below the floor the
     // steps return to.
     let half = first_lo + (hi - first_lo) / 2;
-    let ramp_end = values.iter().position(|&v| v >= half).unwrap_or(0);
-    let lo = values[ramp_end..].iter().copied().min().unwrap_or(first_lo);
+    let ramp_end = (0..n).find(|&i| value(i) >= half).unwrap_or(0);
+    let lo = (ramp_end..n).map(&value).min().unwrap_or(first_lo);
     let amplitude = (hi - lo) as f64;
-    if values.len() < 4 || amplitude <= 0.0 {
+    if n < 4 || amplitude <= 0.0 {
         return Vec::new();
     }
     let upper = lo as f64 + 0.6 * amplitude;
@@ -565,8 +570,8 @@ pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
     // High regions as (enter, exit); a region still high at the end is dropped.
     let mut regions: Vec<(usize, usize)> = Vec::new();
     let mut high_since: Option<usize> = None;
-    for (i, &v) in values.iter().enumerate() {
-        let v = v as f64;
+    for i in 0..n {
+        let v = value(i) as f64;
         match high_since {
             None if v >= upper => high_since = Some(i),
             Some(enter) if v <= lower => {
@@ -585,7 +590,7 @@ pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
         let (climb, notable) = (0.1 * amplitude, 0.02 * amplitude);
         let mut best = to.saturating_sub(1).max(from);
         for i in (from..to).rev() {
-            let (v, b) = (values[i] as f64, values[best] as f64);
+            let (v, b) = (value(i) as f64, value(best) as f64);
             if v + notable < b || (v <= b && i + 1 == best) {
                 best = i;
             } else if v > b + climb {
@@ -599,17 +604,17 @@ pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
     if let Some(&(enter, _)) = regions.first() {
         if enter > 0 {
             let b = last_dip(0, enter);
-            let fell = values[..=b]
-                .iter()
+            let fell = (0..=b)
+                .map(&value)
                 .max()
-                .is_some_and(|&m| (m - values[b]) as f64 >= 0.3 * amplitude);
+                .is_some_and(|m| (m - value(b)) as f64 >= 0.3 * amplitude);
             if fell {
                 ends.push(b);
             }
         }
     }
     for (k, &(_, exit)) in regions.iter().enumerate() {
-        let to = regions.get(k + 1).map_or(values.len(), |r| r.0);
+        let to = regions.get(k + 1).map_or(n, |r| r.0);
         ends.push(last_dip(exit, to));
     }
     ends.windows(2)
