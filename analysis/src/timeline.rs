@@ -391,23 +391,25 @@ impl DeviceTimeline {
     /// of the size filter. The live allocations of at least `min_size` plus this curve equal
     /// the lifetime's curve at every event.
     pub fn residual_curve(&self, min_size: u64, lifetime: Lifetime) -> crate::curve::Curve {
+        let small = || self.replay.allocations.iter().filter(|a| a.size < min_size);
+        let initial = small()
+            .filter(|a| a.before_window())
+            .fold(0u64, |s, a| s.saturating_add(a.size));
         let n = self.replay.trace_len as usize;
-        let mut deltas = vec![0i128; n];
-        let mut initial = 0u64;
-        for a in self.replay.allocations.iter().filter(|a| a.size < min_size) {
-            match a.alloc_event() {
-                Some(e) => deltas[e as usize] += i128::from(a.size),
-                None => initial = initial.saturating_add(a.size),
+        crate::curve::curve_from_deltas(initial, n, |delta| {
+            for a in small() {
+                if let Some(e) = a.alloc_event() {
+                    delta(e, i128::from(a.size));
+                }
+                let end = match lifetime {
+                    Lifetime::Allocated => a.free_requested().or(a.free_completed()),
+                    Lifetime::Active => a.free_completed(),
+                };
+                if let Some(f) = end {
+                    delta(f, -i128::from(a.size));
+                }
             }
-            let end = match lifetime {
-                Lifetime::Allocated => a.free_requested().or(a.free_completed()),
-                Lifetime::Active => a.free_completed(),
-            };
-            if let Some(f) = end {
-                deltas[f as usize] -= i128::from(a.size);
-            }
-        }
-        crate::curve::Curve::from_deltas(initial, &deltas)
+        })
     }
 
     /// Segment usage at an instant (segments reserved then, by address).
