@@ -452,17 +452,11 @@ pub(crate) fn plan_from_evidence(
     // Traced allocations in alloc order, with their phase label (None = neutral).
     let first_traced = replay.before_window_allocations as usize;
     let traced = replay.allocations.get(first_traced..)?;
-    let mut events: Vec<u32> = Vec::with_capacity(traced.len());
-    let mut labels: Vec<Option<PhaseKind>> = Vec::with_capacity(traced.len());
-    let mut no_frames: Vec<bool> = Vec::with_capacity(traced.len());
-    for (a, e) in traced.iter().zip(evidence.get(first_traced..)?) {
-        let Some(event) = a.alloc_event() else {
-            continue;
-        };
-        events.push(event);
-        labels.push(e.phase());
-        no_frames.push(*e == Evidence::NoFrames);
-    }
+    let evidence = evidence.get(first_traced..)?.get(..traced.len())?;
+    // Traced allocations are in alloc order, each with its alloc event: their starts are the
+    // alloc events, ascending (read from them rather than copied, 13 MB at 10M entries).
+    let mut labels: Vec<Option<PhaseKind>> = evidence.iter().map(|e| e.phase()).collect();
+    let no_frames: Vec<bool> = evidence.iter().map(|e| *e == Evidence::NoFrames).collect();
     // Without a stack that says forward, backward or optimizer, annotations alone do not
     // make a plan here (see `crate::steps` for steps from annotations).
     if !labels.iter().any(|l| {
@@ -481,8 +475,8 @@ pub(crate) fn plan_from_evidence(
         else {
             continue;
         };
-        let from = events.partition_point(|&x| x < s);
-        let to = events.partition_point(|&x| x <= e);
+        let from = traced.partition_point(|a| a.start() < s);
+        let to = traced.partition_point(|a| a.start() <= e);
         for label in &mut labels[from..to] {
             if label.is_none() {
                 *label = Some(kind);
@@ -550,7 +544,7 @@ pub(crate) fn plan_from_evidence(
         let start = if prev_last.is_none() {
             0
         } else {
-            events[first_index]
+            traced[first_index].start()
         };
         prev_last = Some(last_index);
         if kind == PhaseKind::Setup {
