@@ -507,7 +507,8 @@ enum Times {
 
 impl Times {
     /// The monotonic times of entries with these raw times, `first` the first time among
-    /// them.
+    /// them. One pass while every offset fits (the usual case); a window longer than 71
+    /// minutes starts over with full times.
     fn build(first: i64, raw: impl Iterator<Item = Option<i64>> + Clone) -> Times {
         let monotonic = || {
             let mut last = first;
@@ -516,13 +517,12 @@ impl Times {
                 last
             })
         };
-        let last = monotonic().last().unwrap_or(first);
-        if u32::try_from(i128::from(last) - i128::from(first)).is_ok() {
-            // Every time is in `first..=last`, so every offset fits.
-            let offsets = monotonic().map(|t| (t - first) as u32).collect();
-            Times::Offsets { first, offsets }
-        } else {
-            Times::Full(monotonic().collect())
+        let offsets: Option<Vec<u32>> = monotonic()
+            .map(|t| u32::try_from(i128::from(t) - i128::from(first)).ok())
+            .collect();
+        match offsets {
+            Some(offsets) => Times::Offsets { first, offsets },
+            None => Times::Full(monotonic().collect()),
         }
     }
 
