@@ -429,7 +429,11 @@ fn annotation_bounds(
 /// allocation before the first found step with the stack (and size) that begins the next
 /// step begins the first one (with the `segment_alloc`s right before it, which it caused).
 fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
-    let mut bounds = shape_bounds_of(curve.len(), |i| curve.at(i as u32));
+    let mut bounds = shape_bounds_of(
+        curve.len(),
+        |i| curve.at(i as u32),
+        |lo, hi| curve.min_max(lo, hi),
+    );
     // Allocations are in start order; traced ones follow those from before the window.
     let traced = &replay.allocations[replay.before_window_allocations as usize..];
     refine_starts(&mut bounds, curve, traced);
@@ -547,12 +551,22 @@ fn refine_starts(bounds: &mut [(u32, u32)], curve: &Curve, traced: &[crate::repl
 /// from the parameters' allocation, and nothing in the curve tells where one ends and the
 /// other begins ([`find_steps`] then finds it by its call site).
 pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
-    shape_bounds_of(values.len(), |i| values[i])
+    let min_max = |lo: usize, hi: usize| {
+        let range = values.get(lo..hi)?;
+        range.iter().min().copied().zip(range.iter().max().copied())
+    };
+    shape_bounds_of(values.len(), |i| values[i], min_max)
 }
 
-/// [`shape_bounds`] of `n` values read through `value` (a curve keeps its values compressed).
-fn shape_bounds_of(n: usize, value: impl Fn(usize) -> u64) -> Vec<(u32, u32)> {
-    let Some((first_lo, hi)) = (0..n).map(&value).min().zip((0..n).map(&value).max()) else {
+/// [`shape_bounds`] of `n` values read through `value`, with `min_max(lo, hi)` the (min, max)
+/// of `lo..hi` (`None` when empty): a curve keeps its values compressed and scans ranges
+/// faster than value by value.
+fn shape_bounds_of(
+    n: usize,
+    value: impl Fn(usize) -> u64,
+    min_max: impl Fn(usize, usize) -> Option<(u64, u64)>,
+) -> Vec<(u32, u32)> {
+    let Some((first_lo, hi)) = min_max(0, n) else {
         return Vec::new();
     };
     // The low level is the minimum after the curve first reaches half its height: a run
@@ -560,7 +574,7 @@ fn shape_bounds_of(n: usize, value: impl Fn(usize) -> u64) -> Vec<(u32, u32)> {
     // steps return to.
     let half = first_lo + (hi - first_lo) / 2;
     let ramp_end = (0..n).find(|&i| value(i) >= half).unwrap_or(0);
-    let lo = (ramp_end..n).map(&value).min().unwrap_or(first_lo);
+    let lo = min_max(ramp_end, n).map_or(first_lo, |(min, _)| min);
     let amplitude = (hi - lo) as f64;
     if n < 4 || amplitude <= 0.0 {
         return Vec::new();
@@ -604,10 +618,8 @@ fn shape_bounds_of(n: usize, value: impl Fn(usize) -> u64) -> Vec<(u32, u32)> {
     if let Some(&(enter, _)) = regions.first() {
         if enter > 0 {
             let b = last_dip(0, enter);
-            let fell = (0..=b)
-                .map(&value)
-                .max()
-                .is_some_and(|m| (m - value(b)) as f64 >= 0.3 * amplitude);
+            let fell =
+                min_max(0, b + 1).is_some_and(|(_, m)| (m - value(b)) as f64 >= 0.3 * amplitude);
             if fell {
                 ends.push(b);
             }

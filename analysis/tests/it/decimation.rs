@@ -61,6 +61,7 @@ proptest! {
                 every_table.query(&every, lo, hi),
                 "{}..{}", lo, hi
             );
+            prop_assert_eq!(kept.min_max(lo, hi), every_table.query(&every, lo, hi));
         }
     }
 
