@@ -265,6 +265,31 @@ impl Curve {
         })
     }
 
+    /// Over the values after events `start..=end` (past the end, the last value, as
+    /// [`Curve::at`] reads): the first event reaching the highest, that value, and the lowest.
+    /// Inside the curve the extremes come from [`Curve::min_max`] and only the search for the
+    /// first peak reads event by event.
+    pub fn peak_in(&self, start: u32, end: u32) -> (u32, u64, u64) {
+        let inside = start <= end && (end as usize) < self.len();
+        if let Some((min, max)) = self
+            .min_max(start as usize, end as usize + 1)
+            .filter(|_| inside)
+        {
+            let first = (start..=end).find(|&e| self.at(e) == max).unwrap_or(start);
+            return (first, max, min);
+        }
+        let (mut peak_event, mut peak, mut min) = (start, self.at(start), self.at(start));
+        for e in start..=end {
+            let v = self.at(e);
+            if v > peak {
+                peak = v;
+                peak_event = e;
+            }
+            min = min.min(v);
+        }
+        (peak_event, peak, min)
+    }
+
     /// The highest value and the first event reaching it. The state before event 0 counts
     /// too (memory from before the window that the first events free): then the event is
     /// `None`, as it is for an empty trace.
@@ -942,6 +967,19 @@ mod tests {
             }
             prop_assert_eq!(curve.max(), reference_max(initial, &values));
             let table = CurveMinMax::build(&curve);
+            for &(a, b) in &ranges {
+                let (start, end) = (a as u32, b as u32);
+                let (mut peak_event, mut peak, mut min) = (start, curve.at(start), curve.at(start));
+                for e in start..=end {
+                    let v = curve.at(e);
+                    if v > peak {
+                        peak = v;
+                        peak_event = e;
+                    }
+                    min = min.min(v);
+                }
+                prop_assert_eq!(curve.peak_in(start, end), (peak_event, peak, min), "{}..={}", start, end);
+            }
             for (a, b) in ranges {
                 let (lo, hi) = (a.min(b), a.max(b).min(values.len()));
                 let want = (lo < hi).then(|| fold_min_max(values[lo..hi].iter().copied()));

@@ -347,14 +347,7 @@ impl Phase {
         } else {
             curve.at(start - 1)
         };
-        let (mut peak_event, mut peak_bytes) = (start, curve.at(start));
-        for e in start..=end {
-            let v = curve.at(e);
-            if v > peak_bytes {
-                peak_bytes = v;
-                peak_event = e;
-            }
-        }
+        let (peak_event, peak_bytes, _) = curve.peak_in(start, end);
         let end_bytes = curve.at(end);
         let delta = i64::try_from(i128::from(end_bytes) - i128::from(start_bytes)).unwrap_or(0);
         // Timed from the phase's first event to its last: the pause before a step (the host

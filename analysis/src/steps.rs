@@ -643,15 +643,7 @@ fn measure_step(
     time: &TimeAxis,
     replay: &Replay,
 ) -> Step {
-    let (mut peak_event, mut peak_bytes, mut min_bytes) = (start, curve.at(start), curve.at(start));
-    for e in start..=end {
-        let v = curve.at(e);
-        if v > peak_bytes {
-            peak_bytes = v;
-            peak_event = e;
-        }
-        min_bytes = min_bytes.min(v);
-    }
+    let (peak_event, peak_bytes, min_bytes) = curve.peak_in(start, end);
     let (start_bytes, end_bytes) = (curve.at(start), curve.at(end));
     let diff = |a: u64, b: u64| i64::try_from(i128::from(a) - i128::from(b)).unwrap_or(0);
     // Allocations made in (start, end] still live after end.
