@@ -108,8 +108,8 @@ pub(crate) fn categorize(
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            let freed = a.free_requested.or(a.free_completed);
-            let Some(alloc) = a.alloc_event else {
+            let freed = a.free_requested().or(a.free_completed());
+            let Some(alloc) = a.alloc_event() else {
                 return match (freed, evidence.get(i)) {
                     (Some(_), _) => Category::Unknown,
                     (None, Some(Evidence::Optimizer)) => Category::OptimizerState,

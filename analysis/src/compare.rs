@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::sites::GroupBy;
-use crate::summary::{summarize_device, DeviceSummary, SummaryOptions};
+use crate::steps::StepAnalysis;
+use crate::summary::{summarize_device_with_steps, DeviceSummary, SummaryOptions};
 use crate::timeline::DeviceTimeline;
 
 /// One device of one file, reduced to what is compared.
@@ -36,7 +37,18 @@ pub fn device_profile(
     timeline: &DeviceTimeline,
     options: &SummaryOptions,
 ) -> DeviceProfile {
-    let summary = summarize_device(snapshot, timeline, options);
+    let steps = timeline.steps(&options.steps);
+    device_profile_with_steps(snapshot, timeline, options, &steps)
+}
+
+/// [`device_profile`] with the steps already found (`timeline.steps(&options.steps)`).
+pub fn device_profile_with_steps(
+    snapshot: &Snapshot,
+    timeline: &DeviceTimeline,
+    options: &SummaryOptions,
+    steps: &StepAnalysis,
+) -> DeviceProfile {
+    let summary = summarize_device_with_steps(snapshot, timeline, options, steps);
     let mut sites: HashMap<String, (u64, u64)> = HashMap::new();
     for s in timeline.top_sites(snapshot, GroupBy::Frame) {
         let e = sites.entry(s.key.label(snapshot)).or_default();

@@ -202,7 +202,7 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
             let s = samples[c];
             let hi = clamp_event(event_edges[c + 1].ceil()).max(s) as usize + 1;
             let (lo_v, hi_v) = minmax
-                .query(&curve.after, s as usize, hi)
+                .query(curve, s as usize, hi)
                 .unwrap_or((curve.at(s), curve.at(s)));
             Column {
                 x0: edge(c),
@@ -219,13 +219,13 @@ pub(crate) fn compute(timeline: &DeviceTimeline, req: &LayoutRequest) -> Result<
     // Samples are non-decreasing; an allocation is drawn if live at some sample.
     let probe = SampleProbe::new(&samples);
     let (first_sample, last_sample) = (samples[0], samples[width - 1]);
-    let mut chosen: Vec<AllocId> =
-        Vec::with_capacity(req.max_bands.min(timeline.by_size_desc().len()));
+    // Largest first: the allocations of at least `min_size` are a prefix.
+    let by_size = timeline.by_size_desc();
+    let big_enough =
+        by_size.partition_point(|o| replay.allocations[o.id.0 as usize].size >= req.min_size);
+    let mut chosen: Vec<AllocId> = Vec::with_capacity(req.max_bands.min(big_enough));
     let mut capped = false;
-    for o in timeline.by_size_desc() {
-        if o.size < req.min_size {
-            break;
-        }
+    for o in &by_size[..big_enough] {
         let end = o.end(req.lifetime);
         // Cheap rejection of everything outside the range before the per-sample check.
         if o.start > last_sample || end <= first_sample || !probe.any_in(o.start, end) {

@@ -55,7 +55,47 @@ pub enum Lifetime {
     Active,
 }
 
-/// One allocation interval.
+/// An optional event index in 4 bytes: `u32::MAX` (never an event: a trace has fewer
+/// entries, see [`AnalysisError::TooManyEntries`]) is none. `Option<u32>` takes 8, and an
+/// allocation holds three (3.3M allocations at 10M entries).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct OptEvent(u32);
+
+impl OptEvent {
+    const NONE: OptEvent = OptEvent(u32::MAX);
+
+    fn some(event: u32) -> OptEvent {
+        debug_assert!(event != u32::MAX);
+        OptEvent(event)
+    }
+
+    fn get(self) -> Option<u32> {
+        (self.0 != u32::MAX).then_some(self.0)
+    }
+}
+
+impl From<Option<u32>> for OptEvent {
+    fn from(event: Option<u32>) -> OptEvent {
+        event.map_or(OptEvent::NONE, OptEvent::some)
+    }
+}
+
+impl std::fmt::Debug for OptEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+impl Serialize for OptEvent {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        self.get().serialize(serializer)
+    }
+}
+
+/// One allocation interval (48 bytes: a replay keeps one per `alloc` of the trace).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Allocation {
     pub addr: u64,
@@ -65,26 +105,41 @@ pub struct Allocation {
     /// Stack of the alloc (or of the free / block when the alloc is not in the trace).
     pub stack: Option<StackId>,
     pub origin: Origin,
-    /// Index of the `alloc` entry; `None` when it predates the window.
-    pub alloc_event: Option<u32>,
-    /// Index of the `free_requested` (or merged `free`) entry; `None` if never freed.
-    pub free_requested: Option<u32>,
-    /// Index of the `free_completed` (or merged `free`) entry; `None` if not returned.
-    pub free_completed: Option<u32>,
+    /// See [`Allocation::alloc_event`].
+    alloc_event: OptEvent,
+    /// See [`Allocation::free_requested`].
+    free_requested: OptEvent,
+    /// See [`Allocation::free_completed`].
+    free_completed: OptEvent,
 }
 
 impl Allocation {
+    /// Index of the `alloc` entry; `None` when it predates the window.
+    pub fn alloc_event(&self) -> Option<u32> {
+        self.alloc_event.get()
+    }
+
+    /// Index of the `free_requested` (or merged `free`) entry; `None` if never freed.
+    pub fn free_requested(&self) -> Option<u32> {
+        self.free_requested.get()
+    }
+
+    /// Index of the `free_completed` (or merged `free`) entry; `None` if not returned.
+    pub fn free_completed(&self) -> Option<u32> {
+        self.free_completed.get()
+    }
+
     /// First event index at which the allocation is live (0 for memory from before the window).
     pub fn start(&self) -> u32 {
-        self.alloc_event.unwrap_or(0)
+        self.alloc_event().unwrap_or(0)
     }
 
     /// One past the last event at which it is live: the free event, or `axis_len` (see
     /// [`Replay::axis_len`]) when live at the end.
     pub fn end(&self, lifetime: Lifetime, axis_len: u32) -> u32 {
         let end = match lifetime {
-            Lifetime::Allocated => self.free_requested.or(self.free_completed),
-            Lifetime::Active => self.free_completed,
+            Lifetime::Allocated => self.free_requested().or(self.free_completed()),
+            Lifetime::Active => self.free_completed(),
         };
         end.unwrap_or(axis_len).max(self.start())
     }
@@ -94,9 +149,16 @@ impl Allocation {
         self.start() <= event && event < self.end(lifetime, axis_len)
     }
 
+    /// Records the first `free_requested` (a later one does not move it).
+    fn free_requested_at(&mut self, event: u32) {
+        if self.free_requested == OptEvent::NONE {
+            self.free_requested = OptEvent::some(event);
+        }
+    }
+
     /// Whether it existed before the trace window.
     pub fn before_window(&self) -> bool {
-        self.alloc_event.is_none()
+        self.alloc_event == OptEvent::NONE
     }
 }
 
@@ -232,8 +294,8 @@ impl Replay {
                     if let Some(slot) = live.remove(&entry.addr) {
                         // Alloc of an address nobody freed: the free was not recorded.
                         let prev = slot.get_mut(&mut traced, &mut freed_before);
-                        prev.free_requested.get_or_insert(i);
-                        prev.free_completed = Some(i);
+                        prev.free_requested_at(i);
+                        prev.free_completed = OptEvent::some(i);
                         replay.note(i, format!("alloc at {:#x}, which is still allocated; treating the earlier allocation as freed here", entry.addr));
                     }
                     live.insert(entry.addr, Slot::Traced(traced.len()));
@@ -243,9 +305,9 @@ impl Replay {
                         stream: entry.stream,
                         stack: entry.frames,
                         origin: Origin::Traced,
-                        alloc_event: Some(i),
-                        free_requested: None,
-                        free_completed: None,
+                        alloc_event: OptEvent::some(i),
+                        free_requested: OptEvent::NONE,
+                        free_completed: OptEvent::NONE,
                     });
                 }
                 Action::FreeRequested => {
@@ -253,7 +315,7 @@ impl Replay {
                     match live.get(&entry.addr) {
                         Some(slot) => {
                             let a = slot.get_mut(&mut traced, &mut freed_before);
-                            a.free_requested.get_or_insert(i);
+                            a.free_requested_at(i);
                         }
                         None => {
                             live.insert(entry.addr, Slot::Before(freed_before.len()));
@@ -269,8 +331,8 @@ impl Replay {
                     match live.remove(&entry.addr) {
                         Some(slot) => {
                             let a = slot.get_mut(&mut traced, &mut freed_before);
-                            a.free_requested.get_or_insert(i);
-                            a.free_completed = Some(i);
+                            a.free_requested_at(i);
+                            a.free_completed = OptEvent::some(i);
                         }
                         None => freed_before.push(before_window(entry, Some(i), Some(i))),
                     }
@@ -328,7 +390,7 @@ impl Replay {
         // Blocks live in the final segments that the trace never allocated.
         let traced_live: HashSet<u64> = traced
             .iter()
-            .filter(|a| a.free_requested.is_none() && a.free_completed.is_none())
+            .filter(|a| a.free_requested().is_none() && a.free_completed().is_none())
             .map(|a| a.addr)
             .collect();
         let mut ghosts = Vec::new();
@@ -343,9 +405,9 @@ impl Replay {
                         stream: seg.stream,
                         stack: block.frames,
                         origin: Origin::LiveInSegments,
-                        alloc_event: None,
-                        free_requested: None,
-                        free_completed: None,
+                        alloc_event: OptEvent::NONE,
+                        free_requested: OptEvent::NONE,
+                        free_completed: OptEvent::NONE,
                     });
                 }
             }
@@ -375,7 +437,11 @@ impl Replay {
         // latest-freed lowest (so earlier frees do not shift the bands above them), then the
         // traced allocations in alloc order.
         freed_before.sort_by_key(|a| {
-            std::cmp::Reverse(a.free_completed.or(a.free_requested).unwrap_or(u32::MAX))
+            std::cmp::Reverse(
+                a.free_completed()
+                    .or(a.free_requested())
+                    .unwrap_or(u32::MAX),
+            )
         });
         replay.live_in_segments_allocations = ghosts.len() as u64;
         replay.live_in_segments_bytes = ghosts.iter().fold(0u64, |s, a| s.saturating_add(a.size));
@@ -472,9 +538,9 @@ fn before_window(
         stream: entry.stream,
         stack: entry.frames,
         origin: Origin::FreedBeforeAlloc,
-        alloc_event: None,
-        free_requested,
-        free_completed,
+        alloc_event: OptEvent::NONE,
+        free_requested: free_requested.into(),
+        free_completed: free_completed.into(),
     }
 }
 
@@ -535,5 +601,42 @@ fn close_range(
         }
         seg.free_event = Some(event);
         closed.push(seg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replay keeps one allocation per `alloc` (3.3M at 10M entries): 64 bytes with
+    /// `Option<u32>` event indexes, 48 with sentinels.
+    #[test]
+    fn allocation_takes_48_bytes() {
+        assert_eq!(std::mem::size_of::<Allocation>(), 48);
+    }
+
+    #[test]
+    fn event_sentinels_read_back_as_the_options_they_stand_for() {
+        for event in [None, Some(0), Some(7), Some(u32::MAX - 1)] {
+            assert_eq!(OptEvent::from(event).get(), event);
+        }
+        let mut a = Allocation {
+            addr: 0,
+            size: 1,
+            stream: 0,
+            stack: None,
+            origin: Origin::Traced,
+            alloc_event: OptEvent::some(3),
+            free_requested: OptEvent::NONE,
+            free_completed: OptEvent::NONE,
+        };
+        a.free_requested_at(5);
+        a.free_requested_at(9);
+        assert_eq!(
+            (a.alloc_event(), a.free_requested(), a.free_completed()),
+            (Some(3), Some(5), None)
+        );
+        assert_eq!(a.end(Lifetime::Allocated, 20), 5);
+        assert_eq!(a.end(Lifetime::Active, 20), 20);
     }
 }

@@ -190,7 +190,7 @@ impl StepAnalysis {
     pub fn categories_before_window(&self, replay: &Replay) -> CategoryBytes {
         let mut out = CategoryBytes::default();
         for (a, c) in replay.allocations.iter().zip(&self.categories) {
-            if a.alloc_event.is_none() {
+            if a.alloc_event().is_none() {
                 out.0[*c as usize] = out.0[*c as usize].saturating_add(a.size);
             }
         }
@@ -318,11 +318,11 @@ fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
         };
         let first = replay
             .allocations
-            .partition_point(|a| a.alloc_event.is_none_or(|e| e < opt.start_event));
+            .partition_point(|a| a.alloc_event().is_none_or(|e| e < opt.start_event));
         let bytes = replay.allocations[first..]
             .iter()
             .zip(&analysis.categories[first..])
-            .take_while(|(a, _)| a.alloc_event.is_some_and(|e| e <= opt.end_event))
+            .take_while(|(a, _)| a.alloc_event().is_some_and(|e| e <= opt.end_event))
             .filter(|(_, c)| **c == Category::OptimizerState)
             .fold(0u64, |acc, (a, _)| acc.saturating_add(a.size));
         step.optimizer_state_bytes = bytes;
@@ -429,7 +429,11 @@ fn annotation_bounds(
 /// allocation before the first found step with the stack (and size) that begins the next
 /// step begins the first one (with the `segment_alloc`s right before it, which it caused).
 fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
-    let mut bounds = shape_bounds(&curve.after);
+    let mut bounds = shape_bounds_of(
+        curve.len(),
+        |i| curve.at(i as u32),
+        |lo, hi| curve.min_max(lo, hi),
+    );
     // Allocations are in start order; traced ones follow those from before the window.
     let traced = &replay.allocations[replay.before_window_allocations as usize..];
     refine_starts(&mut bounds, curve, traced);
@@ -443,7 +447,7 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
         .iter()
         .skip_while(|a| a.start() < first_start)
         .take_while(|a| a.start() <= bounds[0].1)
-        .find(|a| a.alloc_event.is_some());
+        .find(|a| a.alloc_event().is_some());
     let Some(opener) = opener else {
         return bounds;
     };
@@ -547,17 +551,32 @@ fn refine_starts(bounds: &mut [(u32, u32)], curve: &Curve, traced: &[crate::repl
 /// from the parameters' allocation, and nothing in the curve tells where one ends and the
 /// other begins ([`find_steps`] then finds it by its call site).
 pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
-    let Some((&first_lo, &hi)) = values.iter().min().zip(values.iter().max()) else {
+    let min_max = |lo: usize, hi: usize| {
+        let range = values.get(lo..hi)?;
+        range.iter().min().copied().zip(range.iter().max().copied())
+    };
+    shape_bounds_of(values.len(), |i| values[i], min_max)
+}
+
+/// [`shape_bounds`] of `n` values read through `value`, with `min_max(lo, hi)` the (min, max)
+/// of `lo..hi` (`None` when empty): a curve keeps its values compressed and scans ranges
+/// faster than value by value.
+fn shape_bounds_of(
+    n: usize,
+    value: impl Fn(usize) -> u64,
+    min_max: impl Fn(usize, usize) -> Option<(u64, u64)>,
+) -> Vec<(u32, u32)> {
+    let Some((first_lo, hi)) = min_max(0, n) else {
         return Vec::new();
     };
     // The low level is the minimum after the curve first reaches half its height: a run
     // starts from nothing and ramps up through parameter allocation, far below the floor the
     // steps return to.
     let half = first_lo + (hi - first_lo) / 2;
-    let ramp_end = values.iter().position(|&v| v >= half).unwrap_or(0);
-    let lo = values[ramp_end..].iter().copied().min().unwrap_or(first_lo);
+    let ramp_end = (0..n).find(|&i| value(i) >= half).unwrap_or(0);
+    let lo = min_max(ramp_end, n).map_or(first_lo, |(min, _)| min);
     let amplitude = (hi - lo) as f64;
-    if values.len() < 4 || amplitude <= 0.0 {
+    if n < 4 || amplitude <= 0.0 {
         return Vec::new();
     }
     let upper = lo as f64 + 0.6 * amplitude;
@@ -565,8 +584,8 @@ pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
     // High regions as (enter, exit); a region still high at the end is dropped.
     let mut regions: Vec<(usize, usize)> = Vec::new();
     let mut high_since: Option<usize> = None;
-    for (i, &v) in values.iter().enumerate() {
-        let v = v as f64;
+    for i in 0..n {
+        let v = value(i) as f64;
         match high_since {
             None if v >= upper => high_since = Some(i),
             Some(enter) if v <= lower => {
@@ -585,7 +604,7 @@ pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
         let (climb, notable) = (0.1 * amplitude, 0.02 * amplitude);
         let mut best = to.saturating_sub(1).max(from);
         for i in (from..to).rev() {
-            let (v, b) = (values[i] as f64, values[best] as f64);
+            let (v, b) = (value(i) as f64, value(best) as f64);
             if v + notable < b || (v <= b && i + 1 == best) {
                 best = i;
             } else if v > b + climb {
@@ -599,17 +618,15 @@ pub fn shape_bounds(values: &[u64]) -> Vec<(u32, u32)> {
     if let Some(&(enter, _)) = regions.first() {
         if enter > 0 {
             let b = last_dip(0, enter);
-            let fell = values[..=b]
-                .iter()
-                .max()
-                .is_some_and(|&m| (m - values[b]) as f64 >= 0.3 * amplitude);
+            let fell =
+                min_max(0, b + 1).is_some_and(|(_, m)| (m - value(b)) as f64 >= 0.3 * amplitude);
             if fell {
                 ends.push(b);
             }
         }
     }
     for (k, &(_, exit)) in regions.iter().enumerate() {
-        let to = regions.get(k + 1).map_or(values.len(), |r| r.0);
+        let to = regions.get(k + 1).map_or(n, |r| r.0);
         ends.push(last_dip(exit, to));
     }
     ends.windows(2)
@@ -626,15 +643,7 @@ fn measure_step(
     time: &TimeAxis,
     replay: &Replay,
 ) -> Step {
-    let (mut peak_event, mut peak_bytes, mut min_bytes) = (start, curve.at(start), curve.at(start));
-    for e in start..=end {
-        let v = curve.at(e);
-        if v > peak_bytes {
-            peak_bytes = v;
-            peak_event = e;
-        }
-        min_bytes = min_bytes.min(v);
-    }
+    let (peak_event, peak_bytes, min_bytes) = curve.peak_in(start, end);
     let (start_bytes, end_bytes) = (curve.at(start), curve.at(end));
     let diff = |a: u64, b: u64| i64::try_from(i128::from(a) - i128::from(b)).unwrap_or(0);
     // Allocations made in (start, end] still live after end.

@@ -251,8 +251,7 @@ impl<'a> LiveProfile<'a> {
 
     /// The first and last `time_us` of the device's trace.
     pub(crate) fn time_span(&self) -> Option<(i64, i64)> {
-        let times = self.timeline.as_ref()?.time().times()?;
-        Some((*times.first()?, *times.last()?))
+        self.timeline.as_ref()?.time().span()
     }
 
     /// Whether the instant is the device's peak (whatever `--at` said).

@@ -218,10 +218,8 @@ impl Mapping {
 
 /// Whether the trace has a usable wall-time axis (times that advance).
 pub fn has_time_axis(timeline: &DeviceTimeline) -> bool {
-    timeline
-        .time()
-        .times()
-        .is_some_and(|t| t.len() > 1 && t.last() > t.first())
+    let time = timeline.time();
+    time.len() > 1 && time.span().is_some_and(|(first, last)| last > first)
 }
 
 /// Event position → axis position.
@@ -287,7 +285,7 @@ pub fn band_colour(
             .get(id.0 as usize)
             .map_or(palette::NO_SITE, |&c| palette::category_colour(c)),
         ColourBy::Phase => allocation
-            .alloc_event
+            .alloc_event()
             .and_then(|e| model.steps.phase_at(e))
             .map_or(palette::NO_SITE, |(_, phase)| {
                 palette::phase_colour(phase.kind)

@@ -145,10 +145,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Instant::Event(e)
         }
         At::Time(t) => {
-            timeline
-                .time()
-                .times()
-                .context("this trace has no time_us; give an event index")?;
+            if !timeline.time().has_time() {
+                bail!("this trace has no time_us; give an event index");
+            }
             Instant::TimeUs(t)
         }
         At::AfterStart(dt) => {

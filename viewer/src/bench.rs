@@ -38,7 +38,7 @@ pub struct BenchReport {
     /// the picture is up (timed after the first frame; the later frames draw them).
     pub steps: Duration,
     /// The summary and per-site profile (ranks table, diff), which the viewer computes on
-    /// another thread once the picture is up.
+    /// another thread once the picture is up (with the steps it found before).
     pub profile: Duration,
     /// The first frame: layout of the whole run, geometry and tessellation.
     pub first_frame: Duration,
@@ -283,10 +283,12 @@ pub fn bench_snapshot(
         triangles.push(tris);
     }
     let started = Instant::now();
-    let _profile = memsnap_analysis::compare::device_profile(
+    // As the viewer does: with the steps it found above.
+    let _profile = memsnap_analysis::compare::device_profile_with_steps(
         snapshot,
         timeline,
         &memsnap_analysis::SummaryOptions::default(),
+        model.steps(),
     );
     let profile = started.elapsed();
     times.sort_unstable();

@@ -68,7 +68,7 @@ pub fn allocation_facts(model: &TimelineModel<'_>, id: AllocId) -> Vec<(&'static
         .categories
         .get(id.0 as usize)
         .map_or("–".to_owned(), |c| c.label().to_owned());
-    let phase = match a.alloc_event {
+    let phase = match a.alloc_event() {
         None => "before the recorded window".to_owned(),
         Some(event) => match model.steps.phase_at(event) {
             Some((Some(step), p)) => format!("step {step}, {}", phase_label(p.kind)),
@@ -86,7 +86,7 @@ pub fn allocation_facts(model: &TimelineModel<'_>, id: AllocId) -> Vec<(&'static
         (
             "allocated",
             match a.origin {
-                Origin::Traced => time(a.alloc_event),
+                Origin::Traced => time(a.alloc_event()),
                 Origin::FreedBeforeAlloc => {
                     "before the recorded window (its free is traced)".into()
                 }
@@ -97,15 +97,15 @@ pub fn allocation_facts(model: &TimelineModel<'_>, id: AllocId) -> Vec<(&'static
         ),
         (
             "free requested",
-            a.free_requested
+            a.free_requested()
                 .map_or("never (live at the end)".into(), |e| time(Some(e))),
         ),
         (
             "free completed",
-            a.free_completed.map_or("–".into(), |e| time(Some(e))),
+            a.free_completed().map_or("–".into(), |e| time(Some(e))),
         ),
     ];
-    if let (Some(start), Some(end)) = (a.alloc_event, a.free_completed.or(a.free_requested)) {
+    if let (Some(start), Some(end)) = (a.alloc_event(), a.free_completed().or(a.free_requested())) {
         facts.push(("lived", format!("{} events", end.saturating_sub(start))));
     }
     facts

@@ -78,7 +78,7 @@ impl DeviceModel {
 
     /// Computes the profile now (when it is not yet).
     fn compute_profile(&self, snapshot: &Snapshot) {
-        compute_profile(snapshot, &self.timeline, &self.profile);
+        compute_profile(snapshot, &self.timeline, &self.steps, &self.profile);
     }
 }
 
@@ -106,16 +106,21 @@ fn compute_steps(timeline: &DeviceTimeline, cell: &OnceLock<StepAnalysis>) {
 fn compute_profile(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
+    steps: &OnceLock<StepAnalysis>,
     cell: &OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>,
 ) {
     cell.get_or_init(|| {
         // Off the loader thread, a panic must still cost only this summary.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            memsnap_analysis::compare::device_profile(
-                snapshot,
-                timeline,
-                &memsnap_analysis::SummaryOptions::default(),
-            )
+            // The summary's steps are the model's (both `StepOptions::default()`): found
+            // once, not again for the summary.
+            let options = memsnap_analysis::SummaryOptions::default();
+            match steps.get() {
+                Some(steps) => memsnap_analysis::compare::device_profile_with_steps(
+                    snapshot, timeline, &options, steps,
+                ),
+                None => memsnap_analysis::compare::device_profile(snapshot, timeline, &options),
+            }
         }))
         .map_err(|panic| crate::loader::panic_message(&*panic))
     });
@@ -217,8 +222,8 @@ impl Document {
                 for (timeline, steps, _) in &work {
                     compute_steps(timeline, steps);
                 }
-                for (timeline, _, profile) in &work {
-                    compute_profile(&for_profiles, timeline, profile);
+                for (timeline, steps, profile) in &work {
+                    compute_profile(&for_profiles, timeline, steps, profile);
                 }
             })
             .ok();

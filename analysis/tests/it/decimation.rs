@@ -1,7 +1,7 @@
 //! The decimated curves the timeline draws (a min and max per pixel column) equal the exact
 //! curve's min and max over the events each column covers.
 
-use memsnap_analysis::curve::RangeMinMax;
+use memsnap_analysis::curve::{Curve, CurveMinMax, RangeMinMax};
 use memsnap_analysis::{Axis, CurveKind, DeviceTimeline, LayoutRequest, Lifetime};
 use memsnap_workload::{generate, TrainingRun};
 use proptest::prelude::*;
@@ -26,6 +26,42 @@ proptest! {
         for (a, b) in ranges {
             let (lo, hi) = (a.min(b), a.max(b));
             prop_assert_eq!(table.query(&values, lo, hi), exact(&values, lo, hi), "{}..{}", lo, hi);
+        }
+    }
+
+    /// A curve kept as its changes (the reserved curve) answers as the same curve with every
+    /// value kept: values, `at` (also past the end), the peak and range min/max.
+    #[test]
+    fn a_curve_kept_as_changes_answers_as_every_value_would(
+        initial in 0u64..1000,
+        len in 0usize..400,
+        raw in proptest::collection::vec((0u32..400, -600i128..600), 0..60),
+        ranges in proptest::collection::vec((0usize..420, 0usize..420), 1..20),
+    ) {
+        let mut changes: Vec<(u32, i128)> =
+            raw.into_iter().filter(|&(e, _)| (e as usize) < len).collect();
+        changes.sort_by_key(|&(e, _)| e);
+        let mut deltas = vec![0i128; len];
+        for &(e, d) in &changes {
+            deltas[e as usize] += d;
+        }
+        let every = Curve::from_deltas(initial, &deltas);
+        let kept = Curve::from_changes(initial, len, changes);
+        prop_assert_eq!(kept.len(), every.len());
+        prop_assert_eq!(kept.values().collect::<Vec<_>>(), every.values().collect::<Vec<_>>());
+        prop_assert_eq!(kept.max(), every.max());
+        for e in 0..len as u32 + 3 {
+            prop_assert_eq!(kept.at(e), every.at(e), "event {}", e);
+        }
+        let (kept_table, every_table) = (CurveMinMax::build(&kept), CurveMinMax::build(&every));
+        for (a, b) in ranges {
+            let (lo, hi) = (a.min(b), a.max(b));
+            prop_assert_eq!(
+                kept_table.query(&kept, lo, hi),
+                every_table.query(&every, lo, hi),
+                "{}..{}", lo, hi
+            );
+            prop_assert_eq!(kept.min_max(lo, hi), every_table.query(&every, lo, hi));
         }
     }
 
@@ -55,7 +91,7 @@ proptest! {
                 let hi = (start as usize + (span * (c + 1) as f64 / f64::from(width)) as usize)
                     .max(lo + 1);
                 let v = curve.at(lo as u32);
-                let want = exact(&curve.after, lo, hi).unwrap_or((v, v));
+                let want = exact(&curve.values().collect::<Vec<_>>(), lo, hi).unwrap_or((v, v));
                 prop_assert_eq!(got, want, "{:?} column {}", kind, c);
             }
         }

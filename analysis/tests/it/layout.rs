@@ -84,8 +84,8 @@ fn without_filter_every_live_allocation_is_drawn_at_full_resolution() {
 #[test]
 fn time_axis_layout_keeps_the_invariants() {
     let t = timeline(&TrainingRun::default());
-    let times = t.time().times().unwrap();
-    let (t0, t1) = (times[0] as f64, *times.last().unwrap() as f64 + 1.0);
+    let (first, last) = t.time().span().unwrap();
+    let (t0, t1) = (first as f64, last as f64 + 1.0);
     let layout = t
         .layout(&LayoutRequest {
             axis: Axis::Time,

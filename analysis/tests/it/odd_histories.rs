@@ -53,8 +53,14 @@ fn frees_without_allocs_count_from_the_start_of_the_window() {
     assert_eq!(replay.before_window_bytes, 350);
     assert_eq!(replay.before_window_allocations, 2);
     assert!(replay.truncated);
-    assert_eq!(t.curves().active.after, vec![350, 450, 150, 100]);
-    assert_eq!(t.curves().allocated.after, vec![50, 150, 150, 100]);
+    assert_eq!(
+        t.curves().active.values().collect::<Vec<_>>(),
+        vec![350, 450, 150, 100]
+    );
+    assert_eq!(
+        t.curves().allocated.values().collect::<Vec<_>>(),
+        vec![50, 150, 150, 100]
+    );
 }
 
 #[test]
@@ -85,8 +91,8 @@ fn live_blocks_the_trace_never_allocated_come_from_the_segments() {
     let replay = t.replay();
     assert_eq!(replay.live_in_segments_bytes, 1000);
     assert_eq!(replay.allocations[0].origin, Origin::LiveInSegments);
-    assert_eq!(t.curves().active.after, vec![1700]);
-    assert_eq!(t.curves().reserved.after, vec![4096]);
+    assert_eq!(t.curves().active.values().collect::<Vec<_>>(), vec![1700]);
+    assert_eq!(t.curves().reserved.values().collect::<Vec<_>>(), vec![4096]);
     let frag = t.fragmentation(Instant::Event(0));
     assert_eq!(frag.len(), 1);
     assert_eq!(frag[0].allocated_bytes, 1700);
@@ -142,7 +148,7 @@ fn unknown_actions_zero_sizes_double_allocs_and_missing_times() {
     assert_eq!(replay.anomaly_count, 1);
     assert_eq!(replay.oom_events, vec![4]);
     assert_eq!(replay.actions.other, 2);
-    assert_eq!(t.curves().active.after.last(), Some(&0));
+    assert_eq!(t.curves().active.values().last(), Some(0));
     assert!(t.time().has_time());
 }
 
@@ -182,17 +188,17 @@ fn exact_curves(snapshot: &Snapshot, t: &DeviceTimeline) -> [Vec<u64>; 3] {
     let mut initial = 0u64;
     for a in &replay.allocations {
         let size = i128::from(a.size);
-        match a.alloc_event {
+        match a.alloc_event() {
             Some(e) => {
                 allocated[e as usize] += size;
                 active[e as usize] += size;
             }
             None => initial = initial.saturating_add(a.size),
         }
-        if let Some(f) = a.free_requested.or(a.free_completed) {
+        if let Some(f) = a.free_requested().or(a.free_completed()) {
             allocated[f as usize] -= size;
         }
-        if let Some(f) = a.free_completed {
+        if let Some(f) = a.free_completed() {
             active[f as usize] -= size;
         }
     }
@@ -248,9 +254,9 @@ fn curves_summed_in_place_equal_the_exact_sums_also_past_i64() {
     for snapshot in [&generated, &past_i64, &sum_past_i64, &below_zero] {
         let t = DeviceTimeline::build(snapshot, 0).unwrap();
         let [allocated, active, reserved] = exact_curves(snapshot, &t);
-        assert_eq!(t.curves().allocated.after, allocated);
-        assert_eq!(t.curves().active.after, active);
-        assert_eq!(t.curves().reserved.after, reserved);
+        assert_eq!(t.curves().allocated.values().collect::<Vec<_>>(), allocated);
+        assert_eq!(t.curves().active.values().collect::<Vec<_>>(), active);
+        assert_eq!(t.curves().reserved.values().collect::<Vec<_>>(), reserved);
         assert!(!allocated.is_empty());
     }
 }
@@ -262,18 +268,44 @@ fn the_drawing_indexes_built_with_the_timeline_equal_those_built_later() {
     let lazy = DeviceTimeline::build(&snapshot, 0).unwrap();
     assert_eq!(eager.by_size_desc(), lazy.by_size_desc());
     // Largest first, ties in stacking order.
-    assert!(
-        eager
-            .by_size_desc()
-            .windows(2)
-            .all(|w| (std::cmp::Reverse(w[0].size), w[0].id)
-                < (std::cmp::Reverse(w[1].size), w[1].id))
-    );
+    assert!(eager.by_size_desc().windows(2).all(|w| {
+        let size =
+            |o: &memsnap_analysis::SizeOrdered| eager.replay().allocations[o.id.0 as usize].size;
+        (std::cmp::Reverse(size(&w[0])), w[0].id) < (std::cmp::Reverse(size(&w[1])), w[1].id)
+    }));
     let axis = eager.replay().axis_len();
+    for o in eager.by_size_desc() {
+        let a = &eager.replay().allocations[o.id.0 as usize];
+        assert_eq!(
+            (o.start, o.end_allocated, o.end_active),
+            (
+                a.start(),
+                a.end(Lifetime::Allocated, axis),
+                a.end(Lifetime::Active, axis)
+            )
+        );
+    }
     for kind in [CurveKind::Allocated, CurveKind::Active, CurveKind::Reserved] {
         assert_eq!(
             eager.curve_envelope(kind, 0, axis, 97).unwrap(),
             lazy.curve_envelope(kind, 0, axis, 97).unwrap()
         );
     }
+}
+
+#[test]
+fn a_profile_from_steps_already_found_equals_one_that_finds_them() {
+    let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun::default());
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let options = memsnap_analysis::SummaryOptions::default();
+    let steps = timeline.steps(&options.steps);
+    assert!(!steps.steps.is_empty());
+    let reused = memsnap_analysis::compare::device_profile_with_steps(
+        &snapshot, &timeline, &options, &steps,
+    );
+    assert_eq!(
+        reused,
+        memsnap_analysis::compare::device_profile(&snapshot, &timeline, &options)
+    );
+    assert!(!reused.summary.steps.is_empty());
 }

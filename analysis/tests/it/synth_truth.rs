@@ -391,7 +391,7 @@ fn categories_are_the_roles_of_the_allocations() {
                 .allocations
                 .iter()
                 .enumerate()
-                .filter_map(|(i, a)| Some((a.alloc_event?, i)))
+                .filter_map(|(i, a)| Some((a.alloc_event()?, i)))
                 .collect();
             let t = &truth.devices[device];
             // In a truncated window the first (partial) step can hold forward allocations
@@ -414,9 +414,9 @@ fn categories_are_the_roles_of_the_allocations() {
             );
             // Memory from before the window that stays is a parameter or optimizer state.
             for (a, c) in replay.allocations.iter().zip(&analysis.categories) {
-                if a.alloc_event.is_none()
-                    && a.free_requested.is_none()
-                    && a.free_completed.is_none()
+                if a.alloc_event().is_none()
+                    && a.free_requested().is_none()
+                    && a.free_completed().is_none()
                 {
                     assert!(
                         matches!(c.name(), "parameter" | "optimizer_state" | "gradient"),

@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use foldhash::HashMap;
-use memsnap_analysis::curve::Curve;
+use memsnap_analysis::curve::{Curve, TimeAxis};
 use memsnap_analysis::phases::Phase;
 use memsnap_analysis::sites::{is_filtered_frame, GroupBy, SiteKeyer};
 use memsnap_analysis::{DeviceTimeline, Lifetime, StepOptions};
@@ -194,7 +194,7 @@ pub(crate) fn write_micros(out: &mut dyn Write, base: TimeBase, time_us: i64) ->
 
 /// One device's event clock: entry times, or entry indices when the trace has none.
 pub(crate) struct Clock<'t> {
-    pub(crate) times: Option<&'t [i64]>,
+    pub(crate) times: Option<&'t TimeAxis>,
     pub(crate) trace_len: u32,
 }
 
@@ -202,11 +202,7 @@ impl Clock<'_> {
     /// The time of entry `event` (the last entry's for events past the end).
     pub(crate) fn at(&self, event: u32) -> i64 {
         match self.times {
-            Some(t) => t
-                .get(event as usize)
-                .or(t.last())
-                .copied()
-                .unwrap_or_default(),
+            Some(t) => t.time_of(event).unwrap_or_default(),
             None => i64::from(event.min(self.trace_len.saturating_sub(1))),
         }
     }
@@ -252,14 +248,13 @@ impl Clock<'_> {
         curve: &'c Curve,
     ) -> impl Iterator<Item = (i64, u64)> + 'c {
         let mut written = curve.initial;
+        let len = curve.len();
         let changes = curve
-            .after
-            .iter()
+            .values()
             .enumerate()
-            .filter_map(move |(event, &bytes)| {
+            .filter_map(move |(event, bytes)| {
                 let time = self.at(event as u32);
-                let last_at_time =
-                    event + 1 == curve.after.len() || self.at(event as u32 + 1) != time;
+                let last_at_time = event + 1 == len || self.at(event as u32 + 1) != time;
                 (last_at_time && bytes != written).then(|| {
                     written = bytes;
                     (time, bytes)
@@ -294,7 +289,7 @@ impl<'t> DeviceView<'t> {
             .and_then(|d| snapshot.traces().get(d))
             .map_or(&[], Vec::as_slice);
         let clock = Clock {
-            times: timeline.time().times(),
+            times: Some(timeline.time()).filter(|t| t.has_time()),
             trace_len: u32::try_from(trace.len()).unwrap_or(u32::MAX),
         };
         let process_name = match options.rank {
@@ -453,7 +448,7 @@ fn write_device(
             sink.out.write_all(b",\"stack\":")?;
             sink.str(stack)?;
         }
-        records(sink, entries, &mut carried, &[a.alloc_event], true)?;
+        records(sink, entries, &mut carried, &[a.alloc_event()], true)?;
         sink.out.write_all(b"}}")?;
         sink.open("e", pid, tid::MEMORY)?;
         write!(
@@ -467,7 +462,7 @@ fn write_device(
             sink,
             entries,
             &mut carried,
-            &[a.free_requested, a.free_completed],
+            &[a.free_requested(), a.free_completed()],
             false,
         )?;
         sink.out.write_all(b"}}")?;

@@ -763,7 +763,7 @@ fn write_device(
     let mut keyer = SiteKeyer::new(snapshot, GroupBy::Frame);
     let mut sites: HashMap<SiteKey, (Option<i64>, String)> = HashMap::new();
     for (i, a) in replay.allocations.iter().enumerate() {
-        let what = || match a.alloc_event {
+        let what = || match a.alloc_event() {
             Some(e) => format!("the allocation at event {e}"),
             None => format!("the allocation at {:#x} from before the window", a.addr),
         };
@@ -775,7 +775,7 @@ fn write_device(
             };
             (frame, key.label(snapshot))
         });
-        let phase = a.alloc_event.and_then(|e| analysis.phase_at(e));
+        let phase = a.alloc_event().and_then(|e| analysis.phase_at(e));
         let rows = &mut parts.allocations.rows;
         rows.rank.append_value(input.rank);
         rows.device.append_value(device);
@@ -783,22 +783,23 @@ fn write_device(
             .append_value(int(a.addr, &|| format!("the address of {}", what()))?);
         rows.size
             .append_value(int(a.size, &|| format!("the size of {}", what()))?);
-        let alive = a.free_completed.is_none();
+        let alive = a.free_completed().is_none();
         let block = if alive { blocks.get(&a.addr) } else { None };
         rows.block_size
             .append_option(block.and_then(|&b| i64::try_from(b).ok()));
         rows.stream.append_value(a.stream);
         rows.origin.append_value(origin_name(a.origin));
-        rows.alloc_event.append_option(a.alloc_event.map(i64::from));
-        rows.alloc_time.append_option(time_of(a.alloc_event));
+        rows.alloc_event
+            .append_option(a.alloc_event().map(i64::from));
+        rows.alloc_time.append_option(time_of(a.alloc_event()));
         rows.free_requested_event
-            .append_option(a.free_requested.map(i64::from));
+            .append_option(a.free_requested().map(i64::from));
         rows.free_requested_time
-            .append_option(time_of(a.free_requested));
+            .append_option(time_of(a.free_requested()));
         rows.free_completed_event
-            .append_option(a.free_completed.map(i64::from));
+            .append_option(a.free_completed().map(i64::from));
         rows.free_completed_time
-            .append_option(time_of(a.free_completed));
+            .append_option(time_of(a.free_completed()));
         rows.alive_at_end.append_value(alive);
         rows.stack_id.append_option(
             a.stack

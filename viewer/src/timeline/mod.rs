@@ -482,7 +482,7 @@ mod tests {
                 band_colour(&model.scene(), id, a, ColourBy::Category, true),
                 palette::category_colour(steps.categories[i])
             );
-            let event = a.alloc_event.expect("traced");
+            let event = a.alloc_event().expect("traced");
             let (_, phase) = steps.phase_at(event).expect("phases tile the run");
             assert_eq!(
                 band_colour(&model.scene(), id, a, ColourBy::Phase, true),
