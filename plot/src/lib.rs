@@ -186,7 +186,12 @@ pub fn render_scene(snapshot: &Snapshot, options: &PlotOptions) -> Result<Scene,
         show_reserved: true,
     };
     let bands = scene::band_layer(&model, &layout, &style, &map);
-    let mut overlay = scene::overlay(&model, &map, 0.0, &theme, options.show_steps);
+    let steps = if options.show_steps {
+        scene::StepDetail::All
+    } else {
+        scene::StepDetail::Hidden
+    };
+    let mut overlay = scene::overlay(&model, &map, 0.0, &theme, steps);
     scene::place_labels(&mut overlay, plot, &mut scene::estimate_text_size);
     let legend = scene::legend(
         &model,

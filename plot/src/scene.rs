@@ -15,7 +15,8 @@
 //! egui and keeps its interaction (hover, pin, zoom, pan, the overview strip) to itself.
 
 use memsnap_analysis::{
-    AllocId, Allocation, Axis, Category, CurveKind, DeviceTimeline, Layout, PhaseKind, StepAnalysis,
+    AllocId, Allocation, Axis, Category, CurveKind, DeviceTimeline, Layout, Phase, PhaseKind, Step,
+    StepAnalysis,
 };
 
 use crate::palette::{self, Colour, ColourBy};
@@ -418,14 +419,39 @@ pub fn reserved_max(timeline: &DeviceTimeline, layout: &Layout) -> u64 {
 
 // ---- overlay -----------------------------------------------------------------------------
 
-/// A training step's mark: a line at its start, and the labels it could carry, longest first.
+/// A training step's mark: a line at its start, and what its label says.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepMark {
     pub line: Line,
-    /// `step 3 · warm-up`, `step 3`, `3`.
-    pub labels: [String; 3],
+    /// The step's number.
+    pub index: usize,
+    pub warmup: bool,
+    pub partial: bool,
     /// Width available to the label (up to the next mark or the plot's edge).
     pub room: f32,
+}
+
+impl StepMark {
+    /// The labels the mark could carry, longest first: `step 3 · warm-up`, `step 3`, `3`.
+    ///
+    /// Made on demand: zoomed out on a long run, tens of thousands of marks are visible and
+    /// almost none has room for a label.
+    pub fn labels(&self) -> [String; 3] {
+        let short = format!("step {}", self.index);
+        let long = if self.warmup {
+            format!("{short} · warm-up")
+        } else if self.partial {
+            format!("{short} · partial")
+        } else {
+            short.clone()
+        };
+        [long, short, self.index.to_string()]
+    }
+
+    /// Characters of the shortest label (the step's number).
+    fn shortest_label_chars(&self) -> usize {
+        self.index.checked_ilog10().map_or(1, |d| d as usize + 1)
+    }
 }
 
 /// A phase's slope: from its start bytes to its end bytes, clipped to the plot.
@@ -463,34 +489,97 @@ pub struct Overlay {
     pub labels: Vec<Label>,
 }
 
+/// Which steps an [`overlay`] shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepDetail {
+    /// None.
+    Hidden,
+    /// Every step and phase (pictures: sub-pixel phases blend into their column).
+    All,
+    /// Of the steps starting in one half-point column, the first and the last (the ones
+    /// between are slivers in that column): what an interactive view can draw every frame.
+    Thinned,
+}
+
 /// Shading, axes, step marks and slopes for `map` (labels are placed by [`place_labels`]).
 pub fn overlay(
     model: &SceneModel<'_>,
     map: &Mapping,
     full_start: f64,
     theme: &Theme,
-    show_steps: bool,
+    steps: StepDetail,
 ) -> Overlay {
     let mut out = Overlay {
         halo: theme.label_halo,
         ..Overlay::default()
     };
+    let show_steps = steps != StepDetail::Hidden;
+    let drawn = match steps {
+        StepDetail::Hidden => Vec::new(),
+        StepDetail::All => (0..model.steps.steps.len()).collect(),
+        StepDetail::Thinned => drawn_steps(model, map),
+    };
     if show_steps {
-        out.shading = phase_shading(model, map, theme.dark);
+        out.shading = phase_shading(model, &drawn, map, theme.dark);
     }
     axes(map, full_start, theme, &mut out);
     if show_steps {
-        step_marks(model, map, &mut out);
-        out.slopes = phase_slopes(model, map);
+        step_marks(model, &drawn, map, &mut out);
+        out.slopes = phase_slopes(model, &drawn, map);
     }
     out
 }
 
+/// Width of the columns [`drawn_steps`] thins the steps to: half a point (one pixel on a
+/// display of two pixels a point).
+const STEP_COLUMN: f32 = 0.5;
+
+/// The indexes of the steps to draw, in order: those in view and, of the steps that start
+/// in the same [`STEP_COLUMN`], only the first and the last. The ones between start and end
+/// in that column, with all their phases: slivers no slope, label or shade could show
+/// (zoomed out on a long run, tens of thousands of steps; walking each one's phases took
+/// most of a frame). Steps are in event order, so each bound is a search.
+fn drawn_steps(model: &SceneModel<'_>, map: &Mapping) -> Vec<usize> {
+    let steps = &model.steps.steps;
+    let plot = map.plot;
+    let x_of = |event: u32| map.event_x(model.timeline, f64::from(event));
+    let first = steps.partition_point(|s| x_of(s.end_event) < plot.min.x);
+    let end = steps
+        .partition_point(|s| x_of(s.start_event) <= plot.max.x)
+        .max(first);
+    let mut drawn = Vec::new();
+    let mut i = first;
+    while i < end {
+        drawn.push(i);
+        let column_end =
+            (x_of(steps[i].start_event) / STEP_COLUMN).floor() * STEP_COLUMN + STEP_COLUMN;
+        let starts_later = |s: &Step| x_of(s.start_event) >= column_end;
+        // Galloping: one probe when the next step is a column away, a few when many share it.
+        let mut span = 1;
+        while i + span < end && !starts_later(&steps[i + span]) {
+            span *= 2;
+        }
+        let low = i + span / 2 + 1;
+        let high = (i + span).min(end);
+        let next = low.min(high) + steps[low.min(high)..high].partition_point(|s| !starts_later(s));
+        if next - 1 > i {
+            drawn.push(next - 1);
+        }
+        i = next;
+    }
+    drawn
+}
+
 /// The light tint of each phase behind the bands (the set-up and every step's phases).
-fn phase_shading(model: &SceneModel<'_>, map: &Mapping, dark: bool) -> Vec<(Rect, Colour)> {
+fn phase_shading(
+    model: &SceneModel<'_>,
+    drawn: &[usize],
+    map: &Mapping,
+    dark: bool,
+) -> Vec<(Rect, Colour)> {
     let plot = map.plot;
     let mut shading = Vec::new();
-    for (_, phase) in model.steps.phases() {
+    for phase in drawn_phases(model, drawn) {
         let x0 = map
             .event_x(model.timeline, f64::from(phase.start_event))
             .max(plot.min.x);
@@ -566,11 +655,11 @@ fn axes(map: &Mapping, full_start: f64, theme: &Theme, out: &mut Overlay) {
 }
 
 /// A mark at the start of each visible step.
-fn step_marks(model: &SceneModel<'_>, map: &Mapping, out: &mut Overlay) {
+fn step_marks(model: &SceneModel<'_>, drawn: &[usize], map: &Mapping, out: &mut Overlay) {
     let plot = map.plot;
     let x_of = |event: u32| map.event_x(model.timeline, f64::from(event));
     let mark = palette::STEP_MARK.with_alpha(179);
-    for step in &model.steps.steps {
+    for step in drawn.iter().map(|&i| &model.steps.steps[i]) {
         let (x0, x1) = (x_of(step.start_event), x_of(step.end_event));
         if x1 < plot.min.x || x0 > plot.max.x || !plot.contains_x(x0) {
             continue;
@@ -583,24 +672,28 @@ fn step_marks(model: &SceneModel<'_>, map: &Mapping, out: &mut Overlay) {
             .min(plot.max.x)
             - x0
             - 6.0;
-        let short = format!("step {}", step.index);
-        let long = if step.warmup {
-            format!("{short} · warm-up")
-        } else if step.partial {
-            format!("{short} · partial")
-        } else {
-            short.clone()
-        };
         out.step_marks.push(StepMark {
             line: Line {
                 points: vec![Pos::new(x0, plot.min.y), Pos::new(x0, plot.max.y)],
                 colour: mark,
                 width: 1.0,
             },
-            labels: [long, short, step.index.to_string()],
+            index: step.index,
+            warmup: step.warmup,
+            partial: step.partial,
             room,
         });
     }
+}
+
+/// The set-up's phase and the phases of the drawn steps.
+fn drawn_phases<'a>(model: &SceneModel<'a>, drawn: &'a [usize]) -> impl Iterator<Item = &'a Phase> {
+    let steps = &model.steps.steps;
+    model
+        .steps
+        .setup
+        .iter()
+        .chain(drawn.iter().flat_map(move |&i| steps[i].phases.iter()))
 }
 
 /// The part of the segment `a`–`b` (with `a.x <= b.x`) between `left` and `right`.
@@ -614,9 +707,9 @@ pub fn clip_segment(a: Pos, b: Pos, left: f32, right: f32) -> Option<(Pos, Pos)>
 }
 
 /// Every phase's slope wide enough to read as one.
-fn phase_slopes(model: &SceneModel<'_>, map: &Mapping) -> Vec<PhaseSlope> {
+fn phase_slopes(model: &SceneModel<'_>, drawn: &[usize], map: &Mapping) -> Vec<PhaseSlope> {
     let mut slopes = Vec::new();
-    for (_, phase) in model.steps.phases() {
+    for phase in drawn_phases(model, drawn) {
         let a = Pos::new(
             map.event_x(model.timeline, f64::from(phase.start_event)),
             map.y(phase.start_bytes),
@@ -652,18 +745,21 @@ pub fn place_labels(overlay: &mut Overlay, plot: Rect, measure: &mut dyn FnMut(&
         let x0 = mark.line.points[0].x;
         // Thousands of marks a few pixels apart (a long run zoomed out) cannot hold even the
         // shortest label: skip measuring them (it dominated the frame at 10M entries).
-        let shortest = mark.labels.iter().map(|l| l.chars().count()).min();
-        if shortest.is_none_or(|n| n as f32 * MIN_GLYPH_WIDTH > mark.room) {
+        if mark.shortest_label_chars() as f32 * MIN_GLYPH_WIDTH > mark.room {
             continue;
         }
-        let Some(label) = mark.labels.iter().find(|l| measure(l).x <= mark.room) else {
+        let Some(label) = mark
+            .labels()
+            .into_iter()
+            .find(|l| measure(l).x <= mark.room)
+        else {
             continue;
         };
         labels.push(Label {
             text: Text {
                 pos: Pos::new(x0 + 3.0, plot.min.y + 2.0),
                 align: (Align::Min, Align::Min),
-                text: label.clone(),
+                text: label,
                 colour: palette::STEP_MARK,
                 size: FONT_SIZE,
             },

@@ -218,3 +218,76 @@ fn bands_take_their_category_or_phase_colour() {
     want.sort();
     assert_eq!(band_fills(&by_phase), want);
 }
+
+/// The viewer's overlay thins steps to two per half-point column; what it drops must be
+/// slivers of that column, and wide steps must all stay.
+#[test]
+fn thinned_step_marks_keep_the_first_and_last_of_each_column_and_every_wide_step() {
+    use memsnap_analysis::Axis;
+    use memsnap_plot::scene::{self, Mapping, Rect, SceneModel, StepDetail, Theme};
+    let snapshot = generate(&TrainingRun {
+        steps: 60,
+        ..TrainingRun::default()
+    })
+    .0;
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let steps = timeline.steps(&StepOptions::default());
+    assert!(steps.steps.len() >= 50, "{} steps", steps.steps.len());
+    let sites = memsnap_plot::sites::StackSites::new(&snapshot);
+    let model = SceneModel {
+        timeline: &timeline,
+        steps: &steps,
+        sites: &sites,
+    };
+    let events = timeline.replay().axis_len() as f64;
+    let marks = |width: f32, detail| {
+        let map = Mapping {
+            plot: Rect::from_x_y(0.0, width, 0.0, 100.0),
+            start: 0.0,
+            end: events,
+            y_max: 1e9,
+            axis: Axis::Event,
+        };
+        scene::overlay(&model, &map, 0.0, &Theme::LIGHT, detail)
+            .step_marks
+            .iter()
+            .map(|m| (m.index, m.line.points[0].x))
+            .collect::<Vec<_>>()
+    };
+    // Wide: every step is more than a column apart, nothing is dropped.
+    assert_eq!(
+        marks(20_000.0, StepDetail::Thinned),
+        marks(20_000.0, StepDetail::All)
+    );
+    // Narrow: a few columns for 60 steps.
+    let all = marks(8.0, StepDetail::All);
+    let thinned = marks(8.0, StepDetail::Thinned);
+    assert!(
+        thinned.len() < all.len(),
+        "{} of {}",
+        thinned.len(),
+        all.len()
+    );
+    let column = |x: f32| (x / 0.5).floor() as i64;
+    let mut columns: Vec<i64> = all.iter().map(|&(_, x)| column(x)).collect();
+    columns.dedup();
+    for c in columns {
+        let in_column: Vec<usize> = all
+            .iter()
+            .filter(|&&(_, x)| column(x) == c)
+            .map(|&(i, _)| i)
+            .collect();
+        let kept: Vec<usize> = thinned
+            .iter()
+            .filter(|&&(_, x)| column(x) == c)
+            .map(|&(i, _)| i)
+            .collect();
+        let (first, last) = (in_column[0], *in_column.last().unwrap());
+        let expected = if first == last {
+            vec![first]
+        } else {
+            vec![first, last]
+        };
+        assert_eq!(kept, expected, "column {c}");
+    }
+}

@@ -405,6 +405,10 @@ fn summary_of_real_snapshots_gives_phases_and_categories() {
                     next = p["end_event"].as_u64().unwrap() + 1;
                     assert!(p["start_bytes"].is_u64() && p["end_bytes"].is_u64());
                     assert!(p["bytes_per_s"].is_f64() || p["bytes_per_s"].is_null());
+                    // Kept as an array in memory, written as the device's map of names.
+                    let phase_cats = p["categories_at_peak"].as_object().expect("a map");
+                    assert!(phase_cats.keys().eq(cats.keys()), "{name}: {p}");
+                    assert!(phase_cats.values().all(|b| b.is_u64()), "{name}: {p}");
                 }
                 assert_eq!(next, s["end_event"].as_u64().unwrap() + 1, "{name}");
             }

@@ -136,7 +136,11 @@ pub(super) fn timeline_scene_ui(
         &map,
         state.window.full_start,
         &theme,
-        state.show_steps,
+        if state.show_steps {
+            scene::StepDetail::Thinned
+        } else {
+            scene::StepDetail::Hidden
+        },
     );
     let font = egui::FontId::proportional(scene::FONT_SIZE);
     scene::place_labels(&mut overlay, map.plot, &mut |text: &str| {
