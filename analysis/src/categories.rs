@@ -108,7 +108,7 @@ pub(crate) fn categorize(
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            let freed = a.free_requested().or(a.free_completed());
+            let freed = a.end_event(Lifetime::Allocated);
             let Some(alloc) = a.alloc_event() else {
                 return match (freed, evidence.get(i)) {
                     (Some(_), _) => Category::Unknown,

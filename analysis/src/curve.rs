@@ -4,7 +4,7 @@
 use memsnap_format::Snapshot;
 use serde::Serialize;
 
-use crate::replay::{Lifetime, Replay};
+use crate::replay::{Allocation, Lifetime, Replay};
 
 /// Which curve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -184,6 +184,8 @@ impl Curve {
         if let Some(p) = pending {
             flush(p, sum, &mut last);
         }
+        // 12 bytes a change against 4 an event.
+        let kept_as_changes = events.len() * 12 <= len * 4;
         let curve = Curve {
             initial,
             values: CurveValues::Changes {
@@ -192,11 +194,7 @@ impl Curve {
                 values,
             },
         };
-        let change_bytes = match &curve.values {
-            CurveValues::Changes { events, .. } => events.len() * 12,
-            CurveValues::Every(_) => unreachable!(),
-        };
-        if change_bytes <= len * 4 {
+        if kept_as_changes {
             curve
         } else {
             let every: Vec<u64> = curve.values().collect();
@@ -465,6 +463,29 @@ pub(crate) fn curve_from_deltas(
     }
 }
 
+/// The bytes of `allocations` live for `lifetime` after each of `n` events (those from before
+/// the window make the initial value).
+pub(crate) fn allocation_curve<'a>(
+    allocations: impl Iterator<Item = &'a Allocation> + Clone,
+    n: usize,
+    lifetime: Lifetime,
+) -> Curve {
+    let initial = allocations
+        .clone()
+        .filter(|a| a.before_window())
+        .fold(0u64, |s, a| s.saturating_add(a.size));
+    curve_from_deltas(initial, n, |delta| {
+        for a in allocations {
+            if let Some(e) = a.alloc_event() {
+                delta(e, i128::from(a.size));
+            }
+            if let Some(f) = a.end_event(lifetime) {
+                delta(f, -i128::from(a.size));
+            }
+        }
+    })
+}
+
 pub(crate) fn clamp_u64(v: i128) -> u64 {
     u64::try_from(v.max(0)).unwrap_or(u64::MAX)
 }
@@ -482,27 +503,10 @@ impl Curves {
     ///
     /// Each curve's per-event deltas are summed in place in the vector that becomes the curve
     /// (see [`curve_from_deltas`]): at 10M events building costs the 40 MB a curve keeps.
-    pub fn build(_snapshot: &Snapshot, replay: &Replay) -> Curves {
+    pub fn build(replay: &Replay) -> Curves {
         let n = replay.trace_len as usize;
-        let initial = replay
-            .allocations
-            .iter()
-            .filter(|a| a.alloc_event().is_none())
-            .fold(0u64, |s, a| s.saturating_add(a.size));
-        let allocation_curve = |end_of: fn(&crate::replay::Allocation) -> Option<u32>| {
-            curve_from_deltas(initial, n, |delta| {
-                for a in &replay.allocations {
-                    if let Some(e) = a.alloc_event() {
-                        delta(e, i128::from(a.size));
-                    }
-                    if let Some(f) = end_of(a) {
-                        delta(f, -i128::from(a.size));
-                    }
-                }
-            })
-        };
-        let allocated = allocation_curve(|a| a.free_requested().or(a.free_completed()));
-        let active = allocation_curve(|a| a.free_completed());
+        let allocated = allocation_curve(replay.allocations.iter(), n, Lifetime::Allocated);
+        let active = allocation_curve(replay.allocations.iter(), n, Lifetime::Active);
         // Segment events are few: the reserved curve keeps only its changes (at 10M events
         // that is a few KB instead of 80 MB).
         let reserved = Curve::from_changes(

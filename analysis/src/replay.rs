@@ -137,11 +137,17 @@ impl Allocation {
     /// One past the last event at which it is live: the free event, or `axis_len` (see
     /// [`Replay::axis_len`]) when live at the end.
     pub fn end(&self, lifetime: Lifetime, axis_len: u32) -> u32 {
-        let end = match lifetime {
+        self.end_event(lifetime)
+            .unwrap_or(axis_len)
+            .max(self.start())
+    }
+
+    /// The event that ends the allocation for `lifetime`; `None` when it is live at the end.
+    pub fn end_event(&self, lifetime: Lifetime) -> Option<u32> {
+        match lifetime {
             Lifetime::Allocated => self.free_requested().or(self.free_completed()),
             Lifetime::Active => self.free_completed(),
-        };
-        end.unwrap_or(axis_len).max(self.start())
+        }
     }
 
     /// Whether the allocation is live after event `event`.

@@ -204,7 +204,7 @@ impl DeviceTimeline {
         // The curves, the size order and the rest only read the replay: built side by side.
         let (curves, by_size, (time, ranges, (evidence, python_only))) =
             std::thread::scope(|scope| {
-                let curves = scope.spawn(|| Curves::build(snapshot, &replay));
+                let curves = scope.spawn(|| Curves::build(&replay));
                 let by_size = drawing.then(|| scope.spawn(|| DrawingIndex::by_size_desc(&replay)));
                 let time = TimeAxis::build(snapshot, device);
                 let ranges = named_ranges(snapshot, device, &time);
@@ -394,25 +394,8 @@ impl DeviceTimeline {
     /// of the size filter. The live allocations of at least `min_size` plus this curve equal
     /// the lifetime's curve at every event.
     pub fn residual_curve(&self, min_size: u64, lifetime: Lifetime) -> crate::curve::Curve {
-        let small = || self.replay.allocations.iter().filter(|a| a.size < min_size);
-        let initial = small()
-            .filter(|a| a.before_window())
-            .fold(0u64, |s, a| s.saturating_add(a.size));
-        let n = self.replay.trace_len as usize;
-        crate::curve::curve_from_deltas(initial, n, |delta| {
-            for a in small() {
-                if let Some(e) = a.alloc_event() {
-                    delta(e, i128::from(a.size));
-                }
-                let end = match lifetime {
-                    Lifetime::Allocated => a.free_requested().or(a.free_completed()),
-                    Lifetime::Active => a.free_completed(),
-                };
-                if let Some(f) = end {
-                    delta(f, -i128::from(a.size));
-                }
-            }
-        })
+        let small = self.replay.allocations.iter().filter(|a| a.size < min_size);
+        crate::curve::allocation_curve(small, self.replay.trace_len as usize, lifetime)
     }
 
     /// Segment usage at an instant (segments reserved then, by address).
