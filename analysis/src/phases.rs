@@ -30,6 +30,10 @@
 //!    `context=None` recordings): steps where the curve rises and falls; forward up to the
 //!    step's peak, backward after it.
 //!
+//! Stack evidence that contradicts the curve (labels that flip back and forth while memory
+//! rises, or far more steps than the curve has rises) is dropped for annotations, then the
+//! curve's shape, and the analysis says why (`StepAnalysis::fallback_reason`).
+//!
 //! A new step begins where forward work follows backward or optimizer work; allocations with
 //! neutral stacks just before it (loading the next batch) open it. A phase runs from its
 //! first event to the event before the next phase, so a step's phases tile it exactly and the
@@ -414,6 +418,74 @@ impl PhasePlan {
     }
 }
 
+/// The next open slot at or after an index, with slots closed one at a time: a disjoint-set
+/// forest whose root is the first open slot (path splitting; amortised O(α(n)) a call).
+struct NextOpen {
+    /// `parent[i] == i`: slot `i` is open (`parent[n]` is the end, always open).
+    parent: Vec<u32>,
+}
+
+impl NextOpen {
+    fn new(n: usize, is_open: impl Fn(usize) -> bool) -> Self {
+        let mut parent: Vec<u32> = (0..=n as u32).collect();
+        // Closed slots point at the next slot; `find` follows them to an open one.
+        for (i, p) in parent.iter_mut().enumerate().take(n) {
+            if !is_open(i) {
+                *p = i as u32 + 1;
+            }
+        }
+        NextOpen { parent }
+    }
+
+    /// The first open slot at or after `i` (`n` when none is).
+    fn find(&mut self, i: usize) -> usize {
+        let mut i = i.min(self.parent.len() - 1);
+        while self.parent[i] as usize != i {
+            let next = self.parent[i] as usize;
+            self.parent[i] = self.parent[next];
+            i = next;
+        }
+        i
+    }
+
+    fn close(&mut self, i: usize) {
+        if i + 1 < self.parent.len() {
+            self.parent[i] = i as u32 + 1;
+        }
+    }
+}
+
+/// A run of equal phase labels over traced allocations: `(kind, first index, last index,
+/// labelled allocations)`.
+pub(crate) type LabelRun = (PhaseKind, usize, usize, usize);
+
+/// Folds stray runs into the phase around them: a run of one or two labelled allocations
+/// between two longer runs of one kind (X, y, X with y tiny) belongs to that phase, and the
+/// three become one run.
+///
+/// One pass, O(runs): each run is read once and the merged run stays the last one written,
+/// so it can absorb the next stray at once, exactly as a left-to-right scan that merges in
+/// place would. (Merging in place with `Vec::drain` moved the tail for every merge: a
+/// 10M-entry run with noisy stacks has hundreds of thousands of label runs, and `summary`
+/// spent 478 s in `memmove`.)
+pub(crate) fn merge_stray_runs(runs: &[LabelRun]) -> Vec<LabelRun> {
+    let mut merged: Vec<LabelRun> = Vec::with_capacity(runs.len());
+    let mut i = 0;
+    while i < runs.len() {
+        let cur = runs[i];
+        if let (Some(prev), Some(&next)) = (merged.last_mut(), runs.get(i + 1)) {
+            if cur.3 <= 2 && prev.0 == next.0 && prev.3 > cur.3 && next.3 > cur.3 {
+                *prev = (prev.0, prev.1, next.2, prev.3 + cur.3 + next.3);
+                i += 2;
+                continue;
+            }
+        }
+        merged.push(cur);
+        i += 1;
+    }
+    merged
+}
+
 /// The kind a `record_function` range's name gives the work inside it.
 fn range_kind(name: &str) -> Option<PhaseKind> {
     if name.starts_with("Optimizer.step#") || name.starts_with("Optimizer.zero_grad#") {
@@ -436,6 +508,10 @@ fn range_kind(name: &str) -> Option<PhaseKind> {
 
 /// Phases from stack evidence (helped by annotations); `None` when no allocation's stack or
 /// annotation says which phase it belongs to.
+///
+/// O((n + r) α(n) + r log r) for n traced allocations and r annotation ranges: labels and
+/// their runs are one pass each, every range is placed by binary search and each open label
+/// is written once ([`NextOpen`]), stray runs merge in one pass ([`merge_stray_runs`]).
 pub(crate) fn plan_from_evidence(
     replay: &Replay,
     evidence: &[Evidence],
@@ -460,19 +536,29 @@ pub(crate) fn plan_from_evidence(
     }) {
         return None;
     }
-    // Annotations label what the stacks leave open; inner ranges last so they win.
-    let mut ordered: Vec<&NamedRange> = ranges.iter().collect();
-    ordered.sort_by_key(|r| r.depth);
-    for r in ordered {
-        let (Some(kind), Some(s), Some(e)) = (range_kind(&r.name), r.start_event, r.end_event)
-        else {
-            continue;
-        };
-        let from = traced.partition_point(|a| a.start() < s);
-        let to = traced.partition_point(|a| a.start() <= e);
-        for label in &mut labels[from..to] {
-            if label.is_none() {
-                *label = Some(kind);
+    // Annotations label what the stacks leave open, outer ranges first (an allocation takes
+    // the kind of the outermost range around it that has one).
+    let mut ordered: Vec<(u32, PhaseKind, usize, usize)> = ranges
+        .iter()
+        .filter_map(|r| {
+            let (kind, s, e) = (range_kind(&r.name)?, r.start_event?, r.end_event?);
+            let from = traced.partition_point(|a| a.start() < s);
+            let to = traced.partition_point(|a| a.start() <= e);
+            Some((r.depth, kind, from, to))
+        })
+        .collect();
+    ordered.sort_by_key(|r| r.0);
+    if !ordered.is_empty() {
+        // Each open label is written once: `open` skips over labelled allocations, so
+        // 300,000 ranges over a 10M-entry run (or nested ranges each spanning most of it)
+        // cost O((n + ranges) α(n)), not ranges × n.
+        let mut open = NextOpen::new(labels.len(), |i| labels[i].is_none());
+        for &(_, kind, from, to) in &ordered {
+            let mut i = open.find(from);
+            while i < to {
+                labels[i] = Some(kind);
+                open.close(i);
+                i = open.find(i + 1);
             }
         }
     }
@@ -496,7 +582,7 @@ pub(crate) fn plan_from_evidence(
         }
     }
     // Runs of equal labels: (kind, first index, last index, count).
-    let mut runs: Vec<(PhaseKind, usize, usize, usize)> = Vec::new();
+    let mut runs: Vec<LabelRun> = Vec::new();
     for (i, label) in labels.iter().enumerate() {
         let Some(kind) = *label else { continue };
         match runs.last_mut() {
@@ -507,17 +593,7 @@ pub(crate) fn plan_from_evidence(
             _ => runs.push((kind, i, i, 1)),
         }
     }
-    // A stray allocation or two inside a phase (X, y, X with y tiny) belongs to that phase.
-    let mut i = 1;
-    while i + 1 < runs.len() {
-        let (prev, cur, next) = (runs[i - 1], runs[i], runs[i + 1]);
-        if cur.3 <= 2 && prev.0 == next.0 && prev.3 > cur.3 && next.3 > cur.3 {
-            runs[i - 1] = (prev.0, prev.1, next.2, prev.3 + cur.3 + next.3);
-            runs.drain(i..=i + 1);
-        } else {
-            i += 1;
-        }
-    }
+    let runs = merge_stray_runs(&runs);
     let mut plan = PhasePlan::default();
     let mut prev_last: Option<usize> = None;
     for &(kind, first, last_index, _) in &runs {
@@ -553,4 +629,82 @@ pub(crate) fn plan_from_evidence(
         }
     }
     Some(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The merge as it was written before it became one pass (in place, `Vec::drain` per
+    /// merge): the reference for what the one-pass merge must give.
+    fn merge_in_place(mut runs: Vec<LabelRun>) -> Vec<LabelRun> {
+        let mut i = 1;
+        while i + 1 < runs.len() {
+            let (prev, cur, next) = (runs[i - 1], runs[i], runs[i + 1]);
+            if cur.3 <= 2 && prev.0 == next.0 && prev.3 > cur.3 && next.3 > cur.3 {
+                runs[i - 1] = (prev.0, prev.1, next.2, prev.3 + cur.3 + next.3);
+                runs.drain(i..=i + 1);
+            } else {
+                i += 1;
+            }
+        }
+        runs
+    }
+
+    fn runs_of(spec: &[(u8, u8)]) -> Vec<LabelRun> {
+        let kinds = [
+            PhaseKind::Forward,
+            PhaseKind::Backward,
+            PhaseKind::Optimizer,
+            PhaseKind::Setup,
+        ];
+        let mut next = 0;
+        spec.iter()
+            .map(|&(kind, count)| {
+                let count = usize::from(count % 5) + 1;
+                let run = (kinds[usize::from(kind % 4)], next, next + count - 1, count);
+                next += count;
+                run
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn one_pass_stray_merge_equals_the_in_place_merge(
+            spec in proptest::collection::vec((0u8..4, 0u8..5), 0..200)
+        ) {
+            let runs = runs_of(&spec);
+            prop_assert_eq!(merge_stray_runs(&runs), merge_in_place(runs));
+        }
+    }
+
+    /// Regression: noisy stacks gave a 10M-entry run hundreds of thousands of label runs, and
+    /// merging the strays one `drain` at a time took 478 s. Alternating long and stray runs
+    /// (every stray merges) at 2M runs: one pass, so this ends at once.
+    #[test]
+    fn merging_two_million_alternating_strays_is_one_pass() {
+        let spec: Vec<(u8, u8)> = (0..2_000_001u32)
+            .map(|i| if i % 2 == 0 { (0, 4) } else { (1, 0) })
+            .collect();
+        let merged = merge_stray_runs(&runs_of(&spec));
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].3, 1_000_001 * 5 + 1_000_000);
+    }
+
+    /// Annotation labels are written through `NextOpen`: slots labelled by stacks are never
+    /// handed out, a slot is handed out once, and the search ends at the end.
+    #[test]
+    fn next_open_skips_closed_slots_and_ends_at_the_end() {
+        let mut open = NextOpen::new(6, |i| i != 1 && i != 2);
+        assert_eq!(open.find(1), 3);
+        open.close(3);
+        assert_eq!(open.find(0), 0);
+        assert_eq!(open.find(1), 4);
+        open.close(4);
+        open.close(5);
+        assert_eq!(open.find(1), 6);
+        assert_eq!(open.find(99), 6);
+    }
 }

@@ -152,6 +152,10 @@ pub struct Drift {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StepAnalysis {
     pub method: StepMethod,
+    /// Why better evidence was not used (`None` when the first choice worked or was asked
+    /// for), e.g. `stack labels incoherent: 41% of the allocations while memory rises carry
+    /// backward or optimizer frames`.
+    pub fallback_reason: Option<String>,
     /// The set-up before the first step (model construction or loading), when seen.
     pub setup: Option<Phase>,
     pub steps: Vec<Step>,
@@ -221,6 +225,12 @@ pub struct StackEvidence {
 }
 
 /// Finds the steps of a device (see the module docs and [`crate::phases`]).
+///
+/// O(n log n) for n events and allocations: each evidence source is one or a few passes
+/// (stacks: [`plan_from_evidence`]; the shape: one pass over the curve's block extremes and
+/// one per step found; annotations: sorted once), each phase and step is measured by binary
+/// search plus a pass over its own allocations, and drift's Theil–Sen slope samples at most
+/// about 200 × 200 pairs.
 pub fn find_steps(
     curve: &Curve,
     time: &TimeAxis,
@@ -237,7 +247,15 @@ pub fn find_steps(
             (name, plan)
         })
     };
-    let from_shape = || split_at_peaks(&shape_steps(curve, replay), curve, None);
+    let from_shape = || {
+        let bounds = shape_steps(curve, replay);
+        let mut plan = split_at_peaks(&bounds, curve, None);
+        // In a trace that starts with the run, memory built before the first forward pass
+        // is the set-up (the model and its weights).
+        plan.setup = !replay.truncated && bounds.first().is_some_and(|&(start, _)| start > 0);
+        plan
+    };
+    let mut fallback_reason = None;
     let (method, plan) = match options.source {
         StepSource::Stacks => match from_stacks() {
             Some(plan) => (StepMethod::Stacks, plan),
@@ -249,7 +267,18 @@ pub fn find_steps(
         },
         StepSource::CurveShape => (StepMethod::CurveShape, from_shape()),
         StepSource::Auto => match from_stacks() {
-            Some(plan) => (StepMethod::Stacks, plan),
+            Some(plan) => match stack_incoherence(&plan, curve, replay, &evidence.evidence) {
+                None => (StepMethod::Stacks, plan),
+                Some(reason) => {
+                    fallback_reason = Some(reason);
+                    match from_annotations() {
+                        Some((name, plan)) if !plan.steps.is_empty() => {
+                            (StepMethod::Annotations { name }, plan)
+                        }
+                        _ => (StepMethod::CurveShape, from_shape()),
+                    }
+                }
+            },
             None => match from_annotations() {
                 Some((name, plan)) if !plan.steps.is_empty() => {
                     (StepMethod::Annotations { name }, plan)
@@ -296,6 +325,7 @@ pub fn find_steps(
         .collect();
     let mut analysis = StepAnalysis {
         method,
+        fallback_reason,
         setup,
         steps,
         drift: Drift::default(),
@@ -307,6 +337,97 @@ pub fn find_steps(
         options.drift_tolerance_percent,
     );
     analysis
+}
+
+/// Changes of label between consecutive labelled allocations while memory rises, as a share
+/// of those allocations, above which stack labels are not trusted (with more than
+/// [`SWITCHES_PER_RISE`] changes a rise on average).
+const SWITCH_SHARE_LIMIT: f64 = 0.2;
+/// A rise's own story has a few changes of label: forward, gradients near the peak, a hook.
+const SWITCHES_PER_RISE: u64 = 8;
+
+/// Why a plan from stack evidence contradicts the curve it describes (`None`: it does not).
+///
+/// Stacks are trusted only when they tell the story memory tells. Two checks, against the
+/// steps the curve's shape finds ([`shape_bounds`]):
+///
+/// * **Labels interleave within a rise.** While memory rises to a step's peak, work goes
+///   from one phase to the next a few times at most (forward, then the first gradients of
+///   backward; a run whose gradients outweigh its activations rises in backward too). When
+///   consecutive labelled allocations there change label more than 8 times a rise and for
+///   more than a fifth of them (activation checkpointing that recomputes under forward
+///   frames, hooks, a profiler's synthetic frames, mixed-up stacks), the labels cut the run
+///   into pieces that are not steps.
+/// * **Far more steps than rises.** A plan with more than `4 × rises + 8` steps (236,208
+///   "steps" for 12,000 iterations) is not believed either.
+///
+/// O(n + s log n) for n allocations and s shape steps: the shape is one pass over the curve
+/// (its block minima and maxima), each rise is found by binary search in the allocations.
+fn stack_incoherence(
+    plan: &PhasePlan,
+    curve: &Curve,
+    replay: &Replay,
+    evidence: &[Evidence],
+) -> Option<String> {
+    let bounds = shape_bounds_of(
+        curve.len(),
+        |i| curve.at(i as u32),
+        |lo, hi| curve.min_max(lo, hi),
+    );
+    let rises = bounds.len() as u64;
+    if rises > 0 && plan.steps.len() as u64 > 4 * rises + 8 {
+        return Some(format!(
+            "stack labels incoherent: they give {} steps where memory rises and falls {} times",
+            plan.steps.len(),
+            rises
+        ));
+    }
+    let first_traced = replay.before_window_allocations as usize;
+    let traced = replay.allocations.get(first_traced..)?;
+    let evidence = evidence.get(first_traced..)?;
+    // Per kind (forward, backward, optimizer): labelled allocations in the rises, and those
+    // outside their rise's majority kind.
+    let (mut labelled, mut switches, mut minority) = (0u64, 0u64, [0u64; 3]);
+    for &(start, end) in &bounds {
+        let (peak, _, _) = curve.peak_in(start, end);
+        let from = traced.partition_point(|a| a.start() < start);
+        let to = traced
+            .partition_point(|a| a.start() <= peak)
+            .min(evidence.len());
+        let mut counts = [0u64; 3];
+        let mut last = None;
+        for e in evidence.get(from..to).unwrap_or(&[]) {
+            let kind = match e {
+                Evidence::Forward => 0,
+                Evidence::Backward => 1,
+                Evidence::Optimizer => 2,
+                _ => continue,
+            };
+            counts[kind] += 1;
+            switches += u64::from(last.is_some_and(|k| k != kind));
+            last = Some(kind);
+        }
+        let majority = (0..3).max_by_key(|&k| counts[k]).unwrap_or(0);
+        for k in (0..3).filter(|&k| k != majority) {
+            minority[k] += counts[k];
+        }
+        labelled += counts.iter().sum::<u64>();
+    }
+    if switches <= SWITCHES_PER_RISE * rises
+        || (switches as f64) <= SWITCH_SHARE_LIMIT * labelled as f64
+    {
+        return None;
+    }
+    let names = ["forward", "backward", "optimizer"];
+    let others: Vec<&str> = (0..3)
+        .filter(|&k| minority[k] > 0)
+        .map(|k| names[k])
+        .collect();
+    Some(format!(
+        "stack labels incoherent: while memory rises, {:.0}% of the allocations carry {} frames          amid the rise's own ({switches} changes of label in {rises} rises)",
+        minority.iter().sum::<u64>() as f64 * 100.0 / labelled.max(1) as f64,
+        others.join(" or ")
+    ))
 }
 
 /// Optimizer state created per step; the first step that creates some is a warm-up.
@@ -451,28 +572,71 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
     let Some(opener) = opener else {
         return bounds;
     };
-    let earlier = traced
-        .iter()
-        .take_while(|a| a.start() < first_start)
-        .find(|a| a.stack.is_some() && a.stack == opener.stack && a.size == opener.size);
+    let before = traced.partition_point(|a| a.start() < first_start);
+    let earlier = if opener.stack.is_some() {
+        traced[..before]
+            .iter()
+            .find(|a| a.stack == opener.stack && a.size == opener.size)
+    } else {
+        // No stacks: the step's opening sizes, in order, recognise it (a training loop
+        // makes the same allocations each step).
+        let opening: Vec<u64> = traced[before..]
+            .iter()
+            .take_while(|a| a.start() <= bounds[0].1)
+            .filter(|a| a.alloc_event().is_some())
+            .take(OPENING_SIZES)
+            .map(|a| a.size)
+            .collect();
+        first_match_of_sizes(&traced[..before], &opening).map(|i| &traced[i])
+    };
     if let Some(a) = earlier {
         let mut start = a.start();
-        let segment_alloc_at = |e: u32| replay.segments.iter().any(|s| s.alloc_event == Some(e));
-        while start > 0 && segment_alloc_at(start - 1) {
+        // Sorted once: a run with 100k segments must not scan them all per event.
+        let mut segment_allocs: Vec<u32> = replay
+            .segments
+            .iter()
+            .filter_map(|s| s.alloc_event)
+            .collect();
+        segment_allocs.sort_unstable();
+        while start > 0 && segment_allocs.binary_search(&(start - 1)).is_ok() {
             start -= 1;
         }
         // Only a real step: it must reach the high region like the others do.
         let low_peak = bounds
             .iter()
-            .map(|&(s, e)| (s..=e).map(|i| curve.at(i)).max().unwrap_or(0))
+            .map(|&(s, e)| curve.peak_in(s, e).1)
             .min()
             .unwrap_or(0);
-        let this_peak = (start..first_start).map(|i| curve.at(i)).max().unwrap_or(0);
+        let this_peak = curve
+            .min_max(start as usize, first_start as usize)
+            .map_or(0, |(_, max)| max);
         if start + 1 < first_start && this_peak as f64 >= 0.5 * low_peak as f64 {
             bounds.insert(0, (start, first_start - 1));
         }
     }
     bounds
+}
+
+/// Allocation sizes that recognise a step's opening in a run without stacks.
+const OPENING_SIZES: usize = 8;
+
+/// Index of the first allocation in `allocations` from which the allocated sizes run as
+/// `sizes` (allocations without an alloc event are skipped in both); `None` when they never
+/// do, or `sizes` is empty. O(n × sizes.len()).
+fn first_match_of_sizes(allocations: &[crate::replay::Allocation], sizes: &[u64]) -> Option<usize> {
+    if sizes.is_empty() {
+        return None;
+    }
+    let allocated: Vec<(usize, u64)> = allocations
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.alloc_event().is_some())
+        .map(|(i, a)| (i, a.size))
+        .collect();
+    allocated
+        .windows(sizes.len())
+        .find(|w| w.iter().map(|&(_, size)| size).eq(sizes.iter().copied()))
+        .map(|w| w[0].0)
 }
 
 /// Moves a step's start forward to its opening call site where the curve's shape put it too

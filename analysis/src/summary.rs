@@ -21,6 +21,9 @@
 //!                            "activation": B, "temporary": B, "unknown": B},
 //!     "peak_phase": {"step": I|null, "kind": "forward"|...} | null,  // null: peak outside phases
 //!     "step_method": "stacks" | "annotations:<name>" | "curve_shape" | "none",
+//!     "step_method_reason": "..." | null,   // why better evidence was not used, e.g.
+//!                                       // "stack labels incoherent: 41% of the allocations
+//!                                       // while memory rises (forward) carry backward frames"
 //!     "setup_phase": PHASE | null,      // model construction/loading before the first step
 //!     "steps": [{"start_event", "peak_event", "end_event",
 //!                "start_bytes", "peak_bytes", "end_bytes", "min_bytes",
@@ -203,6 +206,9 @@ pub struct DeviceSummary {
     pub final_reserved_bytes: u64,
     pub peak_top_sites: Vec<SiteBytes>,
     pub step_method: String,
+    /// Why the steps do not come from better evidence (stacks that contradict the curve);
+    /// `None` when the best evidence the file has was used.
+    pub step_method_reason: Option<String>,
     /// The set-up before the first step (model construction or loading), when seen.
     pub setup_phase: Option<PhaseSummary>,
     pub steps: Vec<StepSummary>,
@@ -245,6 +251,9 @@ impl Summary {
 }
 
 /// Summarises every device that has a trace or segments.
+///
+/// O(n log n) per device for n trace entries: [`DeviceTimeline::build`] and
+/// [`summarize_device`].
 pub fn summarize(snapshot: &Snapshot, options: &SummaryOptions) -> Result<Summary> {
     let devices = DeviceTimeline::devices(snapshot)
         .into_iter()
@@ -260,6 +269,9 @@ pub fn summarize(snapshot: &Snapshot, options: &SummaryOptions) -> Result<Summar
 }
 
 /// Summarises one device from its timeline.
+///
+/// O(n log n) for n entries: the steps ([`crate::find_steps`]), then
+/// [`summarize_device_with_steps`].
 pub fn summarize_device(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
@@ -272,6 +284,9 @@ pub fn summarize_device(
 /// [`summarize_device`] with the steps already found (`timeline.steps(&options.steps)`): a
 /// viewer that has them does not find them again (at 10M entries that is 0.4 s and its
 /// per-allocation vectors).
+///
+/// O(n log n + p log p) for n allocations and p phases: the top sites are one grouping pass,
+/// the categories at the peak and at every phase's peak one sorted sweep.
 pub fn summarize_device_with_steps(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
@@ -407,6 +422,7 @@ pub fn summarize_device_with_steps(
         final_reserved_bytes: curves.reserved.at(replay.axis_len() - 1),
         peak_top_sites,
         step_method,
+        step_method_reason: analysis.fallback_reason.clone(),
         setup_phase,
         steps,
         peak_phase,

@@ -198,9 +198,28 @@ fn render(name: &str, summary: &Summary) -> String {
             );
         }
         if d.steps.is_empty() {
-            let _ = writeln!(out, "  steps: none found");
+            match &d.step_method_reason {
+                Some(reason) => {
+                    let _ = writeln!(out, "  steps: none found ({reason})");
+                }
+                None => {
+                    let _ = writeln!(out, "  steps: none found");
+                }
+            }
         } else {
-            let _ = writeln!(out, "  steps ({}, {}):", d.steps.len(), d.step_method);
+            match &d.step_method_reason {
+                Some(reason) => {
+                    let _ = writeln!(
+                        out,
+                        "  steps ({}, {} ({reason})):",
+                        d.steps.len(),
+                        d.step_method
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "  steps ({}, {}):", d.steps.len(), d.step_method);
+                }
+            }
             let _ = writeln!(
                 out,
                 "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  phases",

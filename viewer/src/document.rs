@@ -86,6 +86,7 @@ impl DeviceModel {
 fn pending_steps() -> StepAnalysis {
     StepAnalysis {
         method: memsnap_analysis::StepMethod::None,
+        fallback_reason: None,
         setup: None,
         steps: Vec::new(),
         drift: Default::default(),

@@ -159,6 +159,10 @@ pub fn steps_ui(
         StepMethod::CurveShape => "from the rise and fall of memory".to_owned(),
         StepMethod::None => "none found".to_owned(),
     };
+    let method = match &steps.fallback_reason {
+        Some(reason) => format!("{method} ({reason})"),
+        None => method,
+    };
     ui.horizontal(|ui| {
         ui.strong(format!("Training steps: {}", steps.steps.len()));
         ui.weak(method);

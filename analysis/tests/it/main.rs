@@ -2,6 +2,7 @@
 //! the size filter's exactness, layout invariants, odd-but-valid histories.
 
 mod decimation;
+mod evidence_fallbacks;
 mod layout;
 mod odd_histories;
 mod real;

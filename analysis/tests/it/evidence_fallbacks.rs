@@ -1,0 +1,146 @@
+//! When the best evidence lies or is missing: stacks that contradict the curve are not
+//! trusted (annotations, then the curve's shape, give the steps, and the analysis says why),
+//! and a run recorded without stacks still finds every step, the first after the set-up too.
+
+use memsnap_analysis::{DeviceTimeline, PhaseKind, StepMethod, StepOptions};
+use memsnap_format::Action;
+use memsnap_workload::{generate, Role, TrainingRun};
+
+/// A run without annotations whose allocations' stacks are mixed up: `percent` of the
+/// forward allocations carry a gradient's (backward) stack and as many of the backward
+/// allocations an activation's (forward) stack, chosen by a fixed pseudo-random sequence.
+fn noisy_run(steps: usize, percent: u64, annotations: bool) -> (memsnap_format::Snapshot, usize) {
+    let run = TrainingRun {
+        steps,
+        layers: 8,
+        activations_per_layer: 6,
+        with_annotations: annotations,
+        seed: 21,
+        ..TrainingRun::default()
+    };
+    let (mut snapshot, truth) = generate(&run);
+    let roles = &truth.devices[0].roles;
+    let stack_of = |role: Role, snapshot: &memsnap_format::Snapshot| {
+        let (event, _) = roles.iter().find(|(_, r)| *r == role).copied().unwrap();
+        snapshot.traces()[0][event].frames
+    };
+    let backward = stack_of(Role::Gradient, &snapshot);
+    let forward = stack_of(Role::Activation, &snapshot);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let trace = &mut snapshot.device_traces.as_mut().unwrap()[0];
+    for &(event, role) in roles {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        if state % 100 >= percent {
+            continue;
+        }
+        assert_eq!(trace[event].action, Action::Alloc);
+        trace[event].frames = match role {
+            Role::Activation => backward,
+            Role::Gradient => forward,
+            _ => continue,
+        };
+    }
+    (snapshot, truth.devices[0].steps.len())
+}
+
+/// Regression: noisy stacks (forward allocations with backward frames mixed in) cut a
+/// 12,000-iteration run into 236,208 "steps"; the labels contradict the curve, so the
+/// curve's shape gives the steps and the analysis names the reason.
+#[test]
+fn incoherent_stack_labels_fall_back_to_the_curve_and_say_why() {
+    let (snapshot, true_steps) = noisy_run(12, 40, false);
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions::default());
+    assert_eq!(analysis.method, StepMethod::CurveShape);
+    let reason = analysis.fallback_reason.as_deref().unwrap_or("");
+    assert!(reason.starts_with("stack labels incoherent"), "{reason}");
+    assert_eq!(analysis.steps.len(), true_steps, "{reason}");
+}
+
+/// With annotations, incoherent stacks give way to the `ProfilerStep#` ranges first.
+#[test]
+fn incoherent_stack_labels_fall_back_to_annotations_first() {
+    let (snapshot, true_steps) = noisy_run(6, 40, true);
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions::default());
+    assert!(
+        matches!(analysis.method, StepMethod::Annotations { .. }),
+        "{:?}",
+        analysis.method
+    );
+    assert!(analysis.fallback_reason.is_some());
+    assert_eq!(analysis.steps.len(), true_steps);
+}
+
+/// A few mixed-up stacks (a hook, a stray recompute) are strays, not a reason to distrust
+/// the stacks: they still give every step.
+#[test]
+fn a_little_stack_noise_keeps_the_stacks() {
+    let (snapshot, true_steps) = noisy_run(6, 3, false);
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions::default());
+    assert_eq!(
+        analysis.method,
+        StepMethod::Stacks,
+        "{:?}",
+        analysis.fallback_reason
+    );
+    assert_eq!(analysis.fallback_reason, None);
+    assert_eq!(analysis.steps.len(), true_steps);
+}
+
+/// Regression: a run recorded without stacks (`context=None`) and without annotations found
+/// 7 of its 8 steps: the first step after the set-up was found by its opening call site,
+/// which needs a stack. Its opening sizes find it now, and what comes before it is the
+/// set-up.
+#[test]
+fn a_frameless_run_finds_its_first_step_after_the_set_up() {
+    for (steps, layers, seed) in [(8, 4, 0), (5, 6, 3), (3, 12, 17)] {
+        let run = TrainingRun {
+            steps,
+            layers,
+            with_annotations: false,
+            seed,
+            ..TrainingRun::default()
+        };
+        let (mut snapshot, truth) = generate(&run);
+        for entry in snapshot.device_traces.iter_mut().flatten().flatten() {
+            entry.frames = None;
+        }
+        let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+        let analysis = timeline.steps(&StepOptions::default());
+        let want = &truth.devices[0].steps;
+        assert_eq!(analysis.method, StepMethod::CurveShape);
+        assert_eq!(
+            analysis.steps.len(),
+            want.len(),
+            "{steps} steps, {layers} layers"
+        );
+        for (got, want) in analysis.steps.iter().zip(want) {
+            // A deferred `free_completed` recorded as a step's first event may move a
+            // boundary by one event.
+            assert!(
+                got.start_event.abs_diff(want.start_event as u32) <= 1,
+                "{got:?} {want:?}"
+            );
+            assert!(
+                got.end_event.abs_diff(want.end_event as u32) <= 1,
+                "{got:?} {want:?}"
+            );
+            assert_eq!(got.peak_bytes, want.peak_bytes);
+            // Forward up to the peak, backward after it: the forward phase holds the step's
+            // first allocation, the backward phase the true backward's last.
+            assert_eq!(got.phases[0].kind, PhaseKind::Forward);
+            assert!(got.phases[0].start_event <= want.phases[0].1 as u32);
+            assert_eq!(got.phases[0].end_event, got.peak_event);
+        }
+        let setup = analysis
+            .setup
+            .as_ref()
+            .expect("the parameters are the set-up");
+        assert_eq!(setup.start_event, 0);
+        assert_eq!(setup.end_event + 1, analysis.steps[0].start_event);
+    }
+}
