@@ -12,8 +12,11 @@ use memsnap_format::{Frame, Snapshot, StackId};
 /// source's annotations in time order.
 ///
 /// Stacks, compile contexts and user metadata are interned again in the merged tables;
-/// `restack` sees every stack on the way and may rewrite it (the C ABI drops its own frames
-/// from the top). Pass `|frames| frames` to keep them as they are.
+/// `restack` sees each distinct stack of each source once, on the way, and may rewrite it
+/// (the C ABI drops its own frames from the top). Pass `|frames| frames` to keep them as they
+/// are. O(entries + blocks + the frames of each source's distinct stacks): a stack is
+/// re-interned once per source, not once per entry that uses it (it was, at some 50 µs an
+/// entry: 7 s for each extra device of 125k entries).
 ///
 /// ```
 /// use memsnap_recorder::snapshot::merge_device_snapshots;
@@ -43,8 +46,18 @@ pub fn merge_device_snapshots(
     let mut out = Snapshot::new(devices);
     let mut dropped = vec![0u64; devices];
     for source in snapshots {
+        // The merged id of each of this source's stacks, once it has been seen.
+        let mut merged: Vec<Option<StackId>> = vec![None; source.stacks.len()];
         let mut reintern = |out: &mut Snapshot, id: Option<StackId>| {
-            id.map(|id| out.intern_stack(restack(source.stack_frames(id).cloned().collect())))
+            let id = id?;
+            if let Some(Some(known)) = merged.get(id.index()) {
+                return Some(*known);
+            }
+            let new = out.intern_stack(restack(source.stack_frames(id).cloned().collect()));
+            if let Some(slot) = merged.get_mut(id.index()) {
+                *slot = Some(new);
+            }
+            Some(new)
         };
         for segment in &source.segments {
             let mut segment = segment.clone();

@@ -28,7 +28,19 @@ usage: gen_snapshot -o PATH [options]
       --no-time           2.1-era file without time_us
       --no-annotations    no external_annotations
       --stacks N          distinct call sites (default 48)
-      --seed N            random seed (default 0)";
+      --seed N            random seed (default 0)
+      --activation-bytes B  typical activation size (default 8388608)
+      --param-bytes B     parameter bytes per layer (default 4194304)
+      --device-memory B   simulated GPU memory (default 85899345920)
+      --stack-noise PCT   percent of forward/backward/optimizer allocations carrying another
+                          phase's stack (default 0)
+      --frameless         record no frames (context=None)
+      --stack-depth N     pad stacks to about N frames (2/3 N to 4/3 N; default 0: 25-40)
+      --rotate-stacks     every allocation and free takes the next stack of its kind, so the
+                          whole --stacks pool appears in the trace
+      --annotations-per-step N  extra record_function START/END pairs per step (default 0)
+      --empty-cache       torch.cuda.empty_cache() after every step (segment churn)
+      --expandable        expandable_segments:True (segment_map/segment_unmap)";
 
 fn main() -> ExitCode {
     match run() {
@@ -60,6 +72,23 @@ fn run() -> Result<(), String> {
             "--leak" => spec.leak_bytes_per_step = number(&arg, &value(&arg)?)?,
             "--stacks" => spec.stack_pool = number(&arg, &value(&arg)?)?,
             "--seed" => spec.seed = number(&arg, &value(&arg)?)?,
+            "--activation-bytes" => spec.activation_bytes = number(&arg, &value(&arg)?)?,
+            "--param-bytes" => spec.param_bytes_per_layer = number(&arg, &value(&arg)?)?,
+            "--device-memory" => spec.device_memory = number(&arg, &value(&arg)?)?,
+            "--stack-noise" => {
+                spec.stack_noise_percent = number(&arg, &value(&arg)?)?;
+                if spec.stack_noise_percent > 100 {
+                    return Err(format!("{arg}: a percentage is at most 100"));
+                }
+            }
+            "--frameless" => spec.frameless = true,
+            "--stack-depth" => spec.stack_depth = number(&arg, &value(&arg)?)?,
+            "--rotate-stacks" => spec.rotate_stacks = true,
+            "--annotations-per-step" => {
+                spec.annotations_per_step = number(&arg, &value(&arg)?)?;
+            }
+            "--empty-cache" => spec.empty_cache_every_step = true,
+            "--expandable" => spec.expandable_segments = true,
             "--no-optimizer" => spec.optimizer = false,
             "--no-time" => spec.with_time = false,
             "--no-annotations" => spec.with_annotations = false,
@@ -79,8 +108,10 @@ fn run() -> Result<(), String> {
     let written = started.elapsed() - generated;
 
     let steps: usize = truth.devices.iter().map(|d| d.steps.len()).sum();
+    let annotations = snapshot.external_annotations.as_ref().map_or(0, Vec::len);
     println!(
-        "{}: {} entries on {} device(s), {} segments, {} stacks, {steps} complete steps; \
+        "{}: {} entries on {} device(s), {} segments, {} stacks, {annotations} annotations, \
+         {steps} complete steps; \
          generated in {:.3} s, encoded as {} and written in {:.3} s",
         output.display(),
         snapshot.entry_count(),

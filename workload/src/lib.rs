@@ -91,6 +91,32 @@ pub struct TrainingRun {
     /// would.
     pub oom_at_step: Option<usize>,
     pub seed: u64,
+    /// Percent (0 to 100) of the forward, backward and optimizer allocations that carry the
+    /// stack of another phase's call site (a forward allocation with a gradient's autograd
+    /// frames or Adam's, a backward one with an activation's module frames, ...), as
+    /// activation checkpointing's recompute, hooks, fused optimizers and noisy unwinds make
+    /// real stacks lie about their phase. Drawn from a stream of its own, so the sizes and
+    /// times are those of the run without noise; the ground truth does not change.
+    pub stack_noise_percent: u8,
+    /// Record no frames at all: plain `malloc`/`free` without a stack, as PyTorch's
+    /// `_record_memory_history(context=None)` / `stacks=None` writes.
+    pub frameless: bool,
+    /// About how many frames each stack has (0: as the call site has, 25 to 40): each call
+    /// site's stack is padded with deeper module nesting up to between 2/3 and 4/3 of this.
+    pub stack_depth: usize,
+    /// Each allocation and free takes the next stack of its site kind's family in turn, so
+    /// every stack of the pool ends up in the trace (up to one per entry); otherwise a site
+    /// reuses the few stacks its layer and slot pick, as a real script does.
+    pub rotate_stacks: bool,
+    /// `record_function`-like START/END annotation pairs per step (`aten::mm`,
+    /// `nn.Module: Linear_3`, ...), spread over the forward pass, besides `ProfilerStep#N`.
+    pub annotations_per_step: usize,
+    /// `torch.cuda.empty_cache()` after every step: the cached segments go back to the device
+    /// and the next step maps new ones (segment churn).
+    pub empty_cache_every_step: bool,
+    /// The allocator's `expandable_segments:True`: the large pool grows and shrinks one
+    /// mapped segment (`segment_map` / `segment_unmap` entries).
+    pub expandable_segments: bool,
 }
 
 impl Default for TrainingRun {
@@ -113,6 +139,13 @@ impl Default for TrainingRun {
             device_memory: 80 << 30,
             oom_at_step: None,
             seed: 0,
+            stack_noise_percent: 0,
+            frameless: false,
+            stack_depth: 0,
+            rotate_stacks: false,
+            annotations_per_step: 0,
+            empty_cache_every_step: false,
+            expandable_segments: false,
         }
     }
 }

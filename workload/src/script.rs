@@ -16,10 +16,25 @@ use crate::{DeviceTruth, GroundTruth, OomTruth, PhaseName, Role, StepTruth, Trai
 /// The stream tensors used on a second stream are recorded on (`record_stream`).
 const SIDE_STREAM: Stream = Stream(7);
 
+/// Mixed into a device's seed for the stack-noise draws, so that turning noise on leaves the
+/// main stream's draws (sizes, times) as they were.
+const NOISE_STREAM: u64 = 0x6e6f_6973_795f_7374;
+
+/// `record_function` names of the extra annotations (`annotations_per_step`), besides the
+/// layer's `nn.Module: Linear_N`.
+const OPERATOR_ANNOTATIONS: [&str; 6] = [
+    "aten::mm",
+    "aten::addmm",
+    "aten::native_layer_norm",
+    "aten::gelu",
+    "aten::native_dropout",
+    "aten::_scaled_dot_product_efficient_attention",
+];
+
 /// Simulates `run` and returns the snapshot and its ground truth. Deterministic: the same
 /// `run` gives the same snapshot on every machine.
 pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
-    let sites = CallSites::new(run.stack_pool);
+    let sites = CallSites::new(run.stack_pool, run.stack_depth);
     let start_us = 1_760_000_000_000_000 + (run.seed % 10_000_000) as i64 * 1_000;
     let devices = run.devices.max(1);
     let mut snapshots = Vec::with_capacity(devices);
@@ -32,6 +47,10 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
         let gpu =
             CachingAllocator::new(SimulatedDevice::new(run.device_memory).with_manual_events())
                 .with_device_index(device as i64);
+        if run.expandable_segments {
+            // The simulated device has virtual memory, so the setting takes effect.
+            let _ = gpu.set_allocator_settings("expandable_segments:True");
+        }
         gpu.use_manual_clock(start_us + device as i64 * 37);
         gpu.record_memory_history(HistoryOptions {
             enabled: HistoryMode::All,
@@ -42,21 +61,20 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
             max_entries: run.max_entries.unwrap_or(usize::MAX).max(1),
             ..HistoryOptions::default()
         });
-        let stacks = sites
-            .families
-            .iter()
-            .map(|family| {
-                family
-                    .iter()
-                    .filter_map(|frames| gpu.register_stack(frames))
-                    .collect()
-            })
-            .collect();
+        // Each stack's frames are made, registered and dropped one at a time (the recorder
+        // keeps its own copy): a pool of deep stacks is held once, not twice.
+        let stacks = if run.frameless {
+            Vec::new()
+        } else {
+            sites.register(|frames| gpu.register_stack(frames))
+        };
         let mut sim = DeviceRun {
             run,
             gpu,
             stacks,
             rng: Rng::new(device_seed),
+            noise: Rng::new(device_seed ^ NOISE_STREAM),
+            cursors: [0; SITES.len()],
             roles: Vec::new(),
             steps: Vec::new(),
             phases: Vec::new(),
@@ -141,6 +159,10 @@ struct DeviceRun<'a> {
     /// The registered stacks of each site kind, in [`SITES`] order.
     stacks: Vec<Vec<GivenStack>>,
     rng: Rng,
+    /// Draws for `stack_noise_percent` only.
+    noise: Rng,
+    /// Per site kind, the next stack of its family (`rotate_stacks`).
+    cursors: [usize; SITES.len()],
     /// The role of every successful allocation, in order.
     roles: Vec<Role>,
     steps: Vec<StepMarks>,
@@ -153,10 +175,49 @@ struct DeviceRun<'a> {
 }
 
 impl DeviceRun<'_> {
-    fn stack(&self, site: Site, key: usize) -> Option<GivenStack> {
+    fn stack(&mut self, site: Site, key: usize) -> Option<GivenStack> {
         let kind = SITES.iter().position(|&s| s == site)?;
         let family = self.stacks.get(kind)?;
+        let key = if self.run.rotate_stacks {
+            let next = self.cursors[kind];
+            self.cursors[kind] = next.wrapping_add(1);
+            next
+        } else {
+            key
+        };
         family.get(key % family.len().max(1)).copied()
+    }
+
+    /// The site whose stack an allocation at `site` carries: itself, or with
+    /// `stack_noise_percent` another phase's site kind (forward work with backward or
+    /// optimizer frames, backward work with forward or optimizer frames, the optimizer with
+    /// forward or backward frames). Set-up, leak and free sites keep theirs.
+    fn noisy(&mut self, site: Site) -> Site {
+        let percent = u64::from(self.run.stack_noise_percent.min(100));
+        if percent == 0 {
+            return site;
+        }
+        let others: &[Site] = match site {
+            Site::Activation | Site::ForwardTemporary | Site::Loss => &[
+                Site::Gradient,
+                Site::InputGradient,
+                Site::OptimizerTemporary,
+            ],
+            Site::Gradient | Site::InputGradient => &[
+                Site::Activation,
+                Site::ForwardTemporary,
+                Site::OptimizerTemporary,
+            ],
+            Site::OptimizerState | Site::OptimizerTemporary => {
+                &[Site::Activation, Site::Gradient, Site::InputGradient]
+            }
+            _ => return site,
+        };
+        if self.noise.range(0, 99) >= percent {
+            return site;
+        }
+        let pick = self.noise.range(0, others.len() as u64 - 1) as usize;
+        others.get(pick).copied().unwrap_or(site)
     }
 
     /// Time passes between two calls into the allocator.
@@ -174,7 +235,8 @@ impl DeviceRun<'_> {
         step: usize,
     ) -> Result<Tensor, Stop> {
         self.pause(1, 40);
-        let result = match self.stack(site, key) {
+        let stack_site = self.noisy(site);
+        let result = match self.stack(stack_site, key) {
             Some(stack) => self.gpu.malloc_with_stack(bytes, Stream::DEFAULT, stack),
             None => self.gpu.malloc(bytes, Stream::DEFAULT),
         };
@@ -249,6 +311,20 @@ impl DeviceRun<'_> {
             .collect()
     }
 
+    /// `count` `record_function`-like START/END pairs for `layer`: the module, then the
+    /// operators it calls.
+    fn extra_annotations(&mut self, layer: usize, count: usize) {
+        for k in 0..count {
+            let name = if k % 2 == 0 {
+                format!("nn.Module: Linear_{layer}")
+            } else {
+                OPERATOR_ANNOTATIONS[(k / 2) % OPERATOR_ANNOTATIONS.len()].to_owned()
+            };
+            self.annotate("START", &name);
+            self.annotate("END", &name);
+        }
+    }
+
     fn simulate(&mut self) -> Result<(), Stop> {
         let run = self.run;
         let weight_bytes = run.param_bytes_per_layer - run.param_bytes_per_layer / 64;
@@ -289,6 +365,10 @@ impl DeviceRun<'_> {
             self.step(step, &shapes, &params, &mut optimizer_state)?;
             let end = self.gpu.recorded_entries();
             self.annotate("END", &name);
+            if run.empty_cache_every_step {
+                // Between steps: its `segment_free`s (or `segment_unmap`s) belong to no step.
+                self.gpu.empty_cache().map_err(|_| Stop::Allocator)?;
+            }
             if end == start {
                 // A step that records nothing would never reach the target.
                 break;
@@ -311,7 +391,15 @@ impl DeviceRun<'_> {
         // Forward: activations pile up, one temporary per layer comes and goes.
         self.opening = Some(PhaseName::Forward);
         let mut saved: Vec<Vec<Tensor>> = Vec::with_capacity(run.layers);
+        let mut extra_annotations = run.annotations_per_step;
+        if shapes.is_empty() {
+            self.extra_annotations(0, extra_annotations);
+        }
         for (layer, sizes) in shapes.iter().enumerate() {
+            // This layer's share of the step's extra annotations.
+            let share = extra_annotations.div_ceil(shapes.len() - layer);
+            extra_annotations -= share;
+            self.extra_annotations(layer, share);
             let mut kept = Vec::with_capacity(sizes.len());
             for (a, &bytes) in sizes.iter().enumerate() {
                 let key = layer * 7 + a;

@@ -48,24 +48,92 @@ const PROJECT: &str = "/home/user/project";
 const TORCH: &str = "/usr/local/lib/python3.11/site-packages/torch";
 const RUNPY: &str = "/usr/lib/python3.11/runpy.py";
 
-/// The frames of every call site, per site kind (registered with each device's allocator).
+/// The call sites of the script: how many variants each site kind has and how deep their
+/// stacks are. The frames are made when registered with a device's allocator.
 pub(crate) struct CallSites {
-    pub(crate) families: Vec<Vec<Vec<Frame>>>,
+    /// Variants per site kind, in [`SITES`] order.
+    variants: [usize; SITES.len()],
+    /// `TrainingRun::stack_depth`.
+    depth: usize,
 }
 
 impl CallSites {
-    /// About `pool` distinct stacks in all, at least one per site kind.
-    pub(crate) fn new(pool: usize) -> Self {
+    /// About `pool` distinct stacks in all, at least one per site kind, of about `depth`
+    /// frames each (0: the call site's own frames).
+    pub(crate) fn new(pool: usize, depth: usize) -> Self {
         let total_weight: usize = WEIGHTS.iter().sum();
-        let families = SITES
+        let variants = WEIGHTS.map(|weight| (pool.saturating_mul(weight) / total_weight).max(1));
+        CallSites { variants, depth }
+    }
+
+    /// Registers every call site's stack with `register`, family by family, and returns the
+    /// handles per site kind (a stack `register` refuses is left out). One stack's frames are
+    /// alive at a time. O(pool × depth).
+    pub(crate) fn register<H>(
+        &self,
+        mut register: impl FnMut(&[Frame]) -> Option<H>,
+    ) -> Vec<Vec<H>> {
+        let mut padding = Padding::default();
+        SITES
             .iter()
-            .zip(WEIGHTS)
-            .map(|(&site, weight)| {
-                let variants = (pool * weight / total_weight).max(1);
-                (0..variants).map(|v| innermost_first(site, v)).collect()
+            .zip(self.variants)
+            .enumerate()
+            .map(|(kind, (&site, variants))| {
+                (0..variants)
+                    .filter_map(|v| {
+                        let mut frames = innermost_first(site, v);
+                        if self.depth > 0 {
+                            padding.pad(&mut frames, self.depth, kind, v);
+                        }
+                        register(&frames)
+                    })
+                    .collect()
             })
-            .collect();
-        CallSites { families }
+            .collect()
+    }
+}
+
+/// The frames that make stacks deep (`TrainingRun::stack_depth`): nested modules of the model
+/// (`blocks/block_K.py forward` under `nn/modules/module.py _call_impl`), one distinct frame
+/// per depth, shared by every stack, as the frames of a real program are. Made once.
+#[derive(Default)]
+struct Padding {
+    frames: Vec<Frame>,
+}
+
+impl Padding {
+    /// Inserts the outermost module frames above the interpreter's (or the autograd thread's)
+    /// entry frames, until `frames` holds between 2/3 and 4/3 of `depth` frames (by a hash of
+    /// the site kind and variant, so stack lengths vary).
+    fn pad(&mut self, frames: &mut Vec<Frame>, depth: usize, kind: usize, v: usize) {
+        let low = depth - depth / 3;
+        let spread = (depth + depth / 3) - low;
+        let mix = (kind as u64 + 1)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(v as u64)
+            .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let target = low + ((mix >> 17) % (spread as u64 + 1)) as usize;
+        let extra = target.saturating_sub(frames.len());
+        while self.frames.len() < extra {
+            let i = self.frames.len();
+            self.frames.push(if i % 2 == 0 {
+                torch(
+                    "nn/modules/module.py",
+                    1784 + (i as i64 / 2) % 7,
+                    "_call_impl",
+                )
+            } else {
+                project(
+                    &format!("blocks/block_{}.py", i / 2),
+                    10 + i as i64,
+                    "forward",
+                )
+            });
+        }
+        // Above the entry frames (the interpreter's four, or the autograd thread's last
+        // ones), so innermost stays innermost.
+        let at = frames.len().saturating_sub(4);
+        frames.splice(at..at, self.frames[..extra].iter().cloned());
     }
 }
 
@@ -216,7 +284,7 @@ const BACKWARD_NODES: [(&str, &str); 5] = [
 
 /// The frames of variant `v` of a site kind, innermost first. Each variant differs in at least
 /// one frame, so variants are distinct stacks.
-pub(crate) fn innermost_first(site: Site, v: usize) -> Vec<Frame> {
+fn innermost_first(site: Site, v: usize) -> Vec<Frame> {
     let v_line = v as i64;
     let mut frames = Vec::with_capacity(32);
     match site {

@@ -53,7 +53,7 @@ fn generation_is_deterministic_and_seeded() {
 }
 
 /// Replays each device trace from the window's starting bytes and checks every step answer.
-fn check_truth(snapshot: &Snapshot, truth: &GroundTruth) {
+pub(crate) fn check_truth(snapshot: &Snapshot, truth: &GroundTruth) {
     assert_eq!(truth.devices.len(), snapshot.traces().len());
     for (device, (trace, dev)) in snapshot.traces().iter().zip(&truth.devices).enumerate() {
         let mut live = dev.before_window_bytes;

@@ -1,3 +1,4 @@
 //! The workload's integration tests: one binary, one module per subject.
 
 mod generator;
+mod shapes;
