@@ -394,6 +394,9 @@ pub(crate) struct PhasePlan {
     pub setup: bool,
     /// Per step, its phases' kinds and first events, in order.
     pub steps: Vec<Vec<(PhaseKind, u32)>>,
+    /// Runs of one or two labelled allocations among the stack labels, before strays were
+    /// merged: clean stacks have few, mixed-up ones many (see `steps::stack_incoherence`).
+    pub short_runs: usize,
 }
 
 impl PhasePlan {
@@ -593,8 +596,12 @@ pub(crate) fn plan_from_evidence(
             _ => runs.push((kind, i, i, 1)),
         }
     }
+    let short_runs = runs.iter().filter(|r| r.3 <= 2).count();
     let runs = merge_stray_runs(&runs);
-    let mut plan = PhasePlan::default();
+    let mut plan = PhasePlan {
+        short_runs,
+        ..PhasePlan::default()
+    };
     let mut prev_last: Option<usize> = None;
     for &(kind, first, last_index, _) in &runs {
         // Neutral allocations between the previous run and this one open a new step, and
