@@ -186,7 +186,14 @@ pub fn render_scene(snapshot: &Snapshot, options: &PlotOptions) -> Result<Scene,
         show_reserved: true,
     };
     let bands = scene::band_layer(&model, &layout, &style, &map);
-    let steps = if options.show_steps {
+    // Every step and phase, blended into its column, while they fit; more steps than
+    // half-pixel columns (68,000 steps of a 10M-entry run across 1,500 pixels) are thinned as
+    // the viewer thins them: the first and last step of each column. Rasterising every sliver
+    // of such a run cost most of `memsnap plot`'s time and could show nothing more.
+    let dense = steps.steps.len() as f32 > 2.0 * plot.width();
+    let steps = if options.show_steps && dense {
+        scene::StepDetail::Thinned
+    } else if options.show_steps {
         scene::StepDetail::All
     } else {
         scene::StepDetail::Hidden

@@ -161,3 +161,54 @@ fn every_level_of_stack_noise_gives_the_true_steps() {
         );
     }
 }
+
+/// The workload's own adversarial shapes (`stack_noise_percent`, `frameless`), with and
+/// without annotations, two devices, a ring buffer that starts mid-step: the steps are the
+/// run's, and the analysis says when it set the stacks aside.
+#[test]
+fn the_workloads_noisy_and_frameless_shapes_give_the_true_steps() {
+    for (name, noise, frameless, annotations, max_entries) in [
+        ("noisy", 40, false, false, None),
+        ("noisy_annotated", 40, false, true, None),
+        ("slightly_noisy", 5, false, false, None),
+        ("frameless", 0, true, false, None),
+        ("frameless_ring", 0, true, false, Some(3_000)),
+        ("noisy_ring", 30, false, false, Some(3_000)),
+    ] {
+        let run = TrainingRun {
+            devices: 2,
+            steps: 14,
+            layers: 6,
+            stack_noise_percent: noise,
+            frameless,
+            with_annotations: annotations,
+            max_entries,
+            seed: 5,
+            ..TrainingRun::default()
+        };
+        let (snapshot, truth) = generate(&run);
+        for device in 0..2 {
+            let timeline = DeviceTimeline::build(&snapshot, device).unwrap();
+            let analysis = timeline.steps(&StepOptions::default());
+            let want = &truth.devices[device as usize];
+            // Whole steps found: a ring buffer that starts mid-step leaves a partial one first
+            // (and may hide the first whole one from the curve's shape).
+            let whole = analysis.steps.iter().filter(|s| !s.partial).count();
+            let slack = usize::from(want.dropped_entries > 0);
+            assert!(
+                whole <= want.steps.len() + slack && whole + slack >= want.steps.len(),
+                "{name} device {device}: {whole} whole steps of {} ({:?}, {:?})",
+                want.steps.len(),
+                analysis.method,
+                analysis.fallback_reason
+            );
+            if noise >= 30 {
+                assert!(analysis.fallback_reason.is_some(), "{name}");
+                assert_ne!(analysis.method, StepMethod::Stacks, "{name}");
+            }
+            if frameless {
+                assert_eq!(analysis.method, StepMethod::CurveShape, "{name}");
+            }
+        }
+    }
+}
