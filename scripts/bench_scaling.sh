@@ -119,7 +119,7 @@ measure() {
   local note=""
   case "$name" in
     gen)
-      note="$(grep -o '[0-9]* entries on [0-9]* device(s), [0-9]* segments, [0-9]* stacks, [0-9]* annotations, [0-9]* complete steps' "$log" | head -1)" ;;
+      note="$(grep -o '[0-9]* entries on [0-9]* device(s), [0-9]* segments, [0-9]* segment entries, [0-9]* stacks, [0-9]* annotations, [0-9]* complete steps' "$log" | head -1)" ;;
     summary)
       # One line per device: "steps (N, method)", or "8x steps (N, method)" when devices agree.
       note="$(grep -o 'steps ([0-9]*, [^)]*)' "$log" | sort | uniq -c \
