@@ -119,9 +119,11 @@ measure() {
   local note=""
   case "$name" in
     gen)
-      note="$(grep -o '[0-9]* entries on [0-9]* device(s), [0-9]* segments, [0-9]* stacks, [0-9]* annotations, [0-9]* complete steps' "$log" | head -1)" ;;
+      note="$(grep -o '[0-9]* entries on [0-9]* device(s), [0-9]* segments, [0-9]* segment entries, [0-9]* stacks, [0-9]* annotations, [0-9]* complete steps' "$log" | head -1)" ;;
     summary)
-      note="$(grep -o 'steps ([0-9]*, [^)]*)' "$log" | sort | uniq -c | sed 's/^ *//' | tr '\n' ';' | sed 's/;$//')" ;;
+      # One line per device: "steps (N, method)", or "8x steps (N, method)" when devices agree.
+      note="$(grep -o 'steps ([0-9]*, [^)]*)' "$log" | sort | uniq -c \
+        | sed 's/^ *//; s/^1 //; s/^\([0-9][0-9]*\) steps/\1x steps/' | tr '\n' ';' | sed 's/;$//')" ;;
     viewer)
       local parse first steps
       parse="$(sed -n 's/^parse: *\([0-9.]*\) ms.*/\1/p' "$log" | head -1)"

@@ -109,9 +109,22 @@ fn run() -> Result<(), String> {
 
     let steps: usize = truth.devices.iter().map(|d| d.steps.len()).sum();
     let annotations = snapshot.external_annotations.as_ref().map_or(0, Vec::len);
+    // Segment churn in the trace (the final `segments` are only what is left at the end).
+    let churn = snapshot
+        .traces()
+        .iter()
+        .flatten()
+        .filter(|e| {
+            use memsnap_format::Action::*;
+            matches!(
+                e.action,
+                SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap
+            )
+        })
+        .count();
     println!(
-        "{}: {} entries on {} device(s), {} segments, {} stacks, {annotations} annotations, \
-         {steps} complete steps; \
+        "{}: {} entries on {} device(s), {} segments, {churn} segment entries, {} stacks, \
+         {annotations} annotations, {steps} complete steps; \
          generated in {:.3} s, encoded as {} and written in {:.3} s",
         output.display(),
         snapshot.entry_count(),

@@ -116,7 +116,7 @@ impl Padding {
         let extra = target.saturating_sub(frames.len());
         while self.frames.len() < extra {
             let i = self.frames.len();
-            self.frames.push(if i % 2 == 0 {
+            self.frames.push(if i.is_multiple_of(2) {
                 torch(
                     "nn/modules/module.py",
                     1784 + (i as i64 / 2) % 7,

@@ -18,8 +18,10 @@ fn small() -> TrainingRun {
     }
 }
 
-/// What an entry did, without its stack.
-fn events(snapshot: &Snapshot) -> Vec<Vec<(Action, u64, u64, Option<i64>)>> {
+/// Per device, what each entry did (action, address, size, time), without its stack.
+type Events = Vec<Vec<(Action, u64, u64, Option<i64>)>>;
+
+fn events(snapshot: &Snapshot) -> Events {
     snapshot
         .traces()
         .iter()
@@ -144,7 +146,7 @@ fn stack_depth_pads_every_stack_and_rotation_uses_the_whole_pool() {
 
 #[test]
 fn annotations_per_step_adds_record_function_pairs_and_keeps_the_steps() {
-    let (plain, plain_truth) = generate(&small());
+    let (_, plain_truth) = generate(&small());
     let (annotated, truth) = generate(&TrainingRun {
         annotations_per_step: 13,
         devices: 2,
