@@ -429,6 +429,8 @@ pub struct StepMark {
     pub partial: bool,
     /// Width available to the label (up to the next mark or the plot's edge).
     pub room: f32,
+    /// Closer than `MIN_MARK_GAP` (4 points) to the last mark drawn: its line is not drawn.
+    pub crowded: bool,
 }
 
 impl StepMark {
@@ -659,10 +661,17 @@ fn step_marks(model: &SceneModel<'_>, drawn: &[usize], map: &Mapping, out: &mut 
     let plot = map.plot;
     let x_of = |event: u32| map.event_x(model.timeline, f64::from(event));
     let mark = palette::STEP_MARK.with_alpha(179);
+    let mut last_x = f32::NEG_INFINITY;
     for step in drawn.iter().map(|&i| &model.steps.steps[i]) {
         let (x0, x1) = (x_of(step.start_event), x_of(step.end_event));
         if x1 < plot.min.x || x0 > plot.max.x || !plot.contains_x(x0) {
             continue;
+        }
+        // Lines closer than a few points to the one before are not drawn: 68,000 steps
+        // across 1,500 pixels drew a line in every column, and the chart was one yellow sheet.
+        let crowded = x0 - last_x < MIN_MARK_GAP;
+        if !crowded {
+            last_x = x0;
         }
         let room = model
             .steps
@@ -682,9 +691,13 @@ fn step_marks(model: &SceneModel<'_>, drawn: &[usize], map: &Mapping, out: &mut 
             warmup: step.warmup,
             partial: step.partial,
             room,
+            crowded,
         });
     }
 }
+
+/// Least distance, in points, between two step marks.
+const MIN_MARK_GAP: f32 = 4.0;
 
 /// The set-up's phase and the phases of the drawn steps.
 fn drawn_phases<'a>(model: &SceneModel<'a>, drawn: &'a [usize]) -> impl Iterator<Item = &'a Phase> {

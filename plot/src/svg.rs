@@ -71,7 +71,7 @@ pub fn write_svg(scene: &Scene) -> String {
     if let Some(reserved) = &bands.reserved {
         svg.polyline(reserved);
     }
-    for mark in &overlay.step_marks {
+    for mark in overlay.step_marks.iter().filter(|m| !m.crowded) {
         svg.polyline(&mark.line);
     }
     for slope in &overlay.slopes {

@@ -178,7 +178,7 @@ pub(super) fn timeline_scene_ui(
     // Thousands of step marks land on the same pixels of a long run seen whole: one line per
     // pixel column looks the same and costs a thousandth of the triangles.
     let mut last_mark_x = f32::NEG_INFINITY;
-    for mark in &overlay.step_marks {
+    for mark in overlay.step_marks.iter().filter(|m| !m.crowded) {
         let x = mark.line.points.first().map_or(0.0, |p| p.x) * pixels_per_point;
         if (x - last_mark_x).abs() < 1.0 {
             continue;
