@@ -146,7 +146,17 @@ impl Layout {
         (i < self.columns.len() && self.columns[i].x0 <= x).then_some(i as u32)
     }
 
-    /// What is drawn at `(x, bytes)`.
+    /// The band of an allocation, if drawn: O(log bands) (bands are in stacking order,
+    /// which is [`AllocId`] order).
+    pub fn band(&self, alloc: AllocId) -> Option<&Band> {
+        self.bands
+            .binary_search_by_key(&alloc, |b| b.alloc)
+            .ok()
+            .map(|i| &self.bands[i])
+    }
+
+    /// What is drawn at `(x, bytes)`: O(bands × log steps) (the first band holding it, bottom
+    /// first).
     pub fn hit_test(&self, x: f64, bytes: u64) -> Option<Hit> {
         let column = self.column_at(x)?;
         for band in &self.bands {
