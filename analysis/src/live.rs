@@ -24,7 +24,7 @@ pub struct LiveSet {
 }
 
 /// The allocations live after `event` (start <= event < end for `lifetime`), those smaller
-/// than `min_size` only counted.
+/// than `min_size` only counted. O(m) (see [`crate::Replay::live_at`]).
 pub fn live_set(
     timeline: &DeviceTimeline,
     event: u32,
@@ -48,7 +48,8 @@ pub fn live_set(
 
 /// The timeline of the device whose active curve peaks highest (the lowest device on a tie),
 /// the device `memsnap top` and the profile exports show when none is named; `None` when no
-/// device has trace entries or segments.
+/// device has trace entries or segments. A [`DeviceTimeline::build`] and an O(n) peak per
+/// device.
 pub fn highest_peak_timeline(snapshot: &Snapshot) -> crate::Result<Option<DeviceTimeline>> {
     let mut best: Option<DeviceTimeline> = None;
     for device in DeviceTimeline::devices(snapshot) {
@@ -214,7 +215,9 @@ pub struct SegmentBlocks {
     pub blocks: Vec<BlockSpan>,
 }
 
-/// The segments reserved at `at` with their live blocks.
+/// The segments reserved at `at` with their live blocks. O(m + s log s + k log k) for `m`
+/// allocations, `s` segments and `k` live blocks: each block's segment found by binary
+/// search, each segment's blocks sorted once.
 pub fn segment_blocks(timeline: &DeviceTimeline, at: Instant) -> Vec<SegmentBlocks> {
     let event = timeline.resolve(at);
     let replay = timeline.replay();
