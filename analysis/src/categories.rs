@@ -93,7 +93,8 @@ impl CategoryBytes {
 /// A phase on the event axis: its step (`None` for the set-up), kind and inclusive range.
 pub(crate) type PhaseSpan = (Option<usize>, PhaseKind, u32, u32);
 
-/// The category of every allocation of the replay (same order).
+/// The category of every allocation of the replay (same order). O(m log p) for `m`
+/// allocations and `p` phases (each end's phase found by binary search).
 pub(crate) fn categorize(
     replay: &Replay,
     evidence: &[Evidence],
@@ -145,7 +146,8 @@ pub(crate) fn categorize(
         .collect()
 }
 
-/// Bytes live after each of `events` (ascending) by category, active lifetime.
+/// Bytes live after each of `events` (ascending) by category, active lifetime. O(m log q + q)
+/// for `m` allocations and `q` events.
 ///
 /// A difference array over the queried events: each allocation adds its size from the first
 /// queried event at or after its start to the first at or after its end, found by binary

@@ -20,7 +20,8 @@ pub struct DeviceProfile {
     pub sites: HashMap<String, (u64, u64)>,
 }
 
-/// Summarises and profiles each device of a snapshot.
+/// Summarises and profiles each device of a snapshot: per device, a
+/// [`DeviceTimeline::build`] and [`device_profile`].
 pub fn profile(snapshot: &Snapshot, options: &SummaryOptions) -> Result<Vec<DeviceProfile>> {
     DeviceTimeline::devices(snapshot)
         .into_iter()
@@ -31,7 +32,8 @@ pub fn profile(snapshot: &Snapshot, options: &SummaryOptions) -> Result<Vec<Devi
         .collect()
 }
 
-/// The profile of one device whose timeline is already built.
+/// The profile of one device whose timeline is already built: the steps
+/// ([`DeviceTimeline::steps`]), then [`device_profile_with_steps`].
 pub fn device_profile(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
@@ -41,7 +43,9 @@ pub fn device_profile(
     device_profile_with_steps(snapshot, timeline, options, &steps)
 }
 
-/// [`device_profile`] with the steps already found (`timeline.steps(&options.steps)`).
+/// [`device_profile`] with the steps already found (`timeline.steps(&options.steps)`): the
+/// summary, then the sites by top frame, O(m + k log k) in the allocations and sites (each
+/// stack's top frame found once).
 pub fn device_profile_with_steps(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
@@ -101,10 +105,18 @@ fn delta(a: u64, b: u64) -> i64 {
 }
 
 /// Compares devices present in both runs; `top` sites are listed each way.
+///
+/// O(d + Σ (k log k + s)) for `d` devices, `k` sites and `s` steps of each compared device:
+/// each device of `after` is found by hash (a search per device was O(d²)).
 pub fn diff(before: &[DeviceProfile], after: &[DeviceProfile], top: usize) -> Vec<DeviceDiff> {
+    // The first profile of each device, as a search from the front would find it.
+    let mut after_by_device: HashMap<i64, &DeviceProfile> = HashMap::new();
+    for b in after {
+        after_by_device.entry(b.summary.device).or_insert(b);
+    }
     let mut out = Vec::new();
     for a in before {
-        let Some(b) = after.iter().find(|b| b.summary.device == a.summary.device) else {
+        let Some(&b) = after_by_device.get(&a.summary.device) else {
             continue;
         };
         let (sa, sb) = (&a.summary, &b.summary);
@@ -193,7 +205,7 @@ pub struct RankRow {
 }
 
 impl RankRow {
-    /// The row of a file from its busiest device (`None` if it has no device).
+    /// The row of a file from its busiest device (`None` if it has no device). O(devices).
     pub fn from_summary(file: String, devices: &[DeviceSummary]) -> Option<RankRow> {
         let d = devices.iter().max_by_key(|d| (d.peak.bytes, -d.device))?;
         Some(RankRow {
@@ -225,6 +237,7 @@ pub struct Skew {
 }
 
 impl Skew {
+    /// The spread of the rows (`None` without rows). O(rows).
     pub fn of(rows: &[RankRow]) -> Option<Skew> {
         let max = rows.iter().max_by_key(|r| r.peak_bytes)?;
         let min = rows.iter().min_by_key(|r| r.peak_bytes)?;

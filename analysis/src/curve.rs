@@ -143,7 +143,7 @@ impl BlockValues {
 }
 
 impl Curve {
-    /// A curve from its value after every event.
+    /// A curve from its value after every event. O(n).
     pub fn from_values(initial: u64, after: &[u64]) -> Curve {
         Curve {
             initial,
@@ -154,7 +154,7 @@ impl Curve {
     /// A curve of `len` events from `initial` and signed changes `(event, bytes)` in event
     /// order (several per event allowed, `event < len`); values are clamped to
     /// `0..=u64::MAX`. It keeps only the events where the value changes, unless every value
-    /// takes less room.
+    /// takes less room. O(c), or O(c + len) when every value is kept.
     pub fn from_changes(
         initial: u64,
         len: usize,
@@ -215,7 +215,7 @@ impl Curve {
     }
 
     /// The value after event `event` (`initial` when the trace is empty; the last value past
-    /// the end).
+    /// the end). O(1); O(log c) for a curve kept as its `c` changes.
     pub fn at(&self, event: u32) -> u64 {
         match &self.values {
             CurveValues::Every(every) => match every.len() {
@@ -231,7 +231,7 @@ impl Curve {
         }
     }
 
-    /// The value after every event, in event order.
+    /// The value after every event, in event order (O(1) each).
     pub fn values(&self) -> Values<'_> {
         Values {
             curve: self,
@@ -243,7 +243,8 @@ impl Curve {
 
     /// (min, max) of the values after events `lo..hi` (clamped to the curve; `None` when
     /// empty), from the values it keeps: a pass over many events is faster this way than
-    /// through [`Curve::at`] event by event.
+    /// through [`Curve::at`] event by event. O(hi - lo); O(log c + changes in the range) for
+    /// a curve kept as changes.
     pub fn min_max(&self, lo: usize, hi: usize) -> Option<(u64, u64)> {
         let hi = hi.min(self.len());
         if lo >= hi {
@@ -266,7 +267,8 @@ impl Curve {
     /// Over the values after events `start..=end` (past the end, the last value, as
     /// [`Curve::at`] reads): the first event reaching the highest, that value, and the lowest.
     /// Inside the curve the extremes come from [`Curve::min_max`] and only the search for the
-    /// first peak reads event by event.
+    /// first peak reads event by event. O(end - start) (times O(log c) for a curve kept as
+    /// changes).
     pub fn peak_in(&self, start: u32, end: u32) -> (u32, u64, u64) {
         let inside = start <= end && (end as usize) < self.len();
         if let Some((min, max)) = self
@@ -290,7 +292,7 @@ impl Curve {
 
     /// The highest value and the first event reaching it. The state before event 0 counts
     /// too (memory from before the window that the first events free): then the event is
-    /// `None`, as it is for an empty trace.
+    /// `None`, as it is for an empty trace. O(n); O(c) for a curve kept as changes.
     pub fn max(&self) -> (u64, Option<u32>) {
         let mut best = (self.initial, None);
         match &self.values {
@@ -332,7 +334,7 @@ impl Curve {
     }
 
     /// Builds a curve from per-event signed deltas and an initial value; values are clamped to
-    /// `0..=u64::MAX` so inconsistent input cannot wrap.
+    /// `0..=u64::MAX` so inconsistent input cannot wrap. O(n).
     pub fn from_deltas(initial: u64, deltas: &[i128]) -> Curve {
         curve_from_deltas(initial, deltas.len(), |delta| {
             for (event, &bytes) in deltas.iter().enumerate() {
@@ -503,6 +505,7 @@ impl Curves {
     ///
     /// Each curve's per-event deltas are summed in place in the vector that becomes the curve
     /// (see [`curve_from_deltas`]): at 10M events building costs the 40 MB a curve keeps.
+    /// O(n + m) in the events and allocations.
     pub fn build(replay: &Replay) -> Curves {
         let n = replay.trace_len as usize;
         let allocated = allocation_curve(replay.allocations.iter(), n, Lifetime::Allocated);
@@ -604,6 +607,7 @@ impl Times {
 }
 
 impl TimeAxis {
+    /// The axis of a device's trace. O(n). Its queries: O(1) by event, O(log n) by time.
     pub fn build(snapshot: &Snapshot, device: i64) -> TimeAxis {
         let trace = usize::try_from(device)
             .ok()

@@ -11,8 +11,12 @@
 //! at some sample); everything else is residual. Each column also carries the min and max of
 //! the curve over all events it covers, so short spikes stay visible as an envelope.
 //!
-//! Cost: O(bands × columns) in the worst case, independent of the trace length, after the
-//! one-time precomputation in [`crate::DeviceTimeline::build`].
+//! Cost, after the one-time precomputation ([`crate::DeviceTimeline::prepare_drawing`]):
+//! O(m + w + b log b + b × w) for `w` columns, `b` drawn bands and `m` allocations of at
+//! least `min_size`. The selection walks those largest first, rejecting the ones outside the
+//! range in O(1) on average, until `max_bands` are chosen; the sweep restacks a column only
+//! from the lowest band that ended, so `b × w` is its worst case, not its usual one. The
+//! trace's length enters only through a binary search per column on the time axis.
 
 use serde::Serialize;
 
@@ -103,7 +107,7 @@ pub struct Band {
 }
 
 impl Band {
-    /// The band's bottom in column `column` (`None` outside its columns).
+    /// The band's bottom in column `column` (`None` outside its columns). O(log steps).
     pub fn bottom_at(&self, column: u32) -> Option<u64> {
         if column < self.first_column || column > self.last_column {
             return None;
@@ -140,13 +144,23 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The column containing `x` (axis units).
+    /// The column containing `x` (axis units). O(log w).
     pub fn column_at(&self, x: f64) -> Option<u32> {
         let i = self.columns.partition_point(|c| c.x1 <= x);
         (i < self.columns.len() && self.columns[i].x0 <= x).then_some(i as u32)
     }
 
-    /// What is drawn at `(x, bytes)`.
+    /// The band of an allocation, if drawn: O(log bands) (bands are in stacking order,
+    /// which is [`AllocId`] order).
+    pub fn band(&self, alloc: AllocId) -> Option<&Band> {
+        self.bands
+            .binary_search_by_key(&alloc, |b| b.alloc)
+            .ok()
+            .map(|i| &self.bands[i])
+    }
+
+    /// What is drawn at `(x, bytes)`: O(bands × log steps) (the first band holding it, bottom
+    /// first).
     pub fn hit_test(&self, x: f64, bytes: u64) -> Option<Hit> {
         let column = self.column_at(x)?;
         for band in &self.bands {

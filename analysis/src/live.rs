@@ -5,7 +5,8 @@
 //! pprof exports weigh), and [`highest_peak_timeline`] picks the device a report shows when
 //! none is named.
 
-use memsnap_format::{FrameId, Snapshot};
+use foldhash::HashMap;
+use memsnap_format::{FrameId, Snapshot, StackId};
 
 use crate::sites::is_filtered_frame;
 use crate::{AllocId, CurveKind, DeviceTimeline, Instant, Lifetime};
@@ -23,7 +24,7 @@ pub struct LiveSet {
 }
 
 /// The allocations live after `event` (start <= event < end for `lifetime`), those smaller
-/// than `min_size` only counted.
+/// than `min_size` only counted. O(m) (see [`crate::Replay::live_at`]).
 pub fn live_set(
     timeline: &DeviceTimeline,
     event: u32,
@@ -47,7 +48,8 @@ pub fn live_set(
 
 /// The timeline of the device whose active curve peaks highest (the lowest device on a tie),
 /// the device `memsnap top` and the profile exports show when none is named; `None` when no
-/// device has trace entries or segments.
+/// device has trace entries or segments. A [`DeviceTimeline::build`] and an O(n) peak per
+/// device.
 pub fn highest_peak_timeline(snapshot: &Snapshot) -> crate::Result<Option<DeviceTimeline>> {
     let mut best: Option<DeviceTimeline> = None;
     for device in DeviceTimeline::devices(snapshot) {
@@ -74,9 +76,27 @@ pub struct FlameNode {
     pub children: Vec<FlameNode>,
 }
 
+/// Dropped without recursion: a tree is as deep as the deepest stack the file holds, and
+/// the nested drops of a deep one would overflow the thread's stack.
+impl Drop for FlameNode {
+    fn drop(&mut self) {
+        let mut pending = std::mem::take(&mut self.children);
+        while let Some(mut node) = pending.pop() {
+            pending.append(&mut node.children);
+        }
+    }
+}
+
 /// The allocations live at `at` (at least `min_size` bytes) as a tree from the outermost frame
 /// to the innermost. Frames PyTorch's viewer hides are left out; allocations without a stack
-/// sit directly under the root.
+/// sit directly under the root. Children are biggest first; equal ones in the order they were
+/// first met.
+///
+/// O(l + f log f): `l` the live allocations and their frames (each frame one hash lookup
+/// for its child, each stack's frames filtered once), `f` the tree's nodes (sorted per
+/// parent). Looking each child up among its siblings was quadratic in the children of a
+/// node (thousands of distinct call sites under one frame). The tree is built without
+/// recursion, so a stack of any depth does not overflow the thread's stack here.
 pub fn flame_tree(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
@@ -84,7 +104,24 @@ pub fn flame_tree(
     lifetime: Lifetime,
     min_size: u64,
 ) -> FlameNode {
-    let mut root = FlameNode::default();
+    /// A node while the tree is built: children by index into the arena, in the order
+    /// they were first met.
+    struct Building {
+        frame: Option<FrameId>,
+        bytes: u64,
+        count: u64,
+        children: Vec<u32>,
+    }
+    let mut nodes = vec![Building {
+        frame: None,
+        bytes: 0,
+        count: 0,
+        children: Vec::new(),
+    }];
+    // (parent, frame) -> child.
+    let mut child_of: HashMap<(u32, FrameId), u32> = HashMap::default();
+    // Per stack, its frames outermost first without the hidden ones (each stack once).
+    let mut shown: HashMap<StackId, Vec<FrameId>> = HashMap::default();
     for id in timeline.live_at(at, lifetime) {
         let Some(a) = timeline.replay().get(id) else {
             continue;
@@ -92,39 +129,62 @@ pub fn flame_tree(
         if a.size < min_size {
             continue;
         }
-        root.bytes = root.bytes.saturating_add(a.size);
-        root.count += 1;
+        nodes[0].bytes = nodes[0].bytes.saturating_add(a.size);
+        nodes[0].count += 1;
         let Some(stack) = a.stack else { continue };
-        let mut node = &mut root;
         // Stacks are innermost first; the flame graph grows from the outermost frame.
-        for &frame in snapshot.stacks.get(stack).iter().rev() {
-            if is_filtered_frame(snapshot.frames.get(frame)) {
-                continue;
-            }
-            let i = match node.children.iter().position(|c| c.frame == Some(frame)) {
-                Some(i) => i,
+        let frames = shown.entry(stack).or_insert_with(|| {
+            snapshot
+                .stacks
+                .get(stack)
+                .iter()
+                .rev()
+                .copied()
+                .filter(|&f| !is_filtered_frame(snapshot.frames.get(f)))
+                .collect()
+        });
+        let mut node = 0u32;
+        for &frame in frames.iter() {
+            node = match child_of.get(&(node, frame)) {
+                Some(&child) => child,
                 None => {
-                    node.children.push(FlameNode {
+                    let child = nodes.len() as u32;
+                    nodes.push(Building {
                         frame: Some(frame),
-                        ..FlameNode::default()
+                        bytes: 0,
+                        count: 0,
+                        children: Vec::new(),
                     });
-                    node.children.len() - 1
+                    nodes[node as usize].children.push(child);
+                    child_of.insert((node, frame), child);
+                    child
                 }
             };
-            node = &mut node.children[i];
-            node.bytes = node.bytes.saturating_add(a.size);
-            node.count += 1;
+            let n = &mut nodes[node as usize];
+            n.bytes = n.bytes.saturating_add(a.size);
+            n.count += 1;
         }
     }
-    sort_biggest_first(&mut root);
-    root
-}
-
-fn sort_biggest_first(node: &mut FlameNode) {
-    node.children.sort_by_key(|c| std::cmp::Reverse(c.bytes));
-    for child in &mut node.children {
-        sort_biggest_first(child);
+    // A child is created after its parent: building from the last node back finds every
+    // node's children built.
+    let mut built: Vec<Option<FlameNode>> = Vec::with_capacity(nodes.len());
+    built.resize_with(nodes.len(), || None);
+    for (i, n) in nodes.into_iter().enumerate().rev() {
+        let mut children: Vec<FlameNode> = n
+            .children
+            .iter()
+            .filter_map(|&c| built[c as usize].take())
+            .collect();
+        // Stable: equal children keep the order they were met in.
+        children.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+        built[i] = Some(FlameNode {
+            frame: n.frame,
+            bytes: n.bytes,
+            count: n.count,
+            children,
+        });
     }
+    built[0].take().unwrap_or_default()
 }
 
 /// A block's state at an instant.
@@ -155,7 +215,9 @@ pub struct SegmentBlocks {
     pub blocks: Vec<BlockSpan>,
 }
 
-/// The segments reserved at `at` with their live blocks.
+/// The segments reserved at `at` with their live blocks. O(m + s log s + k log k) for `m`
+/// allocations, `s` segments and `k` live blocks: each block's segment found by binary
+/// search, each segment's blocks sorted once.
 pub fn segment_blocks(timeline: &DeviceTimeline, at: Instant) -> Vec<SegmentBlocks> {
     let event = timeline.resolve(at);
     let replay = timeline.replay();
@@ -247,6 +309,103 @@ mod tests {
         assert_eq!(main.children[0].bytes, 4096, "biggest child first");
         let small = flame_tree(&s, &t, Instant::Event(2), Lifetime::Active, 2048);
         assert_eq!(small.bytes, 4096, "min_size leaves the 1 KiB block out");
+    }
+
+    /// The tree as it was built first: each child looked up among its siblings, sorted
+    /// recursively (the reference the indexed build must match node for node).
+    fn reference_tree(s: &Snapshot, t: &DeviceTimeline, at: Instant) -> FlameNode {
+        let mut root = FlameNode::default();
+        for id in t.live_at(at, Lifetime::Active) {
+            let a = t.replay().get(id).expect("live id");
+            root.bytes += a.size;
+            root.count += 1;
+            let Some(stack) = a.stack else { continue };
+            let mut node = &mut root;
+            for &frame in s.stacks.get(stack).iter().rev() {
+                if is_filtered_frame(s.frames.get(frame)) {
+                    continue;
+                }
+                let i = match node.children.iter().position(|c| c.frame == Some(frame)) {
+                    Some(i) => i,
+                    None => {
+                        node.children.push(FlameNode {
+                            frame: Some(frame),
+                            bytes: 0,
+                            count: 0,
+                            children: Vec::new(),
+                        });
+                        node.children.len() - 1
+                    }
+                };
+                node = &mut node.children[i];
+                node.bytes += a.size;
+                node.count += 1;
+            }
+        }
+        fn sort(node: &mut FlameNode) {
+            node.children.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+            node.children.iter_mut().for_each(sort);
+        }
+        sort(&mut root);
+        root
+    }
+
+    /// Stacks drawn from a few shared frames (and a hidden one), with equal sizes so ties
+    /// decide the order: the same tree as the sibling search built.
+    #[test]
+    fn flame_tree_matches_the_sibling_search_it_replaced() {
+        let mut s = Snapshot::new(1);
+        let frame = |k: u64| {
+            if k == 7 {
+                Frame::new("PyEval_EvalFrame", "ceval.c", 1)
+            } else {
+                Frame::new(format!("f{k}"), "m.py", k)
+            }
+        };
+        let mut entries = Vec::new();
+        let mut x = 12345u64;
+        for i in 0..400u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let depth = 1 + (x >> 60) as usize;
+            let frames: Vec<Frame> = (0..depth).map(|d| frame((x >> (d * 3)) % 9)).collect();
+            let stack = s.intern_stack(frames);
+            let mut e = TraceEntry::new(Action::Alloc, 0x1000 * (i + 1), 512 * (1 + i % 3), 0);
+            e.frames = (i % 11 != 0).then_some(stack);
+            entries.push(e);
+        }
+        s.device_traces.as_mut().expect("traces")[0].extend(entries);
+        let t = DeviceTimeline::build(&s, 0).expect("timeline");
+        for event in [0, 57, 399] {
+            let at = Instant::Event(event);
+            assert_eq!(
+                flame_tree(&s, &t, at, Lifetime::Active, 0),
+                reference_tree(&s, &t, at)
+            );
+        }
+    }
+
+    /// One allocation whose stack is 200,000 frames deep: the tree is built and dropped
+    /// without recursion (the recursive sort and drop overflowed the test thread's stack).
+    #[test]
+    fn flame_tree_of_a_very_deep_stack_does_not_overflow() {
+        let mut s = Snapshot::new(1);
+        let frames: Vec<Frame> = (0..200_000u64)
+            .map(|k| Frame::new(format!("f{k}"), "deep.py", k))
+            .collect();
+        let stack = s.intern_stack(frames);
+        let mut e = TraceEntry::new(Action::Alloc, 0x1000, 512, 0);
+        e.frames = Some(stack);
+        s.device_traces.as_mut().expect("traces")[0].push(e);
+        let t = DeviceTimeline::build(&s, 0).expect("timeline");
+        let root = flame_tree(&s, &t, Instant::Event(0), Lifetime::Active, 0);
+        let (mut depth, mut node) = (0, &root);
+        while let Some(child) = node.children.first() {
+            depth += 1;
+            node = child;
+        }
+        assert_eq!(depth, 200_000);
     }
 
     #[test]

@@ -256,6 +256,11 @@ pub const MAX_ANOMALIES: usize = 100;
 
 impl Replay {
     /// Replays the trace of `device` against its final segments.
+    ///
+    /// O(n + b + s log s) for `n` trace entries and the device's `b` final blocks and `s`
+    /// segments, one hash lookup per entry (open segments in a B-tree, O(log s) per segment
+    /// event). Finding the device's segments reads the snapshot's segments of every device
+    /// once: building every device of a file costs O(devices × all segments) there.
     pub fn build(snapshot: &Snapshot, device: i64) -> Result<Replay> {
         let traces = snapshot.traces();
         let has_segments = snapshot.segments.iter().any(|s| s.device == device);
@@ -494,7 +499,8 @@ impl Replay {
         self.allocations.get(id.0 as usize)
     }
 
-    /// Allocations live after `event`, in stacking order.
+    /// Allocations live after `event`, in stacking order. O(log m + p) for the `p`
+    /// allocations started by `event` (at most all `m`).
     pub fn live_at(&self, event: u32, lifetime: Lifetime) -> Vec<AllocId> {
         // Allocations are sorted by start, so only a prefix can be live.
         let upto = self.allocations.partition_point(|a| a.start() <= event);

@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 
 use memsnap_format::Snapshot;
 use serde::Serialize;
@@ -104,6 +104,10 @@ impl SizeOrdered {
 
 /// Everything derived from one device's history, computed once (O(n log n) in the trace
 /// length) and then queried. `Send + Sync`: build it on a worker thread.
+///
+/// Costs below: `n` the device's trace entries, `m` its allocations, `k` those live at the
+/// instant asked about, `s` segments, `a` annotations. A query at [`Instant::Peak`] adds
+/// the O(n) of finding the peak ([`DeviceTimeline::resolve`]).
 #[derive(Clone, Debug)]
 pub struct DeviceTimeline {
     replay: Replay,
@@ -187,6 +191,10 @@ fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
 impl DeviceTimeline {
     /// Replays `device` and precomputes curves, the time axis and named ranges (the indexes
     /// the layout uses follow on first use).
+    ///
+    /// O(n + s log s + a log a), plus each of the file's stacks classified once for the
+    /// stack evidence (see [`Replay::build`]: the snapshot's segments of every device are
+    /// read to find this device's).
     pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceTimeline> {
         Self::build_inner(snapshot, device, false)
     }
@@ -194,7 +202,7 @@ impl DeviceTimeline {
     /// [`DeviceTimeline::build`] with the drawing indexes built too, each part on its own
     /// thread as soon as what it reads is there (the allocations' size order, the largest
     /// part after the curves, only needs the replay): what a viewer calls before its first
-    /// picture.
+    /// picture. [`DeviceTimeline::build`] plus the size order, O(m log m).
     pub fn build_for_drawing(snapshot: &Snapshot, device: i64) -> Result<DeviceTimeline> {
         Self::build_inner(snapshot, device, true)
     }
@@ -230,6 +238,7 @@ impl DeviceTimeline {
 
     /// Builds the indexes drawing needs now (they are otherwise built on first use): a
     /// viewer calls this on its loader thread, so the first frame does not wait for them.
+    /// O(m log m + n) the first time, O(1) after.
     pub fn prepare_drawing(&self) {
         self.drawing();
     }
@@ -240,7 +249,11 @@ impl DeviceTimeline {
     }
 
     /// Devices worth showing: those with trace entries or segments, ascending.
+    ///
+    /// O(d log d + s) in the devices and segments (a scan of the segments per device was
+    /// O(d × s): a file can name a device per segment, or list thousands of empty traces).
     pub fn devices(snapshot: &Snapshot) -> Vec<i64> {
+        let with_segments: HashSet<i64> = snapshot.segments.iter().map(|s| s.device).collect();
         snapshot
             .devices()
             .into_iter()
@@ -249,7 +262,7 @@ impl DeviceTimeline {
                     .ok()
                     .and_then(|i| snapshot.traces().get(i))
                     .is_some_and(|t| !t.is_empty());
-                traced || snapshot.segments.iter().any(|s| s.device == d)
+                traced || with_segments.contains(&d)
             })
             .collect()
     }
@@ -275,7 +288,8 @@ impl DeviceTimeline {
         &self.ranges
     }
 
-    /// Allocations by size, largest first.
+    /// Allocations by size, largest first (built on first use, see
+    /// [`DeviceTimeline::prepare_drawing`]).
     pub fn by_size_desc(&self) -> &[SizeOrdered] {
         &self.drawing().by_size_desc
     }
@@ -288,7 +302,7 @@ impl DeviceTimeline {
         }
     }
 
-    /// The peak of a curve.
+    /// The peak of a curve. O(n) (O(changes) for the reserved curve).
     pub fn peak(&self, kind: CurveKind) -> Peak {
         let (bytes, event) = self.curves.get(kind).max();
         let event = event.unwrap_or(0);
@@ -299,7 +313,7 @@ impl DeviceTimeline {
         }
     }
 
-    /// The event an instant refers to.
+    /// The event an instant refers to. O(log n), O(n) for [`Instant::Peak`].
     pub fn resolve(&self, at: Instant) -> u32 {
         let last = self.replay.axis_len() - 1;
         match at {
@@ -309,13 +323,17 @@ impl DeviceTimeline {
         }
     }
 
-    /// Allocations live at an instant, in stacking order.
+    /// Allocations live at an instant, in stacking order. O(m) (the allocations started by
+    /// then, found by binary search, each checked once).
     pub fn live_at(&self, at: Instant, lifetime: Lifetime) -> Vec<AllocId> {
         self.replay.live_at(self.resolve(at), lifetime)
     }
 
     /// The live set at an instant grouped by site, biggest group first. Allocations smaller
     /// than `min_size` are left out.
+    ///
+    /// O(m + k log k): the live set, one hash lookup per member (each stack's site found
+    /// once), the members sorted within their groups and the groups sorted.
     pub fn live_groups(
         &self,
         snapshot: &Snapshot,
@@ -360,6 +378,9 @@ impl DeviceTimeline {
 
     /// Allocation sites over the run, by bytes live at the peak (of the active curve), then
     /// by total bytes allocated.
+    ///
+    /// O(n + m + g log g) for `g` sites: one hash lookup per allocation (each stack's site
+    /// found once), then the sites sorted.
     pub fn top_sites(&self, snapshot: &Snapshot, by: GroupBy) -> Vec<SiteStats> {
         let peak = self.peak(CurveKind::Active).event;
         let axis = self.replay.axis_len();
@@ -392,13 +413,16 @@ impl DeviceTimeline {
 
     /// Bytes live at every event from allocations smaller than `min_size`: the residual band
     /// of the size filter. The live allocations of at least `min_size` plus this curve equal
-    /// the lifetime's curve at every event.
+    /// the lifetime's curve at every event. O(n + m).
     pub fn residual_curve(&self, min_size: u64, lifetime: Lifetime) -> crate::curve::Curve {
         let small = self.replay.allocations.iter().filter(|a| a.size < min_size);
         crate::curve::allocation_curve(small, self.replay.trace_len as usize, lifetime)
     }
 
     /// Segment usage at an instant (segments reserved then, by address).
+    ///
+    /// O(m + s log s + k log k): each live allocation's segment found by binary search, each
+    /// segment's blocks sorted once.
     pub fn fragmentation(&self, at: Instant) -> Vec<SegmentUsage> {
         let e = self.resolve(at);
         let axis = self.replay.axis_len();
@@ -450,7 +474,7 @@ impl DeviceTimeline {
     }
 
     /// Training steps, their phases, the allocations' categories and drift, on the active
-    /// curve.
+    /// curve (see [`find_steps`] for the cost).
     pub fn steps(&self, options: &StepOptions) -> StepAnalysis {
         find_steps(
             &self.curves.active,
@@ -462,18 +486,23 @@ impl DeviceTimeline {
         )
     }
 
-    /// What each allocation's stack says about the phase that made it.
+    /// What each allocation's stack says about the phase that made it (computed by
+    /// [`DeviceTimeline::build`]).
     pub fn evidence(&self) -> &StackEvidence {
         &self.evidence
     }
 
-    /// The stacked layout of a range at a pixel width (see [`crate::layout`]).
+    /// The stacked layout of a range at a pixel width (see [`crate::layout`] for the cost).
     pub fn layout(&self, request: &LayoutRequest) -> Result<Layout> {
         crate::layout::compute(self, request)
     }
 
     /// Min and max of a curve in each of `columns` equal slices of the event range
     /// `[start, end)` (for drawing curves at any zoom).
+    ///
+    /// O(columns) queries, each answered from the range min/max table in O(1) plus a scan of
+    /// at most two partial 256-event blocks at its ends (a binary search for a curve kept as
+    /// changes).
     pub fn curve_envelope(
         &self,
         kind: CurveKind,

@@ -7,6 +7,7 @@
 //! Python as little-endian `bytes` that the Python side wraps as NumPy arrays (or
 //! `array.array`) without copying.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -142,15 +143,18 @@ fn stack_index(stack: Option<StackId>) -> i64 {
 }
 
 /// Names in first-seen order, and each item's index in them.
+///
+/// O(n) in the items: one hash lookup each. (A search of the names seen was O(n × names),
+/// and a file can give every entry an action of its own.)
 fn codes<'a>(names: impl Iterator<Item = &'a str>) -> (Vec<&'a str>, Vec<u32>) {
     let mut seen: Vec<&str> = Vec::new();
+    let mut index: HashMap<&str, u32> = HashMap::new();
     let codes = names
-        .map(|name| match seen.iter().position(|s| *s == name) {
-            Some(i) => i as u32,
-            None => {
+        .map(|name| {
+            *index.entry(name).or_insert_with(|| {
                 seen.push(name);
                 (seen.len() - 1) as u32
-            }
+            })
         })
         .collect();
     (seen, codes)

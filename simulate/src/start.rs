@@ -273,11 +273,14 @@ pub fn layout(
             span.1 = span.1.max(end);
         }
     }
-    let all_starts: Vec<u64> = map
+    // Sorted: each group finds the next start past it by binary search (a scan of every
+    // start per group was O(groups × ranges), a group per stream).
+    let mut all_starts: Vec<u64> = map
         .keys()
         .copied()
         .chain(window_maps.values().map(|s| s.0))
         .collect();
+    all_starts.sort_unstable();
 
     for (&addr, &info) in &map {
         let small = info.small.unwrap_or(false);
@@ -298,6 +301,15 @@ pub fn layout(
         }
     }
 
+    // The single-range reservations by the (stream, pool) of their mapping, in order: a
+    // group only takes those of its own key.
+    let mut by_key: BTreeMap<(i64, bool), Vec<usize>> = BTreeMap::new();
+    for (i, r) in state.reservations.iter().enumerate() {
+        if let Some(first) = r.mapped.first() {
+            let small = first.segment_type == Some(SegmentType::Small);
+            by_key.entry((first.stream, small)).or_default().push(i);
+        }
+    }
     // One reservation per group.
     let mut reservations: Vec<Reservation> = Vec::new();
     for ((stream, small), members) in &groups {
@@ -316,24 +328,17 @@ pub fn layout(
             .saturating_add(capacity / 8)
             .checked_next_multiple_of(page)
             .unwrap_or(u64::MAX - page);
-        let next = all_starts
-            .iter()
-            .copied()
-            .filter(|&s| s > base && s >= end)
-            .min()
-            .unwrap_or(u64::MAX);
+        let past = all_starts.partition_point(|&s| s <= base || s < end);
+        let next = all_starts.get(past).copied().unwrap_or(u64::MAX);
         let min_size = (end - base).next_multiple_of(page);
         let size = wanted.max(min_size).min(next - base).max(min_size);
         let mut mapped: Vec<Segment> = Vec::new();
-        for r in state.reservations.iter_mut() {
+        for &i in by_key.get(&(*stream, *small)).into_iter().flatten() {
+            let r = &mut state.reservations[i];
             let Some(first) = r.mapped.first() else {
                 continue;
             };
-            if first.stream == *stream
-                && (first.segment_type == Some(SegmentType::Small)) == *small
-                && first.address >= base
-                && first.address < base.saturating_add(size)
-            {
+            if first.address >= base && first.address < base.saturating_add(size) {
                 mapped.append(&mut r.mapped);
             }
         }

@@ -42,6 +42,8 @@ struct InstantCache {
     key: (u32, GroupBy, u64),
     groups: Vec<LiveGroup>,
     flame: FlameNode,
+    /// [`flame_depth`] of `flame`, found once (it walked the whole tree every frame).
+    flame_depth: usize,
     segments: Vec<SegmentBlocks>,
     usage: Vec<SegmentUsage>,
 }
@@ -52,20 +54,22 @@ impl InstantState {
         let key = (event, self.group_by, model.min_size);
         if self.cache.as_ref().is_none_or(|c| c.key != key) {
             let at = Instant::Event(event);
+            let flame = flame_tree(
+                model.snapshot,
+                model.timeline,
+                at,
+                Lifetime::Active,
+                model.min_size,
+            );
             self.cache = Some(InstantCache {
                 key,
+                flame_depth: flame_depth(&flame),
+                flame,
                 groups: model.timeline.live_groups(
                     model.snapshot,
                     at,
                     Lifetime::Active,
                     self.group_by,
-                    model.min_size,
-                ),
-                flame: flame_tree(
-                    model.snapshot,
-                    model.timeline,
-                    at,
-                    Lifetime::Active,
                     model.min_size,
                 ),
                 segments: segment_blocks(model.timeline, at),
@@ -149,7 +153,9 @@ pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut Insta
         ));
         match tab {
             LiveSetTab::Table => live_table_ui(ui, model, &data.groups, total),
-            LiveSetTab::FlameGraph => flame_graph_ui(ui, model.snapshot, &data.flame),
+            LiveSetTab::FlameGraph => {
+                flame_graph_ui(ui, model.snapshot, &data.flame, data.flame_depth)
+            }
         }
     });
 }
@@ -216,9 +222,9 @@ fn live_table_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, groups: &[LiveGrou
 }
 
 /// An icicle-style flame graph: the root on top, children below, width proportional to bytes.
-pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) {
+/// `depth`: [`flame_depth`] of `root`.
+pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode, depth: usize) {
     let row = 18.0;
-    let depth = flame_depth(root).min(60);
     let width = ui.available_width();
     let (rect, response) = ui.allocate_exact_size(
         egui::vec2(width, (depth as f32 + 1.0) * row),
@@ -288,8 +294,23 @@ pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode) 
     }
 }
 
-fn flame_depth(node: &FlameNode) -> usize {
-    1 + node.children.iter().map(flame_depth).max().unwrap_or(0)
+/// Levels the flame graph's height is sized for, at most.
+const FLAME_LEVELS: usize = 60;
+
+/// The tree's levels (the root's included), at most [`FLAME_LEVELS`]: O(nodes in those
+/// levels), without recursion (a tree is as deep as the file's deepest stack).
+fn flame_depth(root: &FlameNode) -> usize {
+    let mut depth = 1;
+    let mut level: Vec<&FlameNode> = vec![root];
+    while depth < FLAME_LEVELS {
+        let next: Vec<&FlameNode> = level.iter().flat_map(|n| &n.children).collect();
+        if next.is_empty() {
+            break;
+        }
+        depth += 1;
+        level = next;
+    }
+    depth
 }
 
 /// Each segment as a bar of its blocks: allocated (coloured by stack), pending free (red) and

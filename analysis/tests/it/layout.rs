@@ -30,6 +30,11 @@ fn check_invariants(t: &DeviceTimeline, layout: &Layout) {
         assert!(column.drawn_bytes <= column.total_bytes, "column {c}");
         assert!(column.total_min <= column.total_bytes && column.total_bytes <= column.total_max);
     }
+    // Bands are in allocation order, so `Layout::band` finds each by binary search.
+    for band in &layout.bands {
+        assert_eq!(layout.band(band.alloc), Some(band));
+    }
+    assert!(layout.bands.windows(2).all(|w| w[0].alloc < w[1].alloc));
 }
 
 #[test]

@@ -215,52 +215,96 @@ enum SegName {
 /// The snapshot's segments as `find_segment` scans them: `[address, address +
 /// allocated_size)`, first match in list order.
 struct StaticSegments {
-    /// Sorted by start, non-empty ranges only: `(start, end, index)`, exact.
-    sorted: Vec<(i128, i128, usize)>,
-    /// Whether ranges overlap (then the first match in list order needs a scan).
-    overlapping: bool,
+    /// The visible (first-in-list-order) pieces of the non-empty ranges, disjoint and sorted
+    /// by start: `(start, end, segment start, index)`, exact. Overlapping segments were
+    /// scanned whole for every `alloc` (O(entries × segments)); the pieces answer each by
+    /// binary search.
+    pieces: Vec<(i128, i128, i128, usize)>,
     /// A segment without `allocated_size`: Python fails when it reaches it.
     missing_allocated_size: Option<usize>,
 }
 
 impl StaticSegments {
+    /// O(s log s) in the segments.
     fn new(segments: &[Segment]) -> Result<Self, MemvizError> {
         let missing_allocated_size = segments.iter().position(|s| s.allocated_size.is_none());
         let limit = missing_allocated_size.unwrap_or(segments.len());
-        let mut sorted: Vec<(i128, i128, usize)> = Vec::with_capacity(limit);
+        let mut covered = Coverage::default();
+        let mut pieces: Vec<(i128, i128, i128, usize)> = Vec::with_capacity(limit);
         for (i, s) in segments[..limit].iter().enumerate() {
             let place = || format!("segments[{i}]");
             let int = |field| wide(&s.exact_int(field).unwrap_or_default(), &place);
             let start = int(IntField::Address)?;
             let end = checked(start.checked_add(int(IntField::AllocatedSize)?), &place)?;
             if end > start {
-                sorted.push((start, end, i));
+                // In list order: a segment shows only where none before it does.
+                for (gs, ge) in covered.cover(start, end) {
+                    pieces.push((gs, ge, start, i));
+                }
             }
         }
-        sorted.sort_unstable();
-        let overlapping = sorted.windows(2).any(|w| w[1].0 < w[0].1);
+        pieces.sort_unstable();
         Ok(StaticSegments {
-            sorted,
-            overlapping,
+            pieces,
             missing_allocated_size,
         })
     }
 
     /// The first segment (in list order, before any without `allocated_size`) holding `addr`.
     fn find(&self, a: i128) -> Option<(SegName, i128)> {
-        let hit = if self.overlapping {
-            self.sorted
-                .iter()
-                .filter(|(s, e, _)| *s <= a && a < *e)
-                .min_by_key(|(_, _, i)| *i)
-                .copied()
-        } else {
-            let pos = self.sorted.partition_point(|(s, _, _)| *s <= a);
-            pos.checked_sub(1)
-                .map(|p| self.sorted[p])
-                .filter(|(_, e, _)| a < *e)
-        };
-        hit.map(|(s, _, i)| (SegName::Snapshot(i), s))
+        let pos = self.pieces.partition_point(|&(s, _, _, _)| s <= a);
+        let hit = pos
+            .checked_sub(1)
+            .map(|p| self.pieces[p])
+            .filter(|&(_, e, _, _)| a < e);
+        hit.map(|(_, _, s, i)| (SegName::Snapshot(i), s))
+    }
+}
+
+/// The union of the ranges covered so far, as disjoint `start -> end` intervals: which parts
+/// of a new range are not covered yet. Every interval a new range overlaps is merged into
+/// one, so each is walked once before it is merged away: O(log n) amortized a range.
+#[derive(Default)]
+struct Coverage {
+    intervals: BTreeMap<i128, i128>,
+    /// Intervals walked over all calls (the work, counted for the scaling test).
+    #[cfg(test)]
+    walked: u64,
+}
+
+impl Coverage {
+    /// Covers `[start, end)` (`start < end`), returning its parts not covered before, in
+    /// address order.
+    fn cover(&mut self, start: i128, end: i128) -> Vec<(i128, i128)> {
+        let first = self
+            .intervals
+            .range(..=start)
+            .next_back()
+            .filter(|&(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e));
+        let overlapping: Vec<(i128, i128)> = first
+            .into_iter()
+            .chain(self.intervals.range(start + 1..end).map(|(&s, &e)| (s, e)))
+            .collect();
+        let (mut cursor, mut lo, mut hi) = (start, start, end);
+        let mut gaps = Vec::new();
+        for &(s, e) in &overlapping {
+            if s > cursor {
+                gaps.push((cursor, s));
+            }
+            cursor = cursor.max(e);
+            (lo, hi) = (lo.min(s), hi.max(e));
+            self.intervals.remove(&s);
+        }
+        if cursor < end {
+            gaps.push((cursor, end));
+        }
+        #[cfg(test)]
+        {
+            self.walked += overlapping.len() as u64;
+        }
+        self.intervals.insert(lo, hi);
+        gaps
     }
 }
 
@@ -270,9 +314,13 @@ impl StaticSegments {
 #[derive(Default)]
 struct SegmentIntervals {
     pieces: BTreeMap<i128, (i128, u64, i128)>,
+    /// What the pieces cover: a new range's gaps come from it without walking the pieces
+    /// it overlaps (a range over many earlier ones walked them all on every insert).
+    covered: Coverage,
 }
 
 impl SegmentIntervals {
+    /// O(log n) amortized in the ranges inserted, plus the pieces it adds.
     fn insert(&mut self, name: u64, addr: i128, size: i128) {
         let start = addr;
         let end = start.saturating_add(size);
@@ -280,28 +328,7 @@ impl SegmentIntervals {
             // An empty (or negative) range covers nothing.
             return;
         }
-        // Walk the existing pieces overlapping [start, end) and fill the gaps between them.
-        let mut cursor = start;
-        let mut gaps = Vec::new();
-        let first = self
-            .pieces
-            .range(..=start)
-            .next_back()
-            .filter(|(_, (e, _, _))| *e > start)
-            .map(|(s, v)| (*s, *v));
-        let overlapping = first
-            .into_iter()
-            .chain(self.pieces.range(start + 1..end).map(|(s, v)| (*s, *v)));
-        for (s, (e, _, _)) in overlapping {
-            if s > cursor {
-                gaps.push((cursor, s));
-            }
-            cursor = cursor.max(e);
-        }
-        if cursor < end {
-            gaps.push((cursor, end));
-        }
-        for (s, e) in gaps {
+        for (s, e) in self.covered.cover(start, end) {
             self.pieces.insert(s, (e, name, addr));
         }
     }
@@ -400,5 +427,58 @@ mod tests {
         assert_eq!(iv.find(60), Some((3, 50)));
         assert_eq!(iv.find(120), Some((0, 100)));
         assert_eq!(iv.find(200), Some((3, 50)));
+    }
+
+    /// `n` small ranges, then `n` ranges over all of them: the coverage walks each interval
+    /// once before merging it (walking the pieces themselves was n² here).
+    fn walked_after_covering(n: i128) -> u64 {
+        let mut iv = SegmentIntervals::default();
+        for k in 0..n {
+            iv.insert(k as u64, k * 100, 50);
+        }
+        for k in 0..n {
+            iv.insert((n + k) as u64, -1, n * 100 + 2);
+        }
+        iv.covered.walked
+    }
+
+    #[test]
+    fn covering_ranges_walk_linearly_many_intervals() {
+        let (small, big) = (walked_after_covering(1_000), walked_after_covering(4_000));
+        assert!(small >= 1_000, "the first cover walks every range: {small}");
+        assert!(big <= 5 * small, "{small} -> {big}: superlinear");
+    }
+
+    /// Overlapping segments in list order: an address is in the first that holds it.
+    #[test]
+    fn static_segments_find_the_first_in_list_order_among_overlapping_ones() {
+        let segment = |addr: u64, size: u64| {
+            let mut s = Segment::new(0, addr, size, 0);
+            s.allocated_size = Some(size);
+            s
+        };
+        let segments = [
+            segment(100, 50),  // 0: [100, 150)
+            segment(50, 200),  // 1: [50, 250), visible around 0
+            segment(140, 20),  // 2: hidden under 0 and 1
+            segment(300, 10),  // 3
+            segment(240, 100), // 4: [250, 300) and [310, 340) visible
+        ];
+        let found = StaticSegments::new(&segments).expect("valid");
+        let at = |a| {
+            found.find(a).map(|(n, s)| match n {
+                SegName::Snapshot(i) => (i, s),
+                SegName::Traced(_) => unreachable!(),
+            })
+        };
+        let brute = |a: i128| {
+            segments.iter().enumerate().find_map(|(i, s)| {
+                let (lo, hi) = (i128::from(s.address), i128::from(s.address + s.total_size));
+                (lo <= a && a < hi).then_some((i, lo))
+            })
+        };
+        for a in 0..400 {
+            assert_eq!(at(a), brute(a), "address {a}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! ROCm allocation events → snapshot trace entries (see the module docs for the rules).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -357,7 +357,8 @@ fn producer(format: RocmFormat, rank: &str, devices: Option<&str>) -> String {
     s
 }
 
-/// All ranks in one snapshot: device `d` is the `d`-th (rank, GPU) pair.
+/// All ranks in one snapshot: device `d` is the `d`-th (rank, GPU) pair. O(s log s + e) in
+/// the segments and trace entries.
 pub(crate) fn merge_ranks(format: RocmFormat, mut ranks: Vec<Rank>) -> Snapshot {
     if ranks.len() == 1 {
         if let Some(rank) = ranks.pop() {
@@ -375,6 +376,12 @@ pub(crate) fn merge_ranks(format: RocmFormat, mut ranks: Vec<Rank>) -> Snapshot 
             .chain(rank.snapshot.segments.iter().map(|s| s.device))
             .collect();
         let mut rank_traces = rank.snapshot.device_traces.unwrap_or_default();
+        // Each GPU's segments in file order, grouped once (a scan of all segments per GPU was
+        // O(GPUs × segments), and a file can name up to 2^16 GPUs).
+        let mut segments_of: BTreeMap<i64, Vec<&Segment>> = BTreeMap::new();
+        for seg in &rank.snapshot.segments {
+            segments_of.entry(seg.device).or_default().push(seg);
+        }
         for gpu in used {
             let new_device = traces.len() as i64;
             names.push(format!("{new_device} = {} GPU {gpu}", rank.label));
@@ -384,7 +391,7 @@ pub(crate) fn merge_ranks(format: RocmFormat, mut ranks: Vec<Rank>) -> Snapshot 
                 .map(std::mem::take)
                 .unwrap_or_default();
             traces.push(trace);
-            for seg in rank.snapshot.segments.iter().filter(|s| s.device == gpu) {
+            for &seg in segments_of.get(&gpu).into_iter().flatten() {
                 let mut seg = seg.clone();
                 seg.device = new_device;
                 segments.push(seg);

@@ -77,7 +77,7 @@ pub(super) fn highlight_ui(
 ) {
     let plot = super::paint::rect(map.plot);
     if let Some(pinned) = selection.pinned {
-        if let Some(band) = layout.bands.iter().find(|b| b.alloc == pinned) {
+        if let Some(band) = layout.band(pinned) {
             for (i, step) in band.steps.iter().enumerate() {
                 let x1 = band.steps.get(i + 1).map_or(band.x_end, |next| next.x);
                 let rect = Rect::from_x_y_ranges(
@@ -132,7 +132,7 @@ pub(super) fn hover_and_click(
                 Color32::from_rgba_unmultiplied(120, 160, 255, 40),
             );
         } else if let Some(Hit::Band(id)) = hit {
-            let band = layout.bands.iter().find(|b| b.alloc == id);
+            let band = layout.band(id);
             let bottom = band
                 .zip(layout.column_at(x))
                 .and_then(|(b, c)| b.bottom_at(c));
