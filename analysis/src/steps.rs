@@ -517,12 +517,25 @@ fn annotation_bounds(
             .is_some_and(|t| t > first_time || !truncated)
     };
     // ProfilerStep#N ranges are steps themselves.
-    let profiler: Vec<(u32, u32)> = ranges
+    let mut profiler: Vec<(u32, u32)> = ranges
         .iter()
         .filter(|r| r.name.starts_with("ProfilerStep#") && complete(r))
         .filter_map(|r| Some((r.start_event?, r.end_event?)))
         .filter(|(s, e)| e > s)
         .collect();
+    // Steps are disjoint and in order: a range that overlaps the one kept before it (nested
+    // or repeated `ProfilerStep#` ranges in a hostile or merged file) is dropped, so every
+    // step's measure costs its own events and no more (R overlapping ranges over the whole
+    // trace cost R × n).
+    profiler.sort_unstable();
+    let mut last_end: Option<u32> = None;
+    profiler.retain(|&(start, end)| {
+        let keep = last_end.is_none_or(|last| start > last);
+        if keep {
+            last_end = Some(end);
+        }
+        keep
+    });
     if profiler.len() >= 2 {
         return Some(("ProfilerStep#".to_string(), profiler));
     }
