@@ -779,7 +779,7 @@ impl FastOp<'_> {
 /// either). `None` for any other opcode and where the input ends first: the generic path,
 /// with memsnap-format's decoder, reads it and reports any error. Decoding these few
 /// opcodes here costs a fifth of the general decoder's work per opcode.
-#[inline]
+#[inline(always)]
 fn fast_op<'a>(data: &'a [u8], pos: &mut usize) -> Option<FastOp<'a>> {
     loop {
         let at = *pos;

@@ -126,7 +126,7 @@ impl ConvState {
     }
 
     /// The id of `v` if it is the string last interned through `slot` of `recent_strs`.
-    #[inline]
+    #[inline(always)]
     pub fn recent_str_id(&self, arena: &Arena, v: Val, slot: usize) -> Option<StrId> {
         let Val::Str { start, len, .. } = v else {
             return None;
@@ -721,6 +721,10 @@ impl<'b> Conv<'b> {
 
     /// The list's items are exactly the packed entries `0..n`, in order, each referenced once.
     fn holds_all_entries(&self, lid: u32) -> bool {
+        // The usual trace list, from its chunks alone (a million items not walked).
+        if self.arena.is_entry_run(lid) {
+            return true;
+        }
         self.arena
             .items(lid)
             .enumerate()
