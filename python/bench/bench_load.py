@@ -1,9 +1,10 @@
 """memsnap.load and memsnap.open side by side with pickle.load, on the same file, same run.
 
-    python python/bench/bench_load.py FILE [--runs 3]
+    python python/bench/bench_load.py FILE [FILE...] [--runs 3] [--only load]
 
-(scripts/bench_python.sh makes FILE: a 1M-entry snapshot in PyTorch's layout, and builds
-the release wheel.) Each measurement runs in a fresh interpreter, so peak RSS (ru_maxrss) is
+(scripts/bench_python.sh makes the FILEs: a 1M-entry snapshot in both of PyTorch's layouts,
+frames lists shared through the memo and a fresh frames list per entry, and builds the
+release wheel.) Several files are measured one after the other in the same run. Each measurement runs in a fresh interpreter, so peak RSS (ru_maxrss) is
 that of one method alone; times are the best of --runs. Ratios are pickle / memsnap.
 
 * load: build the whole object graph (``pickle.load(f)`` vs ``memsnap.load(path)``), then
@@ -87,22 +88,26 @@ def measure(method, path, runs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("file")
+    parser.add_argument("files", nargs="+", metavar="FILE")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", choices=["load"], help="only the two load comparisons")
     args = parser.parse_args()
     import memsnap
 
-    print(f"python {sys.version.split()[0]}, memsnap {memsnap.__version__}, file {args.file}")
-    for title, reference, ours in PAIRS:
-        ref = measure(reference, args.file, args.runs)
-        got = measure(ours, args.file, args.runs)
-        if ref["result"] != got["result"]:
-            raise SystemExit(f"{title}: results differ: {ref['result']} vs {got['result']}")
-        print(
-            f"{title:28} {reference} {ref['s']:.3f} s, {ref['rss_kib'] / 1024:.0f} MiB | "
-            f"{ours} {got['s']:.3f} s, {got['rss_kib'] / 1024:.0f} MiB | "
-            f"{ref['s'] / got['s']:.1f}x faster, {got['rss_kib'] / ref['rss_kib']:.2f} of the memory"
-        )
+    pairs = PAIRS[:2] if args.only == "load" else PAIRS
+    print(f"python {sys.version.split()[0]}, memsnap {memsnap.__version__}")
+    for path in args.files:
+        print(f"== {path}")
+        for title, reference, ours in pairs:
+            ref = measure(reference, path, args.runs)
+            got = measure(ours, path, args.runs)
+            if ref["result"] != got["result"]:
+                raise SystemExit(f"{title}: results differ: {ref['result']} vs {got['result']}")
+            print(
+                f"{title:28} {reference} {ref['s']:.3f} s, {ref['rss_kib'] / 1024:.0f} MiB | "
+                f"{ours} {got['s']:.3f} s, {got['rss_kib'] / 1024:.0f} MiB | "
+                f"{ref['s'] / got['s']:.2f}x faster, {got['rss_kib'] / ref['rss_kib']:.2f} of the memory"
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use memsnap_format::pickle::ops::{self, op, OpError, Ops};
 use pyo3::prelude::*;
 use pyo3::types::{
-    PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple,
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyNone, PySet,
+    PyString, PyTuple,
 };
 
 /// Memo indices above `memo.len() + MEMO_DENSE_SLACK` go to a map, so a hostile
@@ -81,6 +82,7 @@ type Result<T> = std::result::Result<T, LoadError>;
 pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
     let mut vm = Vm {
         py,
+        data,
         ops: Ops::new(data),
         stack: Vec::with_capacity(64),
         marks: Vec::new(),
@@ -94,6 +96,8 @@ pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
 
 struct Vm<'py, 'a> {
     py: Python<'py>,
+    /// The whole input (what [`Vm::fast_dict`] decodes itself).
+    data: &'a [u8],
     /// The opcodes, decoded by memsnap-format's opcode table.
     ops: Ops<'a>,
     stack: Vec<Bound<'py, PyAny>>,
@@ -198,7 +202,11 @@ impl<'py, 'a> Vm<'py, 'a> {
                 }
                 op::BYTEARRAY8 => self.stack.push(PyByteArray::new(py, arg).into_any()),
                 op::EMPTY_LIST => self.stack.push(PyList::empty(py).into_any()),
-                op::EMPTY_DICT => self.stack.push(PyDict::new(py).into_any()),
+                op::EMPTY_DICT => {
+                    if !self.fast_dict() {
+                        self.stack.push(PyDict::new(py).into_any());
+                    }
+                }
                 op::EMPTY_TUPLE => self.stack.push(PyTuple::empty(py).into_any()),
                 op::EMPTY_SET => self
                     .stack
@@ -302,6 +310,194 @@ impl<'py, 'a> Vm<'py, 'a> {
         }
     }
 
+    /// A dict filled in one batch of memoized str keys and plain values, built straight from
+    /// the input (`EMPTY_DICT` just read): `EMPTY_DICT`, an optional memo store, `MARK`, pairs,
+    /// `SETITEMS`, with `FRAME` headers anywhere. Nearly every dict of a snapshot is one (trace
+    /// entries, frames, blocks). Each key is a memo reference to a `str` stored before the
+    /// dict; each value a memo reference (to an object stored before the dict), an int, a
+    /// short str, `None`, a bool, a float, or a list of memo references (`EMPTY_LIST`, an
+    /// optional memo store, then `MARK` refs `APPENDS`, one ref `APPEND`, or nothing), each
+    /// optionally followed by a memo store.
+    ///
+    /// The objects it builds and stores are the generic path's. It is faster because the
+    /// values go into the dict straight from the memo and the caches, by reference: no stack,
+    /// and no reference count taken and dropped again per key and value (two calls into
+    /// libpython each under the stable ABI). Anything else (another opcode, a reference to
+    /// an object stored inside the dict, a memo store that is no append) gives up: the memo
+    /// is cut back to its length before the dict (every store made was an append), the input
+    /// position is untouched, and the generic opcodes run from `EMPTY_DICT` on. What was built
+    /// is dropped unseen; the int and str caches keep what they learned (they are caches).
+    fn fast_dict(&mut self) -> bool {
+        let memo_len = self.memo.len();
+        let mut pos = self.ops.offset();
+        match self.fast_dict_items(&mut pos, memo_len) {
+            Some(dict) => {
+                self.ops = Ops::new_at(self.data, pos);
+                self.stack.push(dict.into_any());
+                true
+            }
+            None => {
+                self.memo.truncate(memo_len);
+                false
+            }
+        }
+    }
+
+    fn fast_dict_items(&mut self, pos: &mut usize, memo_len: usize) -> Option<Bound<'py, PyDict>> {
+        let py = self.py;
+        let dict = PyDict::new(py);
+        let mut op = fast_op(self.data, pos)?;
+        if self.fast_store(&op, dict.as_any())? {
+            op = fast_op(self.data, pos)?;
+        }
+        if op.code != op::MARK {
+            return None;
+        }
+        loop {
+            let key_op = fast_op(self.data, pos)?;
+            if key_op.code == op::SETITEMS {
+                return Some(dict);
+            }
+            let key = memo_ref(&key_op).filter(|&i| i < memo_len)?;
+            if !self.memo[key].as_ref()?.is_exact_instance_of::<PyString>() {
+                return None;
+            }
+            let value_op = fast_op(self.data, pos)?;
+            let value = match value_op.code {
+                op::BINGET | op::LONG_BINGET => {
+                    Value::Memo(memo_ref(&value_op).filter(|&i| i < memo_len)?)
+                }
+                op::BININT1 => Value::Int(self.int_slot(i64::from(value_op.array::<1>()[0]))),
+                op::BININT2 => {
+                    Value::Int(self.int_slot(i64::from(u16::from_le_bytes(value_op.array()))))
+                }
+                op::BININT => {
+                    Value::Int(self.int_slot(i64::from(i32::from_le_bytes(value_op.array()))))
+                }
+                op::LONG1 => Value::Int(self.int_slot(short_long(value_op.arg)?)),
+                op::SHORT_BINUNICODE => self.fast_str(value_op.arg)?,
+                op::NONE => Value::None,
+                op::NEWTRUE => Value::Bool(true),
+                op::NEWFALSE => Value::Bool(false),
+                op::BINFLOAT => {
+                    Value::Owned(PyFloat::new(py, f64::from_be_bytes(value_op.array())).into_any())
+                }
+                op::EMPTY_LIST => Value::Owned(self.fast_list(pos, memo_len)?),
+                _ => return None,
+            };
+            // A memo store of the value (a fresh str PyTorch memoizes, say).
+            let mut ahead = *pos;
+            let stored = match store_index(&fast_op(self.data, &mut ahead)?, self.memo.len()) {
+                Store::None => false,
+                Store::Append => true,
+                Store::Elsewhere => return None,
+            };
+            if stored {
+                *pos = ahead;
+                let object = match value {
+                    Value::Owned(object) => object,
+                    Value::Memo(i) => self.memo[i].as_ref()?.clone(),
+                    Value::Int(slot) => self.ints[slot].as_ref()?.1.clone(),
+                    Value::Str(bytes) => self.strings.get(bytes)?.clone(),
+                    Value::None => PyNone::get(py).to_owned().into_any(),
+                    Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+                };
+                self.memo.push(Some(object));
+                let value = self.memo.last()?.as_ref()?;
+                dict.set_item(self.memo[key].as_ref()?, value).ok()?;
+                continue;
+            }
+            let key = self.memo[key].as_ref()?;
+            match value {
+                Value::Memo(i) => dict.set_item(key, self.memo[i].as_ref()?),
+                Value::Int(slot) => dict.set_item(key, &self.ints[slot].as_ref()?.1),
+                Value::Str(bytes) => dict.set_item(key, self.strings.get(bytes)?),
+                Value::Owned(object) => dict.set_item(key, object),
+                Value::None => dict.set_item(key, PyNone::get(py)),
+                Value::Bool(b) => dict.set_item(key, PyBool::new(py, b)),
+            }
+            .ok()?;
+        }
+    }
+
+    /// A memo store at `op` of `object` when it appends to the memo (`Some(true)`), or
+    /// `Some(false)` when `op` stores nothing; `None` (give up) for a store elsewhere.
+    #[inline]
+    fn fast_store(&mut self, op: &FastOp<'a>, object: &Bound<'py, PyAny>) -> Option<bool> {
+        match store_index(op, self.memo.len()) {
+            Store::None => Some(false),
+            Store::Append => {
+                self.memo.push(Some(object.clone()));
+                Some(true)
+            }
+            Store::Elsewhere => None,
+        }
+    }
+
+    /// A list of memo references (`EMPTY_LIST` just read): an optional memo store, then
+    /// `MARK` refs `APPENDS`, one ref `APPEND`, or nothing.
+    fn fast_list(&mut self, pos: &mut usize, memo_len: usize) -> Option<Bound<'py, PyAny>> {
+        let list = PyList::empty(self.py);
+        let mut ahead = *pos;
+        let mut op = fast_op(self.data, &mut ahead)?;
+        if self.fast_store(&op, list.as_any())? {
+            *pos = ahead;
+            op = fast_op(self.data, &mut ahead)?;
+        }
+        match op.code {
+            op::MARK => loop {
+                let item = fast_op(self.data, &mut ahead)?;
+                if item.code == op::APPENDS {
+                    break;
+                }
+                let index = memo_ref(&item).filter(|&i| i < memo_len)?;
+                list.append(self.memo[index].as_ref()?).ok()?;
+            },
+            op::BINGET | op::LONG_BINGET => {
+                let index = memo_ref(&op).filter(|&i| i < memo_len)?;
+                list.append(self.memo[index].as_ref()?).ok()?;
+                if fast_op(self.data, &mut ahead)?.code != op::APPEND {
+                    return None;
+                }
+            }
+            // An empty list: `op` is the next key (or a store of the list... taken above).
+            _ => return Some(list.into_any()),
+        }
+        *pos = ahead;
+        Some(list.into_any())
+    }
+
+    /// The int cache's slot holding `value` (filled first if it holds another).
+    #[inline]
+    fn int_slot(&mut self, value: i64) -> usize {
+        let slot = int_cache_slot(value);
+        match &self.ints[slot] {
+            Some((cached, _)) if *cached == value => {}
+            _ => {
+                let object = value.into_pyobject(self.py).into_any_ok();
+                self.ints[slot] = Some((value, object));
+            }
+        }
+        slot
+    }
+
+    /// A `SHORT_BINUNICODE` value: the cached str (added if new), or a new one when it is not
+    /// cached (long, or the cache is full); `None` for bytes that are not UTF-8 (the generic
+    /// path decodes those as pickle does).
+    #[inline]
+    fn fast_str(&mut self, bytes: &'a [u8]) -> Option<Value<'py, 'a>> {
+        if self.strings.contains_key(bytes) {
+            return Some(Value::Str(bytes));
+        }
+        let text = std::str::from_utf8(bytes).ok()?;
+        let object = PyString::new(self.py, text).into_any();
+        if bytes.len() <= MAX_CACHED_STR && self.strings.len() < MAX_CACHED {
+            self.strings.insert(bytes, object);
+            return Some(Value::Str(bytes));
+        }
+        Some(Value::Owned(object))
+    }
+
     /// The stack index below which the current `MARK` protects the items.
     #[inline]
     fn floor(&self) -> usize {
@@ -382,9 +578,7 @@ impl<'py, 'a> Vm<'py, 'a> {
             self.stack.push(value.into_pyobject(py).into_any_ok());
             return;
         }
-        // Fibonacci hashing: the top bits of the product pick the slot.
-        let slot =
-            ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize % INT_CACHE_SLOTS;
+        let slot = int_cache_slot(value);
         if let Some((cached_value, cached)) = &self.ints[slot] {
             if *cached_value == value {
                 self.stack.push(cached.clone());
@@ -514,6 +708,132 @@ impl<'py, 'a> Vm<'py, 'a> {
         self.stack.push(found);
         Ok(())
     }
+}
+
+/// A value of [`Vm::fast_dict`]: where to find it (by reference), or the new object.
+enum Value<'py, 'a> {
+    Memo(usize),
+    /// A slot of the int cache.
+    Int(usize),
+    /// A key of the str cache.
+    Str(&'a [u8]),
+    Owned(Bound<'py, PyAny>),
+    None,
+    Bool(bool),
+}
+
+/// What a memo store opcode does to a memo of `len` indices.
+enum Store {
+    /// Not a memo store.
+    None,
+    /// Stores at index `len`.
+    Append,
+    /// Stores anywhere else.
+    Elsewhere,
+}
+
+#[inline]
+fn store_index(op: &FastOp<'_>, len: usize) -> Store {
+    let index = match op.code {
+        op::MEMOIZE => return Store::Append,
+        op::BINPUT => usize::from(op.array::<1>()[0]),
+        op::LONG_BINPUT => match usize::try_from(u32::from_le_bytes(op.array())) {
+            Ok(index) => index,
+            Err(_) => return Store::Elsewhere,
+        },
+        _ => return Store::None,
+    };
+    if index == len {
+        Store::Append
+    } else {
+        Store::Elsewhere
+    }
+}
+
+/// The int cache's slot for `value`: Fibonacci hashing, the top bits of the product.
+#[inline]
+fn int_cache_slot(value: i64) -> usize {
+    ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize % INT_CACHE_SLOTS
+}
+
+/// An opcode [`Vm::fast_dict`] reads: its code and argument (after the length byte of
+/// `LONG1` and `SHORT_BINUNICODE`).
+struct FastOp<'a> {
+    code: u8,
+    arg: &'a [u8],
+}
+
+impl FastOp<'_> {
+    /// The argument as `N` bytes (their lengths are fixed by the opcode).
+    #[inline]
+    fn array<const N: usize>(&self) -> [u8; N] {
+        let mut out = [0; N];
+        let n = N.min(self.arg.len());
+        out[..n].copy_from_slice(&self.arg[..n]);
+        out
+    }
+}
+
+/// The opcode at `data[*pos..]` when it is one [`Vm::fast_dict`] reads, stepping over `FRAME`
+/// headers (a length prefix for buffered readers: the generic path does nothing with it
+/// either). `None` for any other opcode and where the input ends first: the generic path,
+/// with memsnap-format's decoder, reads it and reports any error. Decoding these few
+/// opcodes here costs a fifth of the general decoder's work per opcode.
+#[inline(always)]
+fn fast_op<'a>(data: &'a [u8], pos: &mut usize) -> Option<FastOp<'a>> {
+    loop {
+        let at = *pos;
+        let code = *data.get(at)?;
+        let (start, len) = match code {
+            op::MARK
+            | op::SETITEMS
+            | op::MEMOIZE
+            | op::NONE
+            | op::NEWTRUE
+            | op::NEWFALSE
+            | op::EMPTY_LIST
+            | op::APPENDS
+            | op::APPEND => (at + 1, 0),
+            op::BINPUT | op::BINGET | op::BININT1 => (at + 1, 1),
+            op::BININT2 => (at + 1, 2),
+            op::LONG_BINPUT | op::LONG_BINGET | op::BININT => (at + 1, 4),
+            op::BINFLOAT | op::FRAME => (at + 1, 8),
+            op::LONG1 | op::SHORT_BINUNICODE => (at + 2, usize::from(*data.get(at + 1)?)),
+            _ => return None,
+        };
+        let arg = data.get(start..start + len)?;
+        *pos = start + len;
+        if code != op::FRAME {
+            return Some(FastOp { code, arg });
+        }
+    }
+}
+
+/// The memo index a `BINGET` or `LONG_BINGET` fetches (`None` for any other opcode).
+#[inline]
+fn memo_ref(op: &FastOp<'_>) -> Option<usize> {
+    match op.code {
+        op::BINGET => Some(usize::from(op.array::<1>()[0])),
+        op::LONG_BINGET => usize::try_from(u32::from_le_bytes(op.array())).ok(),
+        _ => None,
+    }
+}
+
+/// A `LONG1` argument of at most 8 bytes as an `i64` (little-endian two's complement).
+#[inline]
+fn short_long(bytes: &[u8]) -> Option<i64> {
+    if bytes.len() > 8 {
+        return None;
+    }
+    Some(match bytes.last() {
+        None => 0,
+        Some(&last) => {
+            let fill = if last & 0x80 != 0 { 0xff } else { 0 };
+            let mut raw = [fill; 8];
+            raw[..bytes.len()].copy_from_slice(bytes);
+            i64::from_le_bytes(raw)
+        }
+    })
 }
 
 /// A protocol-0 memo index (`GET`/`PUT`): a decimal line.

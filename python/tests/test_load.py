@@ -211,3 +211,33 @@ def test_surrogates_and_big_ints_round_trip():
     del obj["b"]  # protocol 2 writes bytes through a GLOBAL (codecs.encode), which is refused
     assert memsnap.load(pickle.dumps(obj, protocol=2)) == obj
     assert memsnap.load(pickle.dumps(obj, protocol=5)) == obj
+
+
+def test_dicts_read_in_one_piece_keep_pickles_sharing_and_corner_cases():
+    # Dicts the loader builds straight from the input (memoized str keys, plain values) and
+    # the ones it leaves to the opcode loop: a value stored inside the dict and referenced
+    # again in it, a dict or list that contains itself, memo stores that overwrite, and
+    # every truncation of each.
+    shared = ["a", "b"]
+    name = "n" * 3
+    entry = {"action": "alloc", "addr": 1 << 40, "size": 512, "stream": -1, "f": 1.5, "none": None,
+             "t": True, "frames": shared, "empty": [], "one": [shared]}
+    inner = {"x": name, "y": name, "l": shared, "m": shared}
+    me = {"k": 1}
+    me["me"] = me
+    lst = []
+    lst.append({"l": lst, "k": 2})
+    obj = [entry, entry, dict(entry), inner, inner, me, lst, {"action": "free", "frames": shared}] * 3
+    for protocol in (2, 4, 5):
+        data = pickle.dumps(obj, protocol=protocol)
+        got = memsnap.load(data)
+        assert repr(got) == repr(pickle.loads(data))
+        assert got[0] is got[1] and got[3]["x"] is got[3]["y"] and got[3]["l"] is got[0]["frames"]
+        assert got[5]["me"] is got[5] and got[6][0]["l"] is got[6]
+        assert got[0]["one"][0] is got[0]["frames"]
+        for cut in range(len(data)):
+            with pytest.raises(memsnap.FormatError):
+                memsnap.load(data[:cut])
+    # BINPUT over an index stored before, inside a dict: the overwrite is the generic path's.
+    data = b"\x80\x04\x8c\x01k\x94\x8c\x01v\x94}\x94(h\x00h\x01q\x00h\x00h\x00u."
+    assert memsnap.load(data) == pickle.loads(data)

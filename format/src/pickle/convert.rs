@@ -28,6 +28,9 @@ pub(crate) const MAX_DEPTH: usize = 256;
 enum Seg {
     Key(&'static str),
     Name(String),
+    /// A key name still in the arena's string heap (`start`, `len`): spelled out only when an
+    /// error needs the path (an unknown key's value is converted for every annotation).
+    HeapName(usize, u32),
     Index(usize),
 }
 
@@ -115,8 +118,15 @@ impl ConvState {
         (cached != NONE).then(|| FrameId::from_index(cached as usize))
     }
 
-    /// The id of `v` if it is the string last interned through `slot` of `recent_strs`.
+    /// The stack a list node was read as, if it was.
     #[inline]
+    pub fn cached_stack(&self, id: u32) -> Option<StackId> {
+        let cached = *self.stack_cache.get(id as usize)?;
+        (cached != NONE).then(|| StackId::from_index(cached as usize))
+    }
+
+    /// The id of `v` if it is the string last interned through `slot` of `recent_strs`.
+    #[inline(always)]
     pub fn recent_str_id(&self, arena: &Arena, v: Val, slot: usize) -> Option<StrId> {
         let Val::Str { start, len, .. } = v else {
             return None;
@@ -338,6 +348,12 @@ impl<'b> Conv<'b> {
                     }
                     s.push_str(k);
                 }
+                Seg::HeapName(start, len) => {
+                    if !s.is_empty() {
+                        s.push('.');
+                    }
+                    s.push_str(&String::from_utf8_lossy(self.arena.bytes(*start, *len)));
+                }
                 Seg::Index(i) => {
                     let _ = write!(s, "[{i}]");
                 }
@@ -485,7 +501,11 @@ impl<'b> Conv<'b> {
 
     fn extra(&mut self, k: Val, v: Val, out: &mut Extras) -> Result<()> {
         let name = self.key_name(k)?;
-        let value = self.at(Seg::Name(name.clone()), |c| c.value(v, 0))?;
+        let seg = match k {
+            Val::Str { start, len, .. } => Seg::HeapName(start, len),
+            _ => Seg::Name(name.clone()),
+        };
+        let value = self.at(seg, |c| c.value(v, 0))?;
         out.push((name, value));
         Ok(())
     }
@@ -701,6 +721,10 @@ impl<'b> Conv<'b> {
 
     /// The list's items are exactly the packed entries `0..n`, in order, each referenced once.
     fn holds_all_entries(&self, lid: u32) -> bool {
+        // The usual trace list, from its chunks alone (a million items not walked).
+        if self.arena.is_entry_run(lid) {
+            return true;
+        }
         self.arena
             .items(lid)
             .enumerate()

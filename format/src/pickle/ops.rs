@@ -143,6 +143,15 @@ impl<'a> Ops<'a> {
     }
 
     /// Byte offset of the next opcode.
+    /// Decodes `data` from byte `pos` on (offsets stay those of `data`): where a caller that
+    /// read some opcodes itself continues.
+    pub fn new_at(data: &'a [u8], pos: usize) -> Self {
+        Ops {
+            data,
+            pos: pos.min(data.len()),
+        }
+    }
+
     #[inline]
     pub fn offset(&self) -> usize {
         self.pos

@@ -178,6 +178,29 @@ impl Arena {
         }
     }
 
+    /// Whether list `id` is the entries `0..len` in order, none of them shared, told from its
+    /// chunks alone (the usual trace list: one chunk of entries). `false` means only that
+    /// the chunks do not show it; [`Arena::items`] may.
+    pub fn is_entry_run(&self, id: u32) -> bool {
+        if !self.shared_entries.is_empty() {
+            return false;
+        }
+        let node = &self.nodes[id as usize];
+        if node.kind != Kind::List {
+            return false;
+        }
+        let (mut chunk, mut next) = (node.first, 0u32);
+        while chunk != NONE {
+            let c = self.chunks[chunk as usize];
+            if !c.entries || c.start != next {
+                return false;
+            }
+            next += c.len;
+            chunk = c.next;
+        }
+        true
+    }
+
     /// The raw bytes of a `Str`, `Bytes` or `BigInt` value.
     pub fn bytes(&self, start: usize, len: u32) -> &[u8] {
         &self.heap[start..start + len as usize]

@@ -384,10 +384,20 @@ impl<F: Feed> Vm<'_, '_, F> {
                 self.fast_frames_list(&mut p, undo)?
             } else {
                 let v = self.memo_ref(code, &mut p)?;
-                if let Val::Node(list) = v {
-                    frames_node = Some(list);
+                match v {
+                    Val::Node(list) => {
+                        frames_node = Some(list);
+                        // A list shared through the memo (PyTorch's layout: one list per
+                        // distinct stack, referenced by every entry with that stack) is
+                        // converted once; every later reference is this one lookup.
+                        match self.state.cached_stack(list) {
+                            Some(stack) => stack,
+                            None => Conv::new(&self.arena, &mut self.state).stack(v).ok()?,
+                        }
+                    }
+                    Val::Stack(stack) => StackId::from_index(stack as usize),
+                    _ => Conv::new(&self.arena, &mut self.state).stack(v).ok()?,
                 }
-                Conv::new(&self.arena, &mut self.state).stack(v).ok()?
             };
             entry.frames = Some(stack);
             key = self.entry_key(&mut p)?;
@@ -411,8 +421,9 @@ impl<F: Feed> Vm<'_, '_, F> {
         }
     }
 
-    /// A `compile_context` (`slot` 0) or `user_metadata` (1) value, interned.
-    #[inline]
+    /// A `compile_context` (`slot` 0) or `user_metadata` (1) value, interned. Inlined: a
+    /// call per field cost more than the usual case's work (the string of the last entry).
+    #[inline(always)]
     fn fast_entry_str(&mut self, p: &mut usize, undo: &mut Undo, slot: usize) -> Option<StrId> {
         let v = self.window_str(p, undo, slot)?;
         match self.state.recent_str_id(&self.arena, v, slot) {
