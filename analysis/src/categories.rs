@@ -11,7 +11,7 @@
 //! | gradient | allocated in backward, outlives the backward phase |
 //! | activation | allocated in forward, freed in the backward phase of the same step |
 //! | temporary | freed in the phase that allocated it |
-//! | unknown | anything else (forward tensors that outlive the step, memory from before the window that is freed in it, files without phases) |
+//! | unknown | anything else (forward tensors that outlive the step, memory from before the window that is freed in it, memory an import's source could not attribute, files without phases) |
 //!
 //! Memory live for the whole window whose stack says optimizer or backward (state or
 //! gradients from steps before the window) is optimizer state or gradient, not a parameter.
@@ -19,7 +19,7 @@
 use serde::Serialize;
 
 use crate::phases::{Evidence, PhaseKind};
-use crate::replay::{Lifetime, Replay};
+use crate::replay::{Lifetime, Origin, Replay};
 
 /// The category of an allocation (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -108,6 +108,10 @@ pub(crate) fn categorize(
         .iter()
         .enumerate()
         .map(|(i, a)| {
+            // Counted by an import's source, never seen as a block: nothing says what it is.
+            if a.origin == Origin::Unattributed {
+                return Category::Unknown;
+            }
             let freed = a.end_event(Lifetime::Allocated);
             let Some(alloc) = a.alloc_event() else {
                 return match (freed, evidence.get(i)) {

@@ -37,6 +37,9 @@ pub enum SiteKey {
     /// Allocated before the recording began (live in the final segments, or freed in the
     /// window) and without a stack: the model's weights, typically.
     BeforeWindow,
+    /// Memory an imported trace's source counted but could not attribute to any block
+    /// ([`crate::Origin::Unattributed`]): no address, no stack.
+    Unattributed,
 }
 
 impl SiteKey {
@@ -53,6 +56,7 @@ impl SiteKey {
             SiteKey::File(name) => name.clone(),
             SiteKey::Unknown => "<no stack>".to_string(),
             SiteKey::BeforeWindow => "<allocated before the recording (no stack)>".to_string(),
+            SiteKey::Unattributed => "<before the profile, unattributed>".to_string(),
         }
     }
 }
@@ -253,6 +257,9 @@ impl<'a> SiteKeyer<'a> {
     /// The site of an allocation: its stack's site, or [`SiteKey::BeforeWindow`] when it has no
     /// frames and predates the recorded window.
     pub fn key_of(&mut self, allocation: &crate::replay::Allocation) -> SiteKey {
+        if allocation.origin == crate::replay::Origin::Unattributed {
+            return SiteKey::Unattributed;
+        }
         let key = self.key(allocation.stack);
         let no_frames = match &key {
             SiteKey::Unknown => true,

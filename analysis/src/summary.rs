@@ -365,6 +365,13 @@ pub fn summarize_device_with_steps(
             replay.before_window_bytes, replay.before_window_allocations, replay.live_in_segments_bytes
         ));
     }
+    if replay.unattributed_bytes > 0 {
+        notes.push(format!(
+            "{} bytes of them before the profile, unattributed: counted by the source ({}), in no block it recorded",
+            replay.unattributed_bytes,
+            replay.source.as_deref().unwrap_or("the import")
+        ));
+    }
     if let Some(d) = replay.dropped_entries.filter(|&d| d > 0) {
         notes.push(format!("the ring buffer dropped {d} older trace entries"));
     }

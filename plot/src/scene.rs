@@ -275,7 +275,7 @@ pub fn band_colour(
     colour_by: ColourBy,
     dark: bool,
 ) -> Colour {
-    if allocation.before_window() {
+    if allocation.before_window() || allocation.origin == memsnap_analysis::Origin::Unattributed {
         return palette::before_window(dark);
     }
     match colour_by {
@@ -917,14 +917,26 @@ pub fn legend(model: &SceneModel<'_>, style: &LegendStyle) -> Vec<LegendEntry> {
         }
     }
     let replay = model.timeline.replay();
-    if replay.before_window_allocations > 0 {
+    if replay.before_window_allocations > replay.unattributed_allocations {
         out.push(entry(
             palette::before_window(style.dark),
             format!(
                 "before the recording ({})",
-                memsnap_analysis::format_size(replay.before_window_bytes)
+                memsnap_analysis::format_size(
+                    replay.before_window_bytes - replay.unattributed_bytes
+                )
             ),
             "Memory allocated before the trace starts (ring buffer dropped it, or recording started late)",
+        ));
+    }
+    if replay.unattributed_allocations > 0 {
+        out.push(entry(
+            palette::before_window(style.dark),
+            format!(
+                "before the profile, unattributed ({})",
+                memsnap_analysis::format_size(replay.unattributed_bytes)
+            ),
+            "Memory the profiler counted as allocated (Total Allocated) that no block of the profile accounts for: allocated before it started and not freed in it",
         ));
     }
     let residual = if style.min_size > 0 {
