@@ -576,7 +576,9 @@ impl Replay {
             self.unattributed_allocations = before.len() as u64;
             self.unattributed_bytes = before.iter().fold(0u64, |s, a| s.saturating_add(a.size));
             self.before_window_allocations += before.len() as u64;
-            self.before_window_bytes = self.before_window_bytes.saturating_add(self.unattributed_bytes);
+            self.before_window_bytes = self
+                .before_window_bytes
+                .saturating_add(self.unattributed_bytes);
             // At the bottom of the stack: live for the whole window, like the final
             // segments' untraced blocks.
             self.allocations.splice(0..0, before);

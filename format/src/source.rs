@@ -57,9 +57,7 @@ impl Steps {
 
     /// The largest value, `before` included.
     pub fn max(&self) -> u64 {
-        self.after
-            .iter()
-            .fold(self.before, |m, &(_, v)| m.max(v))
+        self.after.iter().fold(self.before, |m, &(_, v)| m.max(v))
     }
 }
 
@@ -261,7 +259,9 @@ impl RecorderInfo {
     /// damaged or foreign `"sources"` key is kept as written, never trusted).
     pub fn sources(&self) -> Vec<SourceInfo> {
         match self.extra.iter().find(|(k, _)| k == SOURCES_KEY) {
-            Some((_, Value::List(list))) => list.iter().filter_map(SourceInfo::from_value).collect(),
+            Some((_, Value::List(list))) => {
+                list.iter().filter_map(SourceInfo::from_value).collect()
+            }
             _ => Vec::new(),
         }
     }
@@ -309,7 +309,10 @@ mod tests {
         };
         info.set_sources(&[s.clone(), SourceInfo::new(0, "x")]);
         assert_eq!(info.sources(), vec![s.clone(), SourceInfo::new(0, "x")]);
-        assert_eq!(info.source_of(1).unwrap().categories.unwrap().of(4), Some("A"));
+        assert_eq!(
+            info.source_of(1).unwrap().categories.unwrap().of(4),
+            Some("A")
+        );
         let r = s.reserved.unwrap();
         assert_eq!((r.at(0), r.at(8), r.at(9), r.max()), (7, 7, 3, 7));
         // A damaged entry (entries not ascending) is not trusted.

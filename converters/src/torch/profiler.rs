@@ -3,7 +3,9 @@
 use foldhash::HashMap;
 use serde::Deserialize;
 
-use memsnap_format::{Action, Frame, RecorderInfo, Snapshot, SourceInfo, StackId, Steps, TraceEntry};
+use memsnap_format::{
+    Action, Frame, RecorderInfo, Snapshot, SourceInfo, StackId, Steps, TraceEntry,
+};
 
 use super::{
     integer, micros_to_ns, DeviceReport, Event, ImportReport, Imported, TraceDoc, TraceError,
@@ -233,7 +235,12 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
                 // `Bytes` 0: nothing to replay, but its totals still count.
                 continue;
             }
-            totals.push((entries.len() - 1, delta, m.total_allocated, m.total_reserved));
+            totals.push((
+                entries.len() - 1,
+                delta,
+                m.total_allocated,
+                m.total_reserved,
+            ));
         }
         pre_window.1 += pre_window_bytes;
         let offset = before.len();
