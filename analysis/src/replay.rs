@@ -252,6 +252,12 @@ pub struct Replay {
     pub allocated_known: bool,
     /// The reserved curve is the source's series, not the trace's segment events.
     pub reserved_from_source: bool,
+    /// Which tool gave the allocations their categories, when the source did (see
+    /// [`crate::categories`]).
+    pub categories_source: Option<String>,
+    /// `(alloc entry, category)` from the source, entries ascending.
+    #[serde(skip)]
+    pub(crate) source_categories: Vec<(u32, crate::categories::Category)>,
     /// Entries the ring buffer dropped, when the file says (memsnap's recorder writes it;
     /// PyTorch does not).
     pub dropped_entries: Option<u64>,
@@ -597,6 +603,20 @@ impl Replay {
                 self.allocations = merged;
             }
         }
+        if let Some(c) = &source.categories {
+            self.categories_source = Some(source.source.clone());
+            let of_name: Vec<crate::categories::Category> = c
+                .names
+                .iter()
+                .map(|n| crate::categories::Category::from_pytorch(n))
+                .collect();
+            self.source_categories = c
+                .of_allocs
+                .iter()
+                .filter(|&&(e, _)| e < n)
+                .map(|&(e, i)| (e, of_name[i as usize]))
+                .collect();
+        }
         if let Some(steps) = &source.reserved {
             if self.reserved_changes.is_empty() && self.segments.is_empty() {
                 self.reserved_from_source = true;
@@ -612,6 +632,15 @@ impl Replay {
 
     pub fn axis_len(&self) -> u32 {
         self.trace_len.max(1)
+    }
+
+    /// The category the source gave the `alloc` at `event`, if it gave one.
+    pub fn source_category(&self, event: Option<u32>) -> Option<crate::categories::Category> {
+        let event = event?;
+        self.source_categories
+            .binary_search_by_key(&event, |&(e, _)| e)
+            .ok()
+            .map(|i| self.source_categories[i].1)
     }
 
     /// The allocation with this id.

@@ -194,7 +194,7 @@ fn is_python(frame: &Frame) -> bool {
 }
 
 /// The site of a stack: its innermost frame that is the user's code; `None` for an empty
-/// stack.
+/// stack or one of synthetic frames only ([`memsnap_format::Frame::is_synthetic`]).
 ///
 /// The innermost Python frame outside PyTorch's own package wins; else the innermost native
 /// (C++ or Rust) frame outside the machinery ([`is_internal_frame`]), such as an autograd node
@@ -211,7 +211,8 @@ pub fn top_frame(snapshot: &Snapshot, stack: StackId) -> Option<FrameId> {
         .get(stack)
         .iter()
         .copied()
-        .filter(|f| f.index() < snapshot.frames.len())
+        // Frames an import made up are never the user's code.
+        .filter(|f| f.index() < snapshot.frames.len() && !snapshot.frames.get(*f).is_synthetic())
         .collect();
     let frame = |f: &FrameId| snapshot.frames.get(*f);
     ids.iter()

@@ -158,6 +158,7 @@ fn category_bytes_as_map<S: serde::Serializer>(
 ) -> std::result::Result<S::Ok, S::Error> {
     let mut by_name: Vec<(&str, u64)> = Category::ALL
         .iter()
+        .filter(|&&c| !c.is_pytorch_only() || bytes.get(c) > 0)
         .map(|&c| (c.name(), bytes.get(c)))
         .collect();
     by_name.sort_unstable_by_key(|&(name, _)| name);
@@ -175,6 +176,7 @@ pub struct PeakPhase {
 fn category_map(bytes: &CategoryBytes) -> std::collections::BTreeMap<String, u64> {
     Category::ALL
         .iter()
+        .filter(|&&c| !c.is_pytorch_only() || bytes.get(c) > 0)
         .map(|&c| (c.name().to_string(), bytes.get(c)))
         .collect()
 }
@@ -209,8 +211,12 @@ pub struct DeviceSummary {
     /// The phase the peak falls in.
     pub peak_phase: Option<PeakPhase>,
     /// Live bytes by category at the peak: `parameter`, `optimizer_state`, `gradient`,
-    /// `activation`, `temporary`, `unknown`.
+    /// `activation`, `temporary`, `unknown` (and `input`, `autograd_detail` when the source
+    /// gave them).
     pub categories_at_peak: std::collections::BTreeMap<String, u64>,
+    /// Where the categories come from: the import's source (`export_memory_timeline`) when it
+    /// gave them, `None` when memsnap inferred them from the phases.
+    pub categories_source: Option<String>,
     pub step_duration_us: Option<i64>,
     pub drift_bytes_per_step: f64,
     pub peak_drift_bytes_per_step: f64,
@@ -418,6 +424,7 @@ pub fn summarize_device_with_steps(
         steps,
         peak_phase,
         categories_at_peak: category_map(&peak_categories),
+        categories_source: replay.categories_source.clone(),
         step_duration_us,
         drift_bytes_per_step: analysis.drift.min_bytes_per_step,
         peak_drift_bytes_per_step: analysis.drift.peak_bytes_per_step,

@@ -898,7 +898,12 @@ pub fn legend(model: &SceneModel<'_>, style: &LegendStyle) -> Vec<LegendEntry> {
             "Each band is one allocation, stacked in allocation order; one colour per user-code site (the innermost frame of your code in its stack)",
         )),
         ColourBy::Category => {
-            for category in Category::ALL {
+            // Input and autograd detail come only from PyTorch's profiler.
+            let from_source = model.timeline.replay().categories_source.is_some();
+            for category in Category::ALL
+                .into_iter()
+                .filter(|c| from_source || !matches!(c, Category::Input | Category::AutogradDetail))
+            {
                 out.push(entry(
                     palette::category_colour(category),
                     category.label().to_owned(),
@@ -998,6 +1003,8 @@ fn category_tooltip(category: Category) -> &'static str {
         Category::Gradient => "Allocated in backward and outliving the backward phase",
         Category::Activation => "Allocated in forward and freed in the backward phase of the same step",
         Category::Temporary => "Freed in the phase that allocated it",
+        Category::Input => "Model inputs (PyTorch's memory profiler's category)",
+        Category::AutogradDetail => "Autograd's own bookkeeping (PyTorch's memory profiler's category)",
         Category::Unknown => "Anything else: forward tensors that outlive their step (a leak?), memory from before the window freed in it, files without phases",
     }
 }
