@@ -189,7 +189,11 @@ fn render(name: &str, summary: &Summary) -> String {
                 Some(source) => format!(" (from {source})"),
                 None => String::new(),
             };
-            let _ = writeln!(out, "  at the peak by category{from}: {}", at_peak.join(", "));
+            let _ = writeln!(
+                out,
+                "  at the peak by category{from}: {}",
+                at_peak.join(", ")
+            );
         }
         if let Some(p) = &d.setup_phase {
             let _ = writeln!(

@@ -516,6 +516,10 @@ fn memory_timeline_raw_events_import_with_synthetic_blocks() {
         vec![
             ("alloc", 4096, Some(us + 1)),
             ("alloc", 1024, Some(us + 1)),
+            // The new version: the block closes and reopens in its new category.
+            ("free_requested", 1024, Some(us + 2)),
+            ("free_completed", 1024, Some(us + 2)),
+            ("alloc", 1024, Some(us + 2)),
             ("alloc", 512, Some(us + 3)),
             ("free_requested", 512, Some(us + 4)),
             ("free_completed", 512, Some(us + 4)),
@@ -523,21 +527,34 @@ fn memory_timeline_raw_events_import_with_synthetic_blocks() {
             ("free_completed", 1024, Some(us + 5)),
         ]
     );
-    // Distinct addresses; each free closes its own block; categories as frames.
-    assert_eq!(trace[2].addr, trace[3].addr);
-    assert_eq!(trace[1].addr, trace[5].addr);
+    // Distinct addresses; each free closes its own block.
+    assert_eq!(trace[1].addr, trace[2].addr);
+    assert_eq!(trace[5].addr, trace[6].addr);
+    assert_eq!(trace[4].addr, trace[8].addr);
     assert_ne!(trace[0].addr, trace[1].addr);
-    let category = |e: &TraceEntry| {
+    // The categories are PyTorch's, kept as the source's; the one frame is marked synthetic.
+    let info = import.snapshot.recorder_info.as_ref().unwrap();
+    let categories = info.source_of(0).unwrap().categories.unwrap();
+    let of = |i| categories.of(i);
+    assert_eq!(
+        [of(0), of(1), of(4), of(5)],
+        [
+            Some("PARAMETER"),
+            Some("ACTIVATION"),
+            Some("GRADIENT"),
+            Some("TEMPORARY")
+        ]
+    );
+    let frame = |e: &TraceEntry| {
         import
             .snapshot
             .stack_frames(e.frames.unwrap())
             .next()
             .unwrap()
-            .name
             .clone()
     };
-    assert_eq!(category(&trace[0]), "PARAMETER");
-    assert_eq!(category(&trace[2]), "TEMPORARY");
+    assert_eq!(frame(&trace[4]).name, "GRADIENT");
+    assert!(trace.iter().all(|e| frame(e).is_synthetic()));
 }
 
 #[test]

@@ -241,3 +241,96 @@ fn imported_profiler_traces_agree_with_the_profiler_in_every_view() {
         );
     }
 }
+
+/// `export_memory_timeline`'s raw events (HTA's test file): memsnap's categories are PyTorch's,
+/// and at memsnap's peak they split as PyTorch's running sums do at its own peak (the traces'
+/// README: 3,082,832,104 bytes at row 1639); the made-up category frames neither put the peak
+/// in an optimizer phase nor become sites.
+#[test]
+fn an_imported_memory_timeline_has_pytorchs_categories_at_pytorchs_peak() {
+    let Some(dir) = real_traces_dir() else {
+        return;
+    };
+    let path = dir.join("hta_memory_timeline.raw.json.gz");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    let rows: Vec<[i64; 4]> = serde_json::from_str(&text).unwrap();
+    // PyTorch's running totals, the first row reaching the highest, and each row's last
+    // entry in the import (an opening row makes one entry, a closing row two).
+    let (mut total, mut by_category) = (0i64, [0i64; 8]);
+    let (mut peak, mut peak_row, mut peak_split, mut peak_entry) = (0i64, 0, [0i64; 8], 0u32);
+    let mut entries = 0u32;
+    for (i, &[_, _, bytes, category]) in rows.iter().enumerate() {
+        total += bytes;
+        by_category[category as usize] += bytes;
+        entries += if bytes > 0 { 1 } else { 2 };
+        if total > peak {
+            (peak, peak_row, peak_split, peak_entry) = (total, i, by_category, entries - 1);
+        }
+    }
+    assert_eq!((peak, peak_row), (3_082_832_104, 1639));
+
+    let (snapshot, _) = open_path(&path).unwrap();
+    let summary = summarize(&snapshot, &SummaryOptions::default()).unwrap();
+    let d = &summary.devices[0];
+    assert_eq!((d.peak.bytes, d.peak.event), (peak as u64, peak_entry));
+    assert_eq!(
+        d.categories_source.as_deref(),
+        Some("export_memory_timeline")
+    );
+    // PyTorch's order: PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT,
+    // AUTOGRAD_DETAIL, unknown.
+    let names = [
+        "parameter",
+        "optimizer_state",
+        "input",
+        "temporary",
+        "activation",
+        "gradient",
+        "autograd_detail",
+        "unknown",
+    ];
+    for (name, &bytes) in names.iter().zip(&peak_split) {
+        assert_eq!(
+            d.categories_at_peak.get(*name).copied().unwrap_or(0),
+            bytes as u64,
+            "{name}"
+        );
+    }
+    assert_eq!(d.categories_at_peak["activation"], 2_592_465_920);
+    assert_ne!(
+        d.peak_phase.as_ref().map(|p| p.kind.as_str()),
+        Some("optimizer")
+    );
+    for site in &d.peak_top_sites {
+        assert!(
+            !names
+                .iter()
+                .any(|n| site.site.to_ascii_lowercase().contains(n)),
+            "a category frame became a site: {}",
+            site.site
+        );
+    }
+
+    // Every codec and the Chrome round trip keep the categories.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut json = Vec::new();
+    chrome::write_trace(&snapshot, &ChromeOptions::default(), &mut json).unwrap();
+    let mut copies = vec![
+        open_path(&write_file(tmp.path(), "back.json", &json))
+            .unwrap()
+            .0,
+    ];
+    for format in [Format::Pickle, Format::Msgpack, Format::Json] {
+        let file = tmp.path().join(format!("codec.{format:?}"));
+        memsnap_format::write_path(&file, &snapshot, Some(format)).unwrap();
+        copies.push(memsnap_format::read_path(&file).unwrap().0);
+    }
+    for copy in copies {
+        let again = summarize(&copy, &SummaryOptions::default()).unwrap();
+        assert_eq!(again.devices[0].categories_at_peak, d.categories_at_peak);
+        assert_eq!(again.devices[0].peak, d.peak);
+    }
+}
