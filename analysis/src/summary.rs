@@ -18,7 +18,9 @@
 //!     "final_bytes": N, "final_reserved_bytes": N,
 //!     "peak_top_sites": [{"site": "file:line:function", "bytes": N, "count": N}],
 //!     "categories_at_peak": {"parameter": B, "optimizer_state": B, "gradient": B,
-//!                            "activation": B, "temporary": B, "unknown": B},
+//!                            "activation": B, "temporary": B, "unknown": B,
+//!                            "input": B, "autograd_detail": B},  // these two: only when > 0
+//!     "categories_source": "export_memory_timeline" | null,  // null: inferred from phases
 //!     "peak_phase": {"step": I|null, "kind": "forward"|...} | null,  // null: peak outside phases
 //!     "step_method": "stacks" | "annotations:<name>" | "curve_shape" | "none",
 //!     "setup_phase": PHASE | null,      // model construction/loading before the first step

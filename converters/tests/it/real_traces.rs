@@ -222,7 +222,7 @@ fn imported_profiler_traces_agree_with_the_profiler_in_every_view() {
 
         // Parquet's devices row.
         let out = tmp.path().join(format!("pq_{name}"));
-        export_files(&[path.clone()], &out, &ExportOptions::default()).unwrap();
+        export_files(std::slice::from_ref(&path), &out, &ExportOptions::default()).unwrap();
         let devices = read_table(&out, "devices");
         assert_eq!(
             ints(&devices, "peak_bytes"),
