@@ -11,15 +11,21 @@
 //! | gradient | allocated in backward, outlives the backward phase |
 //! | activation | allocated in forward, freed in the backward phase of the same step |
 //! | temporary | freed in the phase that allocated it |
-//! | unknown | anything else (forward tensors that outlive the step, memory from before the window that is freed in it, files without phases) |
+//! | unknown | anything else (forward tensors that outlive the step, memory from before the window that is freed in it, memory an import's source could not attribute, files without phases) |
 //!
 //! Memory live for the whole window whose stack says optimizer or backward (state or
 //! gradients from steps before the window) is optimizer state or gradient, not a parameter.
+//!
+//! **From the source.** An import whose source gave each allocation a category
+//! (`export_memory_timeline`: PyTorch's own `_memory_profiler` categories, kept as
+//! [`memsnap_format::SourceInfo::categories`]) takes the source's: the rules above are not
+//! applied to those allocations, and the two categories only PyTorch's profiler tells apart,
+//! input and autograd detail, appear only then ([`Replay::categories_source`] says whose).
 
 use serde::Serialize;
 
 use crate::phases::{Evidence, PhaseKind};
-use crate::replay::{Lifetime, Replay};
+use crate::replay::{Lifetime, Origin, Replay};
 
 /// The category of an allocation (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -31,18 +37,45 @@ pub enum Category {
     Activation,
     Temporary,
     Unknown,
+    /// Model inputs (only from PyTorch's memory profiler).
+    Input,
+    /// Autograd's own bookkeeping (only from PyTorch's memory profiler).
+    AutogradDetail,
 }
 
 impl Category {
     /// Every category, in report order.
-    pub const ALL: [Category; 6] = [
+    pub const ALL: [Category; 8] = [
         Category::Parameter,
         Category::OptimizerState,
         Category::Gradient,
         Category::Activation,
         Category::Temporary,
         Category::Unknown,
+        Category::Input,
+        Category::AutogradDetail,
     ];
+
+    /// The category of PyTorch's `_memory_profiler.Category` name (`PARAMETER`, ...,
+    /// `AUTOGRAD_DETAIL`); anything else is unknown.
+    pub fn from_pytorch(name: &str) -> Category {
+        match name {
+            "PARAMETER" => Category::Parameter,
+            "OPTIMIZER_STATE" => Category::OptimizerState,
+            "INPUT" => Category::Input,
+            "TEMPORARY" => Category::Temporary,
+            "ACTIVATION" => Category::Activation,
+            "GRADIENT" => Category::Gradient,
+            "AUTOGRAD_DETAIL" => Category::AutogradDetail,
+            _ => Category::Unknown,
+        }
+    }
+
+    /// Input and autograd detail: categories only PyTorch's memory profiler gives (reports
+    /// leave them out when they hold nothing).
+    pub fn is_pytorch_only(self) -> bool {
+        matches!(self, Category::Input | Category::AutogradDetail)
+    }
 
     /// The name used in reports and JSON (`optimizer_state`, ...).
     pub fn name(self) -> &'static str {
@@ -53,6 +86,8 @@ impl Category {
             Category::Activation => "activation",
             Category::Temporary => "temporary",
             Category::Unknown => "unknown",
+            Category::Input => "input",
+            Category::AutogradDetail => "autograd_detail",
         }
     }
 
@@ -60,6 +95,7 @@ impl Category {
     pub fn label(self) -> &'static str {
         match self {
             Category::OptimizerState => "optimizer state",
+            Category::AutogradDetail => "autograd detail",
             other => other.name(),
         }
     }
@@ -73,7 +109,7 @@ impl std::fmt::Display for Category {
 
 /// Bytes per category, indexed like [`Category::ALL`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CategoryBytes(pub [u64; 6]);
+pub struct CategoryBytes(pub [u64; 8]);
 
 impl CategoryBytes {
     pub fn get(&self, c: Category) -> u64 {
@@ -109,6 +145,13 @@ pub(crate) fn categorize(
         .iter()
         .enumerate()
         .map(|(i, a)| {
+            // Counted by an import's source, never seen as a block: nothing says what it is.
+            if a.origin == Origin::Unattributed {
+                return Category::Unknown;
+            }
+            if let Some(c) = replay.source_category(a.alloc_event()) {
+                return c;
+            }
             let freed = a.end_event(Lifetime::Allocated);
             let Some(alloc) = a.alloc_event() else {
                 return match (freed, evidence.get(i)) {
@@ -159,7 +202,7 @@ pub(crate) fn bytes_at(
     events: &[u32],
 ) -> Vec<CategoryBytes> {
     let axis = replay.axis_len();
-    let mut diff = vec![[0i128; 6]; events.len() + 1];
+    let mut diff = vec![[0i128; 8]; events.len() + 1];
     for (a, c) in replay.allocations.iter().zip(categories) {
         let (start, end) = (a.start(), a.end(Lifetime::Active, axis));
         // Live after `e` while start <= e < end.
@@ -170,7 +213,7 @@ pub(crate) fn bytes_at(
             diff[past][*c as usize] -= i128::from(a.size);
         }
     }
-    let mut live = [0i128; 6];
+    let mut live = [0i128; 8];
     diff[..events.len()]
         .iter()
         .map(|d| {

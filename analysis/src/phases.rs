@@ -198,6 +198,10 @@ fn named(short: &str, word: &str) -> bool {
 }
 
 fn frame_flags(frame: &Frame) -> u8 {
+    // A frame an import made up (a category's name): no evidence of anything.
+    if frame.is_synthetic() {
+        return 0;
+    }
     let name = frame.name.as_str();
     let path = frame.filename.replace('\\', "/");
     let python = path.ends_with(".py");

@@ -11,7 +11,16 @@
 //!   for ([`Origin::LiveInSegments`]): live for the whole window, sized by the block's
 //!   `requested_size`.
 //!
+//! * memory an imported trace's source counted but could not attribute to a block
+//!   ([`Origin::Unattributed`]: torch.profiler's `Total Allocated` minus the blocks the trace
+//!   shows, kept by the import as [`memsnap_format::SourceInfo::unattributed`]): live for the
+//!   whole window, or until the source's baseline drops.
+//!
 //! Their sum is [`Replay::before_window_bytes`], the value of every curve before event 0.
+//!
+//! An import's source may also have a reserved series without segments (torch.profiler's
+//! `Total Reserved`): it becomes the reserved curve's changes when the trace has no segment
+//! events of its own.
 //!
 //! **Axes.** Event `i` is the `i`-th entry of the device trace. An allocation occupies the
 //! half-open event range `[start, end)`: `start` is its alloc event (0 when it predates the
@@ -41,6 +50,9 @@ pub enum Origin {
     FreedBeforeAlloc,
     /// An `active_allocated` block of the final segments with no alloc in the trace.
     LiveInSegments,
+    /// Memory the source of an imported trace counted but could not attribute to a block
+    /// (no address, no stack): from before the window, or a later rise of that baseline.
+    Unattributed,
 }
 
 /// Which end of an allocation's life a query uses.
@@ -228,6 +240,24 @@ pub struct Replay {
     /// Of those, bytes and count only known from the final segments.
     pub live_in_segments_bytes: u64,
     pub live_in_segments_allocations: u64,
+    /// Of those, bytes and count the source counted but no block accounts for
+    /// ([`Origin::Unattributed`]).
+    pub unattributed_bytes: u64,
+    pub unattributed_allocations: u64,
+    /// Which tool counted the numbers of an imported trace (`torch.profiler`, ...), when the
+    /// snapshot says ([`memsnap_format::SourceInfo::source`]).
+    pub source: Option<String>,
+    /// `false` when the source sees only reserved memory: the allocated and active curves
+    /// are unknown (empty), not zero.
+    pub allocated_known: bool,
+    /// The reserved curve is the source's series, not the trace's segment events.
+    pub reserved_from_source: bool,
+    /// Which tool gave the allocations their categories, when the source did (see
+    /// [`crate::categories`]).
+    pub categories_source: Option<String>,
+    /// `(alloc entry, category)` from the source, entries ascending.
+    #[serde(skip)]
+    pub(crate) source_categories: Vec<(u32, crate::categories::Category)>,
     /// Entries the ring buffer dropped, when the file says (memsnap's recorder writes it;
     /// PyTorch does not).
     pub dropped_entries: Option<u64>,
@@ -286,6 +316,7 @@ impl Replay {
         let mut replay = Replay {
             device,
             trace_len,
+            allocated_known: true,
             ..Default::default()
         };
         let mut traced: Vec<Allocation> = Vec::new();
@@ -468,6 +499,14 @@ impl Replay {
             .allocations
             .splice(0..0, ghosts.into_iter().chain(freed_before));
 
+        if let Some(source) = snapshot
+            .recorder_info
+            .as_ref()
+            .and_then(|r| r.source_of(device))
+        {
+            replay.apply_source(&source);
+        }
+
         replay.dropped_entries = snapshot
             .recorder_info
             .as_ref()
@@ -488,10 +527,125 @@ impl Replay {
     pub fn frees_without_alloc(&self) -> u64 {
         self.before_window_allocations
             .saturating_sub(self.live_in_segments_allocations)
+            .saturating_sub(self.unattributed_allocations)
+    }
+
+    /// Takes in what an imported trace's source knew beside the blocks: its unattributed
+    /// memory as allocations of their own, its reserved series as the reserved curve (when
+    /// the trace has no segment events), whether allocated bytes are known.
+    ///
+    /// The unattributed series is cut into layers, like a stack of blocks: a rise at event
+    /// `e` opens a layer there, a drop closes layers from the top (splitting the last one).
+    /// O(changes + allocations).
+    fn apply_source(&mut self, source: &memsnap_format::SourceInfo) {
+        self.source = Some(source.source.clone());
+        self.allocated_known = source.allocated_known;
+        let n = self.trace_len;
+        if let Some(steps) = &source.unattributed {
+            let layer = |size: u64, start: Option<u32>| Allocation {
+                addr: 0,
+                size,
+                stream: 0,
+                stack: None,
+                origin: Origin::Unattributed,
+                alloc_event: start.into(),
+                free_requested: OptEvent::NONE,
+                free_completed: OptEvent::NONE,
+            };
+            let mut made: Vec<Allocation> = Vec::new();
+            let mut open: Vec<usize> = Vec::new();
+            if steps.before > 0 {
+                open.push(made.len());
+                made.push(layer(steps.before, None));
+            }
+            let mut current = steps.before;
+            for &(e, v) in steps.after.iter().filter(|&&(e, _)| e < n) {
+                if v > current {
+                    open.push(made.len());
+                    made.push(layer(v - current, Some(e)));
+                } else {
+                    let mut drop = current - v;
+                    while drop > 0 {
+                        let Some(top) = open.pop() else { break };
+                        let a = &mut made[top];
+                        a.free_requested = OptEvent::some(e);
+                        a.free_completed = OptEvent::some(e);
+                        if a.size > drop {
+                            let rest = a.size - drop;
+                            open.push(made.len());
+                            made.push(layer(rest, Some(e)));
+                            drop = 0;
+                        } else {
+                            drop -= a.size;
+                        }
+                    }
+                }
+                current = v;
+            }
+            let (before, during): (Vec<Allocation>, Vec<Allocation>) =
+                made.into_iter().partition(Allocation::before_window);
+            self.unattributed_allocations = before.len() as u64;
+            self.unattributed_bytes = before.iter().fold(0u64, |s, a| s.saturating_add(a.size));
+            self.before_window_allocations += before.len() as u64;
+            self.before_window_bytes = self
+                .before_window_bytes
+                .saturating_add(self.unattributed_bytes);
+            // At the bottom of the stack: live for the whole window, like the final
+            // segments' untraced blocks.
+            self.allocations.splice(0..0, before);
+            if !during.is_empty() {
+                // Merged in start order (the allocations are sorted by start).
+                let all = std::mem::take(&mut self.allocations);
+                let mut merged = Vec::with_capacity(all.len() + during.len());
+                let mut during = during.into_iter().peekable();
+                for a in all {
+                    while during.peek().is_some_and(|d| d.start() < a.start()) {
+                        merged.extend(during.next());
+                    }
+                    merged.push(a);
+                }
+                merged.extend(during);
+                self.allocations = merged;
+            }
+        }
+        if let Some(c) = &source.categories {
+            self.categories_source = Some(source.source.clone());
+            let of_name: Vec<crate::categories::Category> = c
+                .names
+                .iter()
+                .map(|n| crate::categories::Category::from_pytorch(n))
+                .collect();
+            self.source_categories = c
+                .of_allocs
+                .iter()
+                .filter(|&&(e, _)| e < n)
+                .map(|&(e, i)| (e, of_name[i as usize]))
+                .collect();
+        }
+        if let Some(steps) = &source.reserved {
+            if self.reserved_changes.is_empty() && self.segments.is_empty() {
+                self.reserved_from_source = true;
+                self.reserved_before_window = steps.before;
+                let mut current = i128::from(steps.before);
+                for &(e, v) in steps.after.iter().filter(|&&(e, _)| e < n) {
+                    self.reserved_changes.push((e, i128::from(v) - current));
+                    current = i128::from(v);
+                }
+            }
+        }
     }
 
     pub fn axis_len(&self) -> u32 {
         self.trace_len.max(1)
+    }
+
+    /// The category the source gave the `alloc` at `event`, if it gave one.
+    pub fn source_category(&self, event: Option<u32>) -> Option<crate::categories::Category> {
+        let event = event?;
+        self.source_categories
+            .binary_search_by_key(&event, |&(e, _)| e)
+            .ok()
+            .map(|i| self.source_categories[i].1)
     }
 
     /// The allocation with this id.

@@ -37,6 +37,9 @@ pub enum SiteKey {
     /// Allocated before the recording began (live in the final segments, or freed in the
     /// window) and without a stack: the model's weights, typically.
     BeforeWindow,
+    /// Memory an imported trace's source counted but could not attribute to any block
+    /// ([`crate::Origin::Unattributed`]): no address, no stack.
+    Unattributed,
 }
 
 impl SiteKey {
@@ -54,6 +57,7 @@ impl SiteKey {
             SiteKey::File(name) => name.clone(),
             SiteKey::Unknown => "<no stack>".to_string(),
             SiteKey::BeforeWindow => "<allocated before the recording (no stack)>".to_string(),
+            SiteKey::Unattributed => "<before the profile, unattributed>".to_string(),
         }
     }
 }
@@ -191,7 +195,7 @@ fn is_python(frame: &Frame) -> bool {
 }
 
 /// The site of a stack: its innermost frame that is the user's code; `None` for an empty
-/// stack.
+/// stack or one of synthetic frames only ([`memsnap_format::Frame::is_synthetic`]).
 ///
 /// The innermost Python frame outside PyTorch's own package wins; else the innermost native
 /// (C++ or Rust) frame outside the machinery ([`is_internal_frame`]), such as an autograd node
@@ -211,7 +215,8 @@ pub fn top_frame(snapshot: &Snapshot, stack: StackId) -> Option<FrameId> {
         .get(stack)
         .iter()
         .copied()
-        .filter(|f| f.index() < snapshot.frames.len())
+        // Frames an import made up are never the user's code.
+        .filter(|f| f.index() < snapshot.frames.len() && !snapshot.frames.get(*f).is_synthetic())
         .collect();
     let frame = |f: &FrameId| snapshot.frames.get(*f);
     ids.iter()
@@ -258,6 +263,9 @@ impl<'a> SiteKeyer<'a> {
     /// The site of an allocation: its stack's site, or [`SiteKey::BeforeWindow`] when it has no
     /// frames and predates the recorded window.
     pub fn key_of(&mut self, allocation: &crate::replay::Allocation) -> SiteKey {
+        if allocation.origin == crate::replay::Origin::Unattributed {
+            return SiteKey::Unattributed;
+        }
         let key = self.key(allocation.stack);
         let no_frames = match &key {
             SiteKey::Unknown => true,

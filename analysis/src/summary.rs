@@ -18,7 +18,9 @@
 //!     "final_bytes": N, "final_reserved_bytes": N,
 //!     "peak_top_sites": [{"site": "file:line:function", "bytes": N, "count": N}],
 //!     "categories_at_peak": {"parameter": B, "optimizer_state": B, "gradient": B,
-//!                            "activation": B, "temporary": B, "unknown": B},
+//!                            "activation": B, "temporary": B, "unknown": B,
+//!                            "input": B, "autograd_detail": B},  // these two: only when > 0
+//!     "categories_source": "export_memory_timeline" | null,  // null: inferred from phases
 //!     "peak_phase": {"step": I|null, "kind": "forward"|...} | null,  // null: peak outside phases
 //!     "step_method": "stacks" | "annotations:<name>" | "curve_shape" | "none",
 //!     "step_method_reason": "..." | null,   // why better evidence was not used, e.g.
@@ -161,6 +163,7 @@ fn category_bytes_as_map<S: serde::Serializer>(
 ) -> std::result::Result<S::Ok, S::Error> {
     let mut by_name: Vec<(&str, u64)> = Category::ALL
         .iter()
+        .filter(|&&c| !c.is_pytorch_only() || bytes.get(c) > 0)
         .map(|&c| (c.name(), bytes.get(c)))
         .collect();
     by_name.sort_unstable_by_key(|&(name, _)| name);
@@ -178,6 +181,7 @@ pub struct PeakPhase {
 fn category_map(bytes: &CategoryBytes) -> std::collections::BTreeMap<String, u64> {
     Category::ALL
         .iter()
+        .filter(|&&c| !c.is_pytorch_only() || bytes.get(c) > 0)
         .map(|&c| (c.name().to_string(), bytes.get(c)))
         .collect()
 }
@@ -215,8 +219,12 @@ pub struct DeviceSummary {
     /// The phase the peak falls in.
     pub peak_phase: Option<PeakPhase>,
     /// Live bytes by category at the peak: `parameter`, `optimizer_state`, `gradient`,
-    /// `activation`, `temporary`, `unknown`.
+    /// `activation`, `temporary`, `unknown` (and `input`, `autograd_detail` when the source
+    /// gave them).
     pub categories_at_peak: std::collections::BTreeMap<String, u64>,
+    /// Where the categories come from: the import's source (`export_memory_timeline`) when it
+    /// gave them, `None` when memsnap inferred them from the phases.
+    pub categories_source: Option<String>,
     pub step_duration_us: Option<i64>,
     pub drift_bytes_per_step: f64,
     pub peak_drift_bytes_per_step: f64,
@@ -380,6 +388,13 @@ pub fn summarize_device_with_steps(
             replay.before_window_bytes, replay.before_window_allocations, replay.live_in_segments_bytes
         ));
     }
+    if replay.unattributed_bytes > 0 {
+        notes.push(format!(
+            "{} bytes of them before the profile, unattributed: counted by the source ({}), in no block it recorded",
+            replay.unattributed_bytes,
+            replay.source.as_deref().unwrap_or("the import")
+        ));
+    }
     if let Some(d) = replay.dropped_entries.filter(|&d| d > 0) {
         notes.push(format!("the ring buffer dropped {d} older trace entries"));
     }
@@ -427,6 +442,7 @@ pub fn summarize_device_with_steps(
         steps,
         peak_phase,
         categories_at_peak: category_map(&peak_categories),
+        categories_source: replay.categories_source.clone(),
         step_duration_us,
         drift_bytes_per_step: analysis.drift.min_bytes_per_step,
         peak_drift_bytes_per_step: analysis.drift.peak_bytes_per_step,

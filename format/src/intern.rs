@@ -120,6 +120,21 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// The `filename` of a frame an import made up (a category name where the source has no
+    /// stack): it is never stack evidence nor a site of the user's code, and it says so in
+    /// PyTorch's viewers too.
+    pub const SYNTHETIC_FILE: &'static str = "<memsnap: synthetic>";
+
+    /// A made-up frame named `name` (see [`Frame::SYNTHETIC_FILE`]).
+    pub fn synthetic(name: impl Into<String>) -> Self {
+        Frame::new(name, Frame::SYNTHETIC_FILE, 0)
+    }
+
+    /// Whether an import made this frame up ([`Frame::synthetic`]).
+    pub fn is_synthetic(&self) -> bool {
+        self.filename == Frame::SYNTHETIC_FILE
+    }
+
     pub fn new(
         name: impl Into<String>,
         filename: impl Into<String>,

@@ -49,6 +49,7 @@ pub mod model;
 pub mod msgpack;
 pub mod pickle;
 mod schema;
+pub mod source;
 pub mod validate;
 pub mod value;
 
@@ -57,5 +58,6 @@ pub use int::{ExactInts, IntField, PyInt};
 pub use intern::{Frame, FrameId, FrameTable, StackId, StackTable, StrId, StrTable};
 pub use io::{read_bytes, read_path, write_path, Compression, Format};
 pub use model::*;
+pub use source::{EntryCategories, SourceInfo, Steps};
 pub use validate::{validate, Violation};
 pub use value::{Extras, Value};

@@ -138,6 +138,8 @@ pub fn category_colour(category: Category) -> Colour {
         Category::Activation => Colour::rgb(255, 127, 14),
         Category::Temporary => Colour::rgb(227, 119, 194),
         Category::Unknown => Colour::rgb(140, 86, 75),
+        Category::Input => Colour::rgb(23, 190, 207),
+        Category::AutogradDetail => Colour::rgb(188, 189, 34),
     }
 }
 

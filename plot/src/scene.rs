@@ -275,7 +275,7 @@ pub fn band_colour(
     colour_by: ColourBy,
     dark: bool,
 ) -> Colour {
-    if allocation.before_window() {
+    if allocation.before_window() || allocation.origin == memsnap_analysis::Origin::Unattributed {
         return palette::before_window(dark);
     }
     match colour_by {
@@ -911,7 +911,12 @@ pub fn legend(model: &SceneModel<'_>, style: &LegendStyle) -> Vec<LegendEntry> {
             "Each band is one allocation, stacked in allocation order; one colour per user-code site (the innermost frame of your code in its stack)",
         )),
         ColourBy::Category => {
-            for category in Category::ALL {
+            // Input and autograd detail come only from PyTorch's profiler.
+            let from_source = model.timeline.replay().categories_source.is_some();
+            for category in Category::ALL
+                .into_iter()
+                .filter(|c| from_source || !matches!(c, Category::Input | Category::AutogradDetail))
+            {
                 out.push(entry(
                     palette::category_colour(category),
                     category.label().to_owned(),
@@ -930,14 +935,26 @@ pub fn legend(model: &SceneModel<'_>, style: &LegendStyle) -> Vec<LegendEntry> {
         }
     }
     let replay = model.timeline.replay();
-    if replay.before_window_allocations > 0 {
+    if replay.before_window_allocations > replay.unattributed_allocations {
         out.push(entry(
             palette::before_window(style.dark),
             format!(
                 "before the recording ({})",
-                memsnap_analysis::format_size(replay.before_window_bytes)
+                memsnap_analysis::format_size(
+                    replay.before_window_bytes - replay.unattributed_bytes
+                )
             ),
             "Memory allocated before the trace starts (ring buffer dropped it, or recording started late)",
+        ));
+    }
+    if replay.unattributed_allocations > 0 {
+        out.push(entry(
+            palette::before_window(style.dark),
+            format!(
+                "before the profile, unattributed ({})",
+                memsnap_analysis::format_size(replay.unattributed_bytes)
+            ),
+            "Memory the profiler counted as allocated (Total Allocated) that no block of the profile accounts for: allocated before it started and not freed in it",
         ));
     }
     let residual = if style.min_size > 0 {
@@ -999,6 +1016,8 @@ fn category_tooltip(category: Category) -> &'static str {
         Category::Gradient => "Allocated in backward and outliving the backward phase",
         Category::Activation => "Allocated in forward and freed in the backward phase of the same step",
         Category::Temporary => "Freed in the phase that allocated it",
+        Category::Input => "Model inputs (PyTorch's memory profiler's category)",
+        Category::AutogradDetail => "Autograd's own bookkeeping (PyTorch's memory profiler's category)",
         Category::Unknown => "Anything else: forward tensors that outlive their step (a leak?), memory from before the window freed in it, files without phases",
     }
 }

@@ -185,7 +185,15 @@ fn render(name: &str, summary: &Summary) -> String {
             .map(|(c, &b)| format!("{} {}", c.replace('_', " "), format_size(b)))
             .collect();
         if !at_peak.is_empty() {
-            let _ = writeln!(out, "  at the peak by category: {}", at_peak.join(", "));
+            let from = match &d.categories_source {
+                Some(source) => format!(" (from {source})"),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  at the peak by category{from}: {}",
+                at_peak.join(", ")
+            );
         }
         if let Some(p) = &d.setup_phase {
             let _ = writeln!(

@@ -93,6 +93,13 @@ pub fn allocation_facts(model: &TimelineModel<'_>, id: AllocId) -> Vec<(&'static
                 Origin::LiveInSegments => {
                     "before the recorded window (still live at the end)".into()
                 }
+                Origin::Unattributed => match a.alloc_event() {
+                    None => "before the profile (counted by the source, unattributed)".into(),
+                    Some(_) => format!(
+                        "{} (the source's unattributed memory rose here)",
+                        time(a.alloc_event())
+                    ),
+                },
             },
         ),
         (

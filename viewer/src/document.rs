@@ -438,6 +438,13 @@ impl Document {
                 if let Some(dropped) = replay.dropped_entries {
                     text.push_str(&format!(", {dropped} entries dropped by the ring buffer"));
                 }
+                if replay.unattributed_bytes > 0 {
+                    text.push_str(&format!(
+                        ", of which {} before the profile, unattributed (counted by {}, in no block)",
+                        format_bytes(replay.unattributed_bytes),
+                        replay.source.as_deref().unwrap_or("the source")
+                    ));
+                }
                 ui.label(
                     egui::RichText::new("history truncated")
                         .color(crate::palette::color32(crate::palette::WARNING)),

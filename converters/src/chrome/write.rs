@@ -703,7 +703,19 @@ pub(crate) fn write_other_data(
             d.device, d.pid, d.entries, d.timed
         )?;
     }
-    out.write_all(b"],\"frames\":[")?;
+    out.write_all(b"]")?;
+    // What an import's source knew beside the blocks (unattributed memory, a reserved
+    // series, categories): the import reads it back with the entries, whose indices it uses.
+    let sources = snapshot
+        .recorder_info
+        .as_ref()
+        .map(|r| r.sources())
+        .unwrap_or_default();
+    if !sources.is_empty() {
+        out.write_all(b",\"sources\":")?;
+        serde_json::to_writer(&mut *out, &sources).map_err(io::Error::from)?;
+    }
+    out.write_all(b",\"frames\":[")?;
     for (i, f) in snapshot.frames.iter().enumerate() {
         if i > 0 {
             out.write_all(b",")?;

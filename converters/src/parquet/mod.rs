@@ -716,6 +716,7 @@ fn origin_name(origin: Origin) -> &'static str {
         Origin::Traced => "traced",
         Origin::FreedBeforeAlloc => "freed_before_alloc",
         Origin::LiveInSegments => "live_in_segments",
+        Origin::Unattributed => "unattributed",
     }
 }
 

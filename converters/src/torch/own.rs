@@ -3,7 +3,10 @@
 use foldhash::HashMap;
 use serde::Deserialize;
 
-use memsnap_format::{Action, Annotation, Frame, FrameId, PyInt, Snapshot, TraceEntry, Value};
+use memsnap_format::{
+    Action, Annotation, Frame, FrameId, PyInt, RecorderInfo, Snapshot, SourceInfo, TraceEntry,
+    Value,
+};
 
 use super::{micros_to_ns, DeviceReport, ImportReport, Imported, TraceDoc, TraceError};
 use crate::chrome::tid;
@@ -23,6 +26,10 @@ pub(crate) struct Meta {
     frames: Vec<(String, serde_json::Value, String)>,
     #[serde(default)]
     stacks: Vec<Vec<u32>>,
+    /// What an import's source knew per device (unattributed memory, reserved series,
+    /// categories), when the exported snapshot had it.
+    #[serde(default)]
+    sources: Vec<SourceInfo>,
 }
 
 #[derive(Deserialize)]
@@ -248,6 +255,14 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
     if !annotations.is_empty() {
         annotations.sort_by_key(|(ns, index, _)| (*ns, *index));
         snapshot.external_annotations = Some(annotations.into_iter().map(|(_, _, a)| a).collect());
+    }
+    if !meta.sources.is_empty() {
+        let mut info = RecorderInfo {
+            producer: "memsnap import of memsnap's Chrome export".into(),
+            ..RecorderInfo::default()
+        };
+        info.set_sources(&meta.sources);
+        snapshot.recorder_info = Some(info);
     }
     report.warnings.push(
         "segments (the allocator's final state) are not part of the export: the imported \

@@ -3,7 +3,9 @@
 use foldhash::HashMap;
 use serde::Deserialize;
 
-use memsnap_format::{Action, Frame, Snapshot, StackId, TraceEntry};
+use memsnap_format::{
+    Action, Frame, RecorderInfo, Snapshot, SourceInfo, StackId, Steps, TraceEntry,
+};
 
 use super::{
     integer, micros_to_ns, DeviceReport, Event, ImportReport, Imported, TraceDoc, TraceError,
@@ -156,9 +158,11 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
     };
     let mut pre_window = (0u64, 0u128);
     let mut unattributed = 0u128;
+    let mut over_counted = 0u64;
     let mut reused = 0u64;
     let mut size_mismatch = 0u64;
     let mut peak_reserved: Option<(i64, i128)> = None;
+    let mut sources = Vec::new();
     for chunk in memory.chunk_by(|a, b| a.device == b.device) {
         let device = chunk[0].device;
         let start_us = time_us(chunk[0].time_ns);
@@ -170,6 +174,10 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
             ..DeviceReport::default()
         };
         let mut pre_window_bytes = 0u128;
+        // Per event: the index in `entries` of its last entry, the change it makes to the
+        // blocks' allocated bytes, and the allocator's totals after it.
+        let mut totals: Vec<(usize, i128, Option<i128>, Option<i128>)> =
+            Vec::with_capacity(chunk.len());
         let entry = |action, addr, size, m: &Memory| {
             let mut e = TraceEntry::new(action, addr, size, 0);
             e.set_time_us(Some(time_us(m.time_ns)));
@@ -183,6 +191,7 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
                 }
             }
             let size = u64::try_from(m.bytes.unsigned_abs()).unwrap_or(u64::MAX);
+            let mut delta = 0i128;
             if m.oom {
                 let mut e = entry(Action::Oom, 0, size, m);
                 let rare = e.rare_mut();
@@ -194,15 +203,21 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
                 if let Some(old) = live.insert(m.addr, size) {
                     // The free was not recorded: close the old block here.
                     reused += 1;
+                    delta -= i128::from(old);
                     entries.push(entry(Action::FreeRequested, m.addr, old, m));
                     entries.push(entry(Action::FreeCompleted, m.addr, old, m));
                 }
+                delta += i128::from(size);
                 entries.push(entry(Action::Alloc, m.addr, size, m));
                 stats.allocs += 1;
                 stats.with_stack += u64::from(m.stack.is_some());
             } else if m.bytes < 0 {
                 match live.remove(&m.addr) {
-                    Some(alloc_size) => size_mismatch += u64::from(alloc_size != size),
+                    Some(alloc_size) => {
+                        size_mismatch += u64::from(alloc_size != size);
+                        // The replay closes the block it opened, whatever this free says.
+                        delta -= i128::from(alloc_size);
+                    }
                     None => {
                         // Allocated before the profile: its alloc goes at the start.
                         let mut e = TraceEntry::new(Action::Alloc, m.addr, size, 0);
@@ -210,27 +225,43 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
                         before.push(e);
                         pre_window.0 += 1;
                         pre_window_bytes += u128::from(size);
+                        delta -= i128::from(size);
                     }
                 }
                 entries.push(entry(Action::FreeRequested, m.addr, size, m));
                 entries.push(entry(Action::FreeCompleted, m.addr, size, m));
                 stats.frees += 1;
+            } else {
+                // `Bytes` 0: nothing to replay, but its totals still count.
+                continue;
             }
+            totals.push((
+                entries.len() - 1,
+                delta,
+                m.total_allocated,
+                m.total_reserved,
+            ));
         }
         pre_window.1 += pre_window_bytes;
-        // Live before the profile, by the allocator's own total.
-        let first = chunk.iter().find(|m| !m.oom && m.total_allocated.is_some());
-        if let Some(baseline) = first.and_then(|m| m.total_allocated.map(|t| t - m.bytes)) {
-            if let Ok(baseline) = u128::try_from(baseline) {
-                unattributed += baseline.saturating_sub(pre_window_bytes);
-            }
+        let offset = before.len();
+        let (source, over) = source_info(device, offset, pre_window_bytes, &totals);
+        over_counted += over;
+        if let Some(u) = &source.unattributed {
+            unattributed += u128::from(u.before);
         }
+        sources.push(source);
         before.append(&mut entries);
         stats.entries = before.len();
         traces[device as usize] = before;
         report.devices.push(stats);
     }
     snapshot.device_traces = Some(traces);
+    let mut info = RecorderInfo {
+        producer: "memsnap import of a torch.profiler trace".into(),
+        ..RecorderInfo::default()
+    };
+    info.set_sources(&sources);
+    snapshot.recorder_info = Some(info);
 
     let w = &mut report.warnings;
     w.push(
@@ -246,7 +277,14 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
     }
     if unattributed > 0 {
         w.push(format!(
-            "{unattributed} bytes were live before the profile and not freed in it (pre-existing, unattributed: no block to show)"
+            "{unattributed} bytes were live before the profile and not freed in it: kept as \
+             memory from before the profile, unattributed (no block, no stack)"
+        ));
+    }
+    if over_counted > 0 {
+        w.push(format!(
+            "{over_counted} events where the blocks seen add up to more than Total Allocated \
+             (the unattributed memory is taken as 0 there)"
         ));
     }
     if reused > 0 {
@@ -275,10 +313,56 @@ pub(crate) fn import(doc: &TraceDoc) -> Result<Imported, TraceError> {
     }
     if let Some((device, reserved)) = peak_reserved {
         w.push(format!(
-            "Total Reserved (peak {reserved} bytes, device {device}) has no addresses: no segments imported"
+            "Total Reserved (peak {reserved} bytes, device {device}) has no addresses: kept as \
+             the reserved series, no segments imported"
         ));
     }
     Ok(Imported { snapshot, report })
+}
+
+/// The allocator's totals of one device as series over its entries: `Total Allocated` minus
+/// the blocks the trace shows (the unattributed memory) and `Total Reserved`.
+///
+/// `totals` is, per event, the index (in the event entries, before the `offset` synthesized
+/// allocs) of its last entry, its change to the blocks' bytes and the totals after it;
+/// `pre_window` the bytes of the synthesized allocs. Returns the source and how many events
+/// had the blocks above `Total Allocated`. O(events).
+fn source_info(
+    device: i64,
+    offset: usize,
+    pre_window: u128,
+    totals: &[(usize, i128, Option<i128>, Option<i128>)],
+) -> (SourceInfo, u64) {
+    let mut source = SourceInfo::new(device, "torch.profiler");
+    let mut blocks = i128::try_from(pre_window).unwrap_or(i128::MAX);
+    let mut over = 0u64;
+    let mut unattributed: Option<Steps> = None;
+    let mut reserved: Option<Steps> = None;
+    let clamp = |v: i128| u64::try_from(v.max(0)).unwrap_or(u64::MAX);
+    let push = |series: &mut Option<Steps>, entry: u32, value: u64| match series {
+        None => *series = Some(Steps::constant(value)),
+        Some(s) => {
+            let last = s.after.last().map_or(s.before, |&(_, v)| v);
+            if last != value {
+                s.after.push((entry, value));
+            }
+        }
+    };
+    for &(index, delta, allocated, total_reserved) in totals {
+        blocks += delta;
+        let entry = u32::try_from(index + offset).unwrap_or(u32::MAX);
+        if let Some(total) = allocated {
+            let u = total - blocks;
+            over += u64::from(u < 0);
+            push(&mut unattributed, entry, clamp(u));
+        }
+        if let Some(r) = total_reserved {
+            push(&mut reserved, entry, clamp(r));
+        }
+    }
+    source.unattributed = unattributed;
+    source.reserved = reserved;
+    (source, over)
 }
 
 fn time_us(ns: i128) -> i64 {

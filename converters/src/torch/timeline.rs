@@ -2,14 +2,23 @@
 //!
 //! Neither output has addresses, streams or stacks, nor says which device it is (one device
 //! per file, `cuda:0` by default): the import puts it on device 0. Blocks get synthetic
-//! addresses (a 2 MiB-aligned range per block, counting up from `0x7e00_0000_0000`) and a one-frame
-//! stack naming their category.
+//! addresses (a 2 MiB-aligned range per block, counting up from `0x7e00_0000_0000`) and a
+//! one-frame stack naming their category, marked synthetic ([`Frame::synthetic`]: never stack
+//! evidence nor a site). The categories themselves are kept as the source's
+//! ([`memsnap_format::SourceInfo::categories`]), which the analysis reports as they are.
+//!
+//! An `INCREMENT_VERSION` (a `−n` row in the old version's category, then `+n` in the new
+//! one's) closes a block of that size and category and opens one in the new category at the
+//! same time, as PyTorch's own running total does: the live bytes per category equal
+//! PyTorch's after every row.
 
 use std::collections::VecDeque;
 
 use foldhash::HashMap;
 
-use memsnap_format::{Action, Frame, Snapshot, StackId, TraceEntry};
+use memsnap_format::{
+    Action, EntryCategories, Frame, RecorderInfo, Snapshot, SourceInfo, StackId, TraceEntry,
+};
 
 use super::{DeviceReport, ImportReport, Imported, TraceError};
 
@@ -50,8 +59,23 @@ impl Addresses {
 fn category_stacks(snapshot: &mut Snapshot) -> Vec<StackId> {
     CATEGORIES
         .iter()
-        .map(|c| snapshot.intern_stack([Frame::new(*c, "export_memory_timeline", 0)]))
+        .map(|c| snapshot.intern_stack([Frame::synthetic(*c)]))
         .collect()
+}
+
+/// Keeps the categories as the source's, in the snapshot's `"memsnap"` dict.
+fn keep_categories(snapshot: &mut Snapshot, of_allocs: Vec<(u32, u32)>, what: &str) {
+    let mut source = SourceInfo::new(0, "export_memory_timeline");
+    source.categories = Some(EntryCategories {
+        names: CATEGORIES.iter().map(|c| c.to_string()).collect(),
+        of_allocs,
+    });
+    let mut info = RecorderInfo {
+        producer: format!("memsnap import of export_memory_timeline {what}"),
+        ..RecorderInfo::default()
+    };
+    info.set_sources(&[source]);
+    snapshot.recorder_info = Some(info);
 }
 
 fn bad(what: impl Into<String>) -> TraceError {
@@ -104,10 +128,14 @@ pub(crate) fn import_raw(bytes: &[u8]) -> Result<Imported, TraceError> {
     let mut snapshot = Snapshot::new(1);
     let stacks = category_stacks(&mut snapshot);
     let mut addresses = Addresses(SYNTHETIC_BASE);
-    let mut live: HashMap<u64, VecDeque<u64>> = HashMap::default();
+    let mut unmatched_category_warning = None;
+    // Live blocks by (size, category), oldest first.
+    let mut live: HashMap<(u64, usize), VecDeque<u64>> = HashMap::default();
     let mut entries = Vec::with_capacity(parsed.len());
+    let mut of_allocs: Vec<(u32, u32)> = Vec::new();
     let mut stats = DeviceReport::default();
     let mut unmatched = 0u64;
+    let mut other_category = 0u64;
     for &(t, action, size, category) in &parsed {
         let t = if t < 0 { first_time } else { t };
         let entry = |action, addr, size: u64| {
@@ -116,39 +144,60 @@ pub(crate) fn import_raw(bytes: &[u8]) -> Result<Imported, TraceError> {
             e.frames = Some(stacks[category]);
             e
         };
-        match action {
-            PREEXISTING | CREATE if size > 0 => {
-                let size = size.unsigned_abs();
-                let addr = addresses.next(size);
-                live.entry(size).or_default().push_back(addr);
-                entries.push(entry(Action::Alloc, addr, size));
-                stats.allocs += 1;
-                stats.with_stack += 1;
-            }
-            DESTROY => {
-                let size = size.unsigned_abs();
-                match live.get_mut(&size).and_then(VecDeque::pop_front) {
-                    Some(addr) => {
-                        entries.push(entry(Action::FreeRequested, addr, size));
-                        entries.push(entry(Action::FreeCompleted, addr, size));
-                        stats.frees += 1;
-                    }
-                    None => unmatched += 1,
+        let opens = matches!(action, PREEXISTING | CREATE | INCREMENT_VERSION) && size > 0;
+        let closes = action == DESTROY || (action == INCREMENT_VERSION && size < 0);
+        let size = size.unsigned_abs();
+        if opens {
+            let addr = addresses.next(size);
+            live.entry((size, category)).or_default().push_back(addr);
+            of_allocs.push((
+                u32::try_from(entries.len()).unwrap_or(u32::MAX),
+                category as u32,
+            ));
+            entries.push(entry(Action::Alloc, addr, size));
+            stats.allocs += 1;
+            stats.with_stack += 1;
+        } else if closes {
+            // The oldest live block of this size and category; else of this size in another
+            // category (a file whose versions disagree), counted.
+            let found = live
+                .get_mut(&(size, category))
+                .and_then(VecDeque::pop_front)
+                .map(|addr| (addr, category))
+                .or_else(|| {
+                    (0..CATEGORIES.len()).find_map(|c| {
+                        live.get_mut(&(size, c))
+                            .and_then(VecDeque::pop_front)
+                            .map(|addr| (addr, c))
+                    })
+                });
+            match found {
+                Some((addr, c)) => {
+                    other_category += u64::from(c != category);
+                    entries.push(entry(Action::FreeRequested, addr, size));
+                    entries.push(entry(Action::FreeCompleted, addr, size));
+                    stats.frees += 1;
                 }
+                None => unmatched += 1,
             }
-            // A new version of the same storage: only its category changes.
-            INCREMENT_VERSION => {}
-            _ => {}
         }
+    }
+    keep_categories(&mut snapshot, of_allocs, "raw events");
+    if other_category > 0 {
+        unmatched_category_warning = Some(format!(
+            "{other_category} DESTROY or version rows found no live block of their size in \
+             their category: a block of that size in another category was closed"
+        ));
     }
     stats.entries = entries.len();
     snapshot.device_traces = Some(vec![entries]);
     let mut warnings = vec![
         "no addresses, streams or stacks in memory-timeline data: blocks have synthetic \
-         addresses and their category as their one frame; sizes are rounded; the device is \
-         put on 0"
+         addresses and their category as their one (synthetic) frame; the categories are \
+         PyTorch's; sizes are rounded; the device is put on 0"
             .to_string(),
     ];
+    warnings.extend(unmatched_category_warning);
     if unmatched > 0 {
         warnings.push(format!(
             "{unmatched} DESTROY rows with no live block of their size skipped"
@@ -194,6 +243,7 @@ pub(crate) fn import_plot(bytes: &[u8]) -> Result<Imported, TraceError> {
     let mut blocks: Vec<Vec<(u64, u64)>> = vec![Vec::new(); CATEGORIES.len()];
     let mut totals = vec![0u64; CATEGORIES.len()];
     let mut entries = Vec::new();
+    let mut of_allocs: Vec<(u32, u32)> = Vec::new();
     let mut stats = DeviceReport::default();
     for (i, (time, row)) in times.iter().zip(&sizes).enumerate() {
         if row.len() != CATEGORIES.len() + 1 {
@@ -227,6 +277,7 @@ pub(crate) fn import_plot(bytes: &[u8]) -> Result<Imported, TraceError> {
             if target > totals[c] {
                 let size = target - totals[c];
                 let addr = addresses.next(size);
+                of_allocs.push((u32::try_from(entries.len()).unwrap_or(u32::MAX), c as u32));
                 entries.push(entry(Action::Alloc, addr, size));
                 blocks[c].push((addr, size));
                 totals[c] = target;
@@ -237,6 +288,7 @@ pub(crate) fn import_plot(bytes: &[u8]) -> Result<Imported, TraceError> {
     }
     stats.entries = entries.len();
     snapshot.device_traces = Some(vec![entries]);
+    keep_categories(&mut snapshot, of_allocs, "plot data");
     Ok(Imported {
         snapshot,
         report: ImportReport {

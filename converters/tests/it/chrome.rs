@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
+use memsnap_analysis::DeviceTimeline;
 use memsnap_converters::chrome::{self, ChromeOptions};
 use memsnap_converters::{open_path, ConvertError, Source};
 use memsnap_format::{Action, Snapshot, StackId, TraceEntry};
@@ -382,8 +383,60 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
             assert!(notes.contains("1 CPU memory events"), "{notes}");
             assert_eq!(report.devices[0].with_stack, 1);
             assert_eq!(report.devices[0].ooms, 1);
+            // Allocated after each event's last entry is its Total Allocated: the 512
+            // bytes no free explains are memory from before the profile; reserved is Total
+            // Reserved.
+            let timeline = DeviceTimeline::build(&import.snapshot, 0).unwrap();
+            let curves = timeline.curves();
+            let after: Vec<u64> = [1, 3, 5, 6].map(|i| curves.allocated.at(i)).to_vec();
+            assert_eq!(after, [2097152 + 1024, 2097152 + 512, 512, 512]);
+            assert_eq!(curves.allocated.initial, 512);
+            assert!((0..7).all(|i| curves.reserved.at(i) == 20971520));
+            assert_eq!(timeline.replay().unattributed_bytes, 512);
         }
     }
+}
+
+/// A profiler trace whose `Total Allocated` moves by more than its events' `Bytes` (memory the
+/// profile did not see come and go): the unattributed memory follows it, so allocated stays
+/// the profiler's total at every event, and the change survives the Chrome round trip.
+#[test]
+fn a_changing_unattributed_baseline_keeps_allocated_equal_to_the_profilers_total() {
+    let mem = |t: i64, addr: i64, bytes: i64, total: i64, reserved: i64| {
+        format!(
+            r#"{{"ph":"i","name":"[memory]","pid":1,"tid":1,"ts":{t},"args":{{"Total Reserved":{reserved},
+            "Total Allocated":{total},"Bytes":{bytes},"Addr":{addr},"Device Id":0,"Device Type":1}}}}"#
+        )
+    };
+    // Baseline 500, rises by 300 at the second event, falls by 600 at the third.
+    let events = [
+        mem(1, 4096, 1000, 1500, 2 << 20),
+        mem(2, 8192, 2000, 3800, 4 << 20),
+        mem(3, 4096, -1000, 2200, 4 << 20),
+        mem(4, 8192, -2000, 200, 2 << 20),
+    ];
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, events.join(","));
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "prof.json", text.as_bytes());
+    let (snapshot, _) = open_path(&path).unwrap();
+    let check = |snapshot: &Snapshot| {
+        let timeline = DeviceTimeline::build(snapshot, 0).unwrap();
+        let c = timeline.curves();
+        let at = |i| (c.allocated.at(i), c.active.at(i), c.reserved.at(i));
+        assert_eq!(c.allocated.initial, 500);
+        assert_eq!(at(0), (1500, 1500, 2 << 20));
+        assert_eq!(at(1), (3800, 3800, 4 << 20));
+        assert_eq!(at(3), (2200, 2200, 4 << 20));
+        assert_eq!(at(5), (200, 200, 2 << 20));
+        assert_eq!(c.active.max(), (3800, Some(1)));
+    };
+    check(&snapshot);
+    let back = write_file(
+        dir.path(),
+        "back.json",
+        &export(&snapshot, &ChromeOptions::default()),
+    );
+    check(&open_path(&back).unwrap().0);
 }
 
 #[test]
@@ -463,6 +516,10 @@ fn memory_timeline_raw_events_import_with_synthetic_blocks() {
         vec![
             ("alloc", 4096, Some(us + 1)),
             ("alloc", 1024, Some(us + 1)),
+            // The new version: the block closes and reopens in its new category.
+            ("free_requested", 1024, Some(us + 2)),
+            ("free_completed", 1024, Some(us + 2)),
+            ("alloc", 1024, Some(us + 2)),
             ("alloc", 512, Some(us + 3)),
             ("free_requested", 512, Some(us + 4)),
             ("free_completed", 512, Some(us + 4)),
@@ -470,21 +527,34 @@ fn memory_timeline_raw_events_import_with_synthetic_blocks() {
             ("free_completed", 1024, Some(us + 5)),
         ]
     );
-    // Distinct addresses; each free closes its own block; categories as frames.
-    assert_eq!(trace[2].addr, trace[3].addr);
-    assert_eq!(trace[1].addr, trace[5].addr);
+    // Distinct addresses; each free closes its own block.
+    assert_eq!(trace[1].addr, trace[2].addr);
+    assert_eq!(trace[5].addr, trace[6].addr);
+    assert_eq!(trace[4].addr, trace[8].addr);
     assert_ne!(trace[0].addr, trace[1].addr);
-    let category = |e: &TraceEntry| {
+    // The categories are PyTorch's, kept as the source's; the one frame is marked synthetic.
+    let info = import.snapshot.recorder_info.as_ref().unwrap();
+    let categories = info.source_of(0).unwrap().categories.unwrap();
+    let of = |i| categories.of(i);
+    assert_eq!(
+        [of(0), of(1), of(4), of(5)],
+        [
+            Some("PARAMETER"),
+            Some("ACTIVATION"),
+            Some("GRADIENT"),
+            Some("TEMPORARY")
+        ]
+    );
+    let frame = |e: &TraceEntry| {
         import
             .snapshot
             .stack_frames(e.frames.unwrap())
             .next()
             .unwrap()
-            .name
             .clone()
     };
-    assert_eq!(category(&trace[0]), "PARAMETER");
-    assert_eq!(category(&trace[2]), "TEMPORARY");
+    assert_eq!(frame(&trace[4]).name, "GRADIENT");
+    assert!(trace.iter().all(|e| frame(e).is_synthetic()));
 }
 
 #[test]

@@ -6,4 +6,5 @@ mod memviz;
 mod open;
 mod parquet_export;
 mod profiles;
+mod real_traces;
 mod rocm;

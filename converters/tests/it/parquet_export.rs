@@ -19,7 +19,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use super::common::{real_snapshots_dir, snapshot_files};
 
 /// Every batch of every file of a table, files in name order.
-fn read_table(dir: &Path, table: &str) -> Vec<RecordBatch> {
+pub(super) fn read_table(dir: &Path, table: &str) -> Vec<RecordBatch> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join(table))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -42,7 +42,7 @@ fn rows(batches: &[RecordBatch]) -> usize {
 }
 
 /// A column's values as `Option<i64>` (Int64 and timestamp columns).
-fn ints(batches: &[RecordBatch], column: &str) -> Vec<Option<i64>> {
+pub(super) fn ints(batches: &[RecordBatch], column: &str) -> Vec<Option<i64>> {
     let mut out = Vec::new();
     for b in batches {
         let c = b
