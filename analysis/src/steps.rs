@@ -247,8 +247,7 @@ pub fn find_steps(
             (name, plan)
         })
     };
-    let from_shape = || {
-        let bounds = shape_steps(curve, replay);
+    let from_shape = |bounds: Vec<(u32, u32)>| {
         let mut plan = split_at_peaks(&bounds, curve, None);
         // In a trace that starts with the run, memory built before the first forward pass
         // is the set-up (the model and its weights).
@@ -265,25 +264,35 @@ pub fn find_steps(
             Some((name, plan)) => (StepMethod::Annotations { name }, plan),
             None => (StepMethod::None, PhasePlan::default()),
         },
-        StepSource::CurveShape => (StepMethod::CurveShape, from_shape()),
+        StepSource::CurveShape => (
+            StepMethod::CurveShape,
+            from_shape(shape_steps(curve, replay)),
+        ),
         StepSource::Auto => match from_stacks() {
-            Some(plan) => match stack_incoherence(&plan, curve, replay, &evidence.evidence) {
-                None => (StepMethod::Stacks, plan),
-                Some(reason) => {
-                    fallback_reason = Some(reason);
-                    match from_annotations() {
-                        Some((name, plan)) if !plan.steps.is_empty() => {
-                            (StepMethod::Annotations { name }, plan)
+            Some(plan) => {
+                // The shape's steps judge the stacks, and give the steps if they fail.
+                let bounds = shape_steps(curve, replay);
+                match stack_incoherence(&plan, &bounds, curve, replay, &evidence.evidence) {
+                    None => (StepMethod::Stacks, plan),
+                    Some(reason) => {
+                        fallback_reason = Some(reason);
+                        match from_annotations() {
+                            Some((name, plan)) if !plan.steps.is_empty() => {
+                                (StepMethod::Annotations { name }, plan)
+                            }
+                            _ => (StepMethod::CurveShape, from_shape(bounds)),
                         }
-                        _ => (StepMethod::CurveShape, from_shape()),
                     }
                 }
-            },
+            }
             None => match from_annotations() {
                 Some((name, plan)) if !plan.steps.is_empty() => {
                     (StepMethod::Annotations { name }, plan)
                 }
-                _ => (StepMethod::CurveShape, from_shape()),
+                _ => (
+                    StepMethod::CurveShape,
+                    from_shape(shape_steps(curve, replay)),
+                ),
             },
         },
     };
@@ -348,8 +357,9 @@ const SWITCHES_PER_RISE: u64 = 8;
 
 /// Why a plan from stack evidence contradicts the curve it describes (`None`: it does not).
 ///
-/// Stacks are trusted only when they tell the story memory tells. Two checks, against the
-/// steps the curve's shape finds ([`shape_bounds`]):
+/// Stacks are trusted only when they tell the story memory tells. Two checks, in this order,
+/// against the steps the curve's shape finds (`bounds`, from `shape_steps`; no rises, no
+/// judgement):
 ///
 /// * **Labels interleave within a rise.** While memory rises to a step's peak, work goes
 ///   from one phase to the next a few times at most (forward, then the first gradients of
@@ -366,32 +376,49 @@ const SWITCHES_PER_RISE: u64 = 8;
 ///   find more steps than the shape (which misses steps whose fall is shallow) have few such
 ///   runs, and are kept.
 ///
-/// O(n + s log n) for n allocations and s shape steps: the shape is one pass over the curve
-/// (its block minima and maxima), each rise is found by binary search in the allocations.
+/// O(n + s log n) for n allocations and s shape steps: each rise is found by binary search
+/// in the allocations and its labels read once.
 fn stack_incoherence(
     plan: &PhasePlan,
+    bounds: &[(u32, u32)],
     curve: &Curve,
     replay: &Replay,
     evidence: &[Evidence],
 ) -> Option<String> {
-    let bounds = shape_steps(curve, replay);
     let rises = bounds.len() as u64;
+    if rises == 0 {
+        return None;
+    }
+    if let Some(reason) = labels_interleave(bounds, curve, replay, evidence) {
+        return Some(reason);
+    }
     let stack_steps = plan.steps.len() as u64;
     let extra = stack_steps.saturating_sub(rises);
     let made_of_strays = stack_steps > rises + 1 + rises / 16 && plan.short_runs as u64 >= extra;
-    if rises > 0 && (stack_steps > 4 * rises + 8 || made_of_strays) {
-        return Some(format!(
+    (stack_steps > 4 * rises + 8 || made_of_strays).then(|| {
+        format!(
             "stack labels incoherent: they give {stack_steps} steps where memory rises and falls \
              {rises} times"
-        ));
-    }
+        )
+    })
+}
+
+/// The first check of [`stack_incoherence`]: labels that change back and forth while memory
+/// rises to each step's peak (`bounds`, the shape's steps). O(n + s log n).
+fn labels_interleave(
+    bounds: &[(u32, u32)],
+    curve: &Curve,
+    replay: &Replay,
+    evidence: &[Evidence],
+) -> Option<String> {
+    let rises = bounds.len() as u64;
     let first_traced = replay.before_window_allocations as usize;
     let traced = replay.allocations.get(first_traced..)?;
     let evidence = evidence.get(first_traced..)?;
-    // Per kind (forward, backward, optimizer): labelled allocations in the rises, and those
-    // outside their rise's majority kind.
-    let (mut labelled, mut switches, mut minority) = (0u64, 0u64, [0u64; 3]);
-    for &(start, end) in &bounds {
+    // Labelled allocations in the rises, changes of label between consecutive ones, and
+    // those outside their rise's majority kind.
+    let (mut labelled, mut switches, mut minority) = (0u64, 0u64, 0u64);
+    for &(start, end) in bounds {
         let (peak, _, _) = curve.peak_in(start, end);
         let from = traced.partition_point(|a| a.start() < start);
         let to = traced
@@ -411,9 +438,7 @@ fn stack_incoherence(
             last = Some(kind);
         }
         let majority = (0..3).max_by_key(|&k| counts[k]).unwrap_or(0);
-        for k in (0..3).filter(|&k| k != majority) {
-            minority[k] += counts[k];
-        }
+        minority += counts.iter().sum::<u64>() - counts[majority];
         labelled += counts.iter().sum::<u64>();
     }
     if switches <= SWITCHES_PER_RISE * rises
@@ -421,15 +446,11 @@ fn stack_incoherence(
     {
         return None;
     }
-    let names = ["forward", "backward", "optimizer"];
-    let others: Vec<&str> = (0..3)
-        .filter(|&k| minority[k] > 0)
-        .map(|k| names[k])
-        .collect();
     Some(format!(
-        "stack labels incoherent: while memory rises, {:.0}% of the allocations carry {} frames amid the rise's own ({switches} changes of label in {rises} rises)",
-        minority.iter().sum::<u64>() as f64 * 100.0 / labelled.max(1) as f64,
-        others.join(" or ")
+        "stack labels incoherent: while memory rises, {:.0}% of the labelled allocations carry \
+         another phase's frames than most of the rise ({switches} changes of label in {rises} \
+         rises)",
+        minority as f64 * 100.0 / labelled.max(1) as f64
     ))
 }
 

@@ -212,3 +212,27 @@ fn the_workloads_noisy_and_frameless_shapes_give_the_true_steps() {
         }
     }
 }
+
+/// Which check sets the stacks aside: labels that flip back and forth while memory rises
+/// when many are mixed up; the steps made of strays when a few are.
+#[test]
+fn the_reason_names_what_contradicts_the_curve() {
+    let reason = |percent| {
+        let (snapshot, _) = noisy_run(12, percent, false);
+        let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+        timeline
+            .steps(&StepOptions::default())
+            .fallback_reason
+            .unwrap_or_default()
+    };
+    let many = reason(40);
+    assert!(
+        many.contains("while memory rises") && many.contains("another phase"),
+        "{many}"
+    );
+    let few = reason(3);
+    assert!(
+        few.contains("they give 14 steps where memory rises and falls 12 times"),
+        "{few}"
+    );
+}
