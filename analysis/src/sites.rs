@@ -124,12 +124,14 @@ pub fn is_filtered_frame(frame: &Frame) -> bool {
     NAMES.iter().any(|n| frame.name.contains(n)) || FILES.iter().any(|n| frame.filename.contains(n))
 }
 
-/// Machinery that is never the user's code: the unwinder, the caching allocator, `c10::` and
+/// Machinery that is never the user's code: the unwinder, the caching allocator (PyTorch's, or
+/// memsnap's C ABI and its out-of-memory shim, `memsnap_*`), `c10::` and
 /// `at::` dispatch, autograd's dispatch and engine plumbing, pybind glue, CPython's eval loop
 /// and C-API, libc's thread and process entry points.
 pub fn is_internal_frame(frame: &Frame) -> bool {
-    const PREFIXES: [&str; 23] = [
+    const PREFIXES: [&str; 24] = [
         "c10::",
+        "memsnap_",
         "at::",
         "void c10::",
         "void at::",

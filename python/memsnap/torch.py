@@ -26,9 +26,16 @@ the frames, before taking any lock of its own, as PyTorch's own recorder does
 (``MEMSNAP_PYTHON_GIL=held`` never waits for it; then only allocations made while Python code
 holds the GIL get frames).
 
-Out of memory: PyTorch's pluggable-allocator interface does not check the pointer returned, so
-torch (2.11) raises no ``OutOfMemoryError``: the tensor gets a NULL data pointer. memsnap prints
-the failure to stderr and writes ``dump_on_oom`` at that moment.
+Out of memory: PyTorch's pluggable-allocator interface does not check the pointer returned (torch
+2.11): a plain C allocator that fails gives a tensor with a NULL data pointer and no error. So
+``enable()`` installs a small C++ shim (``_oom_shim.cpp``, shipped in this package) between PyTorch
+and the recorder that throws PyTorch's own ``c10::OutOfMemoryError``: the allocation raises
+``torch.OutOfMemoryError`` as under PyTorch's allocator, ``dump_on_oom`` is written first, and a
+training loop that catches it goes on. The shim is compiled once per PyTorch build with the C++
+compiler (``$CXX``, else ``c++``) against PyTorch's headers and cached in ``$MEMSNAP_CACHE_DIR``
+(default ``~/.cache/memsnap``). Where it cannot be built (no compiler, no headers), ``enable()``
+warns once and falls back: the failure is printed to stderr and ``dump_on_oom`` written, but the
+tensor gets a NULL data pointer. ``enable(raise_oom=False)`` skips the shim.
 
 This file is also ``memsnap_torch`` for people who build from source:
 ``recorder-ffi/python/memsnap_torch.py`` loads it from the checkout (no wheel needed), and then
@@ -37,12 +44,17 @@ the library comes from the checkout's cargo build.
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import warnings
 
 __all__ = [
     "MemsnapError",
+    "build_oom_shim",
     "library_path",
     "load_library",
     "enable",
@@ -113,6 +125,7 @@ def load_library(path=None):
     c_int, c_size_t, c_void_p, c_char_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
     signatures = {
         "memsnap_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+        "memsnap_alloc_checked": (c_int, [c_size_t, c_int, c_void_p, ctypes.POINTER(c_void_p)]),
         "memsnap_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
         "memsnap_init": (c_int, [c_char_p]),
         "memsnap_record_history": (c_int, [c_char_p, c_char_p, c_char_p, c_size_t]),
@@ -162,14 +175,101 @@ def _import_torch():
     return torch
 
 
-def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all", library=None):
+OOM_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_oom_shim.cpp")
+_oom_shim_path = None
+
+
+def _cache_dir():
+    return os.environ.get("MEMSNAP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "memsnap")
+
+
+def build_oom_shim(torch=None, cache_dir=None, compiler=None):
+    """Compiles the out-of-memory shim (``_oom_shim.cpp``) for this PyTorch, once, and returns
+    the library's path; raises :class:`MemsnapError` with the compiler's output when it cannot.
+
+    The library is cached under a name made of the source, PyTorch's version and C++ ABI and the
+    compiler, so a new PyTorch builds a new one; the write is atomic (temporary file, rename).
+    """
+    torch = torch or _import_torch()
+    compiler = compiler or os.environ.get("CXX") or "c++"
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    include = os.path.join(torch_dir, "include")
+    lib_dir = os.path.join(torch_dir, "lib")
+    if not os.path.isfile(os.path.join(include, "c10", "util", "Exception.h")):
+        raise MemsnapError(f"PyTorch's C++ headers are not installed (looked in {include})")
+    cxx11_abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    with open(OOM_SHIM_SOURCE, "rb") as f:
+        source = f.read()
+    key = hashlib.sha256(
+        b"\0".join([source, torch.__version__.encode(), str(cxx11_abi).encode(), compiler.encode()])
+    ).hexdigest()[:16]
+    directory = cache_dir or _cache_dir()
+    target = os.path.join(directory, f"memsnap_oom_shim-{key}.so")
+    if os.path.isfile(target):
+        return target
+    os.makedirs(directory, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=".memsnap_oom_shim-", suffix=".so", dir=directory)
+    os.close(fd)
+    # PyTorch's headers need C++17 (2.x) or C++20 (newer releases): the newer is tried first.
+    errors = []
+    for standard in ("-std=c++20", "-std=c++17"):
+        command = [
+            compiler, "-O2", standard, "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}",
+            f"-I{include}", OOM_SHIM_SOURCE, f"-L{lib_dir}", "-lc10", f"-Wl,-rpath,{lib_dir}", "-o", partial,
+        ]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True)
+        except OSError as e:
+            os.unlink(partial)
+            raise MemsnapError(f"cannot run the C++ compiler {compiler!r}: {e}") from e
+        if result.returncode == 0:
+            os.replace(partial, target)
+            return target
+        errors.append(f"{' '.join(command)}\n{result.stderr.strip()[-2000:]}")
+    os.unlink(partial)
+    raise MemsnapError("building memsnap's OOM shim failed:\n" + "\n".join(errors))
+
+
+def _oom_shim(torch, lib):
+    """The shim's path, initialised with the recorder's functions; None (after one warning)
+    when it cannot be built."""
+    global _oom_shim_path
+    if _oom_shim_path is None:
+        try:
+            path = build_oom_shim(torch)
+            shim = ctypes.CDLL(path)
+            shim.memsnap_oom_shim_init.restype = ctypes.c_int
+            shim.memsnap_oom_shim_init.argtypes = [ctypes.c_void_p] * 3
+            status = shim.memsnap_oom_shim_init(
+                _function_address("memsnap_alloc_checked"),
+                _function_address("memsnap_free"),
+                _function_address("memsnap_last_error"),
+            )
+            if status != 0:
+                raise MemsnapError("memsnap_oom_shim_init refused the recorder's functions")
+        except (MemsnapError, OSError) as e:
+            warnings.warn(
+                f"memsnap: out-of-memory will not raise torch.OutOfMemoryError ({e}); an allocation "
+                "that fails is printed to stderr and gives a tensor with a NULL data pointer",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            _oom_shim_path = ""
+        else:
+            _oom_shim_path = path
+    return _oom_shim_path or None
+
+
+def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all", library=None, raise_oom=True):
     """Makes memsnap PyTorch's CUDA allocator and starts recording the history.
 
     Call it before anything allocates CUDA memory (``change_current_allocator`` refuses
     afterwards). ``stacks`` is "python", "native", "all" (both, merged as PyTorch does) or
     "none"; ``dump_on_oom`` is a path written when an allocation runs out of memory.
     The backend is ``$MEMSNAP_BACKEND`` (default cuda; hip on ROCm builds of PyTorch).
-    Calling it again changes the recording settings only.
+    ``raise_oom`` puts the C++ shim in front (see the module's docs) so that running out of
+    memory raises ``torch.OutOfMemoryError``. Calling it again changes the recording settings
+    only.
     """
     global _allocator
     torch = _import_torch()
@@ -177,7 +277,13 @@ def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all",
     if _allocator is None:
         if "MEMSNAP_BACKEND" not in os.environ and getattr(torch.version, "hip", None):
             _check(lib.memsnap_init(b"hip"))
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "memsnap_alloc", "memsnap_free")
+        shim = _oom_shim(torch, lib) if raise_oom else None
+        if shim:
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                shim, "memsnap_oom_shim_alloc", "memsnap_oom_shim_free"
+            )
+        else:
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "memsnap_alloc", "memsnap_free")
         hooks = allocator.allocator()
         hooks.set_init_fn(_function_address("memsnap_init_hook"))
         hooks.set_reset_fn(_function_address("memsnap_reset_hook"))

@@ -67,6 +67,13 @@ extern "C" {
 void *memsnap_alloc(size_t size, int device, void *stream);
 
 /**
+ * memsnap_alloc with its status: stores the pointer (NULL on failure) in *out and returns
+ * MEMSNAP_OK, MEMSNAP_ERR_OUT_OF_MEMORY when the device has no room, or another code. For
+ * wrappers that raise their framework's out-of-memory error (memsnap.torch's C++ shim).
+ */
+int memsnap_alloc_checked(size_t size, int device, void *stream, void **out);
+
+/**
  * Frees a pointer returned by memsnap_alloc on `device`. `size` and `stream` are the values of
  * the allocation (PyTorch passes them; memsnap knows them already and ignores them). Freeing
  * NULL, or a pointer this library did not allocate, does nothing (the latter sets

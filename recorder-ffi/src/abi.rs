@@ -22,8 +22,9 @@ pub use crate::error::{
 use crate::runtime::{init_runtime, runtime};
 
 /// The names of the exported functions (what memsnap.h declares).
-pub const EXPORTED: [&str; 16] = [
+pub const EXPORTED: [&str; 17] = [
     "memsnap_alloc",
+    "memsnap_alloc_checked",
     "memsnap_free",
     "memsnap_init_hook",
     "memsnap_reset_hook",
@@ -98,6 +99,32 @@ pub extern "C" fn memsnap_alloc(size: usize, device: c_int, stream: *mut c_void)
         runtime()?.malloc(size as u64, device, stream_arg(stream))
     });
     ptr as usize as *mut c_void
+}
+
+/// `memsnap_alloc` with its status: the shim that turns an out-of-memory into PyTorch's
+/// `OutOfMemoryError` (python/memsnap/_oom_shim.cpp) needs to tell it from other failures.
+///
+/// # Safety
+/// `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn memsnap_alloc_checked(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    out: *mut *mut c_void,
+) -> c_int {
+    if out.is_null() {
+        return status(|| Err(FfiError::invalid("out is NULL")));
+    }
+    let (ptr, code) = guarded(0u64, || {
+        if size == 0 {
+            return Ok(0);
+        }
+        runtime()?.malloc(size as u64, device, stream_arg(stream))
+    });
+    // SAFETY: `out` is non-NULL and writable (caller contract).
+    unsafe { out.write(ptr as usize as *mut c_void) };
+    code
 }
 
 #[no_mangle]

@@ -18,6 +18,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 use memsnap_format::Frame;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use crate::env::PythonGil;
 
@@ -25,6 +27,67 @@ use crate::env::PythonGil;
 const MAX_PYTHON_FRAMES: usize = 128;
 
 type PyObject = *mut c_void;
+
+/// Most code objects the table keeps; frames of code objects beyond it read "??" (a program
+/// that makes code objects without end, e.g. `exec` in a loop, must not grow memsnap without
+/// end).
+const MAX_CODE_OBJECTS: usize = 1 << 20;
+
+/// Most (code object, instruction) pairs whose line is remembered; past it lines are computed
+/// at each capture.
+const MAX_CACHED_LINES: usize = 1 << 22;
+
+/// The code-table index of frames whose code object did not fit in the table.
+const UNKNOWN_CODE: u32 = u32::MAX;
+
+/// One captured Python frame: its code object (an index into the code table) and its line.
+/// A capture costs no string work: names and file names are read once per code object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PyFrameRef {
+    pub code: u32,
+    pub line: i32,
+}
+
+/// The code objects seen so far. Each keeps the strong reference `PyFrame_GetCode` gave us
+/// (never released, as a traceback holds its code objects), so its address keeps naming that
+/// code object and no other; its name and file name are read once, when first seen.
+///
+/// Lines are remembered per (code object, instruction offset) when CPython has
+/// `PyFrame_GetLasti` (3.11+): `PyFrame_GetLineNumber` scans the code's line table, which cost
+/// more than everything else a capture does together.
+#[derive(Default)]
+struct CodeTable {
+    by_object: FxHashMap<usize, u32>,
+    names: Vec<(String, String)>,
+    lines: FxHashMap<(u32, c_int), c_int>,
+}
+
+/// Lock order: the GIL, then this (it is never held while waiting for anything else).
+static CODES: Mutex<Option<CodeTable>> = Mutex::new(None);
+
+/// The frames of a captured stack, innermost first.
+pub fn frames(stack: &[PyFrameRef]) -> Vec<Frame> {
+    let codes = CODES.lock();
+    stack
+        .iter()
+        .map(|f| {
+            let (name, filename) = codes
+                .as_ref()
+                .and_then(|t| t.names.get(f.code as usize))
+                .map_or(("??", "??"), |(n, file)| (n.as_str(), file.as_str()));
+            Frame::new(name, filename, i64::from(f.line))
+        })
+        .collect()
+}
+
+/// A code-table entry with no code object behind it (tests of the stack log).
+#[cfg(test)]
+pub fn code_for_test(name: &str, filename: &str) -> u32 {
+    let mut codes = CODES.lock();
+    let table = codes.get_or_insert_with(CodeTable::default);
+    table.names.push((name.to_owned(), filename.to_owned()));
+    (table.names.len() - 1) as u32
+}
 
 /// The CPython functions we call, all in the stable ABI since 3.9 (`PyFrame_GetBack`).
 struct PythonApi {
@@ -39,6 +102,8 @@ struct PythonApi {
     frame_get_back: unsafe extern "C" fn(PyObject) -> PyObject,
     frame_get_code: unsafe extern "C" fn(PyObject) -> PyObject,
     frame_get_line_number: unsafe extern "C" fn(PyObject) -> c_int,
+    /// `PyFrame_GetLasti` (3.11+): the frame's instruction offset, the key of the line cache.
+    frame_get_lasti: Option<unsafe extern "C" fn(PyObject) -> c_int>,
     get_attr_string: unsafe extern "C" fn(PyObject, *const c_char) -> PyObject,
     unicode_as_utf8: unsafe extern "C" fn(PyObject) -> *const c_char,
     dec_ref: unsafe extern "C" fn(PyObject),
@@ -89,6 +154,11 @@ impl PythonApi {
             frame_get_line_number: resolve!(
                 c"PyFrame_GetLineNumber" as unsafe extern "C" fn(PyObject) -> c_int
             ),
+            frame_get_lasti: (|| {
+                Some(resolve!(
+                    c"PyFrame_GetLasti" as unsafe extern "C" fn(PyObject) -> c_int
+                ))
+            })(),
             get_attr_string: resolve!(
                 c"PyObject_GetAttrString"
                     as unsafe extern "C" fn(PyObject, *const c_char) -> PyObject
@@ -120,7 +190,7 @@ pub fn available() -> bool {
 /// The calling thread's Python frames, innermost first, or an empty list when there is no
 /// interpreter, it is shutting down, or this thread does not hold the GIL and `gil` says not
 /// to take it.
-pub fn capture(gil: PythonGil) -> Vec<Frame> {
+pub fn capture(gil: PythonGil) -> Vec<PyFrameRef> {
     let Some(api) = api() else {
         return Vec::new();
     };
@@ -145,51 +215,48 @@ pub fn capture(gil: PythonGil) -> Vec<Frame> {
     }
 }
 
-/// The frames of the current thread, leaving any pending exception as it was.
+/// The frames of the current thread, innermost first.
 ///
 /// # Safety
 /// The calling thread holds the GIL.
-unsafe fn read_frames(api: &PythonApi) -> Vec<Frame> {
-    // SAFETY: GIL held (caller contract), which keeps every object we touch alive and
-    // unchanged while we read it.
-    unsafe {
-        // A pending exception must survive our attribute lookups untouched.
-        let (mut ty, mut value, mut traceback) = (
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        );
-        (api.err_fetch)(&mut ty, &mut value, &mut traceback);
-        let frames = walk_frames(api);
-        (api.err_restore)(ty, value, traceback);
-        frames
-    }
-}
-
-/// Reads the frame chain of the current thread.
-///
-/// # Safety
-/// The calling thread holds the GIL and no exception is pending.
-unsafe fn walk_frames(api: &PythonApi) -> Vec<Frame> {
-    let mut out = Vec::new();
+unsafe fn read_frames(api: &PythonApi) -> Vec<PyFrameRef> {
+    let mut out = Vec::with_capacity(32);
+    let mut codes = CODES.lock();
+    let codes = codes.get_or_insert_with(CodeTable::default);
     // GIL held (caller contract) throughout. PyFrame_GetBack and PyFrame_GetCode return new
-    // references, released below.
+    // references, released below (or, for a code object seen the first time, kept by the
+    // table).
     // SAFETY: PyEval_GetFrame returns the current thread's frame, borrowed, or NULL.
     let mut frame = unsafe { (api.eval_get_frame)() };
     let mut frame_is_owned = false;
     while !frame.is_null() && out.len() < MAX_PYTHON_FRAMES {
         // SAFETY: `frame` is a live frame object (borrowed or owned by us).
         let code = unsafe { (api.frame_get_code)(frame) };
-        // SAFETY: as above.
-        let line = unsafe { (api.frame_get_line_number)(frame) };
         if !code.is_null() {
-            // SAFETY: `code` is a live code object we own a reference to.
-            let filename = unsafe { string_attr(api, code, c"co_filename") };
-            // SAFETY: as above.
-            let name = unsafe { string_attr(api, code, c"co_name") };
-            // SAFETY: releases the reference PyFrame_GetCode gave us.
-            unsafe { (api.dec_ref)(code) };
-            out.push(Frame::new(name, filename, i64::from(line)));
+            let id = match codes.by_object.get(&(code as usize)) {
+                Some(&id) => {
+                    // SAFETY: the table holds its own reference; this one is ours to release.
+                    unsafe { (api.dec_ref)(code) };
+                    id
+                }
+                None if codes.names.len() < MAX_CODE_OBJECTS => {
+                    // SAFETY: `code` is a live code object we own a reference to, which the
+                    // table keeps from now on.
+                    let names = unsafe { code_names(api, code) };
+                    codes.names.push(names);
+                    let id = (codes.names.len() - 1) as u32;
+                    codes.by_object.insert(code as usize, id);
+                    id
+                }
+                None => {
+                    // SAFETY: releases the reference PyFrame_GetCode gave us.
+                    unsafe { (api.dec_ref)(code) };
+                    UNKNOWN_CODE
+                }
+            };
+            // SAFETY: `frame` is a live frame object.
+            let line = unsafe { frame_line(api, codes, frame, id) };
+            out.push(PyFrameRef { code: id, line });
         }
         // SAFETY: `frame` is live; the result is a new reference or NULL.
         let back = unsafe { (api.frame_get_back)(frame) };
@@ -205,6 +272,50 @@ unsafe fn walk_frames(api: &PythonApi) -> Vec<Frame> {
         unsafe { (api.dec_ref)(frame) };
     }
     out
+}
+
+/// The line a frame is at: from the cache when its (code object, instruction offset) was seen
+/// before.
+///
+/// # Safety
+/// GIL held; `frame` is a live frame object whose code object is `code` in the table.
+unsafe fn frame_line(api: &PythonApi, codes: &mut CodeTable, frame: PyObject, code: u32) -> c_int {
+    let Some(get_lasti) = api.frame_get_lasti.filter(|_| code != UNKNOWN_CODE) else {
+        // SAFETY: caller contract.
+        return unsafe { (api.frame_get_line_number)(frame) };
+    };
+    // SAFETY: caller contract.
+    let lasti = unsafe { get_lasti(frame) };
+    if let Some(&line) = codes.lines.get(&(code, lasti)) {
+        return line;
+    }
+    // SAFETY: caller contract.
+    let line = unsafe { (api.frame_get_line_number)(frame) };
+    if codes.lines.len() < MAX_CACHED_LINES {
+        codes.lines.insert((code, lasti), line);
+    }
+    line
+}
+
+/// A code object's `co_name` and `co_filename`, leaving any pending exception as it was.
+///
+/// # Safety
+/// GIL held; `code` is a live code object.
+unsafe fn code_names(api: &PythonApi, code: PyObject) -> (String, String) {
+    let (mut ty, mut value, mut traceback) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: GIL held (caller contract). A pending exception must survive our attribute
+    // lookups untouched: it is taken out here and put back below.
+    unsafe {
+        (api.err_fetch)(&mut ty, &mut value, &mut traceback);
+        let name = string_attr(api, code, c"co_name");
+        let filename = string_attr(api, code, c"co_filename");
+        (api.err_restore)(ty, value, traceback);
+        (name, filename)
+    }
 }
 
 /// A `str` attribute of `object` as a Rust string (`"??"` when missing or not a string).

@@ -12,8 +12,9 @@
 use std::collections::{HashMap, VecDeque};
 
 use memsnap_format::{Action, BlockState, Frame, Snapshot, StackId};
+use rustc_hash::FxHashMap;
 
-use crate::python::merge_stacks;
+use crate::python::{frames as python_frames, merge_stacks, PyFrameRef};
 
 /// Index of a Python stack in [`PythonStacks`].
 type PyStackId = u32;
@@ -31,16 +32,13 @@ struct Event {
     stack: PyStackId,
 }
 
-/// What a stack key compares: name, file, line.
-type FrameKey = (String, String, memsnap_format::PyInt);
-
 /// The log of one process: per device, the newest events (at most `capacity`), and the Python
 /// stack of every live allocation.
 #[derive(Debug)]
 pub struct PythonStacks {
     capacity: usize,
-    stacks: Vec<Vec<Frame>>,
-    index: HashMap<Vec<FrameKey>, PyStackId>,
+    stacks: Vec<Box<[PyFrameRef]>>,
+    index: FxHashMap<Box<[PyFrameRef]>, PyStackId>,
     events: Vec<VecDeque<Event>>,
     live: HashMap<(usize, u64), PyStackId>,
 }
@@ -52,7 +50,7 @@ impl PythonStacks {
         PythonStacks {
             capacity: capacity.max(1),
             stacks: Vec::new(),
-            index: HashMap::new(),
+            index: FxHashMap::default(),
             events: Vec::new(),
             live: HashMap::new(),
         }
@@ -78,17 +76,14 @@ impl PythonStacks {
         self.events.iter().any(|log| !log.is_empty())
     }
 
-    fn intern(&mut self, frames: Vec<Frame>) -> PyStackId {
-        let key: Vec<FrameKey> = frames
-            .iter()
-            .map(|f| (f.name.clone(), f.filename.clone(), f.line.clone()))
-            .collect();
-        if let Some(&id) = self.index.get(&key) {
+    fn intern(&mut self, frames: Vec<PyFrameRef>) -> PyStackId {
+        if let Some(&id) = self.index.get(frames.as_slice()) {
             return id;
         }
         let id = self.stacks.len() as PyStackId;
-        self.stacks.push(frames);
-        self.index.insert(key, id);
+        let frames: Box<[PyFrameRef]> = frames.into_boxed_slice();
+        self.stacks.push(frames.clone());
+        self.index.insert(frames, id);
         id
     }
 
@@ -104,7 +99,7 @@ impl PythonStacks {
     }
 
     /// Logs an allocation the allocator just recorded.
-    pub fn record_alloc(&mut self, device: usize, addr: u64, frames: Vec<Frame>) {
+    pub fn record_alloc(&mut self, device: usize, addr: u64, frames: Vec<PyFrameRef>) {
         let stack = self.intern(frames);
         self.live.insert((device, addr), stack);
         self.push(
@@ -119,7 +114,7 @@ impl PythonStacks {
 
     /// Logs a free the allocator just recorded. `free_site` is the stack of the free call
     /// (context "all"); `None` reuses the allocation's stack (context "alloc").
-    pub fn record_free(&mut self, device: usize, addr: u64, free_site: Option<Vec<Frame>>) {
+    pub fn record_free(&mut self, device: usize, addr: u64, free_site: Option<Vec<PyFrameRef>>) {
         let alloc_stack = self.live.remove(&(device, addr));
         let stack = match free_site {
             Some(frames) => self.intern(frames),
@@ -149,7 +144,7 @@ impl PythonStacks {
             let native_frames: Vec<Frame> = native
                 .map(|id| snapshot.stack_frames(id).cloned().collect())
                 .unwrap_or_default();
-            let python = self.stacks[py as usize].clone();
+            let python = python_frames(&self.stacks[py as usize]);
             let id = snapshot.intern_stack(merge_stacks(native_frames, python));
             merged.insert((native, py), id);
             id
@@ -224,8 +219,11 @@ mod tests {
     use super::*;
     use memsnap_format::{Block, Segment, TraceEntry};
 
-    fn py(name: &str, line: i64) -> Frame {
-        Frame::new(name, "/src/model.py", line)
+    fn py(name: &str, line: i32) -> PyFrameRef {
+        PyFrameRef {
+            code: crate::python::code_for_test(name, "/src/model.py"),
+            line,
+        }
     }
 
     fn names(snapshot: &Snapshot, id: Option<StackId>) -> Vec<String> {
@@ -331,7 +329,7 @@ mod tests {
     fn the_log_keeps_only_the_newest_events() {
         let mut log = PythonStacks::new(2);
         for addr in 0..5u64 {
-            log.record_alloc(0, addr, vec![py("f", addr as i64)]);
+            log.record_alloc(0, addr, vec![py("f", addr as i32)]);
         }
         let addrs: Vec<u64> = log.events[0].iter().map(|e| e.addr).collect();
         assert_eq!(addrs, [3, 4]);

@@ -286,12 +286,14 @@ fn trim_abi_frames(mut frames: Vec<Frame>) -> Vec<Frame> {
     frames
 }
 
-/// Whether a frame is memsnap's: an exported function or memsnap's Rust code
+/// Whether a frame is memsnap's: an exported function, memsnap.torch's out-of-memory shim
+/// (`memsnap_oom_shim_alloc`, C++ in its own library) or memsnap's Rust code
 /// (`memsnap_recorder::...`) by name, or this crate's code by source file.
 fn is_abi_frame(frame: &Frame) -> bool {
     const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
     let name = frame.name.trim_start_matches('<');
     name.starts_with("memsnap_recorder::")
+        || name.starts_with("memsnap_oom_shim_")
         || EXPORTED.contains(&name)
         || frame.filename.starts_with(SRC)
         || frame.filename.starts_with("recorder-ffi/src/")
@@ -361,5 +363,23 @@ mod tests {
             frame("main", "pattern.c"),
         ];
         assert_eq!(names(&trim_abi_frames(theirs)), ["forward_pass", "main"]);
+    }
+
+    #[test]
+    fn the_oom_shim_frame_is_trimmed_too() {
+        // What a stack under memsnap.torch looked like on an H200 (torch 2.11) before: the
+        // shim's frame was the top one and became the "site" of every allocation without
+        // Python frames.
+        let frame = |name: &str| Frame::new(name, "??", 0);
+        let stack = vec![
+            frame("memsnap_alloc_checked"),
+            frame("memsnap_oom_shim_alloc"),
+            frame("torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator::malloc(unsigned long, signed char, CUstream_st*)"),
+            frame("at::detail::empty_generic(c10::ArrayRef<long>, c10::Allocator*, c10::DispatchKeySet, c10::ScalarType, std::optional<c10::MemoryFormat>)"),
+        ];
+        assert_eq!(
+            names(&trim_abi_frames(stack))[0],
+            "torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator::malloc(unsigned long, signed char, CUstream_st*)"
+        );
     }
 }

@@ -2,9 +2,10 @@
 //!
 //! * `baseline-freelist`: a plain Vec-backed best-fit free-list allocator doing the same work
 //!   (best fit by size then address, split, merge with both neighbours, a pointer map);
-//! * `history-off`, `history` (ring buffer, no stacks), `history+stacks-fp` and
-//!   `history+stacks-backtrace` (a native stack captured at every malloc and free, ~30 frames
-//!   deep);
+//! * `history-off`, `history` (ring buffer, no stacks), `history+stacks-fp`,
+//!   `history+stacks-backtrace` (DWARF unwinding with each return address's rule cached, on
+//!   x86-64 Linux) and `history+stacks-libgcc` (DWARF unwinding through libgcc for every frame)
+//!   (a native stack captured at every malloc and free, ~30 frames deep);
 //! * `history-manual-clock`: `history` with the manual clock, which reads a field instead
 //!   of the CPU's counter, so that the difference is what the two clock readings of a pair
 //!   cost.
@@ -263,6 +264,11 @@ fn main() {
             Box::new(move || Box::new(caching(Some(stacks(Unwinder::Backtrace))))),
         ),
         (
+            "history+stacks-libgcc",
+            STACK_PAIRS / 4,
+            Box::new(move || Box::new(caching(Some(stacks(Unwinder::Libgcc))))),
+        ),
+        (
             "history-manual-clock",
             PAIRS,
             Box::new(move || {
@@ -321,13 +327,17 @@ fn main() {
     );
     // The manual clock reads a field: the difference is what the two clock readings of a
     // pair cost where they are taken.
-    let clock = best[2] - best[5];
+    let clock = best[2] - best[6];
     println!(
         "clock readings (history - history-manual-clock): {clock:.1} ns/pair ({:.2} x history-off)",
         clock / off
     );
     // Two stacks (malloc and free) are captured per pair.
-    for (i, name) in [(3, "fp"), (4, "backtrace")] {
+    for (i, name) in [
+        (3, "fp"),
+        (4, "DWARF, rules cached per return address"),
+        (5, "DWARF, libgcc for every frame"),
+    ] {
         println!(
             "per captured stack ({name}): {:.0} ns",
             (best[i] - best[2]).max(0.0) / 2.0

@@ -7,6 +7,7 @@ mod export_import;
 mod export_parquet;
 mod export_profiles;
 mod format_cmds;
+mod gpu_h200;
 mod numbers;
 mod plot_cmd;
 mod rocm_cmds;

@@ -31,6 +31,7 @@ pub type OomObserver = dyn Fn(&OomInfo) + Send + Sync;
 const FLAG_CONTEXT_MASK: u8 = 0b11;
 const FLAG_NATIVE: u8 = 0b100;
 const FLAG_FRAME_POINTERS: u8 = 0b1000;
+const FLAG_LIBGCC: u8 = 0b1_0000;
 
 /// PyTorch's caching allocator over one [`Device`], recording its history.
 ///
@@ -116,8 +117,10 @@ impl<D: Device> CachingAllocator<D> {
         if options.enabled != HistoryMode::Off && options.stacks == StackMode::Native {
             flags = options.context as u8 & FLAG_CONTEXT_MASK;
             flags |= FLAG_NATIVE;
-            if options.unwinder == Unwinder::FramePointers {
-                flags |= FLAG_FRAME_POINTERS;
+            match options.unwinder {
+                Unwinder::FramePointers => flags |= FLAG_FRAME_POINTERS,
+                Unwinder::Libgcc => flags |= FLAG_LIBGCC,
+                Unwinder::Backtrace => {}
             }
         }
         self.capture_flags.store(flags, Ordering::Relaxed);
@@ -138,6 +141,8 @@ impl<D: Device> CachingAllocator<D> {
         }
         let unwinder = if flags & FLAG_FRAME_POINTERS != 0 {
             Unwinder::FramePointers
+        } else if flags & FLAG_LIBGCC != 0 {
+            Unwinder::Libgcc
         } else {
             Unwinder::Backtrace
         };

@@ -14,7 +14,7 @@ thread_local! {
 }
 
 /// The highest address of the current thread's stack.
-fn thread_stack_top() -> Option<usize> {
+pub(super) fn thread_stack_top() -> Option<usize> {
     STACK_TOP
         .try_with(|cached| {
             if let Some(top) = cached.get() {
