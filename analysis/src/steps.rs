@@ -585,8 +585,9 @@ fn annotation_bounds(
 
 /// [`shape_bounds`], plus the first step of an untruncated trace, found by its call site:
 /// a training loop's steps begin with an allocation from the same stack, so the earliest
-/// allocation before the first found step with the stack (and size) that begins the next
-/// step begins the first one (with the `segment_alloc`s right before it, which it caused).
+/// allocation before the first found step with the stack (and size; with another size when
+/// none has it, as batch shapes vary) that begins the next step begins the first one (with
+/// the `segment_alloc`s right before it, which it caused).
 fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
     let mut bounds = shape_bounds_of(
         curve.len(),
@@ -611,10 +612,14 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
         return bounds;
     };
     let before = traced.partition_point(|a| a.start() < first_start);
-    let earlier = if opener.stack.is_some() {
-        traced[..before]
+    let candidates: Vec<&crate::replay::Allocation> = if opener.stack.is_some() {
+        // The same call site and size; then the same call site alone: with batches of
+        // varying shape (sequence lengths), each step's first tensor has another size.
+        let same_size = traced[..before]
             .iter()
-            .find(|a| a.stack == opener.stack && a.size == opener.size)
+            .find(|a| a.stack == opener.stack && a.size == opener.size);
+        let same_site = traced[..before].iter().find(|a| a.stack == opener.stack);
+        same_size.into_iter().chain(same_site).collect()
     } else {
         // No stacks: the step's opening sizes, in order, recognise it (a training loop
         // makes the same allocations each step).
@@ -625,31 +630,35 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
             .take(OPENING_SIZES)
             .map(|a| a.size)
             .collect();
-        first_match_of_sizes(&traced[..before], &opening).map(|i| &traced[i])
+        first_match_of_sizes(&traced[..before], &opening)
+            .map(|i| &traced[i])
+            .into_iter()
+            .collect()
     };
-    if let Some(a) = earlier {
+    // Sorted once: a run with 100k segments must not scan them all per event.
+    let mut segment_allocs: Vec<u32> = replay
+        .segments
+        .iter()
+        .filter_map(|s| s.alloc_event)
+        .collect();
+    segment_allocs.sort_unstable();
+    let low_peak = bounds
+        .iter()
+        .map(|&(s, e)| curve.peak_in(s, e).1)
+        .min()
+        .unwrap_or(0);
+    for a in candidates {
         let mut start = a.start();
-        // Sorted once: a run with 100k segments must not scan them all per event.
-        let mut segment_allocs: Vec<u32> = replay
-            .segments
-            .iter()
-            .filter_map(|s| s.alloc_event)
-            .collect();
-        segment_allocs.sort_unstable();
         while start > 0 && segment_allocs.binary_search(&(start - 1)).is_ok() {
             start -= 1;
         }
         // Only a real step: it must reach the high region like the others do.
-        let low_peak = bounds
-            .iter()
-            .map(|&(s, e)| curve.peak_in(s, e).1)
-            .min()
-            .unwrap_or(0);
         let this_peak = curve
             .min_max(start as usize, first_start as usize)
             .map_or(0, |(_, max)| max);
         if start + 1 < first_start && this_peak as f64 >= 0.5 * low_peak as f64 {
             bounds.insert(0, (start, first_start - 1));
+            break;
         }
     }
     bounds

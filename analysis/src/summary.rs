@@ -14,7 +14,7 @@
 //!     "allocations": N,                 // allocation intervals (incl. before the window)
 //!     "peak": {"bytes": N, "event": I, "time_us": T|null},   // active curve (alloc to free_completed)
 //!     "peak_allocated_bytes": N,        // frees counted at free_requested instead
-//!     "peak_reserved_bytes": N,
+//!     "peak_reserved_bytes": N, "reserved_known": B,
 //!     "final_bytes": N, "final_reserved_bytes": N,
 //!     "peak_top_sites": [{"site": "file:line:function", "bytes": N, "count": N}],
 //!     "categories_at_peak": {"parameter": B, "optimizer_state": B, "gradient": B,
@@ -206,6 +206,10 @@ pub struct DeviceSummary {
     /// Peak of the allocated curve (frees counted at `free_requested`).
     pub peak_allocated_bytes: u64,
     pub peak_reserved_bytes: u64,
+    /// `false` for an import whose source records no reserved memory (`export_memory_timeline`
+    /// data): the reserved numbers are then 0 because nothing is known, not because nothing
+    /// was reserved.
+    pub reserved_known: bool,
     pub final_bytes: u64,
     pub final_reserved_bytes: u64,
     pub peak_top_sites: Vec<SiteBytes>,
@@ -433,6 +437,9 @@ pub fn summarize_device_with_steps(
         peak,
         peak_allocated_bytes: curves.allocated.max().0,
         peak_reserved_bytes: curves.reserved.max().0,
+        reserved_known: replay.source.is_none()
+            || replay.reserved_from_source
+            || !replay.segments.is_empty(),
         final_bytes: curves.active.at(replay.axis_len() - 1),
         final_reserved_bytes: curves.reserved.at(replay.axis_len() - 1),
         peak_top_sites,

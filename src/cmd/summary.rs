@@ -153,12 +153,16 @@ fn render(name: &str, summary: &Summary) -> String {
             if d.has_time { "" } else { " (no time_us)" },
             d.allocations
         );
+        let reserved = if d.reserved_known {
+            format_size(d.peak_reserved_bytes)
+        } else {
+            "unknown (the source records no reserved memory)".to_owned()
+        };
         let _ = writeln!(
             out,
-            "  peak {} at {}; reserved peak {}",
+            "  peak {} at {}; reserved peak {reserved}",
             format_size(d.peak.bytes),
             when(d, d.peak.event, d.peak.time_us),
-            format_size(d.peak_reserved_bytes)
         );
         if !d.peak_top_sites.is_empty() {
             let _ = writeln!(out, "  top sites at the peak:");

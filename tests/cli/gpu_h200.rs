@@ -284,6 +284,10 @@ fn profiler_imports_give_the_profilers_own_peaks() {
     assert_eq!(device["peak_allocated_bytes"], profiler["peak_allocated"]);
     assert_eq!(device["peak_allocated_bytes"], 8_593_483_264u64);
     assert_eq!(device["peak_reserved_bytes"], profiler["peak_reserved"]);
+    assert_eq!(device["reserved_known"], true);
+    // The two profiled steps, by the trace's Python stacks.
+    assert_eq!(device["steps"].as_array().unwrap().len(), 2);
+    assert_eq!(device["step_method"], "stacks");
     for timeline in ["memory_timeline.raw.json.gz", "memory_timeline.json.gz"] {
         let imported = dir.path().join(format!("{timeline}.pickle"));
         let out = memsnap(&[
@@ -301,5 +305,22 @@ fn profiler_imports_give_the_profilers_own_peaks() {
             device["peak_allocated_bytes"], 8_525_325_824u64,
             "{timeline}"
         );
+        // export_memory_timeline has no reserved memory: unknown, not 0 B.
+        assert_eq!(device["reserved_known"], false, "{timeline}");
+        let text =
+            String::from_utf8(memsnap(&["summary", imported.to_str().unwrap()]).stdout).unwrap();
+        assert!(
+            text.contains("reserved peak unknown (the source records no reserved memory)"),
+            "{text}"
+        );
     }
+    // Regression: the raw timeline's first step was taken for set-up (its first tensor, of
+    // another sequence length than the next step's, matched no earlier size). Set-up is the
+    // pre-existing memory (events 0..=309); the two profiled steps follow.
+    let imported = dir.path().join("memory_timeline.raw.json.gz.pickle");
+    let device = &json_of(&["summary", "--json", imported.to_str().unwrap()])["devices"][0];
+    let steps = device["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0]["start_event"], 310);
+    assert_eq!(device["peak_phase"]["step"], 0);
 }
