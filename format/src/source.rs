@@ -277,9 +277,16 @@ impl RecorderInfo {
         }
     }
 
-    /// The source of `device`, if any.
+    /// The source of `device`, if any. Parses that device's entry alone: a many-device import
+    /// built per device must not parse every device's series each time (O(devices²)).
     pub fn source_of(&self, device: i64) -> Option<SourceInfo> {
-        self.sources().into_iter().find(|s| s.device == device)
+        match self.extra.iter().find(|(k, _)| k == SOURCES_KEY) {
+            Some((_, Value::List(list))) => list
+                .iter()
+                .filter(|v| v.get("device").and_then(Value::as_i64) == Some(device))
+                .find_map(SourceInfo::from_value),
+            _ => None,
+        }
     }
 }
 

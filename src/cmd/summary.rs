@@ -63,6 +63,10 @@ pub struct Args {
     /// annotations, then the curve's shape), or one of them only.
     #[arg(long, value_enum, default_value_t = StepsFrom::Auto, value_name = "SOURCE")]
     pub steps_from: StepsFrom,
+    /// Steps the text lists with their phases: the first and last ones and the peak's (a
+    /// week-long run has tens of thousands); 0 lists all. `--json` always has every step.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub list_steps: usize,
 }
 
 /// `--steps-from`.
@@ -95,7 +99,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        out!("{}", render(&args.file.display().to_string(), &summary));
+        out!(
+            "{}",
+            render(&args.file.display().to_string(), &summary, args.list_steps)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -138,7 +145,23 @@ fn when(d: &DeviceSummary, event: u32, time_us: Option<i64>) -> String {
     }
 }
 
-fn render(name: &str, summary: &Summary) -> String {
+/// The steps the text lists: all when there are at most `limit` (or `limit` is 0), else the
+/// first and last `limit / 2` and the one with the peak.
+fn listed_steps(count: usize, limit: usize, peak_step: Option<usize>) -> Vec<usize> {
+    if limit == 0 || count <= limit {
+        return (0..count).collect();
+    }
+    let half = (limit / 2).max(1);
+    let mut listed: Vec<usize> = (0..half).chain(count - half..count).collect();
+    if let Some(p) = peak_step.filter(|&p| p < count) {
+        listed.push(p);
+    }
+    listed.sort_unstable();
+    listed.dedup();
+    listed
+}
+
+fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     if summary.devices.is_empty() {
@@ -237,7 +260,19 @@ fn render(name: &str, summary: &Summary) -> String {
                 "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  phases",
                 "#", "start", "peak", "end", "start", "peak", "end", "outliving"
             );
-            for (i, s) in d.steps.iter().enumerate() {
+            let peak_step = d.peak_phase.as_ref().and_then(|p| p.step);
+            let listed = listed_steps(d.steps.len(), list_steps, peak_step);
+            let mut next = 0;
+            for i in listed {
+                if i > next {
+                    let _ = writeln!(
+                        out,
+                        "    ... {} steps not listed (--list-steps 0 lists all, --json has every step)",
+                        i - next
+                    );
+                }
+                next = i + 1;
+                let s = &d.steps[i];
                 let mut tags = Vec::new();
                 if s.partial {
                     tags.push("partial".to_string());
@@ -311,4 +346,26 @@ fn render(name: &str, summary: &Summary) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listed_steps;
+
+    #[test]
+    fn a_long_run_lists_its_first_and_last_steps_and_the_peaks() {
+        // A 10M-entry run has tens of thousands of steps: the text printed every one of
+        // them (68,027 rows with their phases).
+        assert_eq!(listed_steps(5, 20, Some(3)), [0, 1, 2, 3, 4]);
+        assert_eq!(listed_steps(68_027, 0, None).len(), 68_027);
+        let listed = listed_steps(68_027, 20, Some(40_000));
+        assert_eq!(listed.len(), 21);
+        assert_eq!(&listed[..10], &(0..10).collect::<Vec<_>>()[..]);
+        assert_eq!(listed[10], 40_000);
+        assert_eq!(listed[11..], (68_017..68_027).collect::<Vec<_>>()[..]);
+        // The peak among the listed ones, or none: no duplicate, no extra row.
+        assert_eq!(listed_steps(100, 4, Some(1)), [0, 1, 98, 99]);
+        assert_eq!(listed_steps(100, 4, None), [0, 1, 98, 99]);
+        assert_eq!(listed_steps(100, 1, Some(50)), [0, 50, 99]);
+    }
 }
