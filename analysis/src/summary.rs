@@ -14,7 +14,7 @@
 //!     "allocations": N,                 // allocation intervals (incl. before the window)
 //!     "peak": {"bytes": N, "event": I, "time_us": T|null},   // active curve (alloc to free_completed)
 //!     "peak_allocated_bytes": N,        // frees counted at free_requested instead
-//!     "peak_reserved_bytes": N, "reserved_known": B,
+//!     "peak_reserved_bytes": N, "reserved_known": B, "allocated_known": B,
 //!     "final_bytes": N, "final_reserved_bytes": N,
 //!     "peak_top_sites": [{"site": "file:line:function", "bytes": N, "count": N}],
 //!     "categories_at_peak": {"parameter": B, "optimizer_state": B, "gradient": B,
@@ -210,6 +210,9 @@ pub struct DeviceSummary {
     /// data): the reserved numbers are then 0 because nothing is known, not because nothing
     /// was reserved.
     pub reserved_known: bool,
+    /// `false` for an import whose source sees only the driver's allocations (rocprofv3): the
+    /// blocks and the peak are reserved memory, and the allocated (tensor) bytes are unknown.
+    pub allocated_known: bool,
     pub final_bytes: u64,
     pub final_reserved_bytes: u64,
     pub peak_top_sites: Vec<SiteBytes>,
@@ -437,6 +440,7 @@ pub fn summarize_device_with_steps(
         peak,
         peak_allocated_bytes: curves.allocated.max().0,
         peak_reserved_bytes: curves.reserved.max().0,
+        allocated_known: replay.allocated_known,
         reserved_known: replay.source.is_none()
             || replay.reserved_from_source
             || !replay.segments.is_empty(),

@@ -181,12 +181,22 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
         } else {
             "unknown (the source records no reserved memory)".to_owned()
         };
-        let _ = writeln!(
-            out,
-            "  peak {} at {}; reserved peak {reserved}",
-            format_size(d.peak.bytes),
-            when(d, d.peak.event, d.peak.time_us),
-        );
+        if d.allocated_known {
+            let _ = writeln!(
+                out,
+                "  peak {} at {}; reserved peak {reserved}",
+                format_size(d.peak.bytes),
+                when(d, d.peak.event, d.peak.time_us),
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  reserved peak {} at {}; allocated unknown (the source records the driver's \
+                 allocations only: under PyTorch's caching allocator, its segments)",
+                format_size(d.peak_reserved_bytes),
+                when(d, d.peak.event, d.peak.time_us),
+            );
+        }
         if !d.peak_top_sites.is_empty() {
             let _ = writeln!(out, "  top sites at the peak:");
             for s in &d.peak_top_sites {

@@ -115,3 +115,29 @@ fn import_writes_a_snapshot_and_prints_what_it_skipped() {
     let (snapshot, _) = memsnap_format::read_path(&out_path).expect("read back");
     assert_eq!(snapshot.traces()[2].len(), 7);
 }
+
+#[test]
+fn summary_of_a_rocm_trace_calls_its_peak_reserved_and_the_allocated_bytes_unknown() {
+    // rocprofv3 records hipMalloc and kin: under PyTorch those are the caching allocator's
+    // segments. The summary used to print them as the allocated peak.
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("memory_allocation_trace.csv");
+    std::fs::write(&csv, CSV).unwrap();
+    let out = memsnap(&["summary", csv.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("reserved peak 3.0 MiB at event"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("allocated unknown (the source records the driver's allocations only"),
+        "{stdout}"
+    );
+    let out = memsnap(&["summary", "--json", csv.to_str().unwrap()]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let device = &json["devices"][0];
+    assert_eq!(device["allocated_known"], false);
+    assert_eq!(device["reserved_known"], true);
+    assert_eq!(device["peak_reserved_bytes"], 3 << 20);
+}

@@ -334,10 +334,12 @@ fn map_process(
     let mut snapshot = Snapshot::new(traces.len());
     snapshot.device_traces = Some(traces);
     snapshot.segments = segments;
-    snapshot.recorder_info = Some(RecorderInfo {
+    let mut info = RecorderInfo {
         producer: producer(format, &rank, None),
         ..Default::default()
-    });
+    };
+    info.set_sources(&driver_only_sources(&snapshot));
+    snapshot.recorder_info = Some(info);
     Rank {
         label: rank,
         devices,
@@ -401,9 +403,24 @@ pub(crate) fn merge_ranks(format: RocmFormat, mut ranks: Vec<Rank>) -> Snapshot 
     let mut snapshot = Snapshot::new(traces.len());
     snapshot.device_traces = Some(traces);
     snapshot.segments = segments;
-    snapshot.recorder_info = Some(RecorderInfo {
+    let mut info = RecorderInfo {
         producer: producer(format, "several processes", Some(&names.join(", "))),
         ..Default::default()
-    });
+    };
+    info.set_sources(&driver_only_sources(&snapshot));
+    snapshot.recorder_info = Some(info);
     snapshot
+}
+
+/// rocprofv3 records the driver's allocations (`hipMalloc` and kin): under PyTorch's caching
+/// allocator those are its segments, reserved memory, and the tensors inside them are not in
+/// the trace. Each device's source says so (`allocated_known: false`), so that views call
+/// what they show reserved memory and the allocated bytes unknown, not equal to it.
+fn driver_only_sources(snapshot: &Snapshot) -> Vec<memsnap_format::SourceInfo> {
+    (0..snapshot.traces().len() as i64)
+        .map(|device| memsnap_format::SourceInfo {
+            allocated_known: false,
+            ..memsnap_format::SourceInfo::new(device, "rocprofv3")
+        })
+        .collect()
 }
