@@ -19,10 +19,11 @@
 //!   optimizer; [`memsnap_analysis::steps`]) as `X` slices on the thread `phases`.
 //!
 //! Every trace entry rides on exactly one event, in its `args.memsnap` (`[index, action,
-//! addr, size, stream, time_us, stack, device_free]`), and the frame and stack tables sit in
-//! the top-level `otherData.memsnap`: the importer ([`crate::torch`]) recognises memsnap's
-//! own export and rebuilds the traces exactly (requested sizes, streams, frames, both free
-//! actions), not through torch.profiler's lossy `[memory]` events.
+//! addr, size, stream, time_us, stack, device_free]`), and the frame and stack tables and the
+//! allocator's final state (`state`: segments, blocks, settings) sit in the top-level
+//! `otherData.memsnap`: the importer ([`crate::torch`]) recognises memsnap's own export and
+//! rebuilds the traces exactly (requested sizes, streams, frames, both free actions) and the
+//! segments, not through torch.profiler's lossy `[memory]` events.
 //!
 //! Times are the trace's `time_us` (epoch µs). A trace without times uses the entry index
 //! as its clock (`otherData.memsnap.devices[].timed` is `false`).

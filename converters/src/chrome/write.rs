@@ -715,6 +715,23 @@ pub(crate) fn write_other_data(
         out.write_all(b",\"sources\":")?;
         serde_json::to_writer(&mut *out, &sources).map_err(io::Error::from)?;
     }
+    // The allocator's state at the end (segments, blocks, their stacks) and its settings:
+    // memory live before the trace's window is only known from them, so without them an
+    // import lost it (a ring buffer's file imported back with a fraction of its peak). Written
+    // as memsnap's JSON snapshot of them, frames inline.
+    if !snapshot.segments.is_empty() || snapshot.allocator_settings.is_some() {
+        let state = Snapshot {
+            frames: snapshot.frames.clone(),
+            stacks: snapshot.stacks.clone(),
+            segments: snapshot.segments.clone(),
+            allocator_settings: snapshot.allocator_settings.clone(),
+            ..Snapshot::default()
+        };
+        let json = memsnap_format::io::encode(&state, memsnap_format::Format::Json)
+            .map_err(io::Error::other)?;
+        out.write_all(b",\"state\":")?;
+        out.write_all(&json)?;
+    }
     out.write_all(b",\"frames\":[")?;
     for (i, f) in snapshot.frames.iter().enumerate() {
         if i > 0 {

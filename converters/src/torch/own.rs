@@ -30,6 +30,9 @@ pub(crate) struct Meta {
     /// categories), when the exported snapshot had it.
     #[serde(default)]
     sources: Vec<SourceInfo>,
+    /// The allocator's final state (segments) and settings, as memsnap's JSON snapshot.
+    #[serde(default)]
+    state: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[derive(Deserialize)]
@@ -264,10 +267,40 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
         info.set_sources(&meta.sources);
         snapshot.recorder_info = Some(info);
     }
-    report.warnings.push(
-        "segments (the allocator's final state) are not part of the export: the imported \
-         snapshot has the traces only"
-            .into(),
-    );
+    match &meta.state {
+        Some(state) => {
+            let (state, _) = memsnap_format::read_bytes(state.get().as_bytes())
+                .map_err(|e| own(format!("otherData.memsnap.state: {e}")))?;
+            adopt_state(&mut snapshot, state);
+        }
+        None => report.warnings.push(
+            "segments (the allocator's final state) are not part of this export (written by \
+             an older memsnap): the imported snapshot has the traces only"
+                .into(),
+        ),
+    }
     Ok(Imported { snapshot, report })
+}
+
+/// Moves the exported state's segments and allocator settings into `snapshot`, their stacks
+/// interned into its tables.
+fn adopt_state(snapshot: &mut Snapshot, mut state: Snapshot) {
+    let mut segments = std::mem::take(&mut state.segments);
+    let mut restack = |id: &mut Option<memsnap_format::StackId>| {
+        if let Some(old) = *id {
+            let frames: Vec<Frame> = state.stack_frames(old).cloned().collect();
+            *id = Some(snapshot.intern_stack(frames));
+        }
+    };
+    for segment in &mut segments {
+        restack(&mut segment.frames);
+        for block in &mut segment.blocks {
+            restack(&mut block.frames);
+            for item in block.history.iter_mut().flatten() {
+                restack(&mut item.frames);
+            }
+        }
+    }
+    snapshot.segments = segments;
+    snapshot.allocator_settings = state.allocator_settings.take();
 }
