@@ -530,6 +530,13 @@ impl Replay {
             .saturating_sub(self.unattributed_allocations)
     }
 
+    /// Whether the reserved curve means something: `false` for an import whose source records
+    /// no reserved memory (`export_memory_timeline` data: no segments, no reserved series),
+    /// where it is 0 because nothing is known. O(1).
+    pub fn reserved_known(&self) -> bool {
+        self.source.is_none() || self.reserved_from_source || !self.segments.is_empty()
+    }
+
     /// Takes in what an imported trace's source knew beside the blocks: its unattributed
     /// memory as allocations of their own, its reserved series as the reserved curve (when
     /// the trace has no segment events), whether allocated bytes are known.

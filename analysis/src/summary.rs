@@ -441,9 +441,7 @@ pub fn summarize_device_with_steps(
         peak_allocated_bytes: curves.allocated.max().0,
         peak_reserved_bytes: curves.reserved.max().0,
         allocated_known: replay.allocated_known,
-        reserved_known: replay.source.is_none()
-            || replay.reserved_from_source
-            || !replay.segments.is_empty(),
+        reserved_known: replay.reserved_known(),
         final_bytes: curves.active.at(replay.axis_len() - 1),
         final_reserved_bytes: curves.reserved.at(replay.axis_len() - 1),
         peak_top_sites,

@@ -171,7 +171,13 @@ pub fn render_scene(snapshot: &Snapshot, options: &PlotOptions) -> Result<Scene,
     request.lifetime = Lifetime::Active;
     let layout = timeline.layout(&request)?;
 
-    let reserved = scene::reserved_max(&timeline, &layout);
+    // An import whose source records no reserved memory has none to outline (not 0 B).
+    let reserved_known = timeline.replay().reserved_known();
+    let reserved = if reserved_known {
+        scene::reserved_max(&timeline, &layout)
+    } else {
+        0
+    };
     let map = Mapping {
         plot,
         start: request.start,
@@ -183,7 +189,7 @@ pub fn render_scene(snapshot: &Snapshot, options: &PlotOptions) -> Result<Scene,
         colour_by: options.colour_by,
         dark: options.dark,
         search: None,
-        show_reserved: true,
+        show_reserved: reserved_known,
     };
     let bands = scene::band_layer(&model, &layout, &style, &map);
     // Every step and phase, blended into its column, while they fit; more steps than
@@ -206,7 +212,7 @@ pub fn render_scene(snapshot: &Snapshot, options: &PlotOptions) -> Result<Scene,
             colour_by: options.colour_by,
             dark: options.dark,
             show_steps: options.show_steps,
-            show_reserved: true,
+            show_reserved: reserved_known,
             min_size: options.min_size,
         },
     );

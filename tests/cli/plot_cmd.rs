@@ -58,3 +58,28 @@ fn plot_rejects_unknown_extension_and_bad_input() {
     let out = memsnap(&["plot", garbage.to_str().unwrap(), "-o", "x.png"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn plot_of_an_import_without_reserved_memory_draws_no_reserved_outline() {
+    // export_memory_timeline records no reserved memory: the outline was drawn at 0 B (and
+    // the legend named it) as if nothing had been reserved.
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu_h200_torch2.11");
+    for (file, outlined) in [
+        ("memory_timeline.raw.json.gz", false),
+        ("profiler.pt.trace.json.gz", true),
+        ("native.pickle.gz", true),
+    ] {
+        let svg = dir.path().join(format!("{file}.svg"));
+        let input = fixtures.join(file);
+        let out = memsnap(&["plot", input.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert_eq!(text.contains(">reserved<"), outlined, "{file}");
+    }
+}

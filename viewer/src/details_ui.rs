@@ -222,7 +222,12 @@ fn device_summary_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>) {
                 ("allocations", replay.allocations.len().to_string()),
                 (
                     "peak allocated",
-                    format!("{} at event {}", format_bytes(peak.bytes), peak.event),
+                    if replay.allocated_known {
+                        format!("{} at event {}", format_bytes(peak.bytes), peak.event)
+                    } else {
+                        "unknown: the source records the driver's allocations only (reserved)"
+                            .to_owned()
+                    },
                 ),
                 (
                     "peak active",
@@ -230,7 +235,11 @@ fn device_summary_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>) {
                 ),
                 (
                     "peak reserved",
-                    format_bytes(timeline.peak(CurveKind::Reserved).bytes),
+                    if replay.reserved_known() {
+                        format_bytes(timeline.peak(CurveKind::Reserved).bytes)
+                    } else {
+                        "unknown: the source records no reserved memory".to_owned()
+                    },
                 ),
                 (
                     "before the window",

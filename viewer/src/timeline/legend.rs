@@ -12,7 +12,7 @@ pub fn legend_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &TimelineS
         colour_by: state.color_mode,
         dark: ui.visuals().dark_mode,
         show_steps: state.show_steps,
-        show_reserved: state.show_reserved,
+        show_reserved: super::paint::reserved_shown(model, state),
         min_size: state.min_size,
     };
     let entries = scene::legend(&model.scene(), &style);

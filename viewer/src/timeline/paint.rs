@@ -70,10 +70,16 @@ fn theme(ui: &egui::Ui) -> Theme {
     }
 }
 
+/// Whether the reserved outline is drawn: asked for, and known (an import whose source records
+/// no reserved memory has none, not 0 B).
+pub(super) fn reserved_shown(model: &TimelineModel<'_>, state: &TimelineState) -> bool {
+    state.show_reserved && model.timeline.replay().reserved_known()
+}
+
 /// The y scale: what is visible (fit y) or the whole run's peak, with a little headroom.
 fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f64 {
     let y_top = if state.fit_y {
-        let reserved = if state.show_reserved {
+        let reserved = if reserved_shown(model, state) {
             scene::reserved_max(model.timeline, layout)
         } else {
             0
@@ -81,7 +87,7 @@ fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f
         layout.y_max.max(reserved)
     } else {
         let curves = model.timeline.curves();
-        curves.active.max().0.max(if state.show_reserved {
+        curves.active.max().0.max(if reserved_shown(model, state) {
             curves.reserved.max().0
         } else {
             0
@@ -115,7 +121,7 @@ pub(super) fn timeline_scene_ui(
         plot,
         y_max_bits: map.y_max.to_bits(),
         dark: theme.dark,
-        show_reserved: state.show_reserved,
+        show_reserved: reserved_shown(model, state),
         search: state.search_match.as_ref().map(|m| m.query.clone()),
         colour_by: state.color_mode,
         steps_ready: !model.steps.categories.is_empty(),
@@ -125,7 +131,7 @@ pub(super) fn timeline_scene_ui(
             colour_by: state.color_mode,
             dark: theme.dark,
             search: state.search_match.as_ref(),
-            show_reserved: state.show_reserved,
+            show_reserved: reserved_shown(model, state),
         };
         let bands = scene::band_layer(&model.scene(), layout, &style, &map);
         let mesh = Arc::new(band_mesh(&bands, ui.ctx().pixels_per_point()));
