@@ -783,6 +783,41 @@ impl Snapshot {
         self.stacks.intern(&ids)
     }
 
+    /// Appends `segments`, which belong to `source`, with every stack they name (a segment's,
+    /// its blocks', their history items') interned into this snapshot's tables, each once.
+    /// O(blocks + frames of the stacks they use).
+    pub fn add_segments_from(
+        &mut self,
+        source: &Snapshot,
+        segments: impl IntoIterator<Item = Segment>,
+    ) {
+        let mut interned: Vec<Option<StackId>> = vec![None; source.stacks.len()];
+        let mut reintern = |this: &mut Snapshot, id: &mut Option<StackId>| {
+            let Some(old) = *id else { return };
+            let new = match interned.get(old.index()).copied().flatten() {
+                Some(known) => known,
+                None => {
+                    let new = this.intern_stack(source.stack_frames(old).cloned());
+                    if let Some(slot) = interned.get_mut(old.index()) {
+                        *slot = Some(new);
+                    }
+                    new
+                }
+            };
+            *id = Some(new);
+        };
+        for mut segment in segments {
+            reintern(self, &mut segment.frames);
+            for block in &mut segment.blocks {
+                reintern(self, &mut block.frames);
+                for item in block.history.iter_mut().flatten() {
+                    reintern(self, &mut item.frames);
+                }
+            }
+            self.segments.push(segment);
+        }
+    }
+
     /// The frames of a stack, innermost first.
     pub fn stack_frames(&self, id: StackId) -> impl ExactSizeIterator<Item = &Frame> + '_ {
         self.stacks.get(id).iter().map(|f| self.frames.get(*f))
@@ -815,6 +850,47 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn segments_from_another_snapshot_keep_their_stacks() {
+        // What a Chrome export's state brings back: segments whose block and history stacks
+        // point into the exporting snapshot's tables.
+        let mut source = Snapshot::default();
+        let _unused = source.intern_stack([Frame::new("traced_only", "t.py", 1)]);
+        let a = source.intern_stack([Frame::new("forward", "m.py", 7)]);
+        let b = source.intern_stack([Frame::new("step", "o.py", 9)]);
+        let mut segment = Segment::new(0, 0x1000, 4096, 0);
+        segment.frames = Some(b);
+        let mut block = Block::new(0x1000, 512, BlockState::ActiveAllocated);
+        block.frames = Some(a);
+        block.history = Some(vec![HistoryItem {
+            addr: 0x1000,
+            real_size: 512,
+            frames: Some(b),
+            extra: Vec::new(),
+            exact: Default::default(),
+        }]);
+        segment.blocks.push(block);
+        let mut target = Snapshot::default();
+        let first = target.intern_stack([Frame::new("other", "x.py", 2)]);
+        target.add_segments_from(&source, [segment]);
+        let names = |id: Option<StackId>| -> Vec<String> {
+            target
+                .stack_frames(id.unwrap())
+                .map(|f| f.name.clone())
+                .collect()
+        };
+        let seg = &target.segments[0];
+        assert_eq!(names(seg.frames), ["step"]);
+        assert_eq!(names(seg.blocks[0].frames), ["forward"]);
+        assert_eq!(
+            names(seg.blocks[0].history.as_ref().unwrap()[0].frames),
+            ["step"]
+        );
+        // Only the stacks the segments use were added, each once.
+        assert_eq!(target.stacks.len(), 3);
+        assert_eq!(names(Some(first)), ["other"]);
+    }
 
     /// What keeps the entry at 48 bytes (pinned in `tests/it/numbers.rs`).
     #[test]

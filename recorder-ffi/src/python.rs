@@ -302,20 +302,29 @@ unsafe fn frame_line(api: &PythonApi, codes: &mut CodeTable, frame: PyObject, co
 /// # Safety
 /// GIL held; `code` is a live code object.
 unsafe fn code_names(api: &PythonApi, code: PyObject) -> (String, String) {
-    let (mut ty, mut value, mut traceback) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
-    // SAFETY: GIL held (caller contract). A pending exception must survive our attribute
-    // lookups untouched: it is taken out here and put back below.
+    // A pending exception must survive our attribute lookups untouched: it is taken out here
+    // and put back below.
+    let [ty, value, traceback] = take_error(api);
+    // SAFETY: GIL held (caller contract); restoring hands the taken references back.
     unsafe {
-        (api.err_fetch)(&mut ty, &mut value, &mut traceback);
         let name = string_attr(api, code, c"co_name");
         let filename = string_attr(api, code, c"co_filename");
         (api.err_restore)(ty, value, traceback);
         (name, filename)
     }
+}
+
+/// Takes the pending exception out (type, value, traceback; NULL where none): the caller
+/// owns the references. The GIL is held by every caller.
+fn take_error(api: &PythonApi) -> [PyObject; 3] {
+    let (mut ty, mut value, mut traceback) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: GIL held by every caller; the out-pointers point to live locals.
+    unsafe { (api.err_fetch)(&mut ty, &mut value, &mut traceback) };
+    [ty, value, traceback]
 }
 
 /// A `str` attribute of `object` as a Rust string (`"??"` when missing or not a string).
@@ -347,18 +356,10 @@ unsafe fn string_attr(api: &PythonApi, object: PyObject, attr: &CStr) -> String 
 
 /// Drops an exception our own lookup raised.
 fn clear_error(api: &PythonApi) {
-    let (mut ty, mut value, mut traceback) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
-    // SAFETY: GIL held by every caller; fetching takes the references, which we release.
-    unsafe {
-        (api.err_fetch)(&mut ty, &mut value, &mut traceback);
-        for object in [ty, value, traceback] {
-            if !object.is_null() {
-                (api.dec_ref)(object);
-            }
+    for object in take_error(api) {
+        if !object.is_null() {
+            // SAFETY: GIL held by every caller; the reference is ours (taken above).
+            unsafe { (api.dec_ref)(object) };
         }
     }
 }

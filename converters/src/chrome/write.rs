@@ -720,13 +720,12 @@ pub(crate) fn write_other_data(
     // import lost it (a ring buffer's file imported back with a fraction of its peak). Written
     // as memsnap's JSON snapshot of them, frames inline.
     if !snapshot.segments.is_empty() || snapshot.allocator_settings.is_some() {
-        let state = Snapshot {
-            frames: snapshot.frames.clone(),
-            stacks: snapshot.stacks.clone(),
-            segments: snapshot.segments.clone(),
+        // Only the stacks the segments use travel (not the traces' whole tables).
+        let mut state = Snapshot {
             allocator_settings: snapshot.allocator_settings.clone(),
             ..Snapshot::default()
         };
+        state.add_segments_from(snapshot, snapshot.segments.iter().cloned());
         let json = memsnap_format::io::encode(&state, memsnap_format::Format::Json)
             .map_err(io::Error::other)?;
         out.write_all(b",\"state\":")?;

@@ -285,22 +285,7 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
 /// Moves the exported state's segments and allocator settings into `snapshot`, their stacks
 /// interned into its tables.
 fn adopt_state(snapshot: &mut Snapshot, mut state: Snapshot) {
-    let mut segments = std::mem::take(&mut state.segments);
-    let mut restack = |id: &mut Option<memsnap_format::StackId>| {
-        if let Some(old) = *id {
-            let frames: Vec<Frame> = state.stack_frames(old).cloned().collect();
-            *id = Some(snapshot.intern_stack(frames));
-        }
-    };
-    for segment in &mut segments {
-        restack(&mut segment.frames);
-        for block in &mut segment.blocks {
-            restack(&mut block.frames);
-            for item in block.history.iter_mut().flatten() {
-                restack(&mut item.frames);
-            }
-        }
-    }
-    snapshot.segments = segments;
+    let segments = std::mem::take(&mut state.segments);
+    snapshot.add_segments_from(&state, segments);
     snapshot.allocator_settings = state.allocator_settings.take();
 }
