@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python package (python/): builds the wheel, installs it into a fresh virtualenv with
 # pytest, and runs python/tests against the installed wheel. scripts/check.sh calls it after
-# `cargo test`, whose debug build it reuses: the wheel is built with the dev profile in the
-# same target dir, and ships the `memsnap`/`memsnap-viewer` programs and the recorder library
+# `cargo test`, whose build it reuses: the wheel (its extension built with the dev profile in
+# the same target dir) ships the `memsnap`/`memsnap-viewer` programs and the recorder library
 # that `cargo test` already built. Needs python3 with venv and pip (Debian: python3-venv,
 # python3-pip); maturin, pytest and numpy come from PyPI at the versions pinned below.
 set -euo pipefail
@@ -18,14 +18,16 @@ trap 'rm -rf "$WORK"' EXIT
 started=$SECONDS
 step() { echo "== python: $1 (+$((SECONDS - started)) s)"; }
 
-step "programs (cargo test's debug build)"
-# A no-op after `cargo test --workspace`: it only makes sure the programs and the recorder's
-# shared library exist and are fresh, with the features the test build used.
-cargo test --workspace --lib --bins --tests --locked --no-run --quiet 2>/dev/null ||
-  cargo test --workspace --lib --bins --tests --locked --no-run
-# The recorder library with its GPU backends (loaded at run time), as the last `cargo test`
-# line of check.sh built it.
-cargo build -p memsnap-recorder-ffi --lib --features cuda,hip --locked --quiet
+step "programs (cargo test's build)"
+# scripts/check.sh sets MEMSNAP_CHECK_BUILT: its `cargo test` built the programs and, in the C
+# ABI tests, the recorder's library with its GPU backends, as the lines below would.
+if [ -z "${MEMSNAP_CHECK_BUILT:-}" ]; then
+  cargo test --workspace --exclude memsnap-python --lib --bins --tests --locked --no-run \
+    --features memsnap-recorder/cuda,memsnap-recorder/hip,memsnap-recorder-ffi/cuda,memsnap-recorder-ffi/hip
+fi
+# The recorder library with its GPU backends (loaded at run time), in the test profile as the
+# C ABI tests build it: a no-op after them.
+cargo build -p memsnap-recorder-ffi --lib --features cuda,hip --profile test --locked --quiet
 bin="python/memsnap/_bin"
 lib="python/memsnap/_lib"
 rm -rf "$bin" "$lib"

@@ -17,6 +17,19 @@ pub enum CurveKind {
     Reserved,
 }
 
+impl CurveKind {
+    pub const ALL: [CurveKind; 3] = [CurveKind::Allocated, CurveKind::Active, CurveKind::Reserved];
+
+    /// The name counters and columns use: `allocated`, `active`, `reserved`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CurveKind::Allocated => "allocated",
+            CurveKind::Active => "active",
+            CurveKind::Reserved => "reserved",
+        }
+    }
+}
+
 /// A step function over the event axis: `initial` before event 0, then a value after each
 /// event. A curve that changes at most events (allocated, active) keeps every value in 4 bytes
 /// (an offset from its block's lowest value); one that changes rarely (reserved: segment

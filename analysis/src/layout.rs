@@ -11,7 +11,7 @@
 //! at some sample); everything else is residual. Each column also carries the min and max of
 //! the curve over all events it covers, so short spikes stay visible as an envelope.
 //!
-//! Cost, after the one-time precomputation ([`crate::DeviceTimeline::prepare_drawing`]):
+//! Cost, after the one-time precomputation ([`crate::DeviceTimeline::build_for_drawing`]):
 //! O(m + w + b log b + b × w) for `w` columns, `b` drawn bands and `m` allocations of at
 //! least `min_size`. The selection walks those largest first, rejecting the ones outside the
 //! range in O(1) on average, until `max_bands` are chosen; the sweep restacks a column only

@@ -587,7 +587,9 @@ fn annotation_bounds(
 /// a training loop's steps begin with an allocation from the same stack, so the earliest
 /// allocation before the first found step with the stack (and size; with another size when
 /// none has it, as batch shapes vary) that begins the next step begins the first one (with
-/// the `segment_alloc`s right before it, which it caused).
+/// the `segment_alloc`s right before it, which it caused); failing that, when the source
+/// gives categories, its first input or activation. The first step must hold the highest
+/// point before the next one. O(n log n).
 fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
     let mut bounds = shape_bounds_of(
         curve.len(),
@@ -647,16 +649,32 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
         .map(|&(s, e)| curve.peak_in(s, e).1)
         .min()
         .unwrap_or(0);
-    for a in candidates {
+    // A source that names its categories (PyTorch's memory profiler) knows the first
+    // tensor a forward pass makes: the first input or activation, after the set-up's
+    // parameters. Tried when no call site opens the first step (the plot data of
+    // `export_memory_timeline` has synthetic blocks: no call site and no size repeats).
+    let first_forward_tensor = traced[..before].iter().find(|a| {
+        matches!(
+            replay.source_category(a.alloc_event()),
+            Some(Category::Input | Category::Activation)
+        )
+    });
+    for a in candidates.into_iter().chain(first_forward_tensor) {
         let mut start = a.start();
         while start > 0 && segment_allocs.binary_search(&(start - 1)).is_ok() {
             start -= 1;
         }
-        // Only a real step: it must reach the high region like the others do.
+        // Only a real step: it must reach the high region like the others do, and hold the
+        // highest point before the next step (a candidate in the valley after the first
+        // step's peak would leave that peak in the set-up and make a step of the valley).
         let this_peak = curve
             .min_max(start as usize, first_start as usize)
             .map_or(0, |(_, max)| max);
-        if start + 1 < first_start && this_peak as f64 >= 0.5 * low_peak as f64 {
+        let peak_before = curve.min_max(0, start as usize).map_or(0, |(_, max)| max);
+        if start + 1 < first_start
+            && this_peak as f64 >= 0.5 * low_peak as f64
+            && this_peak >= peak_before
+        {
             bounds.insert(0, (start, first_start - 1));
             break;
         }

@@ -7,7 +7,7 @@ use foldhash::{HashMap, HashSet};
 use memsnap_format::Snapshot;
 use serde::Serialize;
 
-use crate::curve::{CurveKind, CurveMinMax, Curves, TimeAxis};
+use crate::curve::{Curve, CurveKind, CurveMinMax, Curves, TimeAxis};
 use crate::error::{AnalysisError, Result};
 use crate::layout::{Layout, LayoutRequest};
 use crate::ranges::{named_ranges, NamedRange};
@@ -236,13 +236,6 @@ impl DeviceTimeline {
         })
     }
 
-    /// Builds the indexes drawing needs now (they are otherwise built on first use): a
-    /// viewer calls this on its loader thread, so the first frame does not wait for them.
-    /// O(m log m + n) the first time, O(1) after.
-    pub fn prepare_drawing(&self) {
-        self.drawing();
-    }
-
     fn drawing(&self) -> &DrawingIndex {
         self.drawing
             .get_or_init(|| DrawingIndex::build(&self.replay, &self.curves))
@@ -279,6 +272,21 @@ impl DeviceTimeline {
         &self.curves
     }
 
+    /// The curves the source records, for views that list counters: an import whose source
+    /// does not know allocated bytes (a rocprofv3 trace: driver allocations only) or reserved
+    /// bytes (`export_memory_timeline` data) leaves that curve out rather than showing a zero
+    /// or a copy of another. O(1).
+    pub fn known_curves(&self) -> impl Iterator<Item = (CurveKind, &Curve)> {
+        let replay = &self.replay;
+        CurveKind::ALL.into_iter().filter_map(move |kind| {
+            let known = match kind {
+                CurveKind::Allocated | CurveKind::Active => replay.allocated_known,
+                CurveKind::Reserved => replay.reserved_known(),
+            };
+            known.then(|| (kind, self.curves.get(kind)))
+        })
+    }
+
     pub fn time(&self) -> &TimeAxis {
         &self.time
     }
@@ -288,8 +296,8 @@ impl DeviceTimeline {
         &self.ranges
     }
 
-    /// Allocations by size, largest first (built on first use, see
-    /// [`DeviceTimeline::prepare_drawing`]).
+    /// Allocations by size, largest first (built on first use, or up front by
+    /// [`DeviceTimeline::build_for_drawing`]).
     pub fn by_size_desc(&self) -> &[SizeOrdered] {
         &self.drawing().by_size_desc
     }

@@ -324,3 +324,28 @@ fn profiler_imports_give_the_profilers_own_peaks() {
     assert_eq!(steps[0]["start_event"], 310);
     assert_eq!(device["peak_phase"]["step"], 0);
 }
+
+/// Regression: the plot data of the same timeline (totals per category per microsecond:
+/// synthetic blocks, so no call site or size repeats) put its first step, peak included, in
+/// the set-up and made a step of a bump in the valley after it ("the peak falls in the setup
+/// phase"). Its first step is now found by the source's categories (its first input or
+/// activation) and must hold the highest point before the next step.
+#[test]
+fn the_memory_timelines_plot_data_finds_both_profiled_steps() {
+    let device =
+        &json_of(&["summary", "--json", &fixture("memory_timeline.json.gz")])["devices"][0];
+    let steps = device["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{steps:#?}");
+    assert_eq!(device["peak_phase"]["step"], 0);
+    assert_eq!(device["peak_phase"]["kind"], "forward");
+    // The set-up is the memory from before the profile, as in the raw events: it ends where
+    // the first step's forward pass starts climbing, below the peak.
+    let setup_end = device["setup_phase"]["end_event"].as_u64().unwrap();
+    assert!(setup_end < device["peak"]["event"].as_u64().unwrap());
+    assert_eq!(steps[0]["start_event"].as_u64().unwrap(), setup_end + 1);
+    // Both steps climb several GiB (the bump was 0.5 GiB).
+    for step in steps {
+        let climb = step["peak_bytes"].as_u64().unwrap() - step["start_bytes"].as_u64().unwrap();
+        assert!(climb > 4 << 30, "{step:#?}");
+    }
+}

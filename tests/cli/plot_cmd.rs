@@ -83,3 +83,49 @@ fn plot_of_an_import_without_reserved_memory_draws_no_reserved_outline() {
         assert_eq!(text.contains(">reserved<"), outlined, "{file}");
     }
 }
+
+#[test]
+fn plot_of_a_profiler_trace_draws_the_memory_from_before_the_profile_as_its_own_band() {
+    // The profiler counts memory live before the profile in `Total Allocated` but records no
+    // block for it: the picture draws it as one grey band under the profile's blocks, and the
+    // legend names it with its size, so the curve reaches the profiler's peak.
+    let dir = tempfile::tempdir().unwrap();
+    let mut inputs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/gpu_h200_torch2.11/profiler.pt.trace.json.gz")];
+    match std::env::var_os("MEMSNAP_REAL_TRACES") {
+        Some(traces) => inputs
+            .push(std::path::Path::new(&traces).join("tracelens_h100_bert-small.pt.trace.json.gz")),
+        None => eprintln!("notice: MEMSNAP_REAL_TRACES is unset; plotting the fixture only"),
+    }
+    for input in inputs {
+        let input = input.to_str().unwrap();
+        let summary = memsnap(&["summary", input, "--json"]);
+        assert!(summary.status.success(), "{input}");
+        let json: serde_json::Value = serde_json::from_slice(&summary.stdout).unwrap();
+        let before = json["devices"][0]["before_window_bytes"].as_u64().unwrap();
+        assert!(
+            before > 0,
+            "{input}: the trace has memory from before the profile"
+        );
+
+        let svg = dir.path().join("plot.svg");
+        let out = memsnap(&["plot", input, "-o", svg.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let label = format!(
+            "before the profile, unattributed ({})",
+            memsnap_units::format_size(before)
+        );
+        assert!(text.contains(&label), "{input}: no legend entry {label:?}");
+        // The band itself: a filled path in the before-the-window grey (either theme).
+        assert!(
+            text.lines().any(|l| l.starts_with("<path")
+                && (l.contains(r##"fill="#b0b4c0""##) || l.contains(r##"fill="#585c68""##))),
+            "{input}: no band in the before-the-window colour"
+        );
+    }
+}

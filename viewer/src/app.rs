@@ -12,7 +12,6 @@ use crate::export;
 use crate::loader::{LoadJob, Source};
 use crate::settings::{Settings, STORAGE_KEY};
 use crate::shortcuts::{self, Command};
-use crate::units::format_bytes;
 
 /// The main area's view.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -728,12 +727,4 @@ impl eframe::App for ViewerApp {
     fn save(&mut self, storage: &mut dyn eframe::Storage) {
         eframe::set_value(storage, STORAGE_KEY, &self.settings);
     }
-}
-
-/// A one-line description of a loaded file for tooltips.
-pub fn file_summary(name: &str, bytes: u64, entries: usize, devices: usize) -> String {
-    format!(
-        "{name}: {} on disk, {entries} trace entries, {devices} device(s)",
-        format_bytes(bytes)
-    )
 }

@@ -16,6 +16,7 @@ use crate::timeline::{timeline_ui, TimelineModel, TimelineState};
 
 /// Errors a benchmark run can meet.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BenchError {
     #[error("{0}")]
     Read(#[from] memsnap_format::FormatError),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use egui::ColorImage;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ExportError {
     #[error("cannot write {path}: {what}")]
     Write { path: PathBuf, what: String },

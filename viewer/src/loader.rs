@@ -67,6 +67,7 @@ pub struct LoadedSnapshot {
 
 /// Why a file did not open. Every variant names the file; decode errors also say where in it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     #[error("cannot read {name}: {what}")]
     Read { name: String, what: String },

@@ -622,6 +622,40 @@ fn a_real_warm_up_step_is_labelled() {
     h.get_by_label_contains("warm-up: creates");
 }
 
+/// An import whose source does not record a quantity: the details panel says it is unknown
+/// (the memory timeline: reserved; rocprofv3: allocated) instead of showing 0 B or a copy of
+/// reserved.
+#[test]
+fn the_details_say_unknown_for_what_an_import_does_not_record() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/gpu_h200_torch2.11/memory_timeline.raw.json.gz");
+    let mut files = vec![(
+        "memory_timeline.raw.json.gz",
+        std::fs::read(fixture).expect("fixture"),
+        "unknown: the source records no reserved memory",
+    )];
+    match std::env::var_os("MEMSNAP_REAL_TRACES") {
+        Some(dir) => files.push((
+            "memory_allocation_trace.csv",
+            std::fs::read(
+                Path::new(&dir).join("rocprofv3_docs_2025-08_memory_allocation_trace.csv"),
+            )
+            .expect("real trace"),
+            "unknown: the source records the driver's allocations only (reserved)",
+        )),
+        None => eprintln!("MEMSNAP_REAL_TRACES is not set: checking the memory timeline only"),
+    }
+    for (name, bytes, unknown) in files {
+        let h = loaded_app(&[(name, bytes)], Settings::default());
+        assert!(
+            h.state().notices.is_empty(),
+            "{name}: {:?}",
+            h.state().notices
+        );
+        h.get_by_label(unknown);
+    }
+}
+
 /// A run recorded by memsnap's allocator whose fragmentation `expandable_segments:True`
 /// removes: growing activations, each freed before the next, a small tensor kept after each.
 fn fragmenting_pickle() -> Vec<u8> {

@@ -14,7 +14,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use memsnap_analysis::{DeviceTimeline, Lifetime, StepOptions};
+use memsnap_analysis::{CurveKind, DeviceTimeline, Lifetime, StepOptions};
 use memsnap_format::{Action, Snapshot};
 use prost::Message;
 
@@ -197,9 +197,11 @@ pub fn write_perfetto(
                 ..TrackDescriptor::default()
             })
         };
-        for (i, n) in ["allocated", "active", "reserved"].iter().enumerate() {
+        // A counter track for each curve the source records.
+        let counter_track = |kind: CurveKind| uuid(pid, KIND_COUNTER, kind as usize);
+        for (kind, _) in timeline.known_curves() {
             emit(
-                child(uuid(pid, KIND_COUNTER, i), n, true),
+                child(counter_track(kind), kind.name(), true),
                 &mut summary.events,
             )?;
         }
@@ -224,12 +226,8 @@ pub fn write_perfetto(
                 },
             )
         };
-        let curves = timeline.curves();
-        for (i, curve) in [&curves.allocated, &curves.active, &curves.reserved]
-            .into_iter()
-            .enumerate()
-        {
-            let track = uuid(pid, KIND_COUNTER, i);
+        for (kind, curve) in timeline.known_curves() {
+            let track = counter_track(kind);
             let counter = |time, bytes: u64| {
                 event(
                     time,

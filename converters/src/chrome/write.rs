@@ -413,13 +413,9 @@ fn write_device(
         sink.out.write_all(b"}}")?;
     }
 
-    // Counters: the curves, one event per change.
-    let curves = timeline.curves();
-    for (name, curve) in [
-        ("allocated", &curves.allocated),
-        ("active", &curves.active),
-        ("reserved", &curves.reserved),
-    ] {
+    // Counters: the curves the source records, one event per change.
+    for (kind, curve) in timeline.known_curves() {
+        let name = kind.name();
         for (time, bytes) in clock.counter_points(curve) {
             counter(sink, pid, name, time, bytes)?;
         }

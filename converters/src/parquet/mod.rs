@@ -25,7 +25,10 @@
 //! memsnap's curves add up); `block_size` the allocator's rounded block, known where the final
 //! segments hold the block. Events are trace entry indices per device; an allocation is live
 //! after event `e` when `coalesce(alloc_event, 0) <= e < coalesce(free_completed_event, ∞)`
-//! (the active lifetime peaks use: `devices.peak_event` is such an `e`). Times are the
+//! (the active lifetime peaks use: `devices.peak_event` is such an `e`). `devices.peak_bytes`,
+//! `peak_event` and `peak_time` are null for an import whose source does not know allocated
+//! bytes (rocprofv3: driver allocations only), `peak_reserved_bytes` for one that records no
+//! reserved memory (`export_memory_timeline`). Times are the
 //! entries' own `time_us` (null when the file has none). `alive_at_end`: no
 //! `free_completed` in the window. `site` is the innermost user frame
 //! ([`memsnap_analysis::sites::top_frame`]) as `file:line:function`; `phase`
@@ -874,11 +877,19 @@ fn write_device(
     rows.entries.append_value(i64::from(replay.trace_len));
     rows.allocations
         .append_value(count(replay.allocations.len()));
-    rows.peak_bytes.append_value(big(peak.bytes));
-    rows.peak_event.append_value(i64::from(peak.event));
-    rows.peak_time.append_option(peak.time_us);
-    rows.peak_reserved_bytes
-        .append_value(big(timeline.peak(CurveKind::Reserved).bytes));
+    // Null where the source does not know the quantity (see `DeviceTimeline::known_curves`).
+    let allocated_known = replay.allocated_known;
+    rows.peak_bytes
+        .append_option(allocated_known.then(|| big(peak.bytes)));
+    rows.peak_event
+        .append_option(allocated_known.then(|| i64::from(peak.event)));
+    rows.peak_time
+        .append_option(peak.time_us.filter(|_| allocated_known));
+    rows.peak_reserved_bytes.append_option(
+        replay
+            .reserved_known()
+            .then(|| big(timeline.peak(CurveKind::Reserved).bytes)),
+    );
     rows.before_window_bytes
         .append_value(big(replay.before_window_bytes));
     rows.truncated.append_value(replay.truncated);

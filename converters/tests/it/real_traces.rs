@@ -130,6 +130,114 @@ fn check_against_source(name: &str, snapshot: &Snapshot, events: &[MemoryEvent])
     );
 }
 
+/// The highest value of each counter track of the Perfetto export, by track name.
+fn perfetto_counter_max(snapshot: &Snapshot) -> BTreeMap<String, u64> {
+    use memsnap_converters::chrome::perfetto::{Trace, TYPE_COUNTER};
+    use prost::Message;
+    let mut out = Vec::new();
+    chrome::write_perfetto(snapshot, &ChromeOptions::default(), &mut out).unwrap();
+    let trace = Trace::decode(&out[..]).unwrap();
+    let mut names = BTreeMap::new();
+    let mut max: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &trace.packet {
+        if let Some(d) = &p.track_descriptor {
+            if d.counter.is_some() {
+                names.insert(d.uuid.unwrap(), d.name.clone().unwrap());
+            }
+        }
+        if let Some(e) = p
+            .track_event
+            .as_ref()
+            .filter(|e| e.r#type == Some(TYPE_COUNTER))
+        {
+            let name = &names[&e.track_uuid.unwrap()];
+            let value = u64::try_from(e.counter_value.unwrap()).unwrap();
+            let m = max.entry(name.clone()).or_default();
+            *m = (*m).max(value);
+        }
+    }
+    max
+}
+
+/// The counter names of the Chrome export.
+fn chrome_counters(snapshot: &Snapshot) -> Vec<String> {
+    let mut json = Vec::new();
+    chrome::write_trace(snapshot, &ChromeOptions::default(), &mut json).unwrap();
+    let doc: Value = serde_json::from_slice(&json).unwrap();
+    let mut names: Vec<String> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .map(|e| e["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A rocprofv3 trace records the driver's allocations (reserved memory) only, the memory
+/// timeline no reserved memory: the counters and Parquet's peaks leave out what the source
+/// does not know instead of showing a zero (the timeline's reserved) or a copy of reserved
+/// (rocprofv3's allocated), as they did.
+#[test]
+fn exports_leave_out_what_the_source_does_not_know() {
+    let Some(dir) = real_traces_dir() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for (file, counters) in [
+        (
+            "rocprofv3_docs_2025-08_memory_allocation_trace.csv",
+            &["reserved"][..],
+        ),
+        (
+            "hta_memory_timeline.raw.json.gz",
+            &["active", "allocated"][..],
+        ),
+    ] {
+        let path = dir.join(file);
+        let (snapshot, _) = open_path(&path).unwrap();
+        assert_eq!(chrome_counters(&snapshot), counters, "{file}: Chrome");
+        let perfetto: Vec<String> = perfetto_counter_max(&snapshot).into_keys().collect();
+        assert_eq!(perfetto, counters, "{file}: Perfetto");
+
+        let out = tmp.path().join(format!("pq_{file}"));
+        export_files(std::slice::from_ref(&path), &out, &ExportOptions::default()).unwrap();
+        let devices = read_table(&out, "devices");
+        let rows = ints(&devices, "peak_bytes").len();
+        let allocated_known = counters.contains(&"allocated");
+        assert_eq!(
+            ints(&devices, "peak_bytes").iter().all(Option::is_some),
+            allocated_known,
+            "{file}"
+        );
+        assert_eq!(
+            ints(&devices, "peak_event").iter().all(Option::is_some),
+            allocated_known,
+            "{file}"
+        );
+        let reserved = ints(&devices, "peak_reserved_bytes");
+        assert_eq!(reserved.len(), rows);
+        assert_eq!(
+            reserved.iter().all(Option::is_some),
+            counters.contains(&"reserved"),
+            "{file}"
+        );
+        if allocated_known {
+            continue;
+        }
+        // What the source does know is still there: rocprofv3's reserved peak per device.
+        let devices_column = ints(&devices, "device");
+        for (device, reserved) in devices_column.iter().zip(&reserved) {
+            let timeline = DeviceTimeline::build(&snapshot, device.unwrap()).unwrap();
+            let peak = timeline.peak(memsnap_analysis::CurveKind::Reserved).bytes;
+            assert_eq!(*reserved, Some(peak as i64), "{file}: device {device:?}");
+        }
+        assert!(reserved.iter().any(|r| r.unwrap() > 0), "{file}");
+    }
+}
+
 #[test]
 fn imported_profiler_traces_agree_with_the_profiler_in_every_view() {
     let Some(dir) = real_traces_dir() else {
@@ -208,6 +316,10 @@ fn imported_profiler_traces_agree_with_the_profiler_in_every_view() {
         };
         assert_eq!(counter_max("allocated"), Some(max_allocated), "{name}");
         assert_eq!(counter_max("reserved"), Some(max_reserved), "{name}");
+        // Perfetto's protobuf: the same counters.
+        let perfetto = perfetto_counter_max(&snapshot);
+        assert_eq!(perfetto.get("allocated"), Some(&max_allocated), "{name}");
+        assert_eq!(perfetto.get("reserved"), Some(&max_reserved), "{name}");
         let back_path = write_file(tmp.path(), "back.json", &json);
         let (back, _) = open_path(&back_path).unwrap();
         check_against_source(&format!("{name} via Chrome"), &back, &events);

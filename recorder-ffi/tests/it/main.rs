@@ -31,8 +31,10 @@ fn profile_dir() -> PathBuf {
 fn build_libraries() -> Result<PathBuf, String> {
     let dir = profile_dir();
     let target_dir = dir.parent().ok_or("no target folder")?;
+    // `target/debug` holds the dev and the test profile's builds; this binary is the test
+    // profile's, and building the libraries with it too reuses its settings.
     let profile = match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
+        Some("debug") => "test",
         Some(name) => name,
         None => return Err(format!("{} is not a profile folder", dir.display())),
     };
