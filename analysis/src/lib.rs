@@ -59,6 +59,7 @@ pub mod categories;
 pub mod compare;
 pub mod curve;
 pub mod error;
+pub mod instant;
 pub mod layout;
 pub mod live;
 pub mod phases;
@@ -72,6 +73,7 @@ pub mod timeline;
 pub use categories::{Category, CategoryBytes};
 pub use curve::{Curve, CurveKind, Curves, TimeAxis};
 pub use error::{AnalysisError, Result};
+pub use instant::{Instant, InstantParseError};
 pub use layout::{Axis, Band, BandStep, Column, Hit, Layout, LayoutRequest};
 /// Sizes as people read them (`1.5 GiB`): the one formatter, from `memsnap-units`.
 pub use memsnap_units::format_size;
@@ -83,9 +85,7 @@ pub use steps::{
     Drift, Slope, StackEvidence, Step, StepAnalysis, StepMethod, StepOptions, StepSource,
 };
 pub use summary::{summarize, DeviceSummary, Summary, SummaryOptions};
-pub use timeline::{
-    DeviceTimeline, Instant, LiveGroup, Peak, SegmentUsage, SiteStats, SizeOrdered,
-};
+pub use timeline::{DeviceTimeline, LiveGroup, Peak, SegmentUsage, SiteStats, SizeOrdered};
 
 #[cfg(test)]
 mod send_sync {

@@ -67,6 +67,8 @@
 //! window. Event indices are positions in the device trace; a step runs from its first event
 //! to its last (inclusive), and "bytes at an event" means right after it.
 
+use std::borrow::Cow;
+
 use memsnap_format::Snapshot;
 use serde::Serialize;
 
@@ -75,7 +77,7 @@ use crate::curve::CurveKind;
 use crate::error::Result;
 use crate::phases::Phase;
 use crate::sites::GroupBy;
-use crate::steps::{StepAnalysis, StepOptions};
+use crate::steps::{Step, StepAnalysis, StepOptions};
 use crate::timeline::{DeviceTimeline, Peak};
 
 /// Schema tag of [`Summary`].
@@ -109,38 +111,72 @@ pub struct SiteBytes {
     pub count: u64,
 }
 
-/// One step in the summary.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One step in the summary: the step as found, its phases with their categories.
+///
+/// Written to JSON flat, as schema `memsnap.summary/1` has it: the step's fields, its
+/// forward and backward slopes as `forward_bytes`, `forward_events`, ... `backward_...`,
+/// then `phases`, `partial`, `warmup`, `optimizer_state_bytes`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct StepSummary {
-    pub start_event: u32,
-    pub peak_event: u32,
-    pub end_event: u32,
-    pub start_bytes: u64,
-    pub peak_bytes: u64,
-    pub end_bytes: u64,
-    pub min_bytes: u64,
-    pub start_time_us: Option<i64>,
-    pub peak_time_us: Option<i64>,
-    pub end_time_us: Option<i64>,
-    pub forward_bytes: i64,
-    pub forward_events: u32,
-    pub forward_duration_us: Option<i64>,
-    pub forward_bytes_per_s: Option<f64>,
-    pub forward_bytes_per_event: f64,
-    pub backward_bytes: i64,
-    pub backward_events: u32,
-    pub backward_duration_us: Option<i64>,
-    pub backward_bytes_per_s: Option<f64>,
-    pub backward_bytes_per_event: f64,
-    pub outliving_bytes: u64,
-    pub outliving_count: u64,
+    /// The step ([`Step::phases`] is empty here: they are in `phases`, with their
+    /// categories).
+    pub step: Step,
     /// The step's phases in order (they tile the step).
     pub phases: Vec<PhaseSummary>,
-    /// The window holds only part of the step (it does not begin with its forward pass).
-    pub partial: bool,
-    /// A warm-up step: it creates the optimizer's state (not a leak).
-    pub warmup: bool,
-    pub optimizer_state_bytes: u64,
+}
+
+impl Serialize for StepSummary {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let s = &self.step;
+        let mut out = serializer.serialize_struct("StepSummary", 25)?;
+        out.serialize_field("start_event", &s.start_event)?;
+        out.serialize_field("peak_event", &s.peak_event)?;
+        out.serialize_field("end_event", &s.end_event)?;
+        out.serialize_field("start_bytes", &s.start_bytes)?;
+        out.serialize_field("peak_bytes", &s.peak_bytes)?;
+        out.serialize_field("end_bytes", &s.end_bytes)?;
+        out.serialize_field("min_bytes", &s.min_bytes)?;
+        out.serialize_field("start_time_us", &s.start_time_us)?;
+        out.serialize_field("peak_time_us", &s.peak_time_us)?;
+        out.serialize_field("end_time_us", &s.end_time_us)?;
+        // The slopes flat, under static field names (serde wants them).
+        const SLOPE_FIELDS: [[&str; 5]; 2] = [
+            [
+                "forward_bytes",
+                "forward_events",
+                "forward_duration_us",
+                "forward_bytes_per_s",
+                "forward_bytes_per_event",
+            ],
+            [
+                "backward_bytes",
+                "backward_events",
+                "backward_duration_us",
+                "backward_bytes_per_s",
+                "backward_bytes_per_event",
+            ],
+        ];
+        for (slope, [bytes, events, duration, per_s, per_event]) in
+            [&s.forward, &s.backward].into_iter().zip(SLOPE_FIELDS)
+        {
+            out.serialize_field(bytes, &slope.bytes)?;
+            out.serialize_field(events, &slope.events)?;
+            out.serialize_field(duration, &slope.duration_us)?;
+            out.serialize_field(per_s, &slope.bytes_per_s)?;
+            out.serialize_field(per_event, &slope.bytes_per_event)?;
+        }
+        out.serialize_field("outliving_bytes", &s.outliving_bytes)?;
+        out.serialize_field("outliving_count", &s.outliving_count)?;
+        out.serialize_field("phases", &self.phases)?;
+        out.serialize_field("partial", &s.partial)?;
+        out.serialize_field("warmup", &s.warmup)?;
+        out.serialize_field("optimizer_state_bytes", &s.optimizer_state_bytes)?;
+        out.end()
+    }
 }
 
 /// One phase of a step (or the set-up before the first step): the phase's own fields
@@ -293,7 +329,7 @@ pub fn summarize_device(
     options: &SummaryOptions,
 ) -> DeviceSummary {
     let analysis = timeline.steps(&options.steps);
-    summarize_device_with_steps(snapshot, timeline, options, &analysis)
+    summarize_device_from(snapshot, timeline, options, Cow::Owned(analysis))
 }
 
 /// [`summarize_device`] with the steps already found (`timeline.steps(&options.steps)`): a
@@ -307,6 +343,17 @@ pub fn summarize_device_with_steps(
     timeline: &DeviceTimeline,
     options: &SummaryOptions,
     analysis: &StepAnalysis,
+) -> DeviceSummary {
+    summarize_device_from(snapshot, timeline, options, Cow::Borrowed(analysis))
+}
+
+/// Both of the above: steps it owns are moved into the summary (a run of 300,000 steps
+/// kept them twice), borrowed ones copied.
+fn summarize_device_from(
+    snapshot: &Snapshot,
+    timeline: &DeviceTimeline,
+    options: &SummaryOptions,
+    analysis: Cow<'_, StepAnalysis>,
 ) -> DeviceSummary {
     let replay = timeline.replay();
     let curves = timeline.curves();
@@ -339,47 +386,6 @@ pub fn summarize_device_with_steps(
             phase_categories.next().unwrap_or(&CategoryBytes::default()),
         )
     });
-    let steps: Vec<StepSummary> = analysis
-        .steps
-        .iter()
-        .map(|s| StepSummary {
-            phases: s
-                .phases
-                .iter()
-                .map(|p| {
-                    phase_summary(
-                        p,
-                        phase_categories.next().unwrap_or(&CategoryBytes::default()),
-                    )
-                })
-                .collect(),
-            partial: s.partial,
-            warmup: s.warmup,
-            optimizer_state_bytes: s.optimizer_state_bytes,
-            start_event: s.start_event,
-            peak_event: s.peak_event,
-            end_event: s.end_event,
-            start_bytes: s.start_bytes,
-            peak_bytes: s.peak_bytes,
-            end_bytes: s.end_bytes,
-            min_bytes: s.min_bytes,
-            start_time_us: s.start_time_us,
-            peak_time_us: s.peak_time_us,
-            end_time_us: s.end_time_us,
-            forward_bytes: s.forward.bytes,
-            forward_events: s.forward.events,
-            forward_duration_us: s.forward.duration_us,
-            forward_bytes_per_s: s.forward.bytes_per_s,
-            forward_bytes_per_event: s.forward.bytes_per_event,
-            backward_bytes: s.backward.bytes,
-            backward_events: s.backward.events,
-            backward_duration_us: s.backward.duration_us,
-            backward_bytes_per_s: s.backward.bytes_per_s,
-            backward_bytes_per_event: s.backward.bytes_per_event,
-            outliving_bytes: s.outliving_bytes,
-            outliving_count: s.outliving_count,
-        })
-        .collect();
     let mut durations: Vec<i64> = analysis
         .steps
         .iter()
@@ -431,6 +437,28 @@ pub fn summarize_device_with_steps(
         kind: p.kind.name().to_string(),
     });
     let step_method = analysis.method.label();
+    let step_method_reason = analysis.fallback_reason.clone();
+    let drift = analysis.drift.clone();
+    // Last: the steps leave the analysis (moved when it is owned).
+    let found: Vec<Step> = match analysis {
+        Cow::Owned(a) => a.steps,
+        Cow::Borrowed(a) => a.steps.clone(),
+    };
+    let steps: Vec<StepSummary> = found
+        .into_iter()
+        .map(|mut step| {
+            let phases = std::mem::take(&mut step.phases)
+                .into_iter()
+                .map(|phase| PhaseSummary {
+                    phase,
+                    categories_at_peak: *phase_categories
+                        .next()
+                        .unwrap_or(&CategoryBytes::default()),
+                })
+                .collect();
+            StepSummary { step, phases }
+        })
+        .collect();
     DeviceSummary {
         device: replay.device,
         entries: replay.trace_len,
@@ -446,20 +474,20 @@ pub fn summarize_device_with_steps(
         final_reserved_bytes: curves.reserved.at(replay.axis_len() - 1),
         peak_top_sites,
         step_method,
-        step_method_reason: analysis.fallback_reason.clone(),
+        step_method_reason,
         setup_phase,
         steps,
         peak_phase,
         categories_at_peak: category_map(&peak_categories),
         categories_source: replay.categories_source.clone(),
         step_duration_us,
-        drift_bytes_per_step: analysis.drift.min_bytes_per_step,
-        peak_drift_bytes_per_step: analysis.drift.peak_bytes_per_step,
-        drift_percent: analysis.drift.min_growth_percent,
-        peak_drift_percent: analysis.drift.peak_growth_percent,
-        leak_suspected: analysis.drift.leak_suspected,
-        peak_growth_suspected: analysis.drift.peak_growth_suspected,
-        drift_tolerance_percent: analysis.drift.tolerance_percent,
+        drift_bytes_per_step: drift.min_bytes_per_step,
+        peak_drift_bytes_per_step: drift.peak_bytes_per_step,
+        drift_percent: drift.min_growth_percent,
+        peak_drift_percent: drift.peak_growth_percent,
+        leak_suspected: drift.leak_suspected,
+        peak_growth_suspected: drift.peak_growth_suspected,
+        drift_tolerance_percent: drift.tolerance_percent,
         before_window_bytes: replay.before_window_bytes,
         before_window_allocations: replay.before_window_allocations,
         live_in_segments_bytes: replay.live_in_segments_bytes,

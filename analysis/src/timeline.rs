@@ -9,22 +9,12 @@ use serde::Serialize;
 
 use crate::curve::{Curve, CurveKind, CurveMinMax, Curves, TimeAxis};
 use crate::error::{AnalysisError, Result};
+use crate::instant::Instant;
 use crate::layout::{Layout, LayoutRequest};
 use crate::ranges::{named_ranges, NamedRange};
 use crate::replay::{AllocId, Lifetime, Replay};
 use crate::sites::{GroupBy, SiteKey, SiteKeyer};
 use crate::steps::{find_steps, StackEvidence, StepAnalysis, StepOptions};
-
-/// An instant of the history.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub enum Instant {
-    /// After this event.
-    Event(u32),
-    /// The first event at which the active curve (peak of the summary) peaks.
-    Peak,
-    /// The last event at or before this time (the first event if the time is earlier).
-    TimeUs(i64),
-}
 
 /// The highest point of a curve.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -241,6 +231,22 @@ impl DeviceTimeline {
             .get_or_init(|| DrawingIndex::build(&self.replay, &self.curves))
     }
 
+    /// The device a view opens on when none is named, as PyTorch's viewer does: the one with
+    /// the longest trace (the lowest on a tie), else the lowest device with segments; `None`
+    /// for an empty snapshot. `memsnap plot` and the viewer use it (`memsnap top` and the
+    /// profile exports show the highest peak instead: [`crate::live::highest_peak_timeline`]).
+    /// O(d + s).
+    pub fn default_device(snapshot: &Snapshot) -> Option<i64> {
+        let longest = snapshot
+            .traces()
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.is_empty())
+            .max_by_key(|(i, t)| (t.len(), std::cmp::Reverse(*i)))
+            .map(|(i, _)| i as i64);
+        longest.or_else(|| snapshot.segments.iter().map(|s| s.device).min())
+    }
+
     /// Devices worth showing: those with trace entries or segments, ascending.
     ///
     /// O(d log d + s) in the devices and segments (a scan of the segments per device was
@@ -321,13 +327,55 @@ impl DeviceTimeline {
         }
     }
 
-    /// The event an instant refers to. O(log n), O(n) for [`Instant::Peak`].
+    /// The event an instant refers to, clamped to the trace: an event past the end is the
+    /// last, a time before the first event (or any time in a trace without times) the first.
+    /// O(log n), O(n) for [`Instant::Peak`].
     pub fn resolve(&self, at: Instant) -> u32 {
         let last = self.replay.axis_len() - 1;
+        let at_time = |t: i64| self.time.last_event_at_or_before(t).unwrap_or(0).min(last);
         match at {
             Instant::Event(e) => e.min(last),
             Instant::Peak => self.peak(CurveKind::Active).event,
-            Instant::TimeUs(t) => self.time.last_event_at_or_before(t).unwrap_or(0).min(last),
+            Instant::End => last,
+            Instant::TimeUs(t) => at_time(t),
+            Instant::AfterStartUs(dt) => {
+                at_time(self.time.time_of(0).unwrap_or(0).saturating_add(dt))
+            }
+        }
+    }
+
+    /// The event an instant refers to, or why this trace cannot answer it: an event past
+    /// its end, a time before its first entry, a time asked of entries without `time_us`
+    /// (what `--at` reports). O(log n), O(n) for [`Instant::Peak`].
+    pub fn resolve_exact(&self, at: Instant) -> Result<u32> {
+        let device = self.replay.device;
+        let last = self.replay.axis_len() - 1;
+        let first_time = || {
+            self.time
+                .time_of(0)
+                .ok_or(AnalysisError::NoTimes { device })
+        };
+        let at_time = |time_us: i64| -> Result<u32> {
+            let first = first_time()?;
+            self.time
+                .last_event_at_or_before(time_us)
+                .ok_or(AnalysisError::BeforeFirstEntry {
+                    time_us,
+                    device,
+                    first,
+                })
+        };
+        match at {
+            Instant::Peak => Ok(self.peak(CurveKind::Active).event),
+            Instant::End => Ok(last),
+            Instant::Event(event) if event <= last => Ok(event),
+            Instant::Event(event) => Err(AnalysisError::EventPastEnd {
+                event,
+                device,
+                len: self.replay.trace_len,
+            }),
+            Instant::TimeUs(t) => at_time(t),
+            Instant::AfterStartUs(dt) => at_time(first_time()?.saturating_add(dt)),
         }
     }
 

@@ -2,7 +2,7 @@
 //!
 //! [`crate::flamegraph`] and [`crate::pprof`] both start here. [`LiveProfile::select`] picks
 //! the device (the one named, else the one whose memory peaks highest), resolves the instant
-//! ([`At`]: the peak, the end, a trace entry or a time) to a trace entry, and collects the
+//! ([`Instant`]: the peak, the end, a trace entry or a time) to a trace entry, and collects the
 //! blocks live after it: allocated at or before it and not yet returned to the cache
 //! (`free_completed`), as PyTorch's "Active Memory Timeline" counts them and as `memsnap
 //! summary` finds the peak. Each block weighs its requested bytes.
@@ -17,77 +17,13 @@
 //! ([`memsnap_analysis::sites::is_filtered_frame`]); [`By::Site`] keeps only the allocation's
 //! site, the innermost frame of the user's code ([`memsnap_analysis::sites::top_frame`]).
 
-use std::str::FromStr;
-
 use memsnap_analysis::categories::Category;
 use memsnap_analysis::live::{highest_peak_timeline, live_set};
 use memsnap_analysis::sites::{is_filtered_frame, top_frame};
-use memsnap_analysis::{AllocId, Allocation, CurveKind, DeviceTimeline, Lifetime, StepOptions};
+use memsnap_analysis::{
+    AllocId, Allocation, CurveKind, DeviceTimeline, Instant, Lifetime, StepOptions,
+};
 use memsnap_format::{FrameId, Snapshot, StackId};
-
-/// When the live set is taken.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum At {
-    /// The first trace entry at which the device's live bytes peak (`memsnap summary`'s peak).
-    #[default]
-    Peak,
-    /// After the last trace entry (for a snapshot without a trace: its segments' blocks).
-    End,
-    /// After this trace entry (its index in the device's trace).
-    Event(u32),
-    /// After the last entry at or before this `time_us` (epoch µs, as the snapshot has it).
-    TimeUs(i64),
-    /// This many µs after the device's first trace entry.
-    AfterStartUs(i64),
-}
-
-impl FromStr for At {
-    type Err = String;
-
-    /// `peak`, `end`, `#1234` or `event:1234` (a trace entry index), `1700000000123456` or
-    /// `1700000000123456us` (a `time_us`), `+2.5s` / `+150ms` / `+300us` (after the first
-    /// entry).
-    fn from_str(text: &str) -> Result<At, String> {
-        let t = text.trim();
-        let usage = || {
-            format!(
-                "`{text}` is not an instant: use `peak`, `end`, a trace entry index (`event:1234` or `#1234`), a time_us as the snapshot has it (`1700000000123456`), or a time after the first entry (`+2.5s`, `+150ms`)"
-            )
-        };
-        if t.eq_ignore_ascii_case("peak") {
-            return Ok(At::Peak);
-        }
-        if t.eq_ignore_ascii_case("end") {
-            return Ok(At::End);
-        }
-        if let Some(index) = t.strip_prefix('#').or_else(|| t.strip_prefix("event:")) {
-            return index
-                .trim()
-                .parse::<u32>()
-                .map(At::Event)
-                .map_err(|_| usage());
-        }
-        if let Some(after) = t.strip_prefix('+') {
-            let (number, scale) = if let Some(n) = after.strip_suffix("us") {
-                (n, 1.0)
-            } else if let Some(n) = after.strip_suffix("ms") {
-                (n, 1e3)
-            } else if let Some(n) = after.strip_suffix('s') {
-                (n, 1e6)
-            } else {
-                return Err(usage());
-            };
-            let us = number.trim().parse::<f64>().map_err(|_| usage())? * scale;
-            if !us.is_finite() || us < 0.0 || us > i64::MAX as f64 {
-                return Err(format!("`{text}` is out of range"));
-            }
-            return Ok(At::AfterStartUs(us.round() as i64));
-        }
-        let number = t.strip_suffix("us").unwrap_or(t).trim();
-        number.parse::<i64>().map(At::TimeUs).map_err(|_| usage())
-    }
-}
 
 /// How a profile groups the live blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,7 +41,8 @@ pub enum By {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ProfileOptions {
-    pub at: At,
+    /// When (`--at`): see [`memsnap_analysis::instant`].
+    pub at: Instant,
     pub by: By,
     /// Blocks smaller than this are left out (counted in the title and comments).
     pub min_size: u64,
@@ -134,19 +71,6 @@ pub enum ProfileError {
     /// The device is not in the snapshot, or its trace is too long to replay.
     #[error(transparent)]
     Analysis(#[from] memsnap_analysis::AnalysisError),
-    /// A trace entry index past the device's trace.
-    #[error("trace entry {event} is past the end of device {device}'s trace ({len} entries)")]
-    EventPastEnd { event: u32, device: i64, len: u32 },
-    /// A time asked of a trace without `time_us` (PyTorch 2.1 files, segments-only files).
-    #[error("device {device} has no trace entry with a time_us: give a trace entry index (`--at event:N`), `peak` or `end`")]
-    NoTimes { device: i64 },
-    /// A time before the device's first trace entry.
-    #[error("time_us {time_us} is before device {device}'s first trace entry (time_us {first})")]
-    BeforeFirstEntry {
-        time_us: i64,
-        device: i64,
-        first: i64,
-    },
     /// Live bytes no GPU holds (a damaged or hostile file): the flame graph's arithmetic
     /// would overflow.
     #[error("{bytes} live bytes at that instant is beyond any device (at most 2^60 can be drawn): the snapshot's sizes are damaged")]
@@ -213,7 +137,7 @@ impl<'a> LiveProfile<'a> {
         };
         let device = timeline.device();
         let trace_len = timeline.replay().trace_len;
-        let event = resolve(&timeline, options.at)?;
+        let event = timeline.resolve_exact(options.at)?;
         let set = live_set(&timeline, event, Lifetime::Active, options.min_size);
         profile.device = Some(device);
         profile.source = if trace_len == 0 {
@@ -269,10 +193,10 @@ impl<'a> LiveProfile<'a> {
             (LiveSource::SegmentsOnly, _) => {
                 return "in the snapshot's segments (no trace: their active blocks)".to_string()
             }
-            (_, At::Peak) => "at the peak",
-            (_, At::End) => "at the end",
-            (_, At::Event(_)) => "after trace entry",
-            (_, At::TimeUs(_) | At::AfterStartUs(_)) => "at",
+            (_, Instant::Peak) => "at the peak",
+            (_, Instant::End) => "at the end",
+            (_, Instant::Event(_)) => "after trace entry",
+            (_, _) => "at",
         };
         let after_start = match (self.time_us, self.time_span()) {
             (Some(t), Some((first, _))) => Some(format!(
@@ -348,38 +272,6 @@ impl<'a> LiveProfile<'a> {
 
 fn valid_stack(snapshot: &Snapshot, stack: Option<StackId>) -> Option<StackId> {
     stack.filter(|s| s.index() < snapshot.stacks.len())
-}
-
-/// The trace entry an instant refers to.
-fn resolve(timeline: &DeviceTimeline, at: At) -> Result<u32, ProfileError> {
-    let device = timeline.device();
-    let len = timeline.replay().trace_len;
-    let last = timeline.replay().axis_len() - 1;
-    let first_time = || {
-        timeline
-            .time()
-            .time_of(0)
-            .ok_or(ProfileError::NoTimes { device })
-    };
-    let at_time = |time_us: i64| -> Result<u32, ProfileError> {
-        let first = first_time()?;
-        timeline
-            .time()
-            .last_event_at_or_before(time_us)
-            .ok_or(ProfileError::BeforeFirstEntry {
-                time_us,
-                device,
-                first,
-            })
-    };
-    match at {
-        At::Peak => Ok(timeline.peak(CurveKind::Active).event),
-        At::End => Ok(last),
-        At::Event(event) if event <= last => Ok(event),
-        At::Event(event) => Err(ProfileError::EventPastEnd { event, device, len }),
-        At::TimeUs(t) => at_time(t),
-        At::AfterStartUs(dt) => at_time(first_time()?.saturating_add(dt)),
-    }
 }
 
 /// A frame as `file:line:function` (the basename; native frames without a source file show

@@ -358,7 +358,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     result
 }
 
-fn compress(bytes: Vec<u8>, compression: Compression) -> Result<Vec<u8>> {
+/// `bytes` in a gzip (default level) or zstd (level 3) wrapper, or as they are: the one
+/// compression of output (the writers here and the Python extension use it).
+pub fn compress(bytes: Vec<u8>, compression: Compression) -> Result<Vec<u8>> {
     let fail = |codec: &'static str| {
         move |e: std::io::Error| FormatError::Decompress {
             codec,
@@ -373,6 +375,16 @@ fn compress(bytes: Vec<u8>, compression: Compression) -> Result<Vec<u8>> {
             enc.finish().map_err(fail("gzip"))
         }
         Compression::Zstd => zstd::encode_all(&bytes[..], 3).map_err(fail("zstd")),
+    }
+}
+
+/// The bytes inside a gzip or zstd wrapper ([`Compression::detect`]), or the bytes
+/// themselves when there is none; more than [`MAX_DECOMPRESSED_BYTES`] is refused. The one
+/// inflation of in-memory input (the readers here and the Python extension use it).
+pub fn decompressed(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>> {
+    match Compression::detect(bytes) {
+        Compression::None => Ok(std::borrow::Cow::Borrowed(bytes)),
+        compression => decompress(bytes, compression).map(std::borrow::Cow::Owned),
     }
 }
 

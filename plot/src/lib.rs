@@ -93,19 +93,6 @@ impl Default for PlotOptions {
 
 pub use palette::{category_colour, phase_colour, Colour, ColourBy};
 
-/// The device PyTorch's viewer opens by default: the one with the longest trace (the lowest
-/// device with segments when no trace has entries).
-pub fn default_device(snapshot: &Snapshot) -> Option<i64> {
-    let traces = snapshot.traces();
-    let longest = traces
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| !t.is_empty())
-        .max_by_key(|(i, t)| (t.len(), std::cmp::Reverse(*i)))
-        .map(|(i, _)| i as i64);
-    longest.or_else(|| snapshot.segments.iter().map(|s| s.device).min())
-}
-
 const MARGIN_LEFT: f32 = 90.0;
 const MARGIN_RIGHT: f32 = 24.0;
 /// Room for the title and, below it, the legend.
@@ -128,7 +115,7 @@ pub fn render_scene(snapshot: &Snapshot, options: &PlotOptions) -> Result<Scene,
     }
     let device = match options.device {
         Some(d) => d,
-        None => default_device(snapshot).ok_or(PlotError::Empty)?,
+        None => DeviceTimeline::default_device(snapshot).ok_or(PlotError::Empty)?,
     };
     let available = snapshot.devices();
     if !available.contains(&device) {

@@ -13,7 +13,6 @@
 //!
 //! File reading, decompression and the format crate's decoding run with the GIL released.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use memsnap_format::{Compression, Format};
@@ -33,43 +32,13 @@ create_exception!(
     "The input is not a snapshot memsnap can read, or it is corrupt or hostile (the message names the file and the byte offset)."
 );
 
-/// Most bytes a compressed input may expand to (memsnap-format's limit).
-const MAX_DECOMPRESSED: u64 = memsnap_format::io::MAX_DECOMPRESSED_BYTES;
-
 fn format_error(name: &str, what: impl std::fmt::Display) -> PyErr {
     FormatError::new_err(format!("{name}: {what}"))
 }
 
 /// The bytes inside a gzip or zstd wrapper (the bytes themselves when there is none).
 fn decompressed<'a>(bytes: &'a [u8], name: &str) -> PyResult<std::borrow::Cow<'a, [u8]>> {
-    let (codec, reader): (&str, Box<dyn Read + '_>) = match Compression::detect(bytes) {
-        Compression::None => return Ok(std::borrow::Cow::Borrowed(bytes)),
-        Compression::Gzip => ("gzip", Box::new(flate2::read::MultiGzDecoder::new(bytes))),
-        Compression::Zstd => (
-            "zstd",
-            Box::new(
-                zstd::stream::read::Decoder::new(bytes)
-                    .map_err(|e| format_error(name, format!("zstd: {e}")))?,
-            ),
-        ),
-    };
-    let mut out = Vec::new();
-    let n = reader
-        .take(MAX_DECOMPRESSED + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| {
-            format_error(
-                name,
-                format!("{codec}: {e} (the file is truncated or corrupt)"),
-            )
-        })?;
-    if n as u64 > MAX_DECOMPRESSED {
-        return Err(format_error(
-            name,
-            format!("{codec}: decompresses to more than {MAX_DECOMPRESSED} bytes"),
-        ));
-    }
-    Ok(std::borrow::Cow::Owned(out))
+    memsnap_format::io::decompressed(bytes).map_err(|e| format_error(name, e))
 }
 
 /// The pickle to run for `bytes`: the bytes themselves (decompressed) for a pickle, else the
@@ -173,20 +142,7 @@ fn dump(py: Python<'_>, obj: &Bound<'_, PyAny>, path: PathBuf) -> PyResult<()> {
 }
 
 fn compress(bytes: Vec<u8>, compression: Compression, name: &str) -> PyResult<Vec<u8>> {
-    use std::io::Write;
-    match compression {
-        Compression::None => Ok(bytes),
-        Compression::Gzip => {
-            let mut encoder =
-                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            encoder
-                .write_all(&bytes)
-                .and_then(|()| encoder.finish())
-                .map_err(|e| format_error(name, format!("gzip: {e}")))
-        }
-        Compression::Zstd => zstd::stream::encode_all(&bytes[..], 3)
-            .map_err(|e| format_error(name, format!("zstd: {e}"))),
-    }
+    memsnap_format::io::compress(bytes, compression).map_err(|e| format_error(name, e))
 }
 
 #[pymodule]

@@ -96,6 +96,12 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 pub use memsnap_units::format_size;
 
+/// Parses `--at`, the same in every command (see [`memsnap_analysis::instant`]).
+pub fn parse_instant(text: &str) -> Result<memsnap_analysis::Instant, String> {
+    text.parse()
+        .map_err(|e: memsnap_analysis::InstantParseError| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,6 @@
 //! `python -m torch.cuda._memory_viz`. The reports themselves are
 //! `memsnap_converters::memviz`; this is the command line around them.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -122,8 +121,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     };
     match output {
-        Some(path) => write_file(path, &text)?,
-        None => write_stdout(&text)?,
+        // Atomic, as every file memsnap writes: a failed write leaves no half report.
+        Some(path) => memsnap_format::io::write_atomic(path, text.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => out!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -131,20 +132,4 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// Where Python's script raises (or validation fails) we print nothing on stdout and say why.
 fn report_failure(input: &Path, failure: &MemvizError) {
     eprintln!("memsnap: error: {}: {failure}", input.display());
-}
-
-fn write_file(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// Writes to stdout; a closed pipe (`| head`) is not an error.
-fn write_stdout(text: &str) -> Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("cannot write to stdout"),
-    }
 }

@@ -282,7 +282,8 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                     );
                 }
                 next = i + 1;
-                let s = &d.steps[i];
+                let summary = &d.steps[i];
+                let s = &summary.step;
                 let mut tags = Vec::new();
                 if s.partial {
                     tags.push("partial".to_string());
@@ -304,7 +305,8 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                     format_size(s.peak_bytes),
                     format_size(s.end_bytes),
                     format_size(s.outliving_bytes),
-                    s.phases
+                    summary
+                        .phases
                         .iter()
                         .map(|p| p.phase.kind.name())
                         .collect::<Vec<_>>()
@@ -315,7 +317,7 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                         format!(" ({})", tags.join("; "))
                     }
                 );
-                for p in &s.phases {
+                for p in &summary.phases {
                     let rate = phase_rate(p);
                     let _ = writeln!(
                         out,

@@ -4,57 +4,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
-use memsnap_analysis::{CurveKind, DeviceTimeline, GroupBy, Instant, Lifetime};
+use anyhow::{bail, Result};
+use memsnap_analysis::{DeviceTimeline, GroupBy, Instant, Lifetime};
 use serde::Serialize;
 
-use crate::cmd::common::{format_size, load, parse_size};
-
-/// Where to look.
-#[derive(Clone, Copy, Debug)]
-pub enum At {
-    Peak,
-    Event(u32),
-    /// Absolute `time_us`.
-    Time(i64),
-    /// Microseconds after the first event.
-    AfterStart(i64),
-}
-
-fn parse_at(text: &str) -> Result<At, String> {
-    let t = text.trim();
-    if t.eq_ignore_ascii_case("peak") {
-        return Ok(At::Peak);
-    }
-    if let Ok(e) = t.parse::<u32>() {
-        return Ok(At::Event(e));
-    }
-    let relative = t.strip_prefix('+');
-    let body = relative.unwrap_or(t);
-    let (num, scale) = if let Some(n) = body.strip_suffix("us") {
-        (n, 1.0)
-    } else if let Some(n) = body.strip_suffix("ms") {
-        (n, 1e3)
-    } else if let Some(n) = body.strip_suffix('s') {
-        (n, 1e6)
-    } else {
-        return Err(format!(
-            "`{text}` is not an instant: use `peak`, an event index (`1234`), a time_us (`1760000000123456us`) or a time after the start (`+2.5s`, `+150ms`)"
-        ));
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a number"))?;
-    let us = v * scale;
-    if !us.is_finite() || us.abs() > i64::MAX as f64 {
-        return Err(format!("`{text}` is out of range"));
-    }
-    Ok(match relative {
-        Some(_) => At::AfterStart(us.round() as i64),
-        None => At::Time(us.round() as i64),
-    })
-}
+use crate::cmd::common::{format_size, load, parse_instant, parse_size};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum By {
@@ -66,14 +20,16 @@ pub enum By {
 /// Show what is live at an instant, grouped by allocation site.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  memsnap top run.pickle\n  memsnap top run.pickle --at 1200 --by file\n  memsnap top run.pickle --at +2.5s --min-size 1MiB"
+    after_help = "Examples:\n  memsnap top run.pickle\n  memsnap top run.pickle --at event:1200 --by file\n  memsnap top run.pickle --at +2.5s --min-size 1MiB"
 )]
 pub struct Args {
     /// Snapshot file.
     pub file: PathBuf,
-    /// `peak`, an event index, a time_us with `us` suffix, or `+TIME` after the first event.
-    #[arg(long, default_value = "peak", value_parser = parse_at)]
-    pub at: At,
+    /// `peak`, `end`, a trace entry (`event:1234`), a time_us as the snapshot has it
+    /// (`1700000000123456us`) or a time after the first entry (`+2.5s`): the same as
+    /// `memsnap export --at`.
+    #[arg(long, default_value = "peak", value_name = "WHEN", value_parser = parse_instant)]
+    pub at: Instant,
     /// Grouping.
     #[arg(long, value_enum, default_value_t = By::Frame)]
     pub by: By,
@@ -113,51 +69,14 @@ struct Report {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let (snapshot, _) = load(&args.file)?;
-    let devices = DeviceTimeline::devices(&snapshot);
     let timeline = match args.device {
         Some(d) => DeviceTimeline::build(&snapshot, d)?,
-        None => {
-            let mut best: Option<DeviceTimeline> = None;
-            for d in devices {
-                let t = DeviceTimeline::build(&snapshot, d)?;
-                if best.as_ref().is_none_or(|b| {
-                    t.peak(CurveKind::Active).bytes > b.peak(CurveKind::Active).bytes
-                }) {
-                    best = Some(t);
-                }
-            }
-            match best {
-                Some(t) => t,
-                None => bail!("{}: no device has a trace or segments", args.file.display()),
-            }
-        }
+        None => match memsnap_analysis::live::highest_peak_timeline(&snapshot)? {
+            Some(t) => t,
+            None => bail!("{}: no device has a trace or segments", args.file.display()),
+        },
     };
-    let instant = match args.at {
-        At::Peak => Instant::Peak,
-        At::Event(e) => {
-            let len = timeline.replay().axis_len();
-            if e >= len {
-                bail!(
-                    "event {e} is past the trace end (device {} has {len} events)",
-                    timeline.device()
-                );
-            }
-            Instant::Event(e)
-        }
-        At::Time(t) => {
-            if !timeline.time().has_time() {
-                bail!("this trace has no time_us; give an event index");
-            }
-            Instant::TimeUs(t)
-        }
-        At::AfterStart(dt) => {
-            let t0 = timeline
-                .time()
-                .time_of(0)
-                .context("this trace has no time_us; give an event index")?;
-            Instant::TimeUs(t0.saturating_add(dt))
-        }
-    };
+    let instant = Instant::Event(timeline.resolve_exact(args.at)?);
     let by = match args.by {
         By::Stack => GroupBy::Stack,
         By::Frame => GroupBy::Frame,

@@ -210,13 +210,22 @@ fn top_groups_the_live_set_at_the_peak_and_at_an_event() {
         assert!(r["largest"].as_u64().unwrap() >= 1 << 20);
     }
     let at = json(&memsnap(&[
-        "top", path, "--json", "--at", "5", "--by", "stack",
+        "top", path, "--json", "--at", "event:5", "--by", "stack",
     ]));
     assert_eq!(at["event"], 5);
     let text = memsnap(&["top", path, "--at", "+1ms"]);
     assert!(text.status.success());
-    let past = memsnap(&["top", path, "--at", "99999999"]);
+    let past = memsnap(&["top", path, "--at", "event:99999999"]);
     assert_eq!(past.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&past.stderr).contains("is past the end of device"));
+    // `--at 5` was an event here and a time_us in `memsnap export`: now it says which to write.
+    let bare = memsnap(&["top", path, "--at", "5"]);
+    assert_eq!(bare.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bare.stderr);
+    assert!(
+        stderr.contains("`5` is ambiguous: write `event:5`") && stderr.contains("`5us`"),
+        "{stderr}"
+    );
     let nonsense = memsnap(&["top", path, "--at", "yesterday"]);
     assert_eq!(nonsense.status.code(), Some(2));
 }

@@ -9,7 +9,7 @@ use memsnap_format::Snapshot;
 use memsnap_recorder::AllocatorConfig;
 use memsnap_simulate::{simulate, suggest, DeviceReport, Fidelity, Options, Suggestions};
 
-use crate::units::format_bytes;
+use crate::units::format_size;
 
 /// What to simulate for one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,20 +198,20 @@ pub fn comparison(run: &AllocatorRun) -> Vec<Row> {
         Row {
             label: "reserved peak",
             tooltip: "Highest memory held from the GPU (cudaMalloc'd segments, mapped pages)",
-            recorded: format_bytes(b.recorded.reserved_peak_bytes),
-            simulated: format_bytes(s.reserved_peak_bytes),
+            recorded: format_size(b.recorded.reserved_peak_bytes),
+            simulated: format_size(s.reserved_peak_bytes),
         },
         Row {
             label: "allocated peak",
             tooltip: "Highest memory in blocks handed to tensors (rounded sizes); the recorded column is the replay with the file's settings",
-            recorded: format_bytes(b.allocated_peak_bytes),
-            simulated: format_bytes(s.allocated_peak_bytes),
+            recorded: format_size(b.allocated_peak_bytes),
+            simulated: format_size(s.allocated_peak_bytes),
         },
         Row {
             label: "fragmentation @ reserved peak",
             tooltip: "Reserved minus allocated when reserved memory peaked; the recorded column is the replay with the file's settings",
-            recorded: format_bytes(b.fragmentation_bytes),
-            simulated: format_bytes(s.fragmentation_bytes),
+            recorded: format_size(b.fragmentation_bytes),
+            simulated: format_size(s.fragmentation_bytes),
         },
         Row {
             label: "cudaMalloc / map",
@@ -256,7 +256,7 @@ pub fn fidelity_line(f: &Fidelity) -> String {
                 return "nothing".into();
             }
             v.iter()
-                .map(|(a, bytes)| format!("{} {}", a.name(), format_bytes(*bytes)))
+                .map(|(a, bytes)| format!("{} {}", a.name(), format_size(*bytes)))
                 .collect::<Vec<_>>()
                 .join(", ")
         };

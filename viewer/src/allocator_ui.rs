@@ -12,7 +12,7 @@ use memsnap_simulate::{CapacitySource, DeviceReport, Suggestions};
 use crate::allocator::{self, AllocatorRun, Job, Request};
 use crate::document::Document;
 use crate::palette;
-use crate::units::format_bytes;
+use crate::units::format_size;
 
 /// Height of the plot.
 const PLOT_HEIGHT: f32 = 280.0;
@@ -275,13 +275,13 @@ fn summary_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
     let s = &*run.simulated;
     let b = &*run.baseline;
     let limit = match s.capacity_source {
-        CapacitySource::Limit => format!("{} (the limit given)", format_bytes(s.capacity_bytes)),
+        CapacitySource::Limit => format!("{} (the limit given)", format_size(s.capacity_bytes)),
         CapacitySource::OomEntry => {
-            format!("{} (the file's OOM entry)", format_bytes(s.capacity_bytes))
+            format!("{} (the file's OOM entry)", format_size(s.capacity_bytes))
         }
         CapacitySource::Default => format!(
             "{} (nothing in the file says)",
-            format_bytes(s.capacity_bytes)
+            format_size(s.capacity_bytes)
         ),
     };
     ui.label(format!(
@@ -298,8 +298,8 @@ fn summary_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
     };
     ui.strong(format!(
         "Simulated reserved peak {} vs {} recorded{change}",
-        format_bytes(sim),
-        format_bytes(rec)
+        format_size(sim),
+        format_size(rec)
     ));
     egui::Grid::new("allocator_table")
         .striped(true)
@@ -397,7 +397,7 @@ fn plot_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
         painter.text(
             Pos2::new(rect.left() + 3.0, y),
             egui::Align2::LEFT_BOTTOM,
-            format_bytes(v),
+            format_size(v),
             font.clone(),
             text_color,
         );
@@ -413,7 +413,7 @@ fn plot_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
         painter.text(
             Pos2::new(rect.right() - 3.0, y),
             egui::Align2::RIGHT_BOTTOM,
-            format!("device memory {}", format_bytes(c)),
+            format!("device memory {}", format_size(c)),
             font.clone(),
             text_color,
         );
@@ -482,8 +482,8 @@ fn plot_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
             true,
             format!(
                 "Reserved memory, recorded (peak {}) and simulated (peak {})",
-                format_bytes(run.baseline.recorded.reserved_peak_bytes),
-                format_bytes(run.simulated.reserved_peak_bytes)
+                format_size(run.baseline.recorded.reserved_peak_bytes),
+                format_size(run.simulated.reserved_peak_bytes)
             ),
         )
     });
@@ -499,7 +499,7 @@ fn legend_item(ui: &mut egui::Ui, color: Color32, label: String) {
 
 fn hover_card_ui(ui: &mut egui::Ui, run: &AllocatorRun, event: usize) {
     let value = |report: &DeviceReport, curve: &[u64]| match allocator::value_at(curve, event) {
-        Some(v) => format_bytes(v),
+        Some(v) => format_size(v),
         None if report.oom.is_some() => "– (stopped at the OOM)".into(),
         None => "–".into(),
     };
@@ -566,7 +566,7 @@ fn suggestions_ui(
                         {
                             clicked = Some(c.alloc_conf.clone());
                         }
-                        ui.label(format_bytes(c.reserved_peak_bytes));
+                        ui.label(format_size(c.reserved_peak_bytes));
                         ui.label(c.oom.map_or("no".into(), |(_, e)| format!("event {e}")));
                         ui.end_row();
                     }

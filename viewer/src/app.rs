@@ -686,7 +686,7 @@ fn loading_preview_ui(
         egui::Align2::LEFT_TOP,
         format!(
             "memory in use as read so far (all devices), up to {}",
-            crate::units::format_bytes(u64::try_from(highest).unwrap_or(0))
+            crate::units::format_size(u64::try_from(highest).unwrap_or(0))
         ),
         egui::FontId::proportional(12.0),
         ui.visuals().weak_text_color(),

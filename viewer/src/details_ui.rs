@@ -8,7 +8,7 @@ use memsnap_format::{Snapshot, StackId};
 
 use crate::steps_ui::phase_label;
 use crate::timeline::TimelineModel;
-use crate::units::{format_bytes, format_bytes_exact, format_duration_us};
+use crate::units::{format_duration_us, format_size, format_size_exact};
 use crate::view::Selection;
 
 /// Frames shown in the hover card.
@@ -77,7 +77,7 @@ pub fn allocation_facts(model: &TimelineModel<'_>, id: AllocId) -> Vec<(&'static
         },
     };
     let mut facts = vec![
-        ("size", format_bytes_exact(a.size)),
+        ("size", format_size_exact(a.size)),
         ("site", model.sites.label(model.snapshot, a.stack)),
         ("category", category),
         ("allocated in", phase),
@@ -223,7 +223,7 @@ fn device_summary_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>) {
                 (
                     "peak allocated",
                     if replay.allocated_known {
-                        format!("{} at event {}", format_bytes(peak.bytes), peak.event)
+                        format!("{} at event {}", format_size(peak.bytes), peak.event)
                     } else {
                         "unknown: the source records the driver's allocations only (reserved)"
                             .to_owned()
@@ -231,12 +231,12 @@ fn device_summary_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>) {
                 ),
                 (
                     "peak active",
-                    format_bytes(timeline.peak(CurveKind::Active).bytes),
+                    format_size(timeline.peak(CurveKind::Active).bytes),
                 ),
                 (
                     "peak reserved",
                     if replay.reserved_known() {
-                        format_bytes(timeline.peak(CurveKind::Reserved).bytes)
+                        format_size(timeline.peak(CurveKind::Reserved).bytes)
                     } else {
                         "unknown: the source records no reserved memory".to_owned()
                     },
@@ -245,7 +245,7 @@ fn device_summary_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>) {
                     "before the window",
                     format!(
                         "{} in {} allocations",
-                        format_bytes(replay.before_window_bytes),
+                        format_size(replay.before_window_bytes),
                         replay.before_window_allocations
                     ),
                 ),

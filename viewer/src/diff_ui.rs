@@ -7,7 +7,7 @@ use memsnap_analysis::{LayoutRequest, Lifetime};
 
 use crate::document::Document;
 use crate::palette;
-use crate::units::{format_bytes, format_bytes_signed};
+use crate::units::{format_delta, format_size};
 
 /// Sites listed in each direction.
 const TOP_SITES: usize = 15;
@@ -61,9 +61,9 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
     };
     ui.label(format!(
         "peak {} to {} ({}{})",
-        format_bytes(d.before_peak_bytes),
-        format_bytes(d.after_peak_bytes),
-        format_bytes_signed(d.delta_peak_bytes),
+        format_size(d.before_peak_bytes),
+        format_size(d.after_peak_bytes),
+        format_delta(d.delta_peak_bytes),
         d.delta_peak_percent
             .map(|p| format!(", {p:+.1}%"))
             .unwrap_or_default()
@@ -104,10 +104,10 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
             ui.end_row();
             for s in &d.steps {
                 ui.label(s.index.to_string());
-                ui.label(format_bytes(s.before_peak_bytes));
-                ui.label(format_bytes(s.after_peak_bytes));
-                ui.label(format_bytes_signed(s.delta_peak_bytes));
-                ui.label(format_bytes_signed(s.delta_start_bytes));
+                ui.label(format_size(s.before_peak_bytes));
+                ui.label(format_size(s.after_peak_bytes));
+                ui.label(format_delta(s.delta_peak_bytes));
+                ui.label(format_delta(s.delta_start_bytes));
                 ui.end_row();
             }
         });
@@ -172,11 +172,11 @@ fn sites_table(
                     .on_hover_text(format!(
                         "{}\nat the peak: {} before, {} after\nallocated in total: {}",
                         s.site,
-                        format_bytes(s.before_bytes_at_peak),
-                        format_bytes(s.after_bytes_at_peak),
-                        format_bytes_signed(s.delta_total_bytes)
+                        format_size(s.before_bytes_at_peak),
+                        format_size(s.after_bytes_at_peak),
+                        format_delta(s.delta_total_bytes)
                     ));
-                ui.label(format_bytes_signed(s.delta_bytes_at_peak));
+                ui.label(format_delta(s.delta_bytes_at_peak));
                 ui.end_row();
             }
         });

@@ -12,7 +12,7 @@ use memsnap_format::Snapshot;
 
 use crate::loader::{LoadProgress, LoadedSnapshot};
 use crate::shortcuts::Command;
-use crate::units::format_bytes;
+use crate::units::format_size;
 use crate::view::Selection;
 
 /// The analysis model of one device: built once, read by every panel.
@@ -202,11 +202,11 @@ impl Document {
             });
         }
         // PyTorch's viewer starts on the device with the longest trace; so do we.
+        let default_device = DeviceTimeline::default_device(&snapshot);
         let device_index = devices
             .iter()
-            .enumerate()
-            .max_by_key(|(i, d)| (d.timeline.replay().trace_len, std::cmp::Reverse(*i)))
-            .map_or(0, |(i, _)| i);
+            .position(|d| Some(d.timeline.device()) == default_device)
+            .unwrap_or(0);
         let states = devices.iter().map(DeviceState::new).collect();
         let snapshot = Arc::new(snapshot);
         // The steps (marks, phases, the steps table), the ranks table and the diff need each
@@ -289,7 +289,7 @@ impl Document {
                 .as_ref()
                 .map_or(self.name.clone(), |p| p.display().to_string()),
             self.detected.format.name(),
-            format_bytes(self.file_bytes),
+            format_size(self.file_bytes),
             match self.detected.compression {
                 memsnap_format::Compression::None => "",
                 memsnap_format::Compression::Gzip => " (gzip)",
@@ -432,7 +432,7 @@ impl Document {
             if replay.truncated {
                 let mut text = format!(
                     "History starts mid-run: {} in {} allocations from before the recorded window",
-                    format_bytes(replay.before_window_bytes),
+                    format_size(replay.before_window_bytes),
                     replay.before_window_allocations
                 );
                 if let Some(dropped) = replay.dropped_entries {
@@ -441,7 +441,7 @@ impl Document {
                 if replay.unattributed_bytes > 0 {
                     text.push_str(&format!(
                         ", of which {} before the profile, unattributed (counted by {}, in no block)",
-                        format_bytes(replay.unattributed_bytes),
+                        format_size(replay.unattributed_bytes),
                         replay.source.as_deref().unwrap_or("the source")
                     ));
                 }

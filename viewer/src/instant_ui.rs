@@ -9,7 +9,7 @@ use memsnap_format::Snapshot;
 use memsnap_plot::sites::StackSites;
 
 use crate::palette;
-use crate::units::{format_bytes, format_duration_us};
+use crate::units::{format_duration_us, format_size};
 use memsnap_analysis::live::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
 
 /// What the page reads.
@@ -140,12 +140,12 @@ pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut Insta
     egui::CentralPanel::default().show(ui, |ui| {
         ui.label(format!(
             "{} live in {} groups{}",
-            format_bytes(total),
+            format_size(total),
             data.groups.len(),
             if model.min_size > 0 {
                 format!(
                     " (allocations smaller than {} left out)",
-                    format_bytes(model.min_size)
+                    format_size(model.min_size)
                 )
             } else {
                 String::new()
@@ -203,13 +203,13 @@ fn live_table_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, groups: &[LiveGrou
                     }
                 });
                 row.col(|ui| {
-                    ui.label(format_bytes(g.bytes));
+                    ui.label(format_size(g.bytes));
                 });
                 row.col(|ui| {
                     ui.label(g.count.to_string());
                 });
                 row.col(|ui| {
-                    ui.label(format_bytes(g.largest));
+                    ui.label(format_size(g.largest));
                 });
                 row.col(|ui| {
                     ui.label(format!(
@@ -283,13 +283,13 @@ pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode, 
         egui::WidgetInfo::labeled(
             egui::Role::Image,
             true,
-            format!("Flame graph of {} live", format_bytes(root.bytes)),
+            format!("Flame graph of {} live", format_size(root.bytes)),
         )
     });
     if let Some((label, bytes, count)) = hovered {
         response.on_hover_ui_at_pointer(|ui| {
             ui.monospace(label);
-            ui.label(format!("{} in {count} allocations", format_bytes(bytes)));
+            ui.label(format!("{} in {count} allocations", format_size(bytes)));
         });
     }
 }
@@ -332,10 +332,10 @@ fn segments_ui(
     ui.heading(format!("Segments: {}", usage.len()));
     ui.label(format!(
         "{} reserved, {} allocated, {} free; largest free block {}",
-        format_bytes(reserved),
-        format_bytes(allocated),
-        format_bytes(free),
-        format_bytes(largest_free)
+        format_size(reserved),
+        format_size(allocated),
+        format_size(free),
+        format_size(largest_free)
     ));
     let fragmentation = if free > 0 {
         100.0 * (1.0 - largest_free as f64 / free as f64)
@@ -379,11 +379,11 @@ fn segments_ui(
             response.on_hover_text(format!(
                 "segment {:#x}: {} reserved, {} allocated in {} blocks, {} free, largest free block {} (stream {})",
                 segment.addr,
-                format_bytes(segment.size),
-                format_bytes(use_.allocated_bytes),
+                format_size(segment.size),
+                format_size(use_.allocated_bytes),
                 use_.allocations,
-                format_bytes(use_.free_bytes),
-                format_bytes(use_.largest_free_block),
+                format_size(use_.free_bytes),
+                format_size(use_.largest_free_block),
                 segment.stream
             ));
         }

@@ -8,7 +8,7 @@ use memsnap_analysis::{Axis, CurveKind, LayoutRequest, Lifetime};
 use crate::document::Document;
 use crate::palette;
 use crate::timeline::{event_to_axis, has_time_axis};
-use crate::units::{format_bytes, format_bytes_signed, format_duration_us};
+use crate::units::{format_delta, format_duration_us, format_size};
 
 /// Height of each small multiple.
 const SMALL_HEIGHT: f32 = 70.0;
@@ -116,9 +116,9 @@ pub fn ranks_ui(
         ui.label(format!(
             "{} ranks; peak from {} to {} (spread {}, {:.1}%), highest: {}{}",
             skew.ranks,
-            format_bytes(skew.min_peak_bytes),
-            format_bytes(skew.max_peak_bytes),
-            format_bytes(skew.peak_spread_bytes),
+            format_size(skew.min_peak_bytes),
+            format_size(skew.max_peak_bytes),
+            format_size(skew.peak_spread_bytes),
             skew.peak_spread_percent,
             skew.max_peak_file,
             skew.step_duration_spread_us
@@ -150,10 +150,10 @@ pub fn ranks_ui(
                 {
                     *active = i;
                 }
-                ui.label(format_bytes(row.peak_bytes));
+                ui.label(format_size(row.peak_bytes));
                 ui.label(row.steps.to_string());
                 ui.label(row.step_duration_us.map_or("–".into(), format_duration_us));
-                ui.label(format_bytes_signed(row.drift_bytes_per_step.round() as i64));
+                ui.label(format_delta(row.drift_bytes_per_step.round() as i64));
                 if row.leak_suspected {
                     ui.colored_label(palette::color32(palette::WARNING), "leak suspected");
                 } else {
@@ -231,7 +231,7 @@ pub fn ranks_ui(
                 format!(
                     "{}  peak {}",
                     doc.name,
-                    format_bytes(doc.device().timeline.peak(CurveKind::Active).bytes)
+                    format_size(doc.device().timeline.peak(CurveKind::Active).bytes)
                 ),
                 egui::FontId::proportional(11.0),
                 ui.visuals().strong_text_color(),

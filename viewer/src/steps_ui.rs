@@ -9,7 +9,7 @@ use egui_extras::{Column, TableBuilder};
 use memsnap_analysis::{Phase, Step, StepAnalysis, StepMethod};
 
 use crate::palette;
-use crate::units::{format_bytes, format_bytes_signed, format_duration_us};
+use crate::units::{format_delta, format_duration_us, format_size};
 
 /// The table's state: the selected step or phase, and the steps whose phases are listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
         ui.label(
             egui::RichText::new(format!(
                 "Leak suspected: the memory left after each step grows by {} per step ({:.1}% over the run)",
-                format_bytes_signed(drift.min_bytes_per_step.round() as i64),
+                format_delta(drift.min_bytes_per_step.round() as i64),
                 drift.min_growth_percent
             ))
             .color(palette::color32(palette::WARNING)),
@@ -63,7 +63,7 @@ pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
         ui.label(
             egui::RichText::new(format!(
                 "Peak grows by {} per step ({:.1}% over the run)",
-                format_bytes_signed(drift.peak_bytes_per_step.round() as i64),
+                format_delta(drift.peak_bytes_per_step.round() as i64),
                 drift.peak_growth_percent
             ))
             .color(palette::color32(palette::WARNING)),
@@ -129,13 +129,13 @@ fn step_notes(step: &Step) -> String {
     if step.warmup {
         notes.push(format!(
             "warm-up: creates {} optimizer state",
-            format_bytes(step.optimizer_state_bytes)
+            format_size(step.optimizer_state_bytes)
         ));
     }
     if step.outliving_count > 0 {
         notes.push(format!(
             "{} in {} outlive the step",
-            format_bytes(step.outliving_bytes),
+            format_size(step.outliving_bytes),
             step.outliving_count
         ));
     }
@@ -171,8 +171,8 @@ pub fn steps_ui(
             ui.separator();
             ui.label(format!(
                 "drift {} per step (minimum), {} per step (peak)",
-                format_bytes_signed(drift.min_bytes_per_step.round() as i64),
-                format_bytes_signed(drift.peak_bytes_per_step.round() as i64)
+                format_delta(drift.min_bytes_per_step.round() as i64),
+                format_delta(drift.peak_bytes_per_step.round() as i64)
             ))
             .on_hover_text(format!(
                 "Growth over the run: minimum {:.2}%, peak {:.2}% of the highest step peak (flagged above {:.1}%); partial steps do not count",
@@ -276,9 +276,9 @@ pub fn steps_ui(
                         });
                         let cells = [
                             format!("{}–{}", step.start_event, step.end_event),
-                            format!("{} to {}", format_bytes(step.start_bytes), format_bytes(step.end_bytes)),
-                            format_bytes(step.peak_bytes),
-                            format_bytes_signed(change),
+                            format!("{} to {}", format_size(step.start_bytes), format_size(step.end_bytes)),
+                            format_size(step.peak_bytes),
+                            format_delta(change),
                             "–".to_owned(),
                             duration_text(step.start_time_us, step.end_time_us),
                             step_notes(step),
@@ -322,15 +322,15 @@ pub fn steps_ui(
                         });
                         let cells = [
                             format!("{}–{}", phase.start_event, phase.end_event),
-                            format!("{} to {}", format_bytes(phase.start_bytes), format_bytes(phase.end_bytes)),
-                            format_bytes(phase.peak_bytes),
-                            format_bytes_signed(phase.slope.bytes),
+                            format!("{} to {}", format_size(phase.start_bytes), format_size(phase.end_bytes)),
+                            format_size(phase.peak_bytes),
+                            format_delta(phase.slope.bytes),
                             slope_rate_text(&phase.slope),
                             duration_text(phase.start_time_us, phase.end_time_us),
                             format!(
                                 "{} allocations, {} allocated",
                                 phase.allocations,
-                                format_bytes(phase.allocated_bytes)
+                                format_size(phase.allocated_bytes)
                             ),
                         ];
                         for (c, text) in cells.into_iter().enumerate() {

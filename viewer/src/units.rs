@@ -1,11 +1,10 @@
 //! Human-readable numbers: byte sizes, durations, and the log-scale byte slider's mapping.
 
 /// Byte sizes, deltas, durations and rates: the one rule set (`memsnap-units`) the CLI and
-/// the plots use too, under the names the viewer's panels call them by.
+/// the plots use too.
 pub use memsnap_units::{
-    format_delta as format_bytes_signed, format_duration_us, format_per_event_signed, format_rate,
-    format_rate_signed, format_size as format_bytes, format_size_exact as format_bytes_exact,
-    group_thousands,
+    format_delta, format_duration_us, format_per_event_signed, format_rate, format_rate_signed,
+    format_size, format_size_exact, group_thousands,
 };
 
 /// Parses a byte size typed by the user: `4096`, `1,024`, `512KiB`, `1.5 GiB`, `2MB`, `3g`.
@@ -41,13 +40,13 @@ mod tests {
 
     #[test]
     fn bytes_format_in_binary_units() {
-        assert_eq!(format_bytes(0), "0 B");
-        assert_eq!(format_bytes(1023), "1023 B");
-        assert_eq!(format_bytes(1536), "1.5 KiB");
-        assert_eq!(format_bytes(80 << 30), "80.0 GiB");
-        assert_eq!(format_bytes_signed(-2048), "-2.0 KiB");
-        assert_eq!(format_bytes_signed(2048), "+2.0 KiB");
-        assert_eq!(format_bytes_exact(1536), "1.5 KiB (1,536 bytes)");
+        assert_eq!(format_size(0), "0 B");
+        assert_eq!(format_size(1023), "1023 B");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(80 << 30), "80.0 GiB");
+        assert_eq!(format_delta(-2048), "-2.0 KiB");
+        assert_eq!(format_delta(2048), "+2.0 KiB");
+        assert_eq!(format_size_exact(1536), "1.5 KiB (1,536 bytes)");
         assert_eq!(group_thousands(1234567), "1,234,567");
         assert_eq!(group_thousands(123), "123");
     }

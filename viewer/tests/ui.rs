@@ -505,7 +505,7 @@ fn a_warm_up_step_is_labelled_warm_up_not_a_leak() {
         .expect("the first optimizer step creates Adam's state");
     let text = format!(
         "warm-up: creates {} optimizer state",
-        memsnap_viewer::units::format_bytes(warmup.optimizer_state_bytes)
+        memsnap_viewer::units::format_size(warmup.optimizer_state_bytes)
     );
     h.get_by_label_contains(&text);
     assert!(h.query_by_label_contains("Leak suspected").is_none());
@@ -656,6 +656,28 @@ fn the_details_say_unknown_for_what_an_import_does_not_record() {
     }
 }
 
+/// A torch.profiler trace (the GPU fixture: 2 profiled steps of a GPT on an H200) shows the
+/// profiler's own peak, `torch.cuda.max_memory_allocated()` over the profile, at its event,
+/// with the memory from before the profile counted in.
+#[test]
+fn an_imported_profiler_trace_shows_the_profilers_peak() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/gpu_h200_torch2.11/profiler.pt.trace.json.gz");
+    let bytes = std::fs::read(fixture).expect("fixture");
+    let h = loaded_app(&[("profiler.pt.trace.json.gz", bytes)], Settings::default());
+    assert!(h.state().notices.is_empty(), "{:?}", h.state().notices);
+    let document = h.state().active_document().expect("open");
+    let timeline = &document.device().timeline;
+    let peak = timeline.peak(memsnap_analysis::CurveKind::Allocated);
+    assert_eq!(peak.bytes, 8_593_483_264);
+    assert!(timeline.replay().before_window_bytes > 0);
+    h.get_by_label(&format!(
+        "{} at event {}",
+        memsnap_units::format_size(peak.bytes),
+        peak.event
+    ));
+}
+
 /// A run recorded by memsnap's allocator whose fragmentation `expandable_segments:True`
 /// removes: growing activations, each freed before the next, a small tensor kept after each.
 fn fragmenting_pickle() -> Vec<u8> {
@@ -729,8 +751,8 @@ fn the_allocator_view_simulates_expandable_segments_and_suggests() {
     );
     h.get_by_label(&format!(
         "Simulated reserved peak {} vs {} recorded (-{:.1}%)",
-        memsnap_viewer::units::format_bytes(simulated_peak),
-        memsnap_viewer::units::format_bytes(recorded_peak),
+        memsnap_viewer::units::format_size(simulated_peak),
+        memsnap_viewer::units::format_size(recorded_peak),
         (recorded_peak - simulated_peak) as f64 / recorded_peak as f64 * 100.0
     ));
 

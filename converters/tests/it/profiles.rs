@@ -4,10 +4,11 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 
+use memsnap_analysis::{AnalysisError, Instant, InstantParseError};
 use memsnap_converters::pprof::{
     self, proto, ALLOC_OBJECTS, ALLOC_SPACE, INUSE_OBJECTS, INUSE_SPACE,
 };
-use memsnap_converters::profile::{At, By, LiveProfile, LiveSource, ProfileError, ProfileOptions};
+use memsnap_converters::profile::{By, LiveProfile, LiveSource, ProfileError, ProfileOptions};
 use memsnap_converters::{flamegraph, open_path};
 use memsnap_format::{Action, Block, BlockState, Frame, Segment, Snapshot, TraceEntry};
 use prost::Message;
@@ -207,7 +208,7 @@ fn export<'s>(
     (live, String::from_utf8(svg).expect("utf-8"), profile)
 }
 
-fn options(at: At, by: By, min_size: u64) -> ProfileOptions {
+fn options(at: Instant, by: By, min_size: u64) -> ProfileOptions {
     let mut o = ProfileOptions::default();
     o.at = at;
     o.by = by;
@@ -264,7 +265,7 @@ fn hand_made() -> Snapshot {
 #[test]
 fn the_peak_flame_graph_adds_up_to_the_live_bytes() {
     let s = hand_made();
-    let (live, svg, _) = export(&s, &options(At::Peak, By::Stack, 0));
+    let (live, svg, _) = export(&s, &options(Instant::Peak, By::Stack, 0));
     assert_eq!(
         (live.device, live.event, live.time_us),
         (Some(0), 5, Some(150))
@@ -300,7 +301,7 @@ fn the_peak_flame_graph_adds_up_to_the_live_bytes() {
 #[test]
 fn folded_lines_are_root_first_and_by_site_keeps_only_the_site() {
     let s = hand_made();
-    let live = LiveProfile::select(&s, &options(At::Peak, By::Stack, 0)).expect("live");
+    let live = LiveProfile::select(&s, &options(Instant::Peak, By::Stack, 0)).expect("live");
     assert_eq!(
         flamegraph::folded_lines(&live),
         [
@@ -309,7 +310,7 @@ fn folded_lines_are_root_first_and_by_site_keeps_only_the_site() {
             "train.py:1:main;train.py:10:train_step;model.py:50:loss 3000",
         ]
     );
-    let (_, svg, profile) = export(&s, &options(At::Peak, By::Site, 0));
+    let (_, svg, profile) = export(&s, &options(Instant::Peak, By::Site, 0));
     let frames = svg_frames(&svg);
     let depth_one: Vec<&SvgFrame> = frames.iter().filter(|f| f.name != "all").collect();
     assert_eq!(depth_one.len(), 3, "one level under the root");
@@ -320,29 +321,29 @@ fn folded_lines_are_root_first_and_by_site_keeps_only_the_site() {
 #[test]
 fn instants_pick_the_entry_the_user_named() {
     let s = hand_made();
-    let bytes_at = |at: At, min_size: u64| {
+    let bytes_at = |at: Instant, min_size: u64| {
         let (live, svg, profile) = export(&s, &options(at, By::Stack, min_size));
         let from_svg = root_bytes(&svg_frames(&svg));
         assert_eq!(from_svg, live.bytes);
         assert_eq!(sum(&profile, INUSE_SPACE) as u64, live.bytes);
         (live.event, live.bytes)
     };
-    assert_eq!(bytes_at(At::End, 0), (7, 7500));
-    assert_eq!(bytes_at(At::Event(2), 0), (2, 4500));
+    assert_eq!(bytes_at(Instant::End, 0), (7, 7500));
+    assert_eq!(bytes_at(Instant::Event(2), 0), (2, 4500));
     // A's free is requested but not completed: its block is still active.
-    assert_eq!(bytes_at(At::Event(3), 0), (3, 4500));
-    assert_eq!(bytes_at(At::Event(4), 0), (4, 3500));
-    assert_eq!(bytes_at(At::TimeUs(135), 0), (3, 4500));
-    assert_eq!(bytes_at(At::AfterStartUs(50), 0), (5, 10_500));
-    assert_eq!(bytes_at(At::TimeUs(1_000_000), 0), (7, 7500));
+    assert_eq!(bytes_at(Instant::Event(3), 0), (3, 4500));
+    assert_eq!(bytes_at(Instant::Event(4), 0), (4, 3500));
+    assert_eq!(bytes_at(Instant::TimeUs(135), 0), (3, 4500));
+    assert_eq!(bytes_at(Instant::AfterStartUs(50), 0), (5, 10_500));
+    assert_eq!(bytes_at(Instant::TimeUs(1_000_000), 0), (7, 7500));
     // --min-size drops the 500 and 3000 byte blocks.
-    assert_eq!(bytes_at(At::Peak, 3001), (5, 7000));
+    assert_eq!(bytes_at(Instant::Peak, 3001), (5, 7000));
 }
 
 #[test]
 fn min_size_leaves_small_blocks_out_and_says_so() {
     let s = hand_made();
-    let (live, svg, profile) = export(&s, &options(At::Peak, By::Stack, 1000));
+    let (live, svg, profile) = export(&s, &options(Instant::Peak, By::Stack, 1000));
     assert_eq!(
         (live.bytes, live.smaller_bytes, live.smaller_count),
         (10_000, 500, 1)
@@ -359,7 +360,7 @@ fn min_size_leaves_small_blocks_out_and_says_so() {
 #[test]
 fn pprof_holds_the_live_set_and_every_allocation_of_the_window() {
     let s = hand_made();
-    let (_, _, p) = export(&s, &options(At::Peak, By::Stack, 0));
+    let (_, _, p) = export(&s, &options(Instant::Peak, By::Stack, 0));
     assert_eq!(sum(&p, INUSE_SPACE), 10_500);
     assert_eq!(sum(&p, INUSE_OBJECTS), 3);
     assert_eq!(sum(&p, ALLOC_SPACE), 1000 + 3000 + 500 + 7000);
@@ -407,27 +408,33 @@ fn pprof_holds_the_live_set_and_every_allocation_of_the_window() {
 #[test]
 fn bad_instants_are_refused_with_the_reason() {
     let s = hand_made();
-    let err = |at: At| {
+    let err = |at: Instant| {
         LiveProfile::select(&s, &options(at, By::Stack, 0))
             .expect_err("refused")
             .to_string()
     };
     assert_eq!(
-        err(At::Event(8)),
+        err(Instant::Event(8)),
         "trace entry 8 is past the end of device 0's trace (8 entries)"
     );
     assert_eq!(
-        err(At::TimeUs(99)),
+        err(Instant::TimeUs(99)),
         "time_us 99 is before device 0's first trace entry (time_us 100)"
     );
     let mut no_times = hand_made();
     for e in &mut no_times.device_traces.as_mut().expect("traces")[0] {
         e.set_time_us(None);
     }
-    let e = LiveProfile::select(&no_times, &options(At::TimeUs(120), By::Stack, 0))
+    let e = LiveProfile::select(&no_times, &options(Instant::TimeUs(120), By::Stack, 0))
         .expect_err("no times");
-    assert!(matches!(e, ProfileError::NoTimes { device: 0 }), "{e}");
-    let mut on_device_3 = options(At::Peak, By::Stack, 0);
+    assert!(
+        matches!(
+            e,
+            ProfileError::Analysis(AnalysisError::NoTimes { device: 0 })
+        ),
+        "{e}"
+    );
+    let mut on_device_3 = options(Instant::Peak, By::Stack, 0);
     on_device_3.device = Some(3);
     let e = LiveProfile::select(&s, &on_device_3).expect_err("no device 3");
     assert!(
@@ -438,21 +445,25 @@ fn bad_instants_are_refused_with_the_reason() {
 
 #[test]
 fn instants_parse_from_the_command_line_forms() {
-    let parse = |t: &str| t.parse::<At>();
-    assert_eq!(parse("peak"), Ok(At::Peak));
-    assert_eq!(parse("END"), Ok(At::End));
-    assert_eq!(parse("#1234"), Ok(At::Event(1234)));
-    assert_eq!(parse("event:12"), Ok(At::Event(12)));
+    let parse = |t: &str| t.parse::<Instant>();
+    assert_eq!(parse("peak"), Ok(Instant::Peak));
+    assert_eq!(parse("END"), Ok(Instant::End));
+    assert_eq!(parse("#1234"), Ok(Instant::Event(1234)));
+    assert_eq!(parse("event:12"), Ok(Instant::Event(12)));
+    // A bare number was a time_us here and an event in `memsnap top`: now it says which to
+    // write.
     assert_eq!(
         parse("1700000000123456"),
-        Ok(At::TimeUs(1_700_000_000_123_456))
+        Err(InstantParseError::BareNumber {
+            text: "1700000000123456".into()
+        })
     );
     assert_eq!(
         parse("1700000000123456us"),
-        Ok(At::TimeUs(1_700_000_000_123_456))
+        Ok(Instant::TimeUs(1_700_000_000_123_456))
     );
-    assert_eq!(parse("+2.5s"), Ok(At::AfterStartUs(2_500_000)));
-    assert_eq!(parse("+150ms"), Ok(At::AfterStartUs(150_000)));
+    assert_eq!(parse("+2.5s"), Ok(Instant::AfterStartUs(2_500_000)));
+    assert_eq!(parse("+150ms"), Ok(Instant::AfterStartUs(150_000)));
     for bad in ["", "#", "#-1", "+3", "later", "+-1s", "event:x"] {
         assert!(parse(bad).is_err(), "{bad:?} parses");
     }
@@ -534,7 +545,7 @@ fn a_snapshot_without_a_trace_shows_its_segments_active_blocks() {
     assert_eq!(sum(&p, INUSE_SPACE), 12_192);
     assert_eq!(sum(&p, ALLOC_SPACE), 12_192);
     assert_eq!(p.time_nanos, 0);
-    let err = LiveProfile::select(&s, &options(At::Event(1), By::Stack, 0))
+    let err = LiveProfile::select(&s, &options(Instant::Event(1), By::Stack, 0))
         .expect_err("no entry 1")
         .to_string();
     assert!(
@@ -596,7 +607,7 @@ fn a_generated_run_exports_its_live_bytes_at_the_peak_and_between() {
     // Device 1's trace, checked with --device; device choice by peak checked too.
     let trace = &s.traces()[1];
     let (after, peak) = replay_by_hand(trace);
-    let mut on_device_1 = options(At::Peak, By::Stack, 0);
+    let mut on_device_1 = options(Instant::Peak, By::Stack, 0);
     on_device_1.device = Some(1);
     let (live, svg, p) = export(&s, &on_device_1);
     assert_eq!(live.event as usize, peak);
@@ -619,7 +630,7 @@ fn a_generated_run_exports_its_live_bytes_at_the_peak_and_between() {
         .iter()
         .any(|f| f.name.contains("CUDACachingAllocator")));
     for at in [trace.len() / 3, trace.len() - 1] {
-        let mut o = options(At::Event(at as u32), By::Site, 0);
+        let mut o = options(Instant::Event(at as u32), By::Site, 0);
         o.device = Some(1);
         let (_, svg, p) = export(&s, &o);
         let frames = svg_frames(&svg);
@@ -647,7 +658,7 @@ fn every_real_snapshot_exports_to_both_formats() {
     for file in real_snapshots() {
         let (s, _) = open_path(&file).expect("real file opens");
         // The peak by stack on the device with the highest peak, then the end by site on it.
-        let mut o = options(At::Peak, By::Stack, 0);
+        let mut o = options(Instant::Peak, By::Stack, 0);
         for step in 0..2 {
             let live =
                 LiveProfile::select(&s, &o).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
@@ -666,7 +677,7 @@ fn every_real_snapshot_exports_to_both_formats() {
                 file.display()
             );
             if step == 0 {
-                o = options(At::End, By::Site, 0);
+                o = options(Instant::End, By::Site, 0);
                 o.device = live.device;
             }
         }

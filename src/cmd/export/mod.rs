@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use memsnap_converters::profile::At;
+use memsnap_analysis::Instant;
 
 use super::common;
 
@@ -55,9 +55,10 @@ pub struct Args {
     /// The instant a flame graph or pprof profile shows: `peak` (the first trace entry at
     /// which live bytes peak, as `memsnap summary` reports it), `end`, a trace entry index
     /// (`event:1234`, or `'#1234'` quoted), a time_us as the snapshot has it
-    /// (`1700000000123456`), or a time after the first entry (`+2.5s`, `+150ms`, `+300us`).
-    #[arg(long, default_value = "peak", value_name = "WHEN", value_parser = parse_at)]
-    pub at: At,
+    /// (`1700000000123456us`), or a time after the first entry (`+2.5s`, `+150ms`, `+300us`).
+    /// The same as `memsnap top --at`.
+    #[arg(long, default_value = "peak", value_name = "WHEN", value_parser = common::parse_instant)]
+    pub at: Instant,
     /// Group a flame graph or pprof profile by the whole stack, or only by the site (the
     /// innermost frame of your code).
     #[arg(long, value_enum, default_value_t = By::Stack)]
@@ -81,10 +82,6 @@ pub enum By {
     Stack,
     /// Only the site: the innermost frame of your code.
     Site,
-}
-
-fn parse_at(text: &str) -> Result<At, String> {
-    text.parse()
 }
 
 /// The formats `memsnap export` writes.

@@ -4,7 +4,7 @@ use memsnap_analysis::{Axis, Lifetime};
 use memsnap_plot::ColourBy;
 
 use super::{has_time_axis, TimelineModel, TimelineState};
-use crate::units::{bytes_to_slider, format_bytes, slider_to_bytes, LOG_SLIDER_MAX};
+use crate::units::{bytes_to_slider, format_size, slider_to_bytes, LOG_SLIDER_MAX};
 
 /// The size slider, the search box and the view toggles above the plot.
 pub fn filter_bar_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut TimelineState) {
@@ -17,7 +17,7 @@ pub fn filter_bar_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &mut T
             .text(if state.min_size == 0 {
                 "everything shown".to_owned()
             } else {
-                format!("smaller than {}", format_bytes(state.min_size))
+                format!("smaller than {}", format_size(state.min_size))
             });
         let response = ui
             .add(slider)

@@ -7,7 +7,7 @@ use memsnap_plot::scene::Mapping;
 
 use super::{event_to_axis, TimelineModel, TimelineOutput, TimelineState};
 use crate::palette::{self, color32};
-use crate::units::format_bytes;
+use crate::units::format_size;
 use crate::view::Selection;
 
 pub(super) fn handle_zoom_and_pan(
@@ -178,8 +178,8 @@ pub(super) fn hover_card_ui(
     let description = format!(
         "Active memory timeline: {} bands drawn, peak in view {}, allocations below {} folded",
         layout.bands.len(),
-        format_bytes(layout.y_max),
-        format_bytes(layout.drawn_min_size)
+        format_size(layout.y_max),
+        format_size(layout.drawn_min_size)
     );
     response.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Image, true, &description));
     if state.box_start.is_some() {
@@ -196,8 +196,8 @@ pub(super) fn hover_card_ui(
                 let col = &layout.columns[column as usize];
                 ui.label(format!(
                     "{} in allocations smaller than {} (or beyond the {} largest)",
-                    format_bytes(col.total_bytes.saturating_sub(col.drawn_bytes)),
-                    format_bytes(layout.drawn_min_size.max(1)),
+                    format_size(col.total_bytes.saturating_sub(col.drawn_bytes)),
+                    format_size(layout.drawn_min_size.max(1)),
                     state.max_bands
                 ));
             });
