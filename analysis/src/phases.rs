@@ -463,8 +463,9 @@ impl NextOpen {
 }
 
 /// A run of equal phase labels over traced allocations: `(kind, first index, last index,
-/// labelled allocations)`.
-pub(crate) type LabelRun = (PhaseKind, usize, usize, usize);
+/// labelled allocations)`. In `u32` (traced allocations are trace entries, which `u32`
+/// indexes): 16 bytes a run instead of 32, and noisy stacks give a 10M-entry run millions.
+pub(crate) type LabelRun = (PhaseKind, u32, u32, u32);
 
 /// Folds stray runs into the phase around them: a run of one or two labelled allocations
 /// between two longer runs of one kind (X, y, X with y tiny) belongs to that phase, and the
@@ -482,7 +483,12 @@ pub(crate) fn merge_stray_runs(runs: &[LabelRun]) -> Vec<LabelRun> {
         let cur = runs[i];
         if let (Some(prev), Some(&next)) = (merged.last_mut(), runs.get(i + 1)) {
             if cur.3 <= 2 && prev.0 == next.0 && prev.3 > cur.3 && next.3 > cur.3 {
-                *prev = (prev.0, prev.1, next.2, prev.3 + cur.3 + next.3);
+                *prev = (
+                    prev.0,
+                    prev.1,
+                    next.2,
+                    prev.3.saturating_add(cur.3).saturating_add(next.3),
+                );
                 i += 2;
                 continue;
             }
@@ -592,6 +598,7 @@ pub(crate) fn plan_from_evidence(
     let mut runs: Vec<LabelRun> = Vec::new();
     for (i, label) in labels.iter().enumerate() {
         let Some(kind) = *label else { continue };
+        let i = u32::try_from(i).unwrap_or(u32::MAX);
         match runs.last_mut() {
             Some(run) if run.0 == kind => {
                 run.2 = i;
@@ -600,14 +607,20 @@ pub(crate) fn plan_from_evidence(
             _ => runs.push((kind, i, i, 1)),
         }
     }
+    drop((labels, no_frames));
     let short_runs = runs.iter().filter(|r| r.3 <= 2).count();
-    let runs = merge_stray_runs(&runs);
+    // The label runs go as soon as they are merged: at 10M entries with noisy stacks they
+    // are tens of MB at the analysis' peak.
+    let merged = merge_stray_runs(&runs);
+    drop(runs);
+    let runs = merged;
     let mut plan = PhasePlan {
         short_runs,
         ..PhasePlan::default()
     };
     let mut prev_last: Option<usize> = None;
     for &(kind, first, last_index, _) in &runs {
+        let (first, last_index) = (first as usize, last_index as usize);
         // Neutral allocations between the previous run and this one open a new step, and
         // otherwise belong to the previous phase.
         let opens_step = match (kind, plan.steps.last().and_then(|s| s.last())) {
@@ -673,7 +686,7 @@ mod tests {
         let mut next = 0;
         spec.iter()
             .map(|&(kind, count)| {
-                let count = usize::from(count % 5) + 1;
+                let count = u32::from(count % 5) + 1;
                 let run = (kinds[usize::from(kind % 4)], next, next + count - 1, count);
                 next += count;
                 run

@@ -1305,6 +1305,10 @@ fn read_annotation<S: Source>(s: &mut S, v: S::V) -> Result<Annotation> {
         }
         Ok(())
     })?;
+    // A run can hold millions of annotations of two metadata keys each: filled by pushes,
+    // the vectors kept room for four (224 bytes each instead of 112).
+    metadata.shrink_to_fit();
+    extra.shrink_to_fit();
     Ok(Annotation {
         metadata,
         device: device.ok_or_else(|| s.missing("annotation", Key::device))?,
