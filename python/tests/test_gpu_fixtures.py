@@ -50,3 +50,38 @@ def test_memoryviz_js_can_unpickle_them_and_memsnaps_rewrite(path):
         used, protocol = opcodes(pickled)
         assert 2 <= protocol <= 4
         assert used <= MEMORYVIZ_OPCODES, sorted(used - MEMORYVIZ_OPCODES)
+
+
+IMPORTS = ["profiler.pt.trace.json.gz", "memory_timeline.raw.json.gz", "memory_timeline.json.gz"]
+# Keys of PyTorch's `_snapshot()` dict: `_memory_viz.py` and MemoryViz.js read these and
+# ignore the rest, so memsnap's own data goes under one key of its own.
+PYTORCH_KEYS = {"segments", "device_traces", "allocator_settings", "external_annotations"}
+
+
+@pytest.mark.parametrize("name", IMPORTS)
+def test_an_imported_trace_is_a_snapshot_pytorchs_viewers_read(name, tmp_path):
+    """`memsnap import` of the H200 profiler trace and memory timelines writes a pickle that
+    PyTorch's viewers read as one of their own: plain dicts and lists in protocol 2-4 with
+    MemoryViz.js's opcodes, PyTorch's keys, and the numbers only the source knew (memory from
+    before the profile, the reserved series, the categories) under `"memsnap"`."""
+    from conftest import console_script
+    import subprocess
+
+    out = tmp_path / "imported.pickle"
+    subprocess.run([console_script("memsnap"), "import", str(FIXTURES / name), "-o", str(out)],
+                   check=True, capture_output=True)
+    data = out.read_bytes()
+    used, protocol = opcodes(data)
+    assert 2 <= protocol <= 4
+    assert used <= MEMORYVIZ_OPCODES, sorted(used - MEMORYVIZ_OPCODES)
+    snapshot = pickle.loads(data)
+    assert set(snapshot) - {"memsnap"} <= PYTORCH_KEYS
+    assert {"segments", "device_traces"} <= set(snapshot)
+    # What `_memory_viz.py trace` and the Active Memory Timeline read of each entry.
+    entries = snapshot["device_traces"][0]
+    assert entries
+    for entry in entries:
+        assert {"action", "addr", "size", "stream", "frames"} <= set(entry)
+        assert isinstance(entry["size"], int) and isinstance(entry["frames"], list)
+    assert [s["source"] for s in snapshot["memsnap"]["sources"]] != []
+    assert memsnap.load(data) == snapshot
