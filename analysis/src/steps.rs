@@ -656,12 +656,18 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
     // tensor a forward pass makes: the first input or activation, after the set-up's
     // parameters. Tried when no call site opens the first step (the plot data of
     // `export_memory_timeline` has synthetic blocks: no call site and no size repeats).
-    let first_forward_tensor = traced[..before].iter().find(|a| {
-        matches!(
-            replay.source_category(a.alloc_event()),
-            Some(Category::Input | Category::Activation)
-        )
-    });
+    let first_forward_tensor = replay
+        .categories_source
+        .is_some()
+        .then(|| {
+            traced[..before].iter().find(|a| {
+                matches!(
+                    replay.source_category(a.alloc_event()),
+                    Some(Category::Input | Category::Activation)
+                )
+            })
+        })
+        .flatten();
     for a in candidates.into_iter().chain(first_forward_tensor) {
         let mut start = a.start();
         while start > 0 && segment_allocs.binary_search(&(start - 1)).is_ok() {

@@ -76,13 +76,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             None => bail!("{}: no device has a trace or segments", args.file.display()),
         },
     };
-    let instant = Instant::Event(timeline.resolve_exact(args.at)?);
+    let event = timeline.resolve_exact(args.at)?;
+    let instant = Instant::Event(event);
     let by = match args.by {
         By::Stack => GroupBy::Stack,
         By::Frame => GroupBy::Frame,
         By::File => GroupBy::File,
     };
-    let event = timeline.resolve(instant);
     let groups = timeline.live_groups(&snapshot, instant, Lifetime::Active, by, args.min_size);
     let report = Report {
         device: timeline.device(),
