@@ -194,25 +194,75 @@ pub(crate) fn categorize(
 ///
 /// A difference array over the queried events: each allocation adds its size from the first
 /// queried event at or after its start to the first at or after its end, found by binary
-/// search. Memory is O(events), not O(allocations) (a sorted list of every alloc and free
-/// was 200 MB at 10M entries).
+/// search. Memory is the answer's (64 bytes an event), not O(allocations) (a sorted list of
+/// every alloc and free was 200 MB at 10M entries): the differences are summed in place in
+/// wrapping `u64` arithmetic, exact while each category's bytes over all allocations fit in
+/// `u64`. Sizes that do not (only a hostile file has them) are summed in `i128` and the live
+/// bytes saturate at `u64::MAX`. At 900,000 events (a run of 300,000 steps) the `i128`
+/// differences and a copy of the answer held 174 MB more.
 pub(crate) fn bytes_at(
     replay: &Replay,
     categories: &[Category],
     events: &[u32],
 ) -> Vec<CategoryBytes> {
+    let mut totals = [0u64; 8];
+    let fits = replay.allocations.iter().zip(categories).all(|(a, c)| {
+        let total = &mut totals[*c as usize];
+        total.checked_add(a.size).map(|t| *total = t).is_some()
+    });
+    if !fits {
+        return bytes_at_saturating(replay, categories, events);
+    }
+    let mut diff = vec![CategoryBytes::default(); events.len() + 1];
+    for_each_live_span(replay, categories, events, |first, past, c, size| {
+        let added = &mut diff[first].0[c];
+        *added = added.wrapping_add(size);
+        let removed = &mut diff[past].0[c];
+        *removed = removed.wrapping_sub(size);
+    });
+    let mut live = [0u64; 8];
+    for d in &mut diff {
+        for (l, v) in live.iter_mut().zip(&mut d.0) {
+            *l = l.wrapping_add(*v);
+            *v = *l;
+        }
+    }
+    diff.truncate(events.len());
+    diff
+}
+
+/// Calls `f(first, past, category, size)` for each allocation live after some of `events`:
+/// after `events[first..past]`.
+fn for_each_live_span(
+    replay: &Replay,
+    categories: &[Category],
+    events: &[u32],
+    mut f: impl FnMut(usize, usize, usize, u64),
+) {
     let axis = replay.axis_len();
-    let mut diff = vec![[0i128; 8]; events.len() + 1];
     for (a, c) in replay.allocations.iter().zip(categories) {
         let (start, end) = (a.start(), a.end(Lifetime::Active, axis));
         // Live after `e` while start <= e < end.
         let first = events.partition_point(|&e| e < start);
         let past = events.partition_point(|&e| e < end);
         if first < past {
-            diff[first][*c as usize] += i128::from(a.size);
-            diff[past][*c as usize] -= i128::from(a.size);
+            f(first, past, *c as usize, a.size);
         }
     }
+}
+
+/// [`bytes_at`] for sizes whose sum overflows `u64`: differences in `i128`, the live bytes
+/// saturated.
+fn bytes_at_saturating(
+    replay: &Replay,
+    categories: &[Category],
+    events: &[u32],
+) -> Vec<CategoryBytes> {
+    let mut diff = vec![[0i128; 8]; events.len() + 1];
+    for_each_live_span(replay, categories, events, |first, past, c, size| {
+        diff[first][c] += i128::from(size);
+        diff[past][c] -= i128::from(size);
+    });
     let mut live = [0i128; 8];
     diff[..events.len()]
         .iter()

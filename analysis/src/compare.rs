@@ -122,15 +122,16 @@ pub fn diff(before: &[DeviceProfile], after: &[DeviceProfile], top: usize) -> Ve
         let (sa, sb) = (&a.summary, &b.summary);
         let steps = sa
             .steps
+            .steps()
             .iter()
-            .zip(&sb.steps)
+            .zip(sb.steps.steps())
             .enumerate()
             .map(|(index, (x, y))| StepDelta {
                 index,
-                before_peak_bytes: x.step.peak_bytes,
-                after_peak_bytes: y.step.peak_bytes,
-                delta_peak_bytes: delta(x.step.peak_bytes, y.step.peak_bytes),
-                delta_start_bytes: delta(x.step.start_bytes, y.step.start_bytes),
+                before_peak_bytes: x.peak_bytes,
+                after_peak_bytes: y.peak_bytes,
+                delta_peak_bytes: delta(x.peak_bytes, y.peak_bytes),
+                delta_start_bytes: delta(x.start_bytes, y.start_bytes),
             })
             .collect();
         let mut sites: Vec<SiteDelta> = a

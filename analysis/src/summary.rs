@@ -111,27 +111,136 @@ pub struct SiteBytes {
     pub count: u64,
 }
 
+/// The summary's steps: the steps as found, and the live bytes by category at each of their
+/// phases' peaks.
+///
+/// Kept as the found steps (moved in, not copied) beside one flat array of categories in phase
+/// order. A run of 303,030 steps rebuilt every step's phases with their categories: 276 MB
+/// more at the summary's peak (`memsnap summary` on a 10M-entry run, issue 22).
+///
+/// Written to JSON as an array of steps ([`StepSummary`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepSummaries {
+    steps: Vec<Step>,
+    /// Categories at each step phase's peak, the steps' phases one after the other.
+    phase_categories: Vec<CategoryBytes>,
+    /// Where each step's phases begin in `phase_categories`.
+    first_phase: Vec<usize>,
+}
+
+impl StepSummaries {
+    /// `phase_categories[first..]` holds one entry per phase of `steps`, in order (missing
+    /// ones read as zero bytes).
+    fn new(steps: Vec<Step>, phase_categories: Vec<CategoryBytes>, first: usize) -> Self {
+        let mut first_phase = Vec::with_capacity(steps.len());
+        let mut next = first;
+        for step in &steps {
+            first_phase.push(next);
+            next += step.phases.len();
+        }
+        StepSummaries {
+            steps,
+            phase_categories,
+            first_phase,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// Step `index` (as numbered in the summary) with its phases' categories.
+    pub fn get(&self, index: usize) -> Option<StepSummary<'_>> {
+        let step = self.steps.get(index)?;
+        let first = self.first_phase[index];
+        let categories = self
+            .phase_categories
+            .get(first..(first + step.phases.len()).min(self.phase_categories.len()))
+            .unwrap_or(&[]);
+        Some(StepSummary { step, categories })
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = StepSummary<'_>> + '_ {
+        (0..self.steps.len()).map(|i| self.get(i).expect("an index below len"))
+    }
+
+    /// The steps as found, without the categories.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+}
+
+impl Serialize for StepSummaries {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
 /// One step in the summary: the step as found, its phases with their categories.
 ///
 /// Written to JSON flat, as schema `memsnap.summary/1` has it: the step's fields, its
 /// forward and backward slopes as `forward_bytes`, `forward_events`, ... `backward_...`,
 /// then `phases`, `partial`, `warmup`, `optimizer_state_bytes`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StepSummary {
-    /// The step ([`Step::phases`] is empty here: they are in `phases`, with their
-    /// categories).
-    pub step: Step,
-    /// The step's phases in order (they tile the step).
-    pub phases: Vec<PhaseSummary>,
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepSummary<'a> {
+    /// The step, its phases in order (they tile the step).
+    pub step: &'a Step,
+    categories: &'a [CategoryBytes],
 }
 
-impl Serialize for StepSummary {
+impl<'a> StepSummary<'a> {
+    /// The step's phases in order, each with the live bytes by category at its peak.
+    pub fn phases(&self) -> impl ExactSizeIterator<Item = PhaseSummaryRef<'a>> + 'a {
+        let categories = self.categories;
+        self.step
+            .phases
+            .iter()
+            .enumerate()
+            .map(move |(i, phase)| PhaseSummaryRef {
+                phase,
+                categories_at_peak: categories.get(i).unwrap_or(&NO_CATEGORIES),
+            })
+    }
+}
+
+static NO_CATEGORIES: CategoryBytes = CategoryBytes([0; 8]);
+
+/// A step's phase in the summary, borrowed from [`StepSummaries`]; written to JSON as
+/// [`PhaseSummary`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PhaseSummaryRef<'a> {
+    #[serde(flatten)]
+    pub phase: &'a Phase,
+    #[serde(serialize_with = "category_bytes_ref_as_map")]
+    pub categories_at_peak: &'a CategoryBytes,
+}
+
+/// A step's phases, written as an array of [`PhaseSummaryRef`].
+struct PhasesOf<'a>(StepSummary<'a>);
+
+impl Serialize for PhasesOf<'_> {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.phases())
+    }
+}
+
+impl Serialize for StepSummary<'_> {
     fn serialize<S: serde::Serializer>(
         &self,
         serializer: S,
     ) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let s = &self.step;
+        let s = self.step;
         let mut out = serializer.serialize_struct("StepSummary", 25)?;
         out.serialize_field("start_event", &s.start_event)?;
         out.serialize_field("peak_event", &s.peak_event)?;
@@ -171,7 +280,7 @@ impl Serialize for StepSummary {
         }
         out.serialize_field("outliving_bytes", &s.outliving_bytes)?;
         out.serialize_field("outliving_count", &s.outliving_count)?;
-        out.serialize_field("phases", &self.phases)?;
+        out.serialize_field("phases", &PhasesOf(*self))?;
         out.serialize_field("partial", &s.partial)?;
         out.serialize_field("warmup", &s.warmup)?;
         out.serialize_field("optimizer_state_bytes", &s.optimizer_state_bytes)?;
@@ -191,6 +300,13 @@ pub struct PhaseSummary {
     /// a map of names each took about 700 bytes (140 MB at 10M entries).
     #[serde(serialize_with = "category_bytes_as_map")]
     pub categories_at_peak: CategoryBytes,
+}
+
+fn category_bytes_ref_as_map<S: serde::Serializer>(
+    bytes: &&CategoryBytes,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    category_bytes_as_map(bytes, serializer)
 }
 
 fn category_bytes_as_map<S: serde::Serializer>(
@@ -258,7 +374,7 @@ pub struct DeviceSummary {
     pub step_method_reason: Option<String>,
     /// The set-up before the first step (model construction or loading), when seen.
     pub setup_phase: Option<PhaseSummary>,
-    pub steps: Vec<StepSummary>,
+    pub steps: StepSummaries,
     /// The phase the peak falls in.
     pub peak_phase: Option<PeakPhase>,
     /// Live bytes by category at the peak: `parameter`, `optimizer_state`, `gradient`,
@@ -369,23 +485,21 @@ fn summarize_device_from(
             count: s.count_at_peak,
         })
         .collect();
-    // One sweep answers every category query: the peak and each phase's peak.
-    let mut queries = vec![peak.event];
-    queries.extend(analysis.phases().map(|(_, p)| p.peak_event));
-    let by_category = analysis.categories_at(replay, &queries);
-    let mut phase_categories = by_category[1..].iter();
+    // One sweep answers every phase's category query (their peaks come in order), one more
+    // the device's peak.
+    let phase_peaks: Vec<u32> = analysis.phases().map(|(_, p)| p.peak_event).collect();
+    let by_phase = analysis.categories_at(replay, &phase_peaks);
+    drop(phase_peaks);
     // A peak before the first event (the window only frees) is the memory from before it.
     let peak_categories = if curves.active.at(peak.event) == peak.bytes {
-        by_category[0]
+        analysis.categories_at(replay, &[peak.event])[0]
     } else {
         analysis.categories_before_window(replay)
     };
-    let setup_phase = analysis.setup.as_ref().map(|p| {
-        phase_summary(
-            p,
-            phase_categories.next().unwrap_or(&CategoryBytes::default()),
-        )
-    });
+    let setup_phase = analysis
+        .setup
+        .as_ref()
+        .map(|p| phase_summary(p, by_phase.first().unwrap_or(&CategoryBytes::default())));
     let mut durations: Vec<i64> = analysis
         .steps
         .iter()
@@ -444,21 +558,9 @@ fn summarize_device_from(
         Cow::Owned(a) => a.steps,
         Cow::Borrowed(a) => a.steps.clone(),
     };
-    let steps: Vec<StepSummary> = found
-        .into_iter()
-        .map(|mut step| {
-            let phases = std::mem::take(&mut step.phases)
-                .into_iter()
-                .map(|phase| PhaseSummary {
-                    phase,
-                    categories_at_peak: *phase_categories
-                        .next()
-                        .unwrap_or(&CategoryBytes::default()),
-                })
-                .collect();
-            StepSummary { step, phases }
-        })
-        .collect();
+    // The categories of the steps' phases follow the set-up's.
+    let first_step_phase = usize::from(setup_phase.is_some());
+    let steps = StepSummaries::new(found, by_phase, first_step_phase);
     DeviceSummary {
         device: replay.device,
         entries: replay.trace_len,

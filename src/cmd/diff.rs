@@ -46,10 +46,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     });
     let diffs = diff(&before?, &after?, args.top);
     if args.json {
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "devices": diffs }))?
-        );
+        crate::write_json_stdout(&serde_json::json!({ "devices": diffs }));
         return Ok(ExitCode::SUCCESS);
     }
     if diffs.is_empty() {

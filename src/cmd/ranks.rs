@@ -86,7 +86,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ranks: rows,
     };
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
+        crate::write_json_stdout(&report);
         return Ok(ExitCode::SUCCESS);
     }
     outln!(

@@ -81,7 +81,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.suggest {
         let s = suggest(&snapshot, args.memory_limit, args.device)?;
         if args.json {
-            outln!("{}", serde_json::to_string_pretty(&s)?);
+            crate::write_json_stdout(&s);
             return Ok(ExitCode::SUCCESS);
         }
         outln!("{file}: settings tried on top of the file's, best first");
@@ -146,7 +146,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 baseline: None,
             },
         };
-        outln!("{}", serde_json::to_string_pretty(&out)?);
+        crate::write_json_stdout(&out);
         return Ok(ExitCode::SUCCESS);
     }
     print_report(&file, &own, other.as_ref());

@@ -97,7 +97,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.steps_from.into(),
     )?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&summary)?);
+        crate::write_json_stdout(&summary);
     } else {
         out!(
             "{}",
@@ -130,10 +130,10 @@ pub fn summarize_file(
 pub use memsnap_units::{format_delta, format_duration_us};
 
 /// A phase's rate: per second when the trace has times, else per event.
-fn phase_rate(p: &memsnap_analysis::summary::PhaseSummary) -> String {
-    match p.phase.slope.bytes_per_s {
+fn phase_rate(p: &memsnap_analysis::Phase) -> String {
+    match p.slope.bytes_per_s {
         Some(r) => memsnap_units::format_rate_signed(r),
-        None => memsnap_units::format_per_event_signed(p.phase.slope.bytes_per_event),
+        None => memsnap_units::format_per_event_signed(p.slope.bytes_per_event),
     }
 }
 
@@ -282,8 +282,10 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                     );
                 }
                 next = i + 1;
-                let summary = &d.steps[i];
-                let s = &summary.step;
+                let Some(summary) = d.steps.get(i) else {
+                    break;
+                };
+                let s = summary.step;
                 let mut tags = Vec::new();
                 if s.partial {
                     tags.push("partial".to_string());
@@ -305,10 +307,9 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                     format_size(s.peak_bytes),
                     format_size(s.end_bytes),
                     format_size(s.outliving_bytes),
-                    summary
-                        .phases
+                    s.phases
                         .iter()
-                        .map(|p| p.phase.kind.name())
+                        .map(|p| p.kind.name())
                         .collect::<Vec<_>>()
                         .join(" > "),
                     if tags.is_empty() {
@@ -317,8 +318,8 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                         format!(" ({})", tags.join("; "))
                     }
                 );
-                for p in &summary.phases {
-                    let rate = phase_rate(p);
+                for p in summary.phases() {
+                    let rate = phase_rate(p.phase);
                     let _ = writeln!(
                         out,
                         "          {:<9} events {:>7}..={:<7} {:>10} -> {:>10}  {:>11}  {}",

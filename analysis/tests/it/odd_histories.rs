@@ -309,3 +309,52 @@ fn a_profile_from_steps_already_found_equals_one_that_finds_them() {
     );
     assert!(!reused.summary.steps.is_empty());
 }
+
+/// Live bytes by category after `event`, summed exactly (`i128`) and saturated: what
+/// `categories_at` computed for every query before it summed in wrapping `u64` in place.
+fn exact_categories_at(
+    t: &DeviceTimeline,
+    categories: &[memsnap_analysis::Category],
+    event: u32,
+) -> [u64; 8] {
+    let replay = t.replay();
+    let axis = replay.axis_len();
+    let mut live = [0i128; 8];
+    for (a, c) in replay.allocations.iter().zip(categories) {
+        if a.start() <= event && event < a.end(Lifetime::Active, axis) {
+            live[*c as usize] += i128::from(a.size);
+        }
+    }
+    live.map(|v| u64::try_from(v.max(0)).unwrap_or(u64::MAX))
+}
+
+#[test]
+fn categories_summed_in_place_equal_the_exact_sums_also_past_u64() {
+    let generated = memsnap_workload::generate(&memsnap_workload::TrainingRun::default()).0;
+    // Two live allocations of one category whose sum leaves u64.
+    let past_u64 = snapshot_of(&[
+        (Action::Alloc, 0x10, u64::MAX - 1),
+        (Action::Alloc, 0x20, u64::MAX / 2),
+        (Action::FreeCompleted, 0x10, u64::MAX - 1),
+        (Action::Alloc, 0x30, 4096),
+    ]);
+    for snapshot in [&generated, &past_u64] {
+        let t = DeviceTimeline::build(snapshot, 0).unwrap();
+        let analysis = t.steps(&StepOptions::default());
+        let axis = t.replay().axis_len() as u32;
+        let every = (axis / 300).max(1);
+        let ascending: Vec<u32> = (0..axis).step_by(every as usize).collect();
+        let found = analysis.categories_at(t.replay(), &ascending);
+        for (&event, got) in ascending.iter().zip(&found) {
+            assert_eq!(
+                got.0,
+                exact_categories_at(&t, &analysis.categories, event),
+                "event {event}"
+            );
+        }
+        // Out of order, as asked.
+        let descending: Vec<u32> = ascending.iter().rev().copied().collect();
+        let found_back = analysis.categories_at(t.replay(), &descending);
+        assert!(found_back.iter().eq(found.iter().rev()));
+    }
+}
