@@ -5,12 +5,17 @@
 //! snapshot, lives here, so the CLI, the viewer and the Python package share one implementation.
 //!
 //! # Concepts
-//! - **Imports** read another tool's recording into a [`Snapshot`]: [`open`] tells the input
-//!   apart by its content (never by its name) and falls back to memsnap's own readers
-//!   (pickle, msgpack, JSON; gzip/zstd), so every memsnap command opens every supported input.
+//! - **Opening** is one way in: [`OpenOptions::open`] tells the input apart by its content
+//!   (never by its name) and falls back to memsnap's own readers (pickle, msgpack, JSON;
+//!   gzip/zstd), so the command line, the viewer and every library caller open every
+//!   supported input the same way. Its options carry what differs between callers: a
+//!   progress callback, a preview of the entries read so far, reading only the segments, and
+//!   validation. It returns an [`Import`]: the snapshot, its [`Source`], and for another
+//!   tool's format what the import found (rounded sizes, memory from before the window, ...).
+//!   A failure says what kind it is through [`ConvertError::failure`].
+//! - **Imports** read another tool's recording into a [`Snapshot`]:
 //!   [`torch`] imports torch.profiler traces (`[memory]` events), `export_memory_timeline`
-//!   outputs and memsnap's own Chrome export; [`open::import_path_with`] also returns what the
-//!   import found (rounded sizes, memory from before the window, ...).
+//!   outputs and memsnap's own Chrome export.
 //!   [`rocm`] imports AMD ROCm allocation traces (rocprofv3 CSV/JSON, rocpd SQLite).
 //! - **Exports** write a snapshot, or a view of it, in another tool's format: [`memviz`],
 //!   PyTorch's `_memory_viz.py` text reports, byte for byte; [`chrome`], a Chrome Trace Event
@@ -35,9 +40,6 @@ pub mod rocm;
 pub mod sniff;
 pub mod torch;
 
-pub use error::{ConvertError, Result};
+pub use error::{ConvertError, Failure, Result};
 pub use memsnap_format::Snapshot;
-pub use open::{
-    import_bytes_with, import_path_with, open_bytes_with, open_path, open_path_with, Import,
-    Opened, Source,
-};
+pub use open::{open_path, Import, OpenOptions, Opened, Source};

@@ -98,17 +98,14 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64) -> bool;
 
 /// Decodes a snapshot of any supported format and compression.
 pub fn read_bytes(bytes: &[u8]) -> Result<(Snapshot, Detected)> {
-    read_bytes_with(bytes, &mut |_, _| true)
+    read_bytes_with(bytes, &mut |_, _| true, None)
 }
 
-/// [`read_bytes`] with a progress callback.
-pub fn read_bytes_with(bytes: &[u8], progress: Progress<'_>) -> Result<(Snapshot, Detected)> {
-    read_bytes_observing(bytes, progress, None)
-}
-
-/// [`read_bytes_with`], also showing `observe` the trace entries of a pickle as they are read
-/// (see [`crate::pickle::Observe`]); other formats are read whole first and show nothing.
-pub fn read_bytes_observing(
+/// [`read_bytes`] with a progress callback, also showing `observe` (when given) the trace
+/// entries of a pickle as they are read (see [`crate::pickle::Observe`]); other formats are
+/// read whole first and show nothing. Opening any input, other tools' formats included, with
+/// these callbacks is `memsnap_converters::OpenOptions`.
+pub fn read_bytes_with(
     bytes: &[u8],
     progress: Progress<'_>,
     observe: Option<crate::pickle::Observe<'_>>,
@@ -126,7 +123,9 @@ pub fn read_bytes_observing(
         what: describe_start(raw),
     })?;
     let snapshot = match format {
-        Format::Pickle => crate::pickle::read_observing(raw, progress, observe)?,
+        Format::Pickle => {
+            crate::pickle::read_part_observing(raw, crate::pickle::Part::Whole, progress, observe)?
+        }
         Format::Msgpack => crate::msgpack::read(raw)?,
         Format::Json => crate::json::read(raw)?,
     };
@@ -141,20 +140,17 @@ pub fn read_bytes_observing(
 
 /// Reads and decodes a snapshot file.
 pub fn read_path(path: &Path) -> Result<(Snapshot, Detected)> {
-    read_path_with(path, &mut |_, _| true)
+    read_path_with(path, &mut |_, _| true, None)
 }
 
-/// [`read_path`] with a progress callback. A pickle, compressed (gzip, zstd) or not, is
-/// decoded as it is read (and inflated), through a small buffer, so neither the file nor its
-/// inflated bytes are ever held in memory whole; msgpack and JSON are read into memory first.
-/// Progress counts the file's bytes (compressed bytes for a compressed file).
-pub fn read_path_with(path: &Path, progress: Progress<'_>) -> Result<(Snapshot, Detected)> {
-    read_path_observing(path, progress, None)
-}
-
-/// [`read_path_with`], also showing `observe` the trace entries of a pickle (compressed or
-/// not) as they are read (see [`crate::pickle::Observe`]).
-pub fn read_path_observing(
+/// [`read_path`] with a progress callback, also showing `observe` (when given) the trace
+/// entries of a pickle as they are read (see [`crate::pickle::Observe`]). A pickle,
+/// compressed (gzip, zstd) or not, is decoded as it is read (and inflated), through a small
+/// buffer, so neither the file nor its inflated bytes are ever held in memory whole; msgpack
+/// and JSON are read into memory first. Progress counts the file's bytes (compressed bytes for
+/// a compressed file). Opening any input, other tools' formats included, with these callbacks
+/// is `memsnap_converters::OpenOptions`.
+pub fn read_path_with(
     path: &Path,
     progress: Progress<'_>,
     observe: Option<crate::pickle::Observe<'_>>,
@@ -177,7 +173,7 @@ pub fn read_path_observing(
     let Some(len) = len else {
         let mut bytes = head;
         file.read_to_end(&mut bytes).map_err(io_err)?;
-        return read_bytes_observing(&bytes, progress, observe);
+        return read_bytes_with(&bytes, progress, observe);
     };
     let raw = std::io::Cursor::new(head).chain(file);
     if compression == Compression::None {
@@ -284,7 +280,7 @@ fn read_whole(
             what: format!("output exceeds {MAX_DECOMPRESSED_BYTES} bytes"),
         });
     }
-    read_bytes_with(&bytes, progress)
+    read_bytes_with(&bytes, progress, None)
 }
 
 fn decompress_err(codec: &'static str, e: std::io::Error) -> FormatError {

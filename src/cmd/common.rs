@@ -4,68 +4,56 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
-use memsnap_converters::{ConvertError, Source};
-use memsnap_format::io::Progress;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use memsnap_converters::{ConvertError, Failure, Import, OpenOptions, Source};
 use memsnap_format::{Compression, Format, Snapshot};
 
 /// Reads a snapshot file (`-` is stdin), showing a progress bar on stderr when decoding takes
 /// over a second. Any input `memsnap import` reads opens here too (by content, through
 /// `memsnap-converters`). A pickle file is decoded as it is read, never held in memory whole.
 pub fn load(path: &Path) -> Result<(Snapshot, Source)> {
-    if path.as_os_str() == "-" {
-        return decode(&read_input(path)?, path);
-    }
-    with_progress(path, |progress| {
-        memsnap_converters::open_path_with(path, progress)
-    })
+    let import = open(path, OpenOptions::new())?;
+    Ok((import.snapshot, import.source))
 }
 
-/// Decodes the bytes of `path` (named in errors and on the progress bar), with a progress bar
-/// on stderr when decoding takes over a second.
-pub fn decode(bytes: &[u8], path: &Path) -> Result<(Snapshot, Source)> {
-    with_progress(path, |progress| {
-        memsnap_converters::import_bytes_with(bytes, path, progress)
-            .map(|import| (import.snapshot, import.source))
-    })
-}
-
-/// Runs a decoder with a progress bar that appears when it takes over a second.
-pub fn with_progress<T>(
-    path: &Path,
-    decoder: impl FnOnce(Progress<'_>) -> memsnap_converters::Result<T>,
-) -> Result<T> {
+/// Opens `path` (`-` is stdin) through `options`, the one way memsnap opens an input, with a
+/// progress bar on stderr when it takes over a second. A failure names the file once.
+pub fn open(path: &Path, options: OpenOptions<'_>) -> Result<Import> {
+    let bar = ProgressBar::hidden().with_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("reading {}", path.display()));
     let started = Instant::now();
-    let mut bar: Option<ProgressBar> = None;
-    let mut progress = |done: u64, total: u64| {
-        if bar.is_none() && started.elapsed() > Duration::from_secs(1) {
-            let b = ProgressBar::new(total).with_style(
-                ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
-                    .expect("static template")
-                    .progress_chars("=> "),
-            );
-            b.set_message(format!("reading {}", path.display()));
-            bar = Some(b);
+    let shown = bar.clone();
+    let options = options.progress(move |done, total| {
+        if shown.is_hidden() && started.elapsed() > Duration::from_secs(1) {
+            shown.set_draw_target(ProgressDrawTarget::stderr());
         }
-        if let Some(b) = &bar {
-            b.set_length(total);
-            b.set_position(done);
-        }
+        shown.set_length(total);
+        shown.set_position(done);
         true
+    });
+    let opened = if path.as_os_str() == "-" {
+        options.open_bytes(&read_input(path)?, path)
+    } else {
+        options.open(path)
     };
-    let result = decoder(&mut progress);
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    match result {
-        Ok(value) => Ok(value),
-        Err(ConvertError::Format(memsnap_format::FormatError::Io { source, .. }))
-        | Err(ConvertError::Io { source, .. }) => {
-            Err(anyhow::Error::new(source).context(format!("cannot read {}", path.display())))
+    bar.finish_and_clear();
+    opened.map_err(|e| open_error(path, e))
+}
+
+/// How the command line tells of an input that did not open: the converters decide which
+/// kind of failure it is ([`ConvertError::failure`]), this words it with the file's name once.
+pub fn open_error(path: &Path, error: ConvertError) -> anyhow::Error {
+    match error.failure() {
+        Failure::Read { source, .. } => {
+            anyhow::anyhow!("cannot read {}: {source}", path.display())
         }
         // These name the file already.
-        Err(e @ ConvertError::Trace { .. }) => Err(anyhow::Error::new(e)),
-        Err(e) => Err(anyhow::Error::new(e).context(format!("cannot decode {}", path.display()))),
+        Failure::Import => anyhow::Error::new(error),
+        _ => anyhow::Error::new(error).context(format!("cannot decode {}", path.display())),
     }
 }
 

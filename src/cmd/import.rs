@@ -45,16 +45,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let format = super::convert::output_format(args.to, &args.output)?;
-    let import = if args.input.as_os_str() == "-" {
-        let bytes = common::read_input(&args.input)?;
-        common::with_progress(&args.input, |progress| {
-            memsnap_converters::import_bytes_with(&bytes, &args.input, progress)
-        })?
-    } else {
-        common::with_progress(&args.input, |progress| {
-            memsnap_converters::import_path_with(&args.input, progress)
-        })?
-    };
+    let import = common::open(&args.input, memsnap_converters::OpenOptions::new())?;
     super::convert::write_and_report(
         &args.input,
         &import.source,

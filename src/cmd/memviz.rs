@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use memsnap_converters::memviz::{self, Check, MemvizError};
+use memsnap_converters::memviz::{self, Check};
 use memsnap_converters::ConvertError;
 
 use super::common;
@@ -103,15 +103,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let rendered = match read {
         Ok(snapshot) => memviz::render(report, &snapshot),
-        Err(ConvertError::Memviz(failure)) => Err(failure),
-        Err(ConvertError::Io { path, source }) => {
-            return Err(anyhow::Error::new(source))
-                .with_context(|| format!("cannot read {}", path.display()))
+        // A snapshot that breaks invariants is a failed check (exit 1), as a report Python
+        // cannot render is.
+        Err(invalid @ ConvertError::Invalid { .. }) => {
+            report_failure(input, &invalid);
+            return Ok(ExitCode::from(1));
         }
-        Err(err) => {
-            return Err(anyhow::Error::new(err))
-                .with_context(|| format!("cannot decode {}", input.display()))
-        }
+        Err(err) => return Err(common::open_error(input, err)),
     };
     let text = match rendered {
         Ok(text) => text,
@@ -130,6 +128,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 /// Where Python's script raises (or validation fails) we print nothing on stdout and say why.
-fn report_failure(input: &Path, failure: &MemvizError) {
+fn report_failure(input: &Path, failure: &dyn std::fmt::Display) {
     eprintln!("memsnap: error: {}: {failure}", input.display());
 }

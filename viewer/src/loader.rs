@@ -1,5 +1,10 @@
 //! Background loading: each file is read, decoded and prepared on its own thread, with
 //! progress the UI can show and a flag that cancels it. The UI thread never blocks on a file.
+//!
+//! Which reader a file needs is not decided here: every file is opened by
+//! `memsnap_converters::OpenOptions`, as the `memsnap` commands open it. This module keeps
+//! the UI's side only: the thread, the stage and fraction shown, the preview drawn while a
+//! pickle loads, cancelling, and handing the result (or one `LoadError`) to the app.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -8,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egui::DroppedFileHandle;
-use memsnap_converters::ConvertError;
-use memsnap_format::io::{read_bytes_observing, read_path_observing, Detected};
-use memsnap_format::{Action, FormatError, Snapshot, TraceEntry};
+use memsnap_converters::{ConvertError, Failure, OpenOptions};
+use memsnap_format::io::Detected;
+use memsnap_format::{Action, Snapshot, TraceEntry};
 
 /// Where a snapshot comes from.
 #[derive(Clone, Debug)]
@@ -75,7 +80,7 @@ pub enum LoadError {
     Decode {
         name: String,
         #[source]
-        source: FormatError,
+        source: ConvertError,
     },
     /// Another tool's format (a torch.profiler trace, ...) that cannot be imported; `what`
     /// says what is missing.
@@ -87,6 +92,28 @@ pub enum LoadError {
     Cancelled { name: String },
     #[error("loading {name} failed unexpectedly: {what}")]
     Crashed { name: String, what: String },
+}
+
+impl LoadError {
+    /// How the viewer tells of a file that did not open: the converters decide which kind of
+    /// failure it is ([`ConvertError::failure`]), this only words it.
+    fn opening(name: String, error: ConvertError) -> Self {
+        match error.failure() {
+            Failure::Cancelled => LoadError::Cancelled { name },
+            Failure::Read { path, source } => LoadError::Read {
+                what: format!("{}: {source}", path.display()),
+                name,
+            },
+            Failure::Import => LoadError::Import {
+                what: error.reason(),
+                name,
+            },
+            _ => LoadError::Decode {
+                name,
+                source: error,
+            },
+        }
+    }
 }
 
 /// The stage a load is in.
@@ -328,7 +355,9 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Reads and decodes one source, reporting progress and honouring `cancel`.
+/// Reads and decodes one source, reporting progress and honouring `cancel`. Files and bytes
+/// are opened by [`OpenOptions`], the one way in that the command line uses too; this adds
+/// only what the UI shows: the stage, the fraction done and the preview.
 pub fn load(
     source: &Source,
     progress: &LoadProgress,
@@ -336,24 +365,14 @@ pub fn load(
 ) -> Result<LoadedSnapshot, LoadError> {
     let name = source.display_name();
     let started = Instant::now();
-    /// Where the bytes come from: a file is streamed (a pickle never held whole, so a 1 GB
-    /// file needs no extra GB), other sources are already in memory.
+    /// Where the bytes come from: a file is opened by its path (a pickle is streamed, never
+    /// held whole, so a 1 GB file needs no extra GB), other sources are already in memory.
     enum Input {
         File(PathBuf),
         Memory(Arc<[u8]>),
     }
     let input = match source {
         Source::Demo => return Ok(demo_snapshot(name, started)),
-        // A pipe or a device can be read only once: telling its format apart would eat the
-        // bytes the reader needs, so it is read whole first.
-        Source::Path(path) if !memsnap_converters::open::is_regular_file(path) => Input::Memory(
-            std::fs::read(path)
-                .map_err(|e| LoadError::Read {
-                    name: name.clone(),
-                    what: e.to_string(),
-                })?
-                .into(),
-        ),
         Source::Path(path) => Input::File(path.clone()),
         Source::Dropped(file) if file.path().is_file() => Input::File(file.path().to_owned()),
         Source::Dropped(file) => Input::Memory(
@@ -369,87 +388,39 @@ pub fn load(
     if cancel.load(Ordering::Relaxed) {
         return Err(LoadError::Cancelled { name });
     }
-    let mut on_progress = |done: u64, total: u64| {
-        progress.set(Stage::Decoding, done, total);
-        !cancel.load(Ordering::Relaxed)
-    };
     // The entries read so far, drawn by the UI while the rest loads.
     let mut preview = LoadPreview::default();
     let mut in_use = 0i64;
-    let mut observe = |entries: &[TraceEntry]| {
-        in_use = preview.extend(entries, in_use);
-        progress.set_preview(&preview);
-    };
-    // memsnap's own pickle and msgpack are read as they stream in (with the preview); JSON
-    // and other tools' formats (torch.profiler traces, memory timelines) go through
-    // memsnap-converters, which tells them apart by content and reads them whole.
-    let (decoded, file_bytes) = match input {
+    let options = OpenOptions::new()
+        .progress(|done, total| {
+            progress.set(Stage::Decoding, done, total);
+            !cancel.load(Ordering::Relaxed)
+        })
+        .preview(move |entries| {
+            in_use = preview.extend(entries, in_use);
+            progress.set_preview(&preview);
+        });
+    let (opened, file_bytes) = match &input {
         Input::File(path) => {
-            let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
             progress.set(Stage::Decoding, 0, file_bytes);
-            let decoded = if memsnap_converters::open::is_own_binary(&path).unwrap_or(true) {
-                read_path_observing(&path, &mut on_progress, Some(&mut observe)).map_err(Into::into)
-            } else {
-                memsnap_converters::open_path_with(&path, &mut on_progress)
-                    .map(|(snapshot, source)| (snapshot, detected_of(source)))
-            };
-            (decoded, file_bytes)
+            (options.open(path), file_bytes)
         }
         Input::Memory(bytes) => {
             let file_bytes = bytes.len() as u64;
             progress.set(Stage::Decoding, 0, file_bytes);
-            let decoded = memsnap_format::Format::detect(&bytes)
-                .filter(|f| *f != memsnap_format::Format::Json)
-                .map(|_| {
-                    read_bytes_observing(&bytes, &mut on_progress, Some(&mut observe))
-                        .map_err(Into::into)
-                });
-            let decoded = match decoded {
-                Some(d) => d,
-                None => memsnap_converters::import_bytes_with(
-                    &bytes,
-                    Path::new(&name),
-                    &mut on_progress,
-                )
-                .map(|import| (import.snapshot, detected_of(import.source))),
-            };
-            (decoded, file_bytes)
+            (options.open_bytes(bytes, Path::new(&name)), file_bytes)
         }
     };
-    let (snapshot, detected) = match decoded {
-        Ok(ok) => ok,
-        Err(ConvertError::Format(FormatError::Cancelled)) => {
-            return Err(LoadError::Cancelled { name })
-        }
-        Err(ConvertError::Format(FormatError::Io { path, source }))
-        | Err(ConvertError::Io { path, source }) => {
-            return Err(LoadError::Read {
-                name,
-                what: format!("{}: {source}", path.display()),
-            })
-        }
-        Err(ConvertError::Format(source)) => return Err(LoadError::Decode { name, source }),
-        Err(ConvertError::Trace { source, .. }) => {
-            return Err(LoadError::Import {
-                name,
-                what: source.to_string(),
-            })
-        }
-        Err(other) => {
-            return Err(LoadError::Import {
-                name,
-                what: other.to_string(),
-            })
-        }
-    };
+    let import = opened.map_err(|error| LoadError::opening(name.clone(), error))?;
     if cancel.load(Ordering::Relaxed) {
         return Err(LoadError::Cancelled { name });
     }
     Ok(LoadedSnapshot {
         name,
         path: source.path(),
-        snapshot,
-        detected,
+        snapshot: import.snapshot,
+        detected: detected_of(import.source),
         file_bytes,
         decode_time: started.elapsed(),
     })
@@ -508,18 +479,58 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_dropped_torch_profiler_trace_opens_through_the_converters() {
-        let trace = br#"{"traceEvents": [
+    /// A torch.profiler trace with one `[memory]` event.
+    const PROFILER_TRACE: &[u8] = br#"{"traceEvents": [
             {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1700000000000100,
              "args": {"Device Type": 1, "Device Id": 0, "Addr": 4096, "Bytes": 1024,
                       "Total Allocated": 1024, "Total Reserved": 2097152}}]}"#;
-        let job = LoadJob::spawn(1, bytes_source("prof.json", trace), || {}, |l, _| Ok(l));
+
+    #[test]
+    fn a_dropped_torch_profiler_trace_opens_through_the_converters() {
+        let job = LoadJob::spawn(
+            1,
+            bytes_source("prof.json", PROFILER_TRACE),
+            || {},
+            |l, _| Ok(l),
+        );
         let loaded = job.wait().expect("a torch.profiler trace opens");
         let entries = &loaded.snapshot.traces()[0];
         assert_eq!(entries.len(), 1);
         assert_eq!((entries[0].action, entries[0].size), (Action::Alloc, 1024));
         assert_eq!(entries[0].time_us(), Some(1_700_000_000_000_100));
+    }
+
+    /// Regression: the loader used to redo the converters' dispatch (regular file, own
+    /// binary, detection, fallback) and could drift from the command line. A file only the
+    /// converters tell apart (a gzipped torch.profiler trace) opens from disk through the one
+    /// open path: the snapshot `memsnap` commands get, with its progress shown to the end.
+    #[test]
+    fn a_gzipped_profiler_trace_on_disk_opens_as_on_the_command_line_with_progress() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, loaded, progress) =
+            load_gzipped(dir.path(), "prof.pt.trace.json.gz", PROFILER_TRACE.to_vec());
+        let (on_the_command_line, source) =
+            memsnap_converters::open_path(&path).expect("memsnap opens it");
+        assert!(matches!(
+            source,
+            memsnap_converters::Source::TorchProfiler(_)
+        ));
+        assert_eq!(loaded.snapshot.traces(), on_the_command_line.traces());
+        assert_eq!(
+            loaded.detected.compression,
+            memsnap_format::Compression::Gzip
+        );
+        assert_eq!(progress.fraction(), Some(1.0), "progress reaches the end");
+    }
+
+    /// A gzipped pickle on disk is streamed through the one open path with its preview.
+    #[test]
+    fn a_gzipped_pickle_on_disk_shows_what_has_been_read_while_it_loads() {
+        let (snapshot, bytes) = big_pickle();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, loaded, progress) = load_gzipped(dir.path(), "big.pickle.gz", bytes);
+        assert_eq!(loaded.snapshot.entry_count(), snapshot.entry_count());
+        assert!(progress.preview().is_some(), "a preview was shown");
     }
 
     #[test]
@@ -574,8 +585,29 @@ mod tests {
         assert!(matches!(err, LoadError::Cancelled { .. }), "{err}");
     }
 
-    #[test]
-    fn a_pickle_shows_what_has_been_read_while_it_loads() {
+    /// Writes `bytes` gzipped as `name` in `dir` and loads that file as the viewer does:
+    /// its path, what loaded, and the progress shown.
+    fn load_gzipped(
+        dir: &Path,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> (PathBuf, LoadedSnapshot, LoadProgress) {
+        let path = dir.join(name);
+        let gzipped =
+            memsnap_format::io::compress(bytes, memsnap_format::Compression::Gzip).expect("gzip");
+        std::fs::write(&path, gzipped).expect("write");
+        let progress = LoadProgress::default();
+        let loaded = load(
+            &Source::Path(path.clone()),
+            &progress,
+            &AtomicBool::new(false),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        (path, loaded, progress)
+    }
+
+    /// A generated run big enough for several progress ticks, and its pickle.
+    fn big_pickle() -> (Snapshot, Vec<u8>) {
         let run = memsnap_workload::TrainingRun {
             target_entries: Some(60_000),
             ..Default::default()
@@ -583,6 +615,12 @@ mod tests {
         let (snapshot, _) = memsnap_workload::generate(&run);
         let bytes =
             memsnap_format::io::encode(&snapshot, memsnap_format::Format::Pickle).expect("encode");
+        (snapshot, bytes)
+    }
+
+    #[test]
+    fn a_pickle_shows_what_has_been_read_while_it_loads() {
+        let (_, bytes) = big_pickle();
         assert!(
             bytes.len() > 3 << 20,
             "several progress ticks: {} bytes",

@@ -24,15 +24,13 @@
 //! never printed wrong. Where Python's script raises, rendering fails with
 //! [`MemvizError::LikePython`], quoting Python's exception.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use memsnap_format::io::Progress;
 use memsnap_format::pickle::Part;
-use memsnap_format::{Compression, Format, Snapshot};
+use memsnap_format::Snapshot;
 
-use crate::ConvertError;
+use crate::OpenOptions;
 
 mod blocks;
 mod flame;
@@ -73,7 +71,8 @@ pub enum Check {
     #[default]
     Needed,
     /// Every byte decoded, as Python's `pickle.load` does, and the snapshot's invariants
-    /// checked as `memsnap validate` checks them: any violation is an error.
+    /// checked as `memsnap validate` checks them: any violation is an error
+    /// ([`crate::ConvertError::Invalid`]).
     Full,
 }
 
@@ -88,9 +87,6 @@ pub enum MemvizError {
     /// A limit of ours where Python goes on (a number beyond 128 bits).
     #[error("{why}")]
     Limit { why: String },
-    /// [`Check::Full`] found broken invariants (one line each, with where they are).
-    #[error("the snapshot breaks {} invariant(s):\n{}", problems.len(), problems.join("\n"))]
-    Invalid { problems: Vec<String> },
 }
 
 impl MemvizError {
@@ -111,75 +107,41 @@ impl MemvizError {
 }
 
 /// Decodes `bytes` (any input memsnap reads: pickle, msgpack or JSON, gzip or zstd) for
-/// `report`. With [`Check::Needed`], an uncompressed pickle is read only as far as the report
-/// needs ([`memsnap_format::pickle::read_part`]); with [`Check::Full`], the whole input is
-/// decoded and validated.
+/// `report`, through [`OpenOptions`]: with [`Check::Needed`], an uncompressed pickle is read
+/// only as far as the report needs ([`Report::needs`]); with [`Check::Full`], the whole input
+/// is decoded and validated ([`crate::ConvertError::Invalid`]).
 pub fn read(
     report: Report,
     bytes: &[u8],
     check: Check,
     progress: Progress<'_>,
 ) -> crate::Result<Snapshot> {
-    let snapshot = match check {
-        Check::Needed if is_plain_pickle(bytes) => {
-            memsnap_format::pickle::read_part(bytes, report.needs(), progress)?
-        }
-        _ => crate::open_bytes_with(bytes, progress)?.0,
-    };
-    if check == Check::Full {
-        validated(&snapshot)?;
-    }
-    Ok(snapshot)
+    let import = options(report, check, progress).open_bytes(bytes, Path::new("<input>"))?;
+    Ok(import.snapshot)
 }
 
 /// [`read`] from a file. With [`Check::Needed`], only the part of an uncompressed pickle the
-/// report needs is read from the disk ([`memsnap_format::pickle::read_part_from`]): a
-/// million-entry trace behind the segments is never loaded for `stats`.
+/// report needs is read from the disk: a million-entry trace behind the segments is never
+/// loaded for `stats`.
 pub fn read_path(
     report: Report,
     path: &Path,
     check: Check,
     progress: Progress<'_>,
 ) -> crate::Result<Snapshot> {
-    let io_error = |source| ConvertError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = File::open(path).map_err(io_error)?;
-    let len = file.metadata().map_err(io_error)?.len();
-    let mut magic = Vec::with_capacity(MAGIC_LEN);
-    (&mut file)
-        .take(MAGIC_LEN as u64)
-        .read_to_end(&mut magic)
-        .map_err(io_error)?;
-    let snapshot = if check == Check::Needed && is_plain_pickle(&magic) {
-        let stream = std::io::Cursor::new(magic).chain(file);
-        memsnap_format::pickle::read_part_from(stream, len, report.needs(), progress)?
-    } else {
-        drop(file);
-        crate::open_path_with(path, progress)?.0
-    };
-    if check == Check::Full {
-        validated(&snapshot)?;
-    }
-    Ok(snapshot)
+    Ok(options(report, check, progress).open(path)?.snapshot)
 }
 
-/// Enough of a file to tell its format and compression apart.
-const MAGIC_LEN: usize = 8;
-
-fn is_plain_pickle(bytes: &[u8]) -> bool {
-    Format::detect(bytes) == Some(Format::Pickle) && Compression::detect(bytes) == Compression::None
-}
-
-/// [`Check::Full`]'s invariant checks.
-fn validated(snapshot: &Snapshot) -> Result<(), MemvizError> {
-    let problems = memsnap_format::validate(snapshot);
-    if problems.is_empty() {
-        return Ok(());
-    }
-    let problems = problems.iter().map(ToString::to_string).collect();
-    Err(MemvizError::Invalid { problems })
+/// What `report` needs read, and checked, to be printed.
+fn options<'a>(report: Report, check: Check, progress: Progress<'a>) -> OpenOptions<'a> {
+    let (part, validate) = match check {
+        Check::Needed => (report.needs(), false),
+        Check::Full => (Part::Whole, true),
+    };
+    OpenOptions::new()
+        .progress(progress)
+        .part(part)
+        .validate(validate)
 }
 
 /// The text `report` prints for `snapshot`, final newline included, exactly as Python's.

@@ -25,8 +25,8 @@
 //! The device is the GPU's ordinal (the n-th GPU of the process, what `HIP_VISIBLE_DEVICES`
 //! numbering starts from). A process is a **rank**: a rocpd database, or a JSON file, may
 //! hold several processes (and nodes); each becomes its own snapshot, labelled
-//! `hostname/pid` ([`import_paths`]). [`crate::open_path`], which yields one snapshot,
-//! puts the ranks side by side: device `d` of the result is the `d`-th (rank, GPU) pair, named
+//! `hostname/pid` ([`import_paths`]). Opening a ROCm file as one snapshot (what every memsnap
+//! command does) puts the ranks side by side ([`Import::into_single`]): device `d` of the result is the `d`-th (rank, GPU) pair, named
 //! in the snapshot's producer line.
 //!
 //! **Times** are ROCm's: nanoseconds of `CLOCK_BOOTTIME` (time since the machine booted), not
@@ -218,42 +218,6 @@ impl Import {
             );
         }
         snapshot
-    }
-}
-
-impl Import {
-    /// [`Import::into_single`] as [`crate::open`] returns it, the warnings in its report.
-    pub(crate) fn into_open_import(self) -> crate::open::Import {
-        use memsnap_format::Action;
-        let format = self.format;
-        let warnings = self.warnings.iter().map(ToString::to_string).collect();
-        let snapshot = self.into_single();
-        let devices = snapshot
-            .traces()
-            .iter()
-            .enumerate()
-            .filter(|(_, trace)| !trace.is_empty())
-            .map(|(device, trace)| crate::torch::DeviceReport {
-                device: device as i64,
-                entries: trace.len(),
-                allocs: trace.iter().filter(|e| e.action == Action::Alloc).count() as u64,
-                frees: trace
-                    .iter()
-                    .filter(|e| e.action == Action::FreeCompleted)
-                    .count() as u64,
-                ..Default::default()
-            })
-            .collect();
-        crate::open::Import {
-            snapshot,
-            source: crate::open::Source::Rocm(format),
-            report: Some(crate::torch::ImportReport {
-                format: format.name().to_string(),
-                rank: None,
-                devices,
-                warnings,
-            }),
-        }
     }
 }
 

@@ -359,7 +359,8 @@ fn a_torch_profiler_trace_imports_to_the_expected_entries() {
             ("prof.pt.trace.json.gz", gzip(text.as_bytes())),
         ] {
             let path = write_file(dir.path(), name, &bytes);
-            let import = memsnap_converters::import_path_with(&path, &mut |_, _| true)
+            let import = memsnap_converters::OpenOptions::new()
+                .open(&path)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(matches!(import.source, Source::TorchProfiler(_)));
             let traces = resolved(&import.snapshot);
@@ -500,7 +501,9 @@ fn memory_timeline_raw_events_import_with_synthetic_blocks() {
     );
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "tl.raw.json.gz", &gzip(rows.as_bytes()));
-    let import = memsnap_converters::import_path_with(&path, &mut |_, _| true).expect("import");
+    let import = memsnap_converters::OpenOptions::new()
+        .open(&path)
+        .expect("import");
     assert_eq!(
         import.source,
         Source::MemoryTimelineRaw(memsnap_format::Compression::Gzip)

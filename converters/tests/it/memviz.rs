@@ -257,7 +257,7 @@ fn reading_only_the_segments_prints_the_same_as_reading_everything() {
     broken.segments[1].blocks[0].size += 1;
     let bytes = memsnap_format::pickle::to_vec(&broken);
     match memviz::read(Report::Stats, &bytes, Check::Full, &mut |_, _| true) {
-        Err(ConvertError::Memviz(MemvizError::Invalid { problems })) => {
+        Err(ConvertError::Invalid { problems }) => {
             assert!(
                 problems.iter().any(|p| p.contains("segments[1]")),
                 "{problems:?}"

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use memsnap_analysis::{summarize, DeviceTimeline, Lifetime, Origin, SummaryOptions};
 use memsnap_converters::chrome::{self, ChromeOptions};
 use memsnap_converters::parquet::{export_files, ExportOptions};
-use memsnap_converters::{import_path_with, open_path};
+use memsnap_converters::{open_path, OpenOptions};
 use memsnap_format::{Format, Snapshot};
 use serde_json::Value;
 
@@ -255,7 +255,7 @@ fn imported_profiler_traces_agree_with_the_profiler_in_every_view() {
             events.iter().map(|e| e.total_reserved).max(),
             Some(max_reserved)
         );
-        let import = import_path_with(&path, &mut |_, _| true).unwrap();
+        let import = OpenOptions::new().open(&path).unwrap();
         let snapshot = import.snapshot;
         check_against_source(name, &snapshot, &events);
 

@@ -967,7 +967,9 @@ fn every_rocm_format_opens_by_content() {
     }
     // A database cannot come as bytes.
     let bytes = std::fs::read(&db).unwrap();
-    let err = memsnap_converters::open_bytes_with(&bytes, &mut |_, _| true).unwrap_err();
+    let err = memsnap_converters::OpenOptions::new()
+        .open_bytes(&bytes, &db)
+        .unwrap_err();
     assert!(matches!(
         err,
         ConvertError::Rocm(RocmError::DatabaseFromBytes { .. })

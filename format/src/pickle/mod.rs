@@ -69,19 +69,10 @@ pub fn read(bytes: &[u8]) -> Result<Snapshot> {
 }
 
 /// [`read`], calling `progress(bytes_done, bytes_total)` about every MiB of input; returns
-/// [`crate::FormatError::Cancelled`] when it returns `false`.
+/// [`crate::FormatError::Cancelled`] when it returns `false`. The trace entries read so far
+/// can be watched at each tick through [`crate::io::read_bytes_with`].
 pub fn read_with(bytes: &[u8], progress: Progress<'_>) -> Result<Snapshot> {
-    read_observing(bytes, progress, None)
-}
-
-/// [`read_with`], also showing `observe` the trace entries read so far at each progress tick
-/// (a viewer draws them while a big file loads).
-pub fn read_observing(
-    bytes: &[u8],
-    progress: Progress<'_>,
-    observe: Option<Observe<'_>>,
-) -> Result<Snapshot> {
-    read_part_observing(bytes, Part::Whole, progress, observe)
+    read_part_observing(bytes, Part::Whole, progress, None)
 }
 
 /// What [`read_part`] decodes.
@@ -134,8 +125,9 @@ pub fn read_part(bytes: &[u8], part: Part, progress: Progress<'_>) -> Result<Sna
     read_part_observing(bytes, part, progress, None)
 }
 
-/// [`read_part`], also showing `observe` the trace entries read so far at each progress tick.
-fn read_part_observing(
+/// [`read_part`], also showing `observe` the trace entries read so far at each progress tick
+/// (a viewer draws them while a big file loads).
+pub(crate) fn read_part_observing(
     bytes: &[u8],
     part: Part,
     progress: Progress<'_>,
@@ -168,8 +160,9 @@ pub fn read_from(reader: impl Read, len: u64, progress: Progress<'_>) -> Result<
     read_from_observing(reader, len, progress, None)
 }
 
-/// [`read_from`], also showing `observe` the trace entries read so far at each progress tick.
-pub fn read_from_observing(
+/// [`read_from`], also showing `observe` the trace entries read so far at each progress tick
+/// (what [`crate::io::read_path_with`] reads a pickle file with).
+pub(crate) fn read_from_observing(
     reader: impl Read,
     len: u64,
     progress: Progress<'_>,

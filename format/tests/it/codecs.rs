@@ -492,11 +492,12 @@ fn compressed_pickles_stream_and_fail_cleanly() {
             let path = dir.path().join(format!("s.pickle.{ext}"));
             std::fs::write(&path, &compressed).unwrap();
             let mut seen = Vec::new();
-            let (back, detected) = io::read_path_with(&path, &mut |done, total| {
+            let mut progress = |done, total| {
                 seen.push((done, total));
                 true
-            })
-            .unwrap_or_else(|e| panic!("{name}.{ext}: {e}"));
+            };
+            let (back, detected) = io::read_path_with(&path, &mut progress, None)
+                .unwrap_or_else(|e| panic!("{name}.{ext}: {e}"));
             assert_eq!(detected.format, Format::Pickle);
             assert_eq!(detected.compression, compression);
             assert_eq!(diff(&plain, &back), None, "{name}.{ext}");
