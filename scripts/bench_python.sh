@@ -9,7 +9,7 @@ ENTRIES="${1:-1000000}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 echo "== snapshot ($ENTRIES entries, pytorch and pytorch-fresh-frames layouts)"
-cargo run --release --locked -q -p memsnap-format --example bench_pickle -- \
+cargo run --release --locked -q -p memsnap-workload --example bench_pickle -- \
   --entries "$ENTRIES" --layout pytorch,pytorch-fresh-frames --runs 1 --keep "$WORK/bench.pickle" >"$WORK/make.log"
 grep -E "^(snapshot|==)" "$WORK/make.log"
 echo "== release wheel"

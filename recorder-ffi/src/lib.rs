@@ -11,6 +11,8 @@
 //!   runs in: a failure or a panic becomes a status and a message, never an unwind into C.
 //! * `runtime`: the process-wide state (one allocator per device, created on first use), the
 //!   dumps at exit, on out-of-memory and on `SIGUSR1` (`signal`).
+//! * `exported`: the names of the exported functions, checked against `memsnap.h`; `runtime`
+//!   reads them to trim the ABI's frames, so they sit below both `abi` and `runtime`.
 //! * `env`: the `MEMSNAP_*` variables; `backend`: the device chosen at run time.
 //! * `python`, `python_stacks`: Python frames of the calling thread (CPython's C API looked up
 //!   at run time, never linked) and their log, spliced into the snapshot's native stacks.
@@ -24,6 +26,7 @@ pub mod abi;
 mod backend;
 mod env;
 mod error;
+mod exported;
 mod python;
 mod python_stacks;
 mod runtime;

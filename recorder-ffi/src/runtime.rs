@@ -15,10 +15,10 @@ use recorder::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
 use recorder::snapshot::merge_device_snapshots;
 use recorder::{AllocatorConfig, CachingAllocator, Error, Stream};
 
-use crate::abi::EXPORTED;
 use crate::backend::AnyDevice;
 use crate::env::{BackendKind, EnvConfig, StackSelection};
 use crate::error::{FfiError, FfiResult, MEMSNAP_ERR_BACKEND};
+use crate::exported::EXPORTED;
 use crate::python;
 use crate::python_stacks::PythonStacks;
 use crate::signal;

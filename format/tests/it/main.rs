@@ -1,10 +1,11 @@
 //! The format crate's integration tests, one binary. Shared helpers live in `common`.
+//!
+//! The tests that need generated training runs (codecs round trips, the pickle reader's paths,
+//! validation) live in `memsnap-workload`'s tests (`workload/tests/it/format/`): the workload
+//! sits above this crate, and a crate names only crates below it, dev-dependencies included.
 
-mod codecs;
 mod common;
 mod hostile;
 mod numbers;
 mod part;
 mod pickle;
-mod reader_paths;
-mod validate;

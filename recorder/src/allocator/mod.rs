@@ -1,6 +1,10 @@
 //! The public caching allocator: one device, one lock, PyTorch's behaviour.
 
+mod arena;
+mod block;
 mod free_set;
+mod pool;
+mod ptr_map;
 mod snapshot;
 pub(crate) mod state;
 #[cfg(test)]
@@ -21,7 +25,9 @@ use crate::error::{Error, OomInfo, Result};
 use crate::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
 use crate::stacks::{CapturedStack, GivenStack, RawStackId, Unwinder};
 use crate::stats::DeviceStats;
-use state::{MallocFailure, RestoreBlock, RestoreKind, RestoreSegment, State};
+use state::malloc::MallocFailure;
+use state::restore::{RestoreBlock, RestoreKind, RestoreSegment};
+use state::State;
 
 /// A callback run after an allocation finally failed, outside the allocator lock (so it may
 /// call [`CachingAllocator::dump_snapshot`]).
@@ -337,7 +343,7 @@ impl<D: Device> CachingAllocator<D> {
     /// The size of the block behind an allocated pointer (rounded), if any.
     pub fn block_size(&self, ptr: u64) -> Option<u64> {
         let st = self.state.lock();
-        st.live.get(&ptr).map(|&i| st.blocks[i as usize].size)
+        st.live.get(&ptr).map(|&i| st.blocks[i].size)
     }
 
     /// Registers a callback for allocation failures (the hook to dump a snapshot on OOM).

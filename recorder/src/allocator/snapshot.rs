@@ -55,7 +55,7 @@ pub(super) fn collect(st: &mut State, take_trace: bool) -> RawSnapshot {
     };
     let mut segments = Vec::new();
     for head in st.segment_heads() {
-        let seg = &st.segments[st.blocks[head as usize].segment as usize];
+        let seg = &st.segments[st.blocks[head].segment];
         let mut current: Option<RawSegment> = None;
         for (_, b) in st.chain(head) {
             if !b.mapped {

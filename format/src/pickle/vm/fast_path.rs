@@ -38,7 +38,7 @@
 //! (`ConvState::recent_strs`) and the expansion budget are restored, and frames and stacks
 //! it converted are forgotten from the conversion caches (`ConvState::cache_journal`). The
 //! read position is untouched, so the generic VM reads the same bytes again and reaches the
-//! same entry, or the same error at the same offset. `tests/it/reader_paths.rs` checks this
+//! same entry, or the same error at the same offset. `workload/tests/it/format/reader_paths.rs` checks this
 //! on real, generated, hand-made and randomly damaged files.
 
 use crate::intern::{FrameId, StackId, StrId};

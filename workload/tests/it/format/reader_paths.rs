@@ -8,7 +8,7 @@ use std::io::Read;
 use memsnap_format::{compare, io, pickle, FormatError, Snapshot};
 use memsnap_workload::{generate, TrainingRun};
 
-use crate::common::real_snapshots;
+use super::common::real_snapshots;
 
 /// Reads in pieces of 1 to `max` bytes (a deterministic pseudo-random sequence), so every
 /// opcode and payload of a file sooner or later straddles the reader's window.

@@ -4,7 +4,7 @@
 use memsnap_format::{pickle, validate, Action, Segment, Snapshot, Violation};
 use memsnap_workload::{generate, TrainingRun};
 
-use crate::common;
+use super::common;
 
 fn generated() -> Snapshot {
     generate(&TrainingRun {

@@ -1,7 +1,7 @@
 //! Pickle codec benchmark, side by side with CPython in the same run.
 //!
 //! ```text
-//! cargo run --release -p memsnap-format --example bench_pickle -- --entries 1000000
+//! cargo run --release -p memsnap-workload --example bench_pickle -- --entries 1000000
 //! ```
 //!
 //! Generates a synthetic training-run snapshot (`memsnap_workload`) with about N trace

@@ -2,7 +2,7 @@
 //! and times `json::read` on it (best of `--runs`).
 //!
 //! ```text
-//! cargo run --release -p memsnap-format --example bench_json -- --entries 1000000
+//! cargo run --release -p memsnap-workload --example bench_json -- --entries 1000000
 //! ```
 
 use std::process::ExitCode;

@@ -10,7 +10,7 @@ use memsnap_format::io::{self, Compression, Format};
 use memsnap_format::{json, msgpack, pickle, FormatError, Snapshot, Value};
 use memsnap_workload::{generate, TrainingRun};
 
-use crate::common;
+use super::common;
 
 const CODECS: [Format; 3] = [Format::Pickle, Format::Msgpack, Format::Json];
 
