@@ -32,12 +32,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use memsnap_format::{
-    Block, BlockState, RecorderInfo, Segment, SegmentType, Snapshot, StackId, TraceEntry,
+    Action, Block, BlockState, RecorderInfo, Segment, SegmentType, Snapshot, StackId, TraceEntry,
 };
 
-use crate::history::{
-    epoch_micros, now_ns, History, HistoryMode, HistoryOptions, RawAction, RawEntry,
-};
+use crate::history::{epoch_micros, now_ns, History, HistoryMode, HistoryOptions, RawEntry};
 use crate::stacks::{symbolize, CapturedStack, RawStackId, StackInterner, Unwinder, NO_STACK};
 
 /// A [`GlobalAlloc`] that forwards to `A` (the system allocator by default) and records every
@@ -201,7 +199,7 @@ fn record_alloc(addr: u64, size: u64) {
         None => NO_STACK,
     };
     state.history.push(RawEntry {
-        action: RawAction::Alloc,
+        action: Action::Alloc,
         addr,
         size,
         stream: 0,
@@ -229,7 +227,7 @@ fn record_free(addr: u64, size: u64) {
         return;
     };
     let time_ns = now_ns();
-    for action in [RawAction::FreeRequested, RawAction::FreeCompleted] {
+    for action in [Action::FreeRequested, Action::FreeCompleted] {
         state.history.push(RawEntry {
             action,
             addr,
@@ -335,7 +333,7 @@ pub fn snapshot() -> Option<Snapshot> {
 
     let mut trace = Vec::with_capacity(entries.len());
     for raw in &entries {
-        let mut entry = TraceEntry::new(raw.action.to_format(), raw.addr, raw.size, raw.stream);
+        let mut entry = TraceEntry::new(raw.action, raw.addr, raw.size, raw.stream);
         entry.set_time_us(Some(epoch_micros(raw.time_ns)));
         entry.frames = stack_of(&mut snapshot, raw.stack);
         trace.push(entry);

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::stacks::{RawStackId, Unwinder, NO_STACK};
+use memsnap_format::Action;
 
 /// `enabled` of `_record_memory_history`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -89,42 +90,11 @@ impl HistoryOptions {
     }
 }
 
-/// Trace actions the recorder emits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RawAction {
-    Alloc,
-    FreeRequested,
-    FreeCompleted,
-    SegmentAlloc,
-    SegmentFree,
-    SegmentMap,
-    SegmentUnmap,
-    Snapshot,
-    Oom,
-}
-
-impl RawAction {
-    pub fn to_format(self) -> memsnap_format::Action {
-        use memsnap_format::Action;
-        match self {
-            RawAction::Alloc => Action::Alloc,
-            RawAction::FreeRequested => Action::FreeRequested,
-            RawAction::FreeCompleted => Action::FreeCompleted,
-            RawAction::SegmentAlloc => Action::SegmentAlloc,
-            RawAction::SegmentFree => Action::SegmentFree,
-            RawAction::SegmentMap => Action::SegmentMap,
-            RawAction::SegmentUnmap => Action::SegmentUnmap,
-            RawAction::Snapshot => Action::Snapshot,
-            RawAction::Oom => Action::Oom,
-        }
-    }
-}
-
 /// A trace entry (the ring stores it packed, see `Slot`), stack as an id into the device's
 /// stack table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawEntry {
-    pub action: RawAction,
+    pub action: Action,
     /// Address, or `device_free` for `oom`.
     pub addr: u64,
     pub size: u64,
@@ -165,16 +135,21 @@ const ACTION_MASK: u64 = (1 << ACTION_BITS) - 1;
 /// equal but for the action (a block freed at once). One slot instead of two saves a third
 /// of the ring traffic of an alloc+free pair.
 const FREE_PAIR_TAG: u64 = ACTIONS.len() as u64;
-const ACTIONS: [RawAction; 9] = [
-    RawAction::Alloc,
-    RawAction::FreeRequested,
-    RawAction::FreeCompleted,
-    RawAction::SegmentAlloc,
-    RawAction::SegmentFree,
-    RawAction::SegmentMap,
-    RawAction::SegmentUnmap,
-    RawAction::Snapshot,
-    RawAction::Oom,
+/// Every action in tag order: a slot's tag is the action's discriminant (the recorder emits
+/// the first nine; the rest are only read from files, but one enum serves both).
+const ACTIONS: [Action; 12] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Snapshot,
+    Action::Oom,
+    Action::Annotate,
+    Action::Free,
+    Action::Other,
 ];
 
 /// One or two [`RawEntry`]s as the ring stores them: 32 bytes (two per cache line) instead of
@@ -194,7 +169,7 @@ struct Slot {
 const _: () = assert!(std::mem::size_of::<Slot>() == 32);
 
 impl Slot {
-    /// `tag` is a [`RawAction`] or [`FREE_PAIR_TAG`].
+    /// `tag` is a [`Action`] or [`FREE_PAIR_TAG`].
     #[inline]
     fn new(tag: u64, addr: u64, size: u64, stream: u32, time_ns: u64, stack: RawStackId) -> Self {
         Slot {
@@ -229,8 +204,8 @@ impl Slot {
         let (first, second) = match ACTIONS.get(tag as usize) {
             Some(&action) => (entry(action), None),
             None => (
-                entry(RawAction::FreeRequested),
-                Some(entry(RawAction::FreeCompleted)),
+                entry(Action::FreeRequested),
+                Some(entry(Action::FreeCompleted)),
             ),
         };
         std::iter::once(first).chain(second)
@@ -378,7 +353,7 @@ impl History {
         if held > keep {
             if let Some(oldest) = kept.first_mut() {
                 oldest.time_action =
-                    (oldest.time_action & !ACTION_MASK) | RawAction::FreeCompleted as u64;
+                    (oldest.time_action & !ACTION_MASK) | Action::FreeCompleted as u64;
             }
         }
         if options.clear_history {
@@ -439,7 +414,7 @@ impl History {
     #[inline]
     pub(crate) fn record(
         &mut self,
-        action: RawAction,
+        action: Action,
         addr: u64,
         size: u64,
         stream: i64,
@@ -478,7 +453,7 @@ impl History {
     #[inline]
     fn store(
         &mut self,
-        action: RawAction,
+        action: Action,
         addr: u64,
         size: u64,
         stream: i64,
@@ -602,7 +577,7 @@ mod tests {
 
     fn entry(i: u64) -> RawEntry {
         RawEntry {
-            action: RawAction::Alloc,
+            action: Action::Alloc,
             addr: i,
             size: i,
             stream: 0,
@@ -708,8 +683,8 @@ mod tests {
             h.ordered(),
             vec![
                 entry(1),
-                free(RawAction::FreeRequested),
-                free(RawAction::FreeCompleted)
+                free(Action::FreeRequested),
+                free(Action::FreeCompleted)
             ]
         );
         assert_eq!((h.len(), h.recorded(), h.dropped()), (3, 3, 0));
@@ -727,24 +702,24 @@ mod tests {
         h.record_free_pair(2, 2, 0, 2, NO_STACK);
         h.push(entry(3));
         h.record_free_pair(4, 4, 0, 4, NO_STACK);
-        let read: Vec<(RawAction, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
+        let read: Vec<(Action, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
         assert_eq!(
             read,
             vec![
-                (RawAction::Alloc, 3),
-                (RawAction::FreeRequested, 4),
-                (RawAction::FreeCompleted, 4)
+                (Action::Alloc, 3),
+                (Action::FreeRequested, 4),
+                (Action::FreeCompleted, 4)
             ]
         );
         assert_eq!((h.len(), h.recorded(), h.dropped()), (3, 6, 3));
         h.push(entry(5));
-        let read: Vec<(RawAction, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
+        let read: Vec<(Action, u64)> = h.ordered().iter().map(|e| (e.action, e.addr)).collect();
         assert_eq!(
             read,
             vec![
-                (RawAction::FreeRequested, 4),
-                (RawAction::FreeCompleted, 4),
-                (RawAction::Alloc, 5)
+                (Action::FreeRequested, 4),
+                (Action::FreeCompleted, 4),
+                (Action::Alloc, 5)
             ]
         );
         assert_eq!((h.len(), h.dropped()), (3, 4));
@@ -764,11 +739,8 @@ mod tests {
         assert_eq!((h.len(), h.dropped()), (2, 3));
         let trace = h.take_trace();
         assert_eq!(trace.len(), 2);
-        let read: Vec<(RawAction, u64)> = trace.iter().map(|e| (e.action, e.addr)).collect();
-        assert_eq!(
-            read,
-            vec![(RawAction::FreeCompleted, 2), (RawAction::Alloc, 3)]
-        );
+        let read: Vec<(Action, u64)> = trace.iter().map(|e| (e.action, e.addr)).collect();
+        assert_eq!(read, vec![(Action::FreeCompleted, 2), (Action::Alloc, 3)]);
         assert_eq!((h.len(), h.dropped(), h.recorded()), (0, 3, 3));
     }
 
@@ -782,8 +754,8 @@ mod tests {
         h.record_free_pair(8, 8, 0, 8, NO_STACK);
         assert_eq!((h.len(), h.dropped()), (1, 1));
         h.configure(all(5));
-        let read: Vec<RawAction> = h.ordered().iter().map(|e| e.action).collect();
-        assert_eq!(read, vec![RawAction::FreeCompleted]);
+        let read: Vec<Action> = h.ordered().iter().map(|e| e.action).collect();
+        assert_eq!(read, vec![Action::FreeCompleted]);
         assert_eq!((h.len(), h.dropped()), (1, 1));
         h.record_free_pair(9, 9, 0, 9, NO_STACK);
         assert_eq!(h.len(), 3);
@@ -829,7 +801,7 @@ mod tests {
                     }
                     Op::FreePair(addr) => {
                         h.record_free_pair(addr, 512, 7, time_ns, NO_STACK);
-                        for action in [RawAction::FreeRequested, RawAction::FreeCompleted] {
+                        for action in [Action::FreeRequested, Action::FreeCompleted] {
                             model.push(RawEntry { action, addr, size: 512, stream: 7, time_ns, stack: NO_STACK });
                         }
                         recorded += 2;

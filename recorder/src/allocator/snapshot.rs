@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use memsnap_format::{
-    AllocatorSettings, Annotation, Block, BlockState, Frame, RecorderInfo, Segment, SegmentType,
-    Snapshot, StackId, TraceEntry, Value,
+    Action, AllocatorSettings, Annotation, Block, BlockState, Frame, RecorderInfo, Segment,
+    SegmentType, Snapshot, StackId, TraceEntry, Value,
 };
 
 use super::state::State;
 use crate::config::ROUNDUP_BUCKETS;
-use crate::history::{RawAction, RawAnnotation, RingTrace};
+use crate::history::{RawAnnotation, RingTrace};
 use crate::stacks::{symbolize, RawStackId, NO_STACK};
 
 pub(super) struct RawSnapshot {
@@ -257,12 +257,12 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
     let no_metadata = snap.strings.intern("");
     let mut trace = Vec::with_capacity(raw.trace.len());
     for e in raw.trace.iter() {
-        let mut entry = TraceEntry::new(e.action.to_format(), e.addr, e.size, e.stream);
+        let mut entry = TraceEntry::new(e.action, e.addr, e.size, e.stream);
         entry.set_time_us(Some(epoch_us(e.time_ns)));
         entry.set_compile_context(Some(na), &snap.strings);
         entry.set_user_metadata(Some(no_metadata), &snap.strings);
         entry.frames = stacks.get(&mut snap, e.stack);
-        if e.action == RawAction::Oom {
+        if e.action == Action::Oom {
             entry.addr = 0;
             let rare = entry.rare_mut();
             rare.device_free = Some(e.addr);

@@ -12,8 +12,8 @@ use crate::allocator::pool::pool_index;
 use crate::config::SMALL_BUFFER;
 use crate::device::Device;
 use crate::error::DeviceError;
-use crate::history::RawAction;
 use crate::stacks::{RawStackId, NO_STACK};
+use memsnap_format::Action;
 
 impl State {
     pub(super) fn page_size(&self, small: bool) -> u64 {
@@ -171,7 +171,7 @@ impl State {
         self.total_allocated_memory += bytes;
         self.stats.reserved_bytes.increase(ub.small, bytes);
         self.stats.num_device_alloc += 1;
-        self.record(RawAction::SegmentMap, ub.addr, bytes, ub.stream, ctx);
+        self.record(Action::SegmentMap, ub.addr, bytes, ub.stream, ctx);
         for neighbour in [self.blocks[u].prev, self.blocks[u].next] {
             self.try_merge_blocks(u, neighbour);
         }
@@ -239,7 +239,7 @@ impl State {
         self.stats.reserved_bytes.decrease(b.small, bytes);
         self.stats.num_device_free += 1;
         let stack = if ctx != NO_STACK { ctx } else { seg.stack };
-        self.record(RawAction::SegmentUnmap, begin, bytes, b.stream, stack);
+        self.record(Action::SegmentUnmap, begin, bytes, b.stream, stack);
         for neighbour in [self.blocks[middle].prev, self.blocks[middle].next] {
             self.try_merge_blocks(middle, neighbour);
         }

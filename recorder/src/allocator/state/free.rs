@@ -5,8 +5,8 @@ use super::State;
 use crate::allocator::arena::{Idx, NIL};
 use crate::allocator::pool::{free_key, pool_index, FreeKey};
 use crate::device::Device;
-use crate::history::RawAction;
 use crate::stacks::{RawStackId, NO_STACK};
+use memsnap_format::Action;
 
 impl State {
     /// `free()`: the caller dropped the block. Returns false for an unknown pointer.
@@ -35,13 +35,7 @@ impl State {
             self.record_free_pair(ptr, requested, stream, entry_stack);
             return true;
         }
-        self.record(
-            RawAction::FreeRequested,
-            ptr,
-            requested,
-            stream,
-            entry_stack,
-        );
+        self.record(Action::FreeRequested, ptr, requested, stream, entry_stack);
         if !self.blocks[idx].stream_uses.is_empty() {
             self.insert_events(device, idx);
         }
@@ -55,13 +49,7 @@ impl State {
         let b = &self.blocks[idx];
         let (addr, requested, stream, stack) = (b.addr, b.requested, b.stream, b.stack);
         let entry_stack = if ctx != NO_STACK { ctx } else { stack };
-        self.record(
-            RawAction::FreeCompleted,
-            addr,
-            requested,
-            stream,
-            entry_stack,
-        );
+        self.record(Action::FreeCompleted, addr, requested, stream, entry_stack);
         self.return_to_pool(idx);
     }
 

@@ -6,8 +6,9 @@
 
 use super::State;
 use crate::clock::{Clock, Source};
-use crate::history::{ContextMode, RawAction, RawAnnotation};
+use crate::history::{ContextMode, RawAnnotation};
 use crate::stacks::{GivenStack, RawStackId, NO_STACK};
+use memsnap_format::Action;
 
 impl State {
     /// Interns a captured stack (only while history is on).
@@ -70,7 +71,7 @@ impl State {
     #[inline]
     pub(super) fn record(
         &mut self,
-        action: RawAction,
+        action: Action,
         addr: u64,
         size: u64,
         stream: i64,
@@ -118,6 +119,6 @@ impl State {
     pub fn record_snapshot_entry(&mut self) {
         self.call_time = None;
         let active = self.stats.active_bytes.0[0].current.max(0) as u64;
-        self.record(RawAction::Snapshot, 0, active, 0, NO_STACK);
+        self.record(Action::Snapshot, 0, active, 0, NO_STACK);
     }
 }

@@ -13,8 +13,8 @@ use crate::allocator::pool::{pool_index, FitRules, FreeKey};
 use crate::config::{MIN_BLOCK_SIZE, SMALL_SIZE};
 use crate::device::{Device, Stream};
 use crate::error::{DeviceError, OomInfo};
-use crate::history::RawAction;
 use crate::stacks::{RawStackId, NO_STACK};
+use memsnap_format::Action;
 
 impl State {
     pub fn malloc<D: Device>(
@@ -70,7 +70,7 @@ impl State {
             free: 0,
             total: self.allowed_max,
         });
-        self.record(RawAction::Oom, info.free, rounded, stream, ctx);
+        self.record(Action::Oom, info.free, rounded, stream, ctx);
         self.stats.num_ooms += 1;
         OomInfo {
             device: self.device_index,
@@ -200,7 +200,7 @@ impl State {
         let (addr, size, stream) = (b.addr, b.size, b.stream);
         self.live.insert(addr, block);
         self.count_allocated_block(small, size, orig_size);
-        self.record(RawAction::Alloc, addr, orig_size, stream, ctx);
+        self.record(Action::Alloc, addr, orig_size, stream, ctx);
         addr
     }
 }

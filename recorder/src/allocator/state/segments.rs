@@ -6,8 +6,8 @@ use crate::allocator::arena::Idx;
 use crate::allocator::block::{Block, SegmentRec};
 use crate::device::Device;
 use crate::error::DeviceError;
-use crate::history::RawAction;
 use crate::stacks::{RawStackId, NO_STACK};
+use memsnap_format::Action;
 
 impl State {
     /// `alloc_block`: a new segment (or newly mapped expandable pages). `Ok(None)` is out of
@@ -55,7 +55,7 @@ impl State {
         self.count_segment_added(small, alloc_size);
         self.stats.reserved_bytes.increase(small, alloc_size);
         self.stats.num_device_alloc += 1;
-        self.record(RawAction::SegmentAlloc, ptr, alloc_size, stream, ctx);
+        self.record(Action::SegmentAlloc, ptr, alloc_size, stream, ctx);
         Ok(Some(idx))
     }
 
@@ -75,7 +75,7 @@ impl State {
         self.stats.num_device_free += 1;
         let seg_stack = self.segments[b.segment].stack;
         let stack = if ctx != NO_STACK { ctx } else { seg_stack };
-        self.record(RawAction::SegmentFree, b.addr, b.size, b.stream, stack);
+        self.record(Action::SegmentFree, b.addr, b.size, b.stream, stack);
         self.segments.remove(b.segment);
         self.blocks.remove(idx);
         Ok(())
