@@ -48,6 +48,13 @@ pub enum FormatError {
         source: std::io::Error,
     },
 
+    /// The output failed while a snapshot was being written to it.
+    #[error("write failed: {source}")]
+    Write {
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Reading was cancelled through the progress callback.
     #[error("cancelled")]
     Cancelled,

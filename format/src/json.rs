@@ -48,6 +48,33 @@ const DICT_TAG: &str = "$dict";
 /// value under an unknown key that [`read`] would refuse (an integer over
 /// [`MAX_INT_DIGITS`] digits, nesting near [`MAX_DEPTH`]).
 pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
+    check_writable(snapshot)?;
+    let mut w = Writer::new(
+        snapshot,
+        Vec::with_capacity(256 + snapshot.entry_count() * 160),
+        None,
+    );
+    schema::snapshot(&mut w, snapshot)?;
+    Ok(w.out)
+}
+
+/// [`to_vec`] written to `out` as it is made, in pieces of about [`FLUSH_BYTES`]: a snapshot
+/// whose blocks repeat long stacks is many times its own size as JSON (1.6 GB for the final
+/// state of a 3M-entry run, built in memory before it was written into a Chrome trace).
+pub fn to_writer(snapshot: &Snapshot, out: &mut dyn std::io::Write) -> Result<()> {
+    check_writable(snapshot)?;
+    let mut w = Writer::new(snapshot, Vec::with_capacity(FLUSH_BYTES + 4096), Some(out));
+    let walked = schema::snapshot(&mut w, snapshot);
+    // A write error stops the output first; then the walk's own error, if any.
+    w.flush_all()?;
+    walked
+}
+
+/// How much [`to_writer`] buffers before it writes.
+const FLUSH_BYTES: usize = 1 << 16;
+
+/// The checks both writers make before they write anything.
+fn check_writable(snapshot: &Snapshot) -> Result<()> {
     crate::compare::check_ids(snapshot)?;
     // A tagged tuple or dict takes up to three JSON levels; the schema around values about 8.
     let deepest = crate::compare::deepest_value(snapshot);
@@ -57,13 +84,7 @@ pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
             format!("nested {deepest} levels deep, more than JSON reading accepts"),
         ));
     }
-    let mut w = Writer {
-        out: Vec::with_capacity(256 + snapshot.entry_count() * 160),
-        snap: snapshot,
-        stack_text: vec![None; snapshot.stacks.len()],
-    };
-    schema::snapshot(&mut w, snapshot)?;
-    Ok(w.out)
+    Ok(())
 }
 
 struct Writer<'s> {
@@ -71,13 +92,64 @@ struct Writer<'s> {
     snap: &'s Snapshot,
     /// Each stack's JSON text, made on first use (a stack is shared by many entries).
     stack_text: Vec<Option<Box<[u8]>>>,
+    /// Where `out` goes when it grows past [`FLUSH_BYTES`] (`None`: kept whole).
+    sink: Option<&'s mut dyn std::io::Write>,
+    /// The first write error; nothing is written after it.
+    write_error: Option<std::io::Error>,
+    /// `out` holds a stack's text being made, not the output: not flushed meanwhile.
+    making_stack: bool,
 }
 
 impl<'s> Writer<'s> {
+    fn new(snap: &'s Snapshot, out: Vec<u8>, sink: Option<&'s mut dyn std::io::Write>) -> Self {
+        Writer {
+            out,
+            snap,
+            stack_text: vec![None; snap.stacks.len()],
+            sink,
+            write_error: None,
+            making_stack: false,
+        }
+    }
+
+    /// Writes `out` to the sink but its last byte, which [`Writer::sep`] reads.
+    fn flush_but_last(&mut self) {
+        let Some(sink) = self.sink.as_mut() else {
+            return;
+        };
+        let Some(last) = self.out.pop() else {
+            return;
+        };
+        if self.write_error.is_none() {
+            if let Err(err) = sink.write_all(&self.out) {
+                self.write_error = Some(err);
+            }
+        }
+        self.out.clear();
+        self.out.push(last);
+    }
+
+    /// Writes what is left; the first write error, if any.
+    fn flush_all(&mut self) -> Result<()> {
+        if let (Some(sink), None) = (self.sink.as_mut(), &self.write_error) {
+            if let Err(err) = sink.write_all(&self.out) {
+                self.write_error = Some(err);
+            }
+            self.out.clear();
+        }
+        match self.write_error.take() {
+            Some(source) => Err(FormatError::Write { source }),
+            None => Ok(()),
+        }
+    }
+
     /// A comma unless this is the first item of an object or array.
     fn sep(&mut self) {
         if !matches!(self.out.last(), Some(b'{') | Some(b'[')) {
             self.out.push(b',');
+        }
+        if self.out.len() >= FLUSH_BYTES && !self.making_stack {
+            self.flush_but_last();
         }
     }
 
@@ -135,7 +207,9 @@ impl<'s> Writer<'s> {
         let slot = id.index();
         if self.stack_text[slot].is_none() {
             let outer = std::mem::take(&mut self.out);
+            self.making_stack = true;
             let written = self.frames(id);
+            self.making_stack = false;
             let text = std::mem::replace(&mut self.out, outer);
             written?;
             self.stack_text[slot] = Some(text.into_boxed_slice());

@@ -722,10 +722,9 @@ pub(crate) fn write_other_data(
             ..Snapshot::default()
         };
         state.add_segments_from(snapshot, snapshot.segments.iter().cloned());
-        let json = memsnap_format::io::encode(&state, memsnap_format::Format::Json)
-            .map_err(io::Error::other)?;
         out.write_all(b",\"state\":")?;
-        out.write_all(&json)?;
+        // Streamed: with every block's stack inline, this is often larger than the snapshot.
+        memsnap_format::json::to_writer(&state, out).map_err(io::Error::other)?;
     }
     out.write_all(b",\"frames\":[")?;
     for (i, f) in snapshot.frames.iter().enumerate() {
