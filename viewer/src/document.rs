@@ -41,7 +41,7 @@ impl TimelineModel<'_> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DocumentError {
-    /// Every device failed its analysis; `first` is the first device's failure.
+    /// Every device failed its analysis; `device` is the first of them, `source` why.
     #[error("no device could be analysed (device {device}: {source})")]
     NoDeviceAnalysed {
         device: i64,
