@@ -1,15 +1,35 @@
-//! The allocator view's model, free of UI: what to simulate, the background job that runs
-//! `memsnap-simulate` off the UI thread, and the numbers the view shows (the recorded vs
+//! The allocator view's model, free of UI: what to simulate, the work that runs
+//! `memsnap-simulate` (in a background job), and the numbers the view shows (the recorded vs
 //! simulated comparison, the fidelity line, the curves thinned to the plot's width).
 
-use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::sync::Arc;
 
 use memsnap_format::Snapshot;
-use memsnap_recorder::AllocatorConfig;
-use memsnap_simulate::{simulate, suggest, DeviceReport, Fidelity, Options, Suggestions};
+use memsnap_recorder::{AllocatorConfig, ConfigError};
+use memsnap_simulate::{
+    simulate, suggest, DeviceReport, Fidelity, Options, SimulateError, Suggestions,
+};
 
 use crate::units::format_size;
+
+/// Why a simulation gave no result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocatorError {
+    /// The settings field does not parse.
+    #[error("PYTORCH_CUDA_ALLOC_CONF: {source}")]
+    Settings {
+        #[source]
+        source: ConfigError,
+    },
+    /// The memory-limit field is not a size above 0.
+    #[error("`{text}` is not a memory limit (a size above 0, e.g. 24GiB, 512MiB, 80GB)")]
+    Limit { text: String },
+    #[error(transparent)]
+    Simulate(#[from] SimulateError),
+    #[error("device {device} was not simulated")]
+    DeviceMissing { device: i64 },
+}
 
 /// What to simulate for one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,43 +59,45 @@ pub fn file_conf(snapshot: &Snapshot) -> (String, &'static str) {
 }
 
 /// Parses the memory-limit field: empty means "what the file implies".
-pub fn parse_limit(text: &str) -> Result<Option<u64>, String> {
+pub fn parse_limit(text: &str) -> Result<Option<u64>, AllocatorError> {
     if text.trim().is_empty() {
         return Ok(None);
     }
     match crate::units::parse_bytes(text) {
-        Some(0) => Err("the memory limit must be above 0".into()),
+        Some(0) | None => Err(AllocatorError::Limit {
+            text: text.to_owned(),
+        }),
         Some(bytes) => Ok(Some(bytes)),
-        None => Err(format!(
-            "`{text}` is not a size (examples: 24GiB, 512MiB, 80GB)"
-        )),
     }
 }
 
-fn replay(snapshot: &Snapshot, device: i64, options: Options) -> Result<DeviceReport, String> {
+fn replay(
+    snapshot: &Snapshot,
+    device: i64,
+    options: Options,
+) -> Result<DeviceReport, AllocatorError> {
     let sim = simulate(
         snapshot,
         &Options {
             device: Some(device),
             ..options
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     sim.devices
         .into_iter()
         .find(|d| d.device == device)
-        .ok_or_else(|| format!("device {device} was not simulated"))
+        .ok_or(AllocatorError::DeviceMissing { device })
 }
 
-/// Runs `request` (on a worker thread). `baseline` is the replay with the file's own settings
+/// Runs `request` (in a background job). `baseline` is the replay with the file's own settings
 /// when it is already known; else it is computed too.
 pub fn run(
     snapshot: &Snapshot,
     request: Request,
     baseline: Option<Arc<DeviceReport>>,
-) -> Result<AllocatorRun, String> {
+) -> Result<AllocatorRun, AllocatorError> {
     let config = AllocatorConfig::parse(&request.alloc_conf)
-        .map_err(|e| format!("PYTORCH_CUDA_ALLOC_CONF: {e}"))?;
+        .map_err(|source| AllocatorError::Settings { source })?;
     let alloc_conf = memsnap_simulate::settings::conf_string(&config);
     let baseline = match baseline {
         Some(b) => b,
@@ -103,76 +125,13 @@ pub fn run(
     })
 }
 
-/// Ranks the common settings for one device (on a worker thread).
+/// Ranks the common settings for one device (in a background job).
 pub fn run_suggest(
     snapshot: &Snapshot,
     device: i64,
     memory_limit: Option<u64>,
-) -> Result<Suggestions, String> {
-    suggest(snapshot, memory_limit, Some(device)).map_err(|e| e.to_string())
-}
-
-/// One piece of work on its own thread; the UI polls for the result and never blocks.
-pub struct Job<T> {
-    pub started: Instant,
-    receiver: mpsc::Receiver<Result<T, String>>,
-}
-
-impl<T: Send + 'static> Job<T> {
-    /// Starts `work` on a new thread; `wake` is called when the result is ready.
-    pub fn spawn(
-        name: &str,
-        work: impl FnOnce() -> Result<T, String> + Send + 'static,
-        wake: impl FnOnce() + Send + 'static,
-    ) -> Self {
-        let (sender, receiver) = mpsc::channel();
-        let job = Job {
-            started: Instant::now(),
-            receiver,
-        };
-        let spawned = std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || {
-                // A bug in the simulator must cost this result, not the app.
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                    .unwrap_or_else(|panic| {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        Err(format!("the simulation failed unexpectedly: {what}"))
-                    });
-                let _ = sender.send(result);
-                wake();
-            });
-        match spawned {
-            Ok(_) => job,
-            Err(e) => {
-                let (sender, receiver) = mpsc::channel();
-                let _ = sender.send(Err(format!("cannot start a worker thread: {e}")));
-                Job { receiver, ..job }
-            }
-        }
-    }
-
-    /// The result when it is ready.
-    pub fn poll(&self) -> Option<Result<T, String>> {
-        match self.receiver.try_recv() {
-            Ok(result) => Some(result),
-            Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => {
-                Some(Err("the simulation stopped without a result".into()))
-            }
-        }
-    }
-
-    /// Blocks until the result is ready (tests).
-    pub fn wait(self) -> Result<T, String> {
-        self.receiver
-            .recv()
-            .unwrap_or_else(|_| Err("the simulation stopped without a result".into()))
-    }
+) -> Result<Suggestions, AllocatorError> {
+    Ok(suggest(snapshot, memory_limit, Some(device))?)
 }
 
 /// One row of the recorded-vs-simulated table.
@@ -397,11 +356,21 @@ mod tests {
             None,
         )
         .expect_err("bad key");
-        assert!(err.starts_with("PYTORCH_CUDA_ALLOC_CONF: "), "{err}");
-        assert_eq!(parse_limit(" "), Ok(None));
-        assert_eq!(parse_limit("24GiB"), Ok(Some(24 << 30)));
-        assert!(parse_limit("lots").is_err());
-        assert!(parse_limit("0").is_err());
+        assert!(matches!(err, AllocatorError::Settings { .. }), "{err}");
+        assert!(
+            err.to_string().starts_with("PYTORCH_CUDA_ALLOC_CONF: "),
+            "{err}"
+        );
+        assert_eq!(parse_limit(" ").ok(), Some(None));
+        assert_eq!(parse_limit("24GiB").ok(), Some(Some(24 << 30)));
+        assert!(matches!(
+            parse_limit("lots"),
+            Err(AllocatorError::Limit { .. })
+        ));
+        assert!(matches!(
+            parse_limit("0"),
+            Err(AllocatorError::Limit { .. })
+        ));
     }
 
     #[test]
@@ -416,14 +385,5 @@ mod tests {
         assert_eq!(points.len(), 200);
         assert_eq!(points.iter().map(|p| p.1).max(), Some(99));
         assert!(step_points(&[], 100).is_empty());
-    }
-
-    #[test]
-    fn the_job_delivers_its_result_and_survives_a_panic() {
-        let ok = Job::spawn("t", || Ok(7), || {});
-        assert_eq!(ok.wait(), Ok(7));
-        let bad: Job<u32> = Job::spawn("t", || panic!("boom"), || {});
-        let err = bad.wait().expect_err("panicked");
-        assert!(err.contains("boom"), "{err}");
     }
 }

@@ -1,7 +1,7 @@
 //! The Allocator view: the recorded reserved curve (what PyTorch's cudaMalloc/cudaFree
 //! decisions gave) overlaid with the one `memsnap-simulate` replays under chosen
 //! `PYTORCH_CUDA_ALLOC_CONF` settings and device memory, their numbers side by side, the
-//! replay's fidelity, and the ranked suggestions. Simulations run on a worker thread.
+//! replay's fidelity, and the ranked suggestions. Simulations run in background jobs.
 
 use std::sync::Arc;
 
@@ -9,8 +9,8 @@ use egui::{Color32, Pos2, RichText, Sense, Shape, Stroke};
 use memsnap_format::Snapshot;
 use memsnap_simulate::{CapacitySource, DeviceReport, Suggestions};
 
-use crate::allocator::{self, AllocatorRun, Job, Request};
-use crate::document::Document;
+use crate::allocator::{self, AllocatorError, AllocatorRun, Request};
+use crate::job::{Job, JobError};
 use crate::palette;
 use crate::units::format_size;
 
@@ -34,9 +34,10 @@ pub struct AllocatorState {
     file_conf: Option<(String, &'static str)>,
     pub run: Option<AllocatorRun>,
     pub suggestions: Option<Suggestions>,
-    pub error: Option<String>,
-    run_job: Option<Job<AllocatorRun>>,
-    suggest_job: Option<Job<Suggestions>>,
+    /// Why the last simulation or suggestion gave no result.
+    pub error: Option<JobError<AllocatorError>>,
+    run_job: Option<Job<AllocatorRun, AllocatorError>>,
+    suggest_job: Option<Job<Suggestions, AllocatorError>>,
 }
 
 impl AllocatorState {
@@ -55,7 +56,7 @@ impl AllocatorState {
         }
     }
 
-    fn accept_run(&mut self, result: Result<AllocatorRun, String>) {
+    fn accept_run(&mut self, result: Result<AllocatorRun, JobError<AllocatorError>>) {
         match result {
             Ok(run) => {
                 self.run = Some(run);
@@ -65,7 +66,7 @@ impl AllocatorState {
         }
     }
 
-    fn accept_suggestions(&mut self, result: Result<Suggestions, String>) {
+    fn accept_suggestions(&mut self, result: Result<Suggestions, JobError<AllocatorError>>) {
         match result {
             Ok(s) => {
                 self.suggestions = Some(s);
@@ -91,7 +92,7 @@ impl AllocatorState {
         let memory_limit = match allocator::parse_limit(&self.limit) {
             Ok(limit) => limit,
             Err(e) => {
-                self.error = Some(e);
+                self.error = Some(JobError::Failed(e));
                 return;
             }
         };
@@ -102,42 +103,30 @@ impl AllocatorState {
         };
         let baseline = self.run.as_ref().map(|r| r.baseline.clone());
         let snapshot = model.snapshot.clone();
-        let wake = ctx.clone();
-        self.run_job = Some(Job::spawn(
-            "simulate",
-            move || allocator::run(&snapshot, request, baseline),
-            move || wake.request_repaint(),
-        ));
+        if let Some(replaced) = &self.run_job {
+            replaced.cancel();
+        }
+        self.run_job = Some(Job::spawn("the simulation", Some(ctx.clone()), move |_| {
+            allocator::run(&snapshot, request, baseline)
+        }));
     }
 
     fn start_suggest(&mut self, model: &AllocatorModel<'_>, ctx: &egui::Context) {
         let memory_limit = match allocator::parse_limit(&self.limit) {
             Ok(limit) => limit,
             Err(e) => {
-                self.error = Some(e);
+                self.error = Some(JobError::Failed(e));
                 return;
             }
         };
         let snapshot = model.snapshot.clone();
         let device = model.device;
-        let wake = ctx.clone();
         self.suggest_job = Some(Job::spawn(
-            "suggest",
-            move || allocator::run_suggest(&snapshot, device, memory_limit),
-            move || wake.request_repaint(),
+            "the suggestions",
+            Some(ctx.clone()),
+            move |_| allocator::run_suggest(&snapshot, device, memory_limit),
         ));
     }
-}
-
-/// The Allocator page of a document: the device bar, then the view for the device shown.
-pub fn allocator_page_ui(ui: &mut egui::Ui, doc: &mut Document) {
-    doc.device_bar_ui(ui);
-    let i = doc.device_index;
-    let model = AllocatorModel {
-        snapshot: &doc.snapshot,
-        device: doc.devices[i].device,
-    };
-    allocator_ui(ui, &model, &mut doc.states[i].allocator);
 }
 
 /// The view: settings, the table, the fidelity line, the plot and the suggestions.

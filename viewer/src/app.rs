@@ -8,8 +8,10 @@ use std::sync::{mpsc, Arc};
 use egui::{Color32, ColorImage, RichText};
 
 use crate::document::Document;
+use crate::document_ui::OpenDocument;
 use crate::export;
-use crate::loader::{LoadJob, Source};
+use crate::job::JobError;
+use crate::loader::{LoadError, LoadJob, Source};
 use crate::settings::{Settings, STORAGE_KEY};
 use crate::shortcuts::{self, Command};
 
@@ -77,7 +79,7 @@ pub struct Notice {
 /// The whole viewer state.
 pub struct ViewerApp {
     pub settings: Settings,
-    pub documents: Vec<Document>,
+    pub documents: Vec<OpenDocument>,
     /// Index into `documents` of the file shown.
     pub active: usize,
     pub jobs: Vec<LoadJob<Document>>,
@@ -139,11 +141,11 @@ impl ViewerApp {
     }
 
     /// The document shown, if any file is open.
-    pub fn active_document(&self) -> Option<&Document> {
+    pub fn active_document(&self) -> Option<&OpenDocument> {
         self.documents.get(self.active)
     }
 
-    pub fn active_document_mut(&mut self) -> Option<&mut Document> {
+    pub fn active_document_mut(&mut self) -> Option<&mut OpenDocument> {
         self.documents.get_mut(self.active)
     }
 
@@ -151,7 +153,7 @@ impl ViewerApp {
     pub fn is_loading(&self) -> bool {
         !self.pending.is_empty()
             || !self.jobs.is_empty()
-            || self.documents.iter().any(|d| !d.profiles_ready())
+            || self.documents.iter().any(|d| !d.doc.profiles_ready())
     }
 
     /// Blocks until every queued and running load is done (tests, benchmarks, screenshots).
@@ -162,7 +164,7 @@ impl ViewerApp {
             self.accept(result);
         }
         for document in &mut self.documents {
-            document.wait_for_profiles();
+            document.doc.wait_for_profiles();
         }
     }
 
@@ -170,15 +172,10 @@ impl ViewerApp {
         for source in std::mem::take(&mut self.pending) {
             let id = self.next_id;
             self.next_id += 1;
-            let ctx = ctx.cloned();
-            let wake = move || {
-                if let Some(ctx) = &ctx {
-                    ctx.request_repaint();
-                }
-            };
+            let repaint = ctx.cloned();
             self.jobs
-                .push(LoadJob::spawn(id, source, wake, move |loaded, progress| {
-                    Document::prepare(id, loaded, progress)
+                .push(LoadJob::spawn(id, source, ctx.cloned(), move |loaded| {
+                    Document::prepare(id, loaded, repaint)
                 }));
         }
     }
@@ -195,21 +192,21 @@ impl ViewerApp {
         }
     }
 
-    fn accept(&mut self, result: Result<Document, crate::loader::LoadError>) {
+    fn accept(&mut self, result: Result<Document, JobError<LoadError>>) {
         match result {
             Ok(document) => {
                 if let Some(path) = &document.path {
                     self.settings.remember(path);
                 }
-                self.documents.push(document);
+                self.documents.push(OpenDocument::new(document));
                 self.active = self.documents.len() - 1;
                 if self.documents.len() >= 2 {
                     self.diff_pair = (self.documents.len() - 2, self.documents.len() - 1);
                 }
             }
-            Err(crate::loader::LoadError::Cancelled { name }) => self.notices.push(Notice {
+            Err(JobError::Cancelled { what }) => self.notices.push(Notice {
                 is_error: false,
-                text: format!("Loading {name} was cancelled."),
+                text: format!("{} was cancelled.", capitalised(&what)),
             }),
             Err(err) => self.notices.push(Notice {
                 is_error: true,
@@ -234,6 +231,9 @@ impl ViewerApp {
         self.apply_theme(&ctx);
         self.start_pending(Some(&ctx));
         self.poll_jobs();
+        for document in &mut self.documents {
+            document.doc.poll();
+        }
         self.take_dropped_files(&ctx);
         self.poll_screenshot();
         for command in shortcuts::pressed(&ctx) {
@@ -249,7 +249,7 @@ impl ViewerApp {
 
         crate::help::help_overlay_ui(ui, &mut self.show_help);
         file_drop_overlay_ui(&ctx);
-        if !self.jobs.is_empty() || self.documents.iter().any(|d| !d.steps_ready()) {
+        if !self.jobs.is_empty() || self.documents.iter().any(|d| !d.doc.steps_ready()) {
             // Progress bars move, and the steps arrive after the first picture, without input
             // events.
             ctx.request_repaint_after(std::time::Duration::from_millis(100));
@@ -324,7 +324,7 @@ impl ViewerApp {
     fn export_png(&mut self, ctx: &egui::Context) {
         let name = self
             .active_document()
-            .map_or("viewer".to_owned(), |d| d.name.clone());
+            .map_or("viewer".to_owned(), |d| d.doc.name.clone());
         let path = export::default_export_path(&name, "png");
         let (sender, receiver) = mpsc::channel();
         let wake = ctx.clone();
@@ -369,7 +369,7 @@ impl ViewerApp {
         let Some(doc) = self.active_document() else {
             return;
         };
-        let path = export::default_export_path(&doc.name, "svg");
+        let path = export::default_export_path(&doc.doc.name, "svg");
         let notice = match doc.timeline_svg() {
             Some(svg) => match std::fs::write(&path, svg) {
                 Ok(()) => Notice {
@@ -513,8 +513,8 @@ impl ViewerApp {
             let mut close = None;
             for (i, doc) in self.documents.iter().enumerate() {
                 let response = ui
-                    .add(egui::Button::selectable(i == self.active, &doc.name))
-                    .on_hover_text(doc.summary());
+                    .add(egui::Button::selectable(i == self.active, &doc.doc.name))
+                    .on_hover_text(doc.doc.summary());
                 if response.clicked() {
                     self.active = i;
                 }
@@ -536,7 +536,7 @@ impl ViewerApp {
         for job in &self.jobs {
             ui.horizontal(|ui| {
                 let progress = job.progress();
-                let text = format!("{} – {}", job.name, progress.stage().label());
+                let text = format!("{} – {}", job.name, progress.stage());
                 let bar = match progress.fraction() {
                     Some(f) => egui::ProgressBar::new(f).show_percentage(),
                     None => egui::ProgressBar::new(0.0).animate(true),
@@ -584,8 +584,7 @@ impl ViewerApp {
     fn main_ui(&mut self, ui: &mut egui::Ui) {
         if self.documents.is_empty() {
             let loading = self.jobs.first().and_then(|job| {
-                let progress = job.progress();
-                Some((job.name.as_str(), progress.preview()?, progress.fraction()))
+                Some((job.name.as_str(), job.preview()?, job.progress().fraction()))
             });
             match loading {
                 Some((name, preview, fraction)) => {
@@ -605,17 +604,27 @@ impl ViewerApp {
                 self.documents[active].instant_page_ui(ui);
             }
             MainView::Ranks => {
-                crate::ranks_ui::ranks_ui(ui, &self.documents, &mut self.active, &mut self.ranks)
+                let shown: Vec<_> = self.documents.iter().map(OpenDocument::shown).collect();
+                crate::ranks_ui::ranks_ui(ui, &shown, &mut self.active, &mut self.ranks)
             }
             MainView::Diff => {
-                crate::diff_ui::diff_ui(ui, &self.documents, &mut self.diff_pair);
+                let shown: Vec<_> = self.documents.iter().map(OpenDocument::shown).collect();
+                crate::diff_ui::diff_ui(ui, &shown, &mut self.diff_pair);
             }
             MainView::Allocator => {
                 let active = self.active;
-                crate::allocator_ui::allocator_page_ui(ui, &mut self.documents[active]);
+                self.documents[active].allocator_page_ui(ui);
             }
         }
     }
+}
+
+/// "Loading x" from "loading x", for the start of a sentence.
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
 }
 
 fn welcome_ui(ui: &mut egui::Ui, idle: bool) {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use memsnap_format::Snapshot;
 use memsnap_workload::{generate, TrainingRun};
 
-use crate::timeline::{timeline_ui, TimelineModel, TimelineState};
+use crate::document::TimelineModel;
+use crate::timeline::{timeline_ui, TimelineState};
 
 /// Errors a benchmark run can meet.
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +22,9 @@ pub enum BenchError {
     #[error("{0}")]
     Read(#[from] memsnap_format::FormatError),
     #[error("analysis: {0}")]
-    Analysis(String),
+    Analysis(#[source] memsnap_analysis::AnalysisError),
+    #[error("finding the site colours panicked")]
+    SitesPanicked,
     #[error("the snapshot has no device to draw")]
     NoDevice,
 }
@@ -200,7 +203,7 @@ pub fn bench_snapshot(
         .ok_or(BenchError::NoDevice)?;
     // What `Document::prepare` does: the device's timeline and its drawing indexes, the
     // sites alongside; then the picture. The steps and the profile (ranks table, diff) follow
-    // on their own thread in the viewer; here the steps are timed after the first frame, the
+    // in background jobs in the viewer; here the steps are timed after the first frame, the
     // profile after the frames.
     let rss_read = proc_status_bytes("VmRSS:");
     let peak_reset = reset_peak_rss();
@@ -210,11 +213,12 @@ pub fn bench_snapshot(
         let model = crate::document::DeviceModel::build(snapshot, device);
         (model, sites.join())
     });
-    let model = model.map_err(BenchError::Analysis)?;
-    let sites = sites.map_err(|_| BenchError::Analysis("site colours panicked".into()))?;
+    let mut model = model.map_err(BenchError::Analysis)?;
+    let sites = sites.map_err(|_| BenchError::SitesPanicked)?;
     let analysis = started.elapsed();
     let rss_analysed = proc_status_bytes("VmRSS:");
-    let timeline = &*model.timeline;
+    let timeline_arc = model.timeline.clone();
+    let timeline = &*timeline_arc;
     let mut state = TimelineState::new(timeline);
 
     let ctx = egui::Context::default();

@@ -6,8 +6,8 @@ use memsnap_analysis::sites::is_filtered_frame;
 use memsnap_analysis::{AllocId, CurveKind, Origin};
 use memsnap_format::{Snapshot, StackId};
 
+use crate::document::TimelineModel;
 use crate::steps_ui::phase_label;
-use crate::timeline::TimelineModel;
 use crate::units::{format_duration_us, format_size, format_size_exact};
 use crate::view::Selection;
 

@@ -5,7 +5,7 @@ use egui::{Pos2, Sense, Shape, Stroke};
 use memsnap_analysis::compare::diff;
 use memsnap_analysis::{LayoutRequest, Lifetime};
 
-use crate::document::Document;
+use crate::document::Shown;
 use crate::palette;
 use crate::units::{format_delta, format_size};
 
@@ -13,7 +13,7 @@ use crate::units::{format_delta, format_size};
 const TOP_SITES: usize = 15;
 
 /// The diff page; `pair` holds the indices of the two documents compared.
-pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usize)) {
+pub fn diff_ui(ui: &mut egui::Ui, documents: &[Shown<'_>], pair: &mut (usize, usize)) {
     if documents.len() < 2 {
         ui.label("Open two snapshots to compare them.");
         return;
@@ -27,10 +27,10 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
         ] {
             ui.label(label);
             egui::ComboBox::from_id_salt(id)
-                .selected_text(documents[*index].name.clone())
+                .selected_text(documents[*index].document.name.clone())
                 .show_ui(ui, |ui| {
                     for (i, d) in documents.iter().enumerate() {
-                        ui.selectable_value(index, i, d.name.clone());
+                        ui.selectable_value(index, i, d.document.name.clone());
                     }
                 })
                 .response
@@ -38,11 +38,11 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
         }
     });
     let (a, b) = (&documents[pair.0], &documents[pair.1]);
-    if let Some(e) = a.device().profile_error().or(b.device().profile_error()) {
+    if let Some(e) = a.device.profile_error().or(b.device.profile_error()) {
         ui.label(format!("Cannot summarise these files: {e}"));
         return;
     }
-    let (Some(before), Some(after)) = (a.device().profile(), b.device().profile()) else {
+    let (Some(before), Some(after)) = (a.device.profile(), b.device.profile()) else {
         // The profiles are computed after the files open; a repaint picks them up.
         ui.horizontal(|ui| {
             ui.spinner();
@@ -114,13 +114,13 @@ pub fn diff_ui(ui: &mut egui::Ui, documents: &[Document], pair: &mut (usize, usi
     }
 }
 
-fn total_plot_ui(ui: &mut egui::Ui, doc: &Document, width: f32, y_max: f64) {
+fn total_plot_ui(ui: &mut egui::Ui, doc: &Shown<'_>, width: f32, y_max: f64) {
     ui.vertical(|ui| {
-        ui.label(&doc.name);
+        ui.label(&doc.document.name);
         let (rect, response) = ui.allocate_exact_size(egui::vec2(width, 150.0), Sense::hover());
         let painter = ui.painter_at(rect);
         painter.rect_filled(rect, 0.0, ui.visuals().extreme_bg_color);
-        let timeline = &doc.device().timeline;
+        let timeline = &doc.device.timeline;
         let mut request = LayoutRequest::whole(timeline, rect.width().round().max(1.0) as u32);
         request.max_bands = 0;
         request.min_size = u64::MAX;
@@ -146,7 +146,7 @@ fn total_plot_ui(ui: &mut egui::Ui, doc: &Document, width: f32, y_max: f64) {
             egui::WidgetInfo::labeled(
                 egui::Role::Image,
                 true,
-                format!("Total memory of {}", doc.name),
+                format!("Total memory of {}", doc.document.name),
             )
         });
     });

@@ -1,19 +1,94 @@
-//! One open file: the decoded snapshot, the analysis model of each device (built on the
-//! loader thread), and each device's view state. The page functions lay out the panels; the
-//! panels themselves live in their own modules.
+//! One open file as a model, free of UI: the decoded snapshot, the analysis of each device
+//! (the picture's part built on the loader's job, the steps and profiles following in
+//! background [`Job`]s), and what the file says about itself. How it is shown (the device
+//! chosen, each panel's state, the pages) is [`crate::document_ui`]'s.
 
 use std::path::PathBuf;
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant as WallInstant};
 
+use memsnap_analysis::compare::DeviceProfile;
 use memsnap_analysis::{DeviceTimeline, StepAnalysis, StepOptions};
 use memsnap_format::io::Detected;
 use memsnap_format::Snapshot;
 
-use crate::loader::{LoadProgress, LoadedSnapshot};
-use crate::shortcuts::Command;
+use crate::job::{self, Job, JobError};
+use crate::loader::LoadedSnapshot;
 use crate::units::format_size;
-use crate::view::Selection;
+
+/// What the timeline and the allocation details read of one device: borrowed from a
+/// [`Document`] and its [`DeviceModel`].
+pub struct TimelineModel<'a> {
+    pub snapshot: &'a Snapshot,
+    pub timeline: &'a DeviceTimeline,
+    pub steps: &'a StepAnalysis,
+    /// The user-code site of each stack (band colours in [`memsnap_plot::ColourBy::Site`], labels).
+    pub sites: &'a memsnap_plot::sites::StackSites,
+}
+
+impl TimelineModel<'_> {
+    /// What the scene is built from.
+    pub fn scene(&self) -> memsnap_plot::scene::SceneModel<'_> {
+        memsnap_plot::scene::SceneModel {
+            timeline: self.timeline,
+            steps: self.steps,
+            sites: self.sites,
+        }
+    }
+}
+
+/// Why a file's snapshot cannot be shown.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DocumentError {
+    /// Every device failed its analysis; `device` is the first of them, `source` why.
+    #[error("no device could be analysed (device {device}: {source})")]
+    NoDeviceAnalysed {
+        device: i64,
+        #[source]
+        source: memsnap_analysis::AnalysisError,
+    },
+    #[error("the snapshot has no trace entries and no segments")]
+    Empty,
+}
+
+/// A result computed after the picture is up: pending, then ready or failed.
+#[derive(Debug, Default)]
+pub enum Later<T> {
+    #[default]
+    Pending,
+    Ready(T),
+    /// Shared: a job that failed as a whole fails every device's result.
+    Failed(Arc<JobError>),
+}
+
+impl<T> Later<T> {
+    pub fn ready(&self) -> Option<&T> {
+        match self {
+            Later::Ready(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub fn error(&self) -> Option<&JobError> {
+        match self {
+            Later::Failed(e) => Some(&**e),
+            _ => None,
+        }
+    }
+
+    /// Whether it is computed, or failed.
+    pub fn is_done(&self) -> bool {
+        !matches!(self, Later::Pending)
+    }
+
+    fn from_result(result: Result<T, Arc<JobError>>) -> Self {
+        match result {
+            Ok(value) => Later::Ready(value),
+            Err(e) => Later::Failed(e),
+        }
+    }
+}
 
 /// The analysis model of one device: built once, read by every panel.
 pub struct DeviceModel {
@@ -21,64 +96,67 @@ pub struct DeviceModel {
     pub timeline: Arc<DeviceTimeline>,
     /// Steps, phases and categories: computed after the picture is up (the bands do not need
     /// them; the step marks, phase shading and the steps table appear when they are ready).
-    steps: Arc<OnceLock<StepAnalysis>>,
+    steps: Later<Arc<StepAnalysis>>,
     /// Summary and per-site bytes, for the ranks table and the diff: computed after the
-    /// picture is up (it costs as much as the rest of the analysis), see [`Document::prepare`].
-    profile: Arc<OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>>,
+    /// steps (it costs as much as the rest of the analysis), see [`Document::prepare`].
+    profile: Later<DeviceProfile>,
 }
 
 impl DeviceModel {
     /// The timeline with its drawing indexes: what the first picture needs. The steps follow
     /// ([`DeviceModel::compute_steps`]).
-    pub fn build(snapshot: &Snapshot, device: i64) -> Result<DeviceModel, String> {
-        let timeline =
-            DeviceTimeline::build_for_drawing(snapshot, device).map_err(|e| e.to_string())?;
+    pub fn build(
+        snapshot: &Snapshot,
+        device: i64,
+    ) -> Result<DeviceModel, memsnap_analysis::AnalysisError> {
         Ok(DeviceModel {
             device,
-            timeline: Arc::new(timeline),
-            steps: Arc::default(),
-            profile: Arc::default(),
+            timeline: Arc::new(DeviceTimeline::build_for_drawing(snapshot, device)?),
+            steps: Later::Pending,
+            profile: Later::Pending,
         })
     }
 
     /// The steps, phases and categories; no steps and no categories while they are being
-    /// computed (see [`DeviceModel::steps_ready`]).
+    /// computed or when finding them failed (see [`DeviceModel::steps_ready`],
+    /// [`DeviceModel::steps_error`]).
     pub fn steps(&self) -> &StepAnalysis {
         static PENDING: LazyLock<StepAnalysis> = LazyLock::new(pending_steps);
-        self.steps.get().unwrap_or(&PENDING)
+        self.steps.ready().map_or(&PENDING, |s| s)
     }
 
-    /// Whether the steps are computed.
+    /// Whether the steps are computed (or failed).
     pub fn steps_ready(&self) -> bool {
-        self.steps.get().is_some()
+        self.steps.is_done()
     }
 
-    /// Computes the steps now (when they are not yet).
-    pub fn compute_steps(&self) {
-        compute_steps(&self.timeline, &self.steps);
+    /// Why the steps could not be found.
+    pub fn steps_error(&self) -> Option<&JobError> {
+        self.steps.error()
+    }
+
+    /// Computes the steps here and now (when they are not yet): benchmarks and tests.
+    pub fn compute_steps(&mut self) {
+        if !self.steps.is_done() {
+            self.steps =
+                Later::from_result(find_steps(self.device, &self.timeline).map_err(Arc::new));
+        }
     }
 
     /// The summary and per-site bytes, once computed (`None` before, or when computing it
     /// failed: see [`DeviceModel::profile_error`]).
-    pub fn profile(&self) -> Option<&memsnap_analysis::compare::DeviceProfile> {
-        self.profile.get().and_then(|p| p.as_ref().ok())
+    pub fn profile(&self) -> Option<&DeviceProfile> {
+        self.profile.ready()
     }
 
     /// Why the profile could not be computed.
-    pub fn profile_error(&self) -> Option<&str> {
-        self.profile
-            .get()
-            .and_then(|p| p.as_ref().err().map(String::as_str))
+    pub fn profile_error(&self) -> Option<&JobError> {
+        self.profile.error()
     }
 
-    /// Whether the steps and the profile are computed (or the profile failed).
+    /// Whether the steps and the profile are computed (or failed).
     pub fn profile_done(&self) -> bool {
-        self.steps_ready() && self.profile.get().is_some()
-    }
-
-    /// Computes the profile now (when it is not yet).
-    fn compute_profile(&self, snapshot: &Snapshot) {
-        compute_profile(snapshot, &self.timeline, &self.steps, &self.profile);
+        self.steps_ready() && self.profile.is_done()
     }
 }
 
@@ -94,59 +172,68 @@ fn pending_steps() -> StepAnalysis {
     }
 }
 
-fn compute_steps(timeline: &DeviceTimeline, cell: &OnceLock<StepAnalysis>) {
-    cell.get_or_init(|| {
-        // Off the loader thread, a panic must cost only the steps (none are shown).
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            timeline.steps(&StepOptions::default())
-        }))
-        .unwrap_or_else(|_| pending_steps())
-    });
+/// The steps of one device; a panic costs only these steps.
+fn find_steps(device: i64, timeline: &DeviceTimeline) -> Result<Arc<StepAnalysis>, JobError> {
+    job::catch(&format!("finding the steps of device {device}"), || {
+        Arc::new(timeline.steps(&StepOptions::default()))
+    })
 }
 
-fn compute_profile(
+/// The profile of one device; a panic costs only this profile.
+fn profile(
     snapshot: &Snapshot,
+    device: i64,
     timeline: &DeviceTimeline,
-    steps: &OnceLock<StepAnalysis>,
-    cell: &OnceLock<Result<memsnap_analysis::compare::DeviceProfile, String>>,
+    steps: Option<&StepAnalysis>,
+) -> Result<DeviceProfile, JobError> {
+    job::catch(&format!("summarising device {device}"), || {
+        // The summary's steps are the model's (both `StepOptions::default()`): found once,
+        // not again for the summary.
+        let options = memsnap_analysis::SummaryOptions::default();
+        match steps {
+            Some(steps) => memsnap_analysis::compare::device_profile_with_steps(
+                snapshot, timeline, &options, steps,
+            ),
+            None => memsnap_analysis::compare::device_profile(snapshot, timeline, &options),
+        }
+    })
+}
+
+/// Puts a background job's per-device results in their slots; a job that failed as a whole
+/// (no thread) fails every device.
+fn fill<'a, T: 'a>(
+    slots: impl Iterator<Item = &'a mut Later<T>>,
+    result: Result<Vec<Result<T, JobError>>, JobError>,
 ) {
-    cell.get_or_init(|| {
-        // Off the loader thread, a panic must still cost only this summary.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // The summary's steps are the model's (both `StepOptions::default()`): found
-            // once, not again for the summary.
-            let options = memsnap_analysis::SummaryOptions::default();
-            match steps.get() {
-                Some(steps) => memsnap_analysis::compare::device_profile_with_steps(
-                    snapshot, timeline, &options, steps,
-                ),
-                None => memsnap_analysis::compare::device_profile(snapshot, timeline, &options),
+    match result {
+        Ok(results) => {
+            for (slot, result) in slots.zip(results) {
+                *slot = Later::from_result(result.map_err(Arc::new));
             }
-        }))
-        .map_err(|panic| crate::loader::panic_message(&*panic))
-    });
-}
-
-/// Everything the user changed about how one device is shown.
-pub struct DeviceState {
-    pub timeline: crate::timeline::TimelineState,
-    pub steps: crate::steps_ui::StepsState,
-    pub instant: crate::instant_ui::InstantState,
-    /// The hovered and pinned allocation and the instant cursor, shared by the panels.
-    pub selection: Selection,
-    pub allocator: crate::allocator_ui::AllocatorState,
-}
-
-impl DeviceState {
-    pub fn new(model: &DeviceModel) -> Self {
-        DeviceState {
-            timeline: crate::timeline::TimelineState::new(&model.timeline),
-            steps: crate::steps_ui::StepsState::default(),
-            instant: crate::instant_ui::InstantState::default(),
-            selection: Selection::default(),
-            allocator: Default::default(),
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for slot in slots {
+                *slot = Later::Failed(e.clone());
+            }
         }
     }
+}
+
+/// The analysis that follows the first picture, one job at a time: the steps of every device
+/// first (the timeline's marks and the steps table wait for them), then the profiles (the
+/// ranks table and the diff), which reuse the steps.
+enum Background {
+    Steps(Job<Vec<Result<Arc<StepAnalysis>, JobError>>>),
+    Profiles(Job<Vec<Result<DeviceProfile, JobError>>>),
+    Done,
+}
+
+/// A file with the device it shows: what the pages comparing files (ranks, diff) read.
+#[derive(Clone, Copy)]
+pub struct Shown<'a> {
+    pub document: &'a Document,
+    pub device: &'a DeviceModel,
 }
 
 /// An open snapshot file.
@@ -163,32 +250,33 @@ pub struct Document {
     pub sites: memsnap_plot::sites::StackSites,
     /// Devices with a trace or segments, ascending.
     pub devices: Vec<DeviceModel>,
-    pub states: Vec<DeviceState>,
-    /// Index into `devices` of the device shown.
-    pub device_index: usize,
+    /// The device to show first: the one with the longest trace, as in PyTorch's viewer.
+    pub default_device: usize,
     /// Devices that could not be analysed (the others still show).
     pub device_errors: Vec<String>,
-    /// The thread computing the devices' profiles after the document is shown.
-    profiles: Option<std::thread::JoinHandle<()>>,
+    background: Background,
+    /// Asked to redraw when a background job is done.
+    repaint: Option<egui::Context>,
 }
 
 impl Document {
-    /// Builds the analysis of every device; runs on the loader thread.
+    /// Builds what the picture of every device needs (runs on the loader's job), and starts
+    /// the steps in the background; `repaint` is asked to redraw as they arrive.
     pub fn prepare(
         id: u64,
         loaded: LoadedSnapshot,
-        _progress: &LoadProgress,
-    ) -> Result<Document, String> {
+        repaint: Option<egui::Context>,
+    ) -> Result<Document, DocumentError> {
         let started = WallInstant::now();
         let snapshot = loaded.snapshot;
         let mut devices = Vec::new();
-        let mut device_errors = Vec::new();
+        let mut failures = Vec::new();
         let sites = std::thread::scope(|scope| {
             let sites = scope.spawn(|| memsnap_plot::sites::StackSites::new(&snapshot));
             for device in DeviceTimeline::devices(&snapshot) {
                 match DeviceModel::build(&snapshot, device) {
                     Ok(model) => devices.push(model),
-                    Err(e) => device_errors.push(format!("device {device}: {e}")),
+                    Err(e) => failures.push((device, e)),
                 }
             }
             sites
@@ -196,39 +284,22 @@ impl Document {
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         });
         if devices.is_empty() {
-            return Err(match device_errors.first() {
-                Some(e) => format!("no device could be analysed ({e})"),
-                None => "the snapshot has no trace entries and no segments".into(),
+            return Err(match failures.into_iter().next() {
+                Some((device, source)) => DocumentError::NoDeviceAnalysed { device, source },
+                None => DocumentError::Empty,
             });
         }
-        // PyTorch's viewer starts on the device with the longest trace; so do we.
-        let default_device = DeviceTimeline::default_device(&snapshot);
-        let device_index = devices
+        let device_errors = failures
             .iter()
-            .position(|d| Some(d.timeline.device()) == default_device)
-            .unwrap_or(0);
-        let states = devices.iter().map(DeviceState::new).collect();
-        let snapshot = Arc::new(snapshot);
-        // The steps (marks, phases, the steps table), the ranks table and the diff need each
-        // device's steps and profile; the picture does not, so they are computed on their own
-        // thread while the timeline is already on screen: the steps of every device first.
-        let work: Vec<_> = devices
-            .iter()
-            .map(|d| (d.timeline.clone(), d.steps.clone(), d.profile.clone()))
+            .map(|(device, e)| format!("device {device}: {e}"))
             .collect();
-        let for_profiles = snapshot.clone();
-        let profiles = std::thread::Builder::new()
-            .name(format!("profile {}", loaded.name))
-            .spawn(move || {
-                for (timeline, steps, _) in &work {
-                    compute_steps(timeline, steps);
-                }
-                for (timeline, steps, profile) in &work {
-                    compute_profile(&for_profiles, timeline, steps, profile);
-                }
-            })
-            .ok();
-        Ok(Document {
+        // PyTorch's viewer starts on the device with the longest trace; so do we.
+        let longest = DeviceTimeline::default_device(&snapshot);
+        let default_device = devices
+            .iter()
+            .position(|d| Some(d.timeline.device()) == longest)
+            .unwrap_or(0);
+        let mut document = Document {
             id,
             name: loaded.name,
             path: loaded.path,
@@ -236,14 +307,96 @@ impl Document {
             file_bytes: loaded.file_bytes,
             decode_time: loaded.decode_time,
             analysis_time: started.elapsed(),
-            snapshot,
+            snapshot: Arc::new(snapshot),
             sites,
             devices,
-            states,
-            device_index,
+            default_device,
             device_errors,
-            profiles,
-        })
+            background: Background::Done,
+            repaint,
+        };
+        document.start_steps();
+        Ok(document)
+    }
+
+    fn start_steps(&mut self) {
+        let work: Vec<_> = self
+            .devices
+            .iter()
+            .map(|d| (d.device, d.timeline.clone()))
+            .collect();
+        self.background = Background::Steps(Job::spawn(
+            format!("steps of {}", self.name),
+            self.repaint.clone(),
+            move |_| {
+                Ok(work
+                    .iter()
+                    .map(|(device, timeline)| find_steps(*device, timeline))
+                    .collect())
+            },
+        ));
+    }
+
+    fn start_profiles(&mut self) {
+        let snapshot = self.snapshot.clone();
+        let work: Vec<_> = self
+            .devices
+            .iter()
+            .map(|d| (d.device, d.timeline.clone(), d.steps.ready().cloned()))
+            .collect();
+        self.background = Background::Profiles(Job::spawn(
+            format!("profiles of {}", self.name),
+            self.repaint.clone(),
+            move |_| {
+                Ok(work
+                    .iter()
+                    .map(|(device, timeline, steps)| {
+                        profile(&snapshot, *device, timeline, steps.as_deref())
+                    })
+                    .collect())
+            },
+        ));
+    }
+
+    /// Takes what the background jobs have finished, starting the profiles when the steps
+    /// are in. With `block`, waits for all of it.
+    fn take_background(&mut self, block: bool) {
+        loop {
+            match std::mem::replace(&mut self.background, Background::Done) {
+                Background::Steps(job) => match if block { Some(job.wait()) } else { job.poll() } {
+                    Some(result) => {
+                        fill(self.devices.iter_mut().map(|d| &mut d.steps), result);
+                        self.start_profiles();
+                    }
+                    None => {
+                        self.background = Background::Steps(job);
+                        return;
+                    }
+                },
+                Background::Profiles(job) => {
+                    match if block { Some(job.wait()) } else { job.poll() } {
+                        Some(result) => {
+                            fill(self.devices.iter_mut().map(|d| &mut d.profile), result);
+                        }
+                        None => {
+                            self.background = Background::Profiles(job);
+                            return;
+                        }
+                    }
+                }
+                Background::Done => return,
+            }
+        }
+    }
+
+    /// Takes what the background analysis has finished; the UI calls it once a frame.
+    pub fn poll(&mut self) {
+        self.take_background(false);
+    }
+
+    /// Waits for the steps and profiles of every device (tests, benchmarks, screenshots).
+    pub fn wait_for_profiles(&mut self) {
+        self.take_background(true);
     }
 
     /// Whether every device's steps are computed (they follow the first picture).
@@ -254,30 +407,6 @@ impl Document {
     /// Whether every device's profile is computed.
     pub fn profiles_ready(&self) -> bool {
         self.devices.iter().all(DeviceModel::profile_done)
-    }
-
-    /// Waits for the profiles (tests, benchmarks, screenshots); computes them here if their
-    /// thread could not start or died.
-    pub fn wait_for_profiles(&mut self) {
-        if let Some(handle) = self.profiles.take() {
-            let _ = handle.join();
-        }
-        for d in &self.devices {
-            d.compute_steps();
-            d.compute_profile(&self.snapshot);
-        }
-    }
-
-    pub fn device(&self) -> &DeviceModel {
-        &self.devices[self.device_index]
-    }
-
-    pub fn state(&self) -> &DeviceState {
-        &self.states[self.device_index]
-    }
-
-    pub fn state_mut(&mut self) -> &mut DeviceState {
-        &mut self.states[self.device_index]
     }
 
     /// A tooltip line about the file.
@@ -301,172 +430,6 @@ impl Document {
             self.analysis_time.as_secs_f64(),
         )
     }
-
-    /// Applies a keyboard command meant for the document shown; zoom and pan commands only
-    /// when its timeline is on screen.
-    pub fn run_command(&mut self, command: Command, timeline_shown: bool) {
-        let i = self.device_index;
-        let model = &self.devices[i];
-        let state = &mut self.states[i];
-        match command {
-            Command::PreviousStep | Command::NextStep => {
-                let forward = command == Command::NextStep;
-                if let Some(step) = state.steps.step_after(model.steps(), forward) {
-                    state.steps.select_step(step);
-                    state.steps.scroll_to_selected = true;
-                    state
-                        .timeline
-                        .zoom_to_step(&model.timeline, &model.steps().steps[step]);
-                }
-            }
-            Command::JumpToPeak => {
-                state.selection.cursor =
-                    Some(model.timeline.resolve(memsnap_analysis::Instant::Peak));
-            }
-            Command::Unpin => state.selection.pinned = None,
-            other if timeline_shown => state.timeline.run_command(other),
-            _ => {}
-        }
-    }
-
-    /// The timeline last drawn, as SVG.
-    pub fn timeline_svg(&self) -> Option<String> {
-        self.state().timeline.last_svg()
-    }
-
-    /// The timeline page: controls, the plot with its overview, the steps table and details.
-    pub fn timeline_page_ui(&mut self, ui: &mut egui::Ui) {
-        self.device_bar_ui(ui);
-        let i = self.device_index;
-        let model = &self.devices[i];
-        let state = &mut self.states[i];
-        let snapshot = &self.snapshot;
-        let timeline_model = crate::timeline::TimelineModel {
-            snapshot,
-            timeline: &model.timeline,
-            steps: model.steps(),
-            sites: &self.sites,
-        };
-        crate::timeline::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
-        if model.steps_ready() {
-            crate::steps_ui::drift_banner_ui(ui, model.steps());
-        }
-
-        egui::Panel::right("details_panel")
-            .resizable(true)
-            .default_size(340.0)
-            .show(ui, |ui| {
-                crate::details_ui::details_ui(ui, &timeline_model, &mut state.selection);
-            });
-        egui::Panel::bottom("steps_panel")
-            .resizable(true)
-            .default_size(220.0)
-            .show(ui, |ui| {
-                if !model.steps_ready() {
-                    ui.add(egui::Spinner::new());
-                    ui.label("Finding the training steps…");
-                } else if let Some((start, end)) =
-                    crate::steps_ui::steps_ui(ui, model.steps(), &mut state.steps)
-                {
-                    state.timeline.zoom_to_events(&model.timeline, start, end);
-                }
-            });
-        egui::CentralPanel::default().show(ui, |ui| {
-            crate::timeline::legend_ui(ui, &timeline_model, &state.timeline);
-            crate::timeline::timeline_ui(
-                ui,
-                &timeline_model,
-                &mut state.timeline,
-                &mut state.selection,
-            );
-        });
-    }
-
-    /// The "at an instant" page: the live set and the segments at the cursor (or the peak).
-    pub fn instant_page_ui(&mut self, ui: &mut egui::Ui) {
-        self.device_bar_ui(ui);
-        let i = self.device_index;
-        let model = &self.devices[i];
-        let state = &mut self.states[i];
-        let at = match state.selection.cursor {
-            Some(event) => memsnap_analysis::Instant::Event(event),
-            None => memsnap_analysis::Instant::Peak,
-        };
-        let instant_model = crate::instant_ui::InstantModel {
-            snapshot: &self.snapshot,
-            sites: &self.sites,
-            timeline: &model.timeline,
-            at,
-            min_size: state.timeline.min_size,
-        };
-        crate::instant_ui::instant_ui(ui, &instant_model, &mut state.instant);
-    }
-
-    /// Device selector plus what the file says about truncation and errors.
-    pub(crate) fn device_bar_ui(&mut self, ui: &mut egui::Ui) {
-        ui.horizontal(|ui| {
-            if self.devices.len() > 1 {
-                let current = self.devices[self.device_index].device;
-                egui::ComboBox::from_id_salt(("device", self.id))
-                    .selected_text(format!("cuda:{current}"))
-                    .show_ui(ui, |ui| {
-                        for (i, d) in self.devices.iter().enumerate() {
-                            ui.selectable_value(
-                                &mut self.device_index,
-                                i,
-                                format!(
-                                    "cuda:{} ({} entries)",
-                                    d.device,
-                                    d.timeline.replay().trace_len
-                                ),
-                            );
-                        }
-                    })
-                    .response
-                    .on_hover_text("Which GPU of this file to show");
-            } else {
-                ui.label(format!("cuda:{}", self.device().device))
-                    .on_hover_text("The only device in this file");
-            }
-            let replay = self.device().timeline.replay();
-            if replay.truncated {
-                let mut text = format!(
-                    "History starts mid-run: {} in {} allocations from before the recorded window",
-                    format_size(replay.before_window_bytes),
-                    replay.before_window_allocations
-                );
-                if let Some(dropped) = replay.dropped_entries {
-                    text.push_str(&format!(", {dropped} entries dropped by the ring buffer"));
-                }
-                if replay.unattributed_bytes > 0 {
-                    text.push_str(&format!(
-                        ", of which {} before the profile, unattributed (counted by {}, in no block)",
-                        format_size(replay.unattributed_bytes),
-                        replay.source.as_deref().unwrap_or("the source")
-                    ));
-                }
-                ui.label(
-                    egui::RichText::new("history truncated")
-                        .color(crate::palette::color32(crate::palette::WARNING)),
-                )
-                .on_hover_text(text);
-            }
-            if replay.anomaly_count > 0 {
-                let mut text = format!(
-                    "{} inconsistent events were accounted for:",
-                    replay.anomaly_count
-                );
-                for a in replay.anomalies.iter().take(10) {
-                    text.push_str(&format!("\nevent {}: {}", a.event, a.what));
-                }
-                ui.label(format!("{} anomalies", replay.anomaly_count))
-                    .on_hover_text(text);
-            }
-            for e in &self.device_errors {
-                ui.label(egui::RichText::new(e).color(ui.visuals().error_fg_color));
-            }
-        });
-    }
 }
 
 #[cfg(test)]
@@ -477,7 +440,7 @@ mod tests {
     #[test]
     fn the_picture_is_built_without_the_steps_and_they_arrive_complete() {
         let (snapshot, _) = generate(&TrainingRun::default());
-        let model = DeviceModel::build(&snapshot, 0).expect("model");
+        let mut model = DeviceModel::build(&snapshot, 0).expect("model");
         // What the first picture needs is there; the steps are not yet.
         assert!(!model.timeline.by_size_desc().is_empty());
         assert!(!model.steps_ready());

@@ -9,8 +9,11 @@
 //! layouts) come from the analysis crate, never from UI code.
 //!
 //! * [`app`]: files, loading, messages and the frame layout.
-//! * [`loader`]: background reading and decoding with progress and cancel.
-//! * [`document`]: one open file, its analysis and its view state.
+//! * [`job`]: the one way work runs in the background (progress, cancel, panics as errors).
+//! * [`loader`]: reading and decoding a file in a job.
+//! * [`document`]: one open file's model: its snapshot and analysis, free of UI.
+//! * [`document_ui`]: how an open file is shown: the device chosen, each panel's state, the
+//!   pages that lay the panels out.
 //! * [`timeline_ui`], [`steps_ui`], [`details_ui`], [`instant_ui`], [`ranks_ui`],
 //!   [`diff_ui`], [`allocator_ui`] (over [`allocator`]): the panels.
 //! * [`view`]: zoom and pan arithmetic. [`units`]: human sizes. [`export`]: PNG and SVG.
@@ -22,9 +25,11 @@ pub mod bench;
 pub mod details_ui;
 pub mod diff_ui;
 pub mod document;
+pub mod document_ui;
 pub mod export;
 pub mod help;
 pub mod instant_ui;
+pub mod job;
 pub mod loader;
 pub mod palette;
 pub mod ranks_ui;

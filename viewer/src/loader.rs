@@ -1,14 +1,13 @@
-//! Background loading: each file is read, decoded and prepared on its own thread, with
+//! Background loading: each file is read, decoded and prepared in its own [`Job`], with
 //! progress the UI can show and a flag that cancels it. The UI thread never blocks on a file.
 //!
 //! Which reader a file needs is not decided here: every file is opened by
 //! `memsnap_converters::OpenOptions`, as the `memsnap` commands open it. This module keeps
 //! the UI's side only: the thread, the stage and fraction shown, the preview drawn while a
-//! pickle loads, cancelling, and handing the result (or one `LoadError`) to the app.
+//! pickle loads, and the kinds of failure (`LoadError`). The thread, cancelling, panics and
+//! handing the result to the app are the [`crate::job`] every background task uses.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,8 @@ use egui::DroppedFileHandle;
 use memsnap_converters::{ConvertError, Failure, OpenOptions};
 use memsnap_format::io::Detected;
 use memsnap_format::{Action, Snapshot, TraceEntry};
+
+use crate::job::{Job, JobError, Progress};
 
 /// Where a snapshot comes from.
 #[derive(Clone, Debug)]
@@ -71,6 +72,7 @@ pub struct LoadedSnapshot {
 }
 
 /// Why a file did not open. Every variant names the file; decode errors also say where in it.
+/// (A panic or a cancel is the job's to report: [`crate::job::JobError`].)
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
@@ -86,12 +88,15 @@ pub enum LoadError {
     /// says what is missing.
     #[error("{name}: {what}")]
     Import { name: String, what: String },
-    #[error("{name}: {what}")]
-    Prepare { name: String, what: String },
+    /// The decoded snapshot could not be prepared for showing (no device to analyse, ...).
+    #[error("{name}: {source}")]
+    Prepare {
+        name: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("loading {name} was cancelled")]
     Cancelled { name: String },
-    #[error("loading {name} failed unexpectedly: {what}")]
-    Crashed { name: String, what: String },
 }
 
 impl LoadError {
@@ -116,33 +121,27 @@ impl LoadError {
     }
 }
 
-/// The stage a load is in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    Reading,
-    Decoding,
-    Analysing,
-}
+/// The stages a load goes through, as [`Progress::stage`] names them.
+pub const READING: &str = "reading";
+pub const DECODING: &str = "decoding";
+pub const ANALYSING: &str = "analysing";
 
-impl Stage {
-    pub fn label(self) -> &'static str {
-        match self {
-            Stage::Reading => "reading",
-            Stage::Decoding => "decoding",
-            Stage::Analysing => "analysing",
+/// The picture of what has been read so far (pickles only), replaced at each progress tick
+/// (about every MiB); the loading screen draws it.
+#[derive(Debug, Default)]
+pub struct PreviewSlot(Mutex<Option<LoadPreview>>);
+
+impl PreviewSlot {
+    /// The picture of what has been read so far, while a pickle is being read.
+    pub fn get(&self) -> Option<LoadPreview> {
+        self.0.lock().ok().and_then(|p| p.clone())
+    }
+
+    fn set(&self, preview: &LoadPreview) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(preview.clone());
         }
     }
-}
-
-/// Progress shared between a worker and the UI.
-#[derive(Debug, Default)]
-pub struct LoadProgress {
-    done: AtomicU64,
-    total: AtomicU64,
-    stage: AtomicU8,
-    /// The picture of what has been read so far (pickles only), replaced at each progress
-    /// tick (about every MiB).
-    preview: Mutex<Option<LoadPreview>>,
 }
 
 /// What a pickle being read shows before it is done: the bytes in use (allocations minus
@@ -212,146 +211,74 @@ impl LoadPreview {
     }
 }
 
-impl LoadProgress {
-    fn set(&self, stage: Stage, done: u64, total: u64) {
-        self.stage.store(stage as u8, Ordering::Relaxed);
-        self.done.store(done, Ordering::Relaxed);
-        self.total.store(total, Ordering::Relaxed);
+/// One file being loaded in the background: a [`Job`] that reads, decodes and prepares it,
+/// and the preview it draws meanwhile.
+pub struct LoadJob<T> {
+    pub id: u64,
+    pub name: String,
+    job: Job<T, LoadError>,
+    preview: Arc<PreviewSlot>,
+}
+
+impl<T: Send + 'static> LoadJob<T> {
+    /// Starts reading `source` in the background. `prepare` runs on the job's thread after
+    /// decoding (building the analysis); `repaint` is asked to redraw when the result is
+    /// ready.
+    pub fn spawn<E>(
+        id: u64,
+        source: Source,
+        repaint: Option<egui::Context>,
+        prepare: impl FnOnce(LoadedSnapshot) -> Result<T, E> + Send + 'static,
+    ) -> Self
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let name = source.display_name();
+        let preview = Arc::new(PreviewSlot::default());
+        let slot = preview.clone();
+        let job = Job::spawn(format!("loading {name}"), repaint, move |progress| {
+            let loaded = load(&source, progress, &slot)?;
+            progress.set(ANALYSING, 0, 0);
+            let name = loaded.name.clone();
+            prepare(loaded).map_err(|e| LoadError::Prepare {
+                name,
+                source: e.into(),
+            })
+        });
+        LoadJob {
+            id,
+            name,
+            job,
+            preview,
+        }
     }
 
-    pub fn stage(&self) -> Stage {
-        match self.stage.load(Ordering::Relaxed) {
-            0 => Stage::Reading,
-            1 => Stage::Decoding,
-            _ => Stage::Analysing,
-        }
+    /// Asks the job to stop; it reports [`JobError::Cancelled`] soon after.
+    pub fn cancel(&self) {
+        self.job.cancel();
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.job.is_cancelled()
+    }
+
+    pub fn progress(&self) -> &Progress {
+        self.job.progress()
     }
 
     /// The picture of what has been read so far, while a pickle is being read.
     pub fn preview(&self) -> Option<LoadPreview> {
-        self.preview.lock().ok().and_then(|p| p.clone())
+        self.preview.get()
     }
 
-    fn set_preview(&self, preview: &LoadPreview) {
-        if let Ok(mut slot) = self.preview.lock() {
-            *slot = Some(preview.clone());
-        }
+    /// The result, once the job is done.
+    pub fn poll(&self) -> Option<Result<T, JobError<LoadError>>> {
+        self.job.poll()
     }
 
-    /// Fraction done in the current stage, or `None` when unknown.
-    pub fn fraction(&self) -> Option<f32> {
-        let total = self.total.load(Ordering::Relaxed);
-        let done = self.done.load(Ordering::Relaxed);
-        (total > 0).then(|| (done as f64 / total as f64).clamp(0.0, 1.0) as f32)
-    }
-}
-
-/// One file being loaded in the background.
-pub struct LoadJob<T> {
-    pub id: u64,
-    pub name: String,
-    pub started: Instant,
-    progress: Arc<LoadProgress>,
-    cancel: Arc<AtomicBool>,
-    receiver: mpsc::Receiver<Result<T, LoadError>>,
-}
-
-impl<T: Send + 'static> LoadJob<T> {
-    /// Starts reading `source` on a new thread. `prepare` runs on that thread after decoding
-    /// (building the analysis), and `wake` is called when the result is ready so the UI can
-    /// repaint.
-    pub fn spawn(
-        id: u64,
-        source: Source,
-        wake: impl Fn() + Send + 'static,
-        prepare: impl FnOnce(LoadedSnapshot, &LoadProgress) -> Result<T, String> + Send + 'static,
-    ) -> Self {
-        let name = source.display_name();
-        let progress = Arc::new(LoadProgress::default());
-        let cancel = Arc::new(AtomicBool::new(false));
-        let (sender, receiver) = mpsc::channel();
-        let job = LoadJob {
-            id,
-            name: name.clone(),
-            started: Instant::now(),
-            progress: progress.clone(),
-            cancel: cancel.clone(),
-            receiver,
-        };
-        let spawned = std::thread::Builder::new()
-            .name(format!("load {name}"))
-            .spawn(move || {
-                // A panic in a decoder must cost one file, not the app.
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let loaded = load(&source, &progress, &cancel)?;
-                    progress.set(Stage::Analysing, 0, 0);
-                    let name = loaded.name.clone();
-                    prepare(loaded, &progress).map_err(|what| LoadError::Prepare { name, what })
-                }))
-                .unwrap_or_else(|panic| {
-                    Err(LoadError::Crashed {
-                        name: source.display_name(),
-                        what: panic_message(&*panic),
-                    })
-                });
-                let _ = sender.send(result);
-                wake();
-            });
-        if let Err(e) = spawned {
-            // No thread: report it through the channel the UI polls anyway.
-            let (sender, receiver) = mpsc::channel();
-            let _ = sender.send(Err(LoadError::Crashed {
-                name: job.name.clone(),
-                what: format!("cannot start a loader thread: {e}"),
-            }));
-            return LoadJob { receiver, ..job };
-        }
-        job
-    }
-
-    /// Asks the worker to stop; it reports [`LoadError::Cancelled`] soon after.
-    pub fn cancel(&self) {
-        self.cancel.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed)
-    }
-
-    pub fn progress(&self) -> &LoadProgress {
-        &self.progress
-    }
-
-    /// The result, once the worker is done.
-    pub fn poll(&self) -> Option<Result<T, LoadError>> {
-        match self.receiver.try_recv() {
-            Ok(result) => Some(result),
-            Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => Some(Err(LoadError::Crashed {
-                name: self.name.clone(),
-                what: "the loader thread ended without a result".into(),
-            })),
-        }
-    }
-
-    /// Blocks until the worker is done (tests and headless runs).
-    pub fn wait(&self) -> Result<T, LoadError> {
-        self.receiver.recv().unwrap_or_else(|_| {
-            Err(LoadError::Crashed {
-                name: self.name.clone(),
-                what: "the loader thread ended without a result".into(),
-            })
-        })
-    }
-}
-
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "panic".to_owned()
+    /// Blocks until the job is done (tests and headless runs).
+    pub fn wait(self) -> Result<T, JobError<LoadError>> {
+        self.job.wait()
     }
 }
 
@@ -360,11 +287,12 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// only what the UI shows: the stage, the fraction done and the preview.
 pub fn load(
     source: &Source,
-    progress: &LoadProgress,
-    cancel: &AtomicBool,
+    progress: &Progress,
+    preview_slot: &PreviewSlot,
 ) -> Result<LoadedSnapshot, LoadError> {
     let name = source.display_name();
     let started = Instant::now();
+    progress.set(READING, 0, 0);
     /// Where the bytes come from: a file is opened by its path (a pickle is streamed, never
     /// held whole, so a 1 GB file needs no extra GB), other sources are already in memory.
     enum Input {
@@ -385,7 +313,7 @@ pub fn load(
         ),
         Source::Bytes { bytes, .. } => Input::Memory(bytes.clone()),
     };
-    if cancel.load(Ordering::Relaxed) {
+    if progress.is_cancelled() {
         return Err(LoadError::Cancelled { name });
     }
     // The entries read so far, drawn by the UI while the rest loads.
@@ -393,27 +321,27 @@ pub fn load(
     let mut in_use = 0i64;
     let options = OpenOptions::new()
         .progress(|done, total| {
-            progress.set(Stage::Decoding, done, total);
-            !cancel.load(Ordering::Relaxed)
+            progress.set(DECODING, done, total);
+            !progress.is_cancelled()
         })
         .preview(move |entries| {
             in_use = preview.extend(entries, in_use);
-            progress.set_preview(&preview);
+            preview_slot.set(&preview);
         });
     let (opened, file_bytes) = match &input {
         Input::File(path) => {
             let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
-            progress.set(Stage::Decoding, 0, file_bytes);
+            progress.set(DECODING, 0, file_bytes);
             (options.open(path), file_bytes)
         }
         Input::Memory(bytes) => {
             let file_bytes = bytes.len() as u64;
-            progress.set(Stage::Decoding, 0, file_bytes);
+            progress.set(DECODING, 0, file_bytes);
             (options.open_bytes(bytes, Path::new(&name)), file_bytes)
         }
     };
     let import = opened.map_err(|error| LoadError::opening(name.clone(), error))?;
-    if cancel.load(Ordering::Relaxed) {
+    if progress.is_cancelled() {
         return Err(LoadError::Cancelled { name });
     }
     Ok(LoadedSnapshot {
@@ -490,8 +418,8 @@ mod tests {
         let job = LoadJob::spawn(
             1,
             bytes_source("prof.json", PROFILER_TRACE),
-            || {},
-            |l, _| Ok(l),
+            None,
+            Ok::<_, LoadError>,
         );
         let loaded = job.wait().expect("a torch.profiler trace opens");
         let entries = &loaded.snapshot.traces()[0];
@@ -507,7 +435,7 @@ mod tests {
     #[test]
     fn a_gzipped_profiler_trace_on_disk_opens_as_on_the_command_line_with_progress() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (path, loaded, progress) =
+        let (path, loaded, progress, _) =
             load_gzipped(dir.path(), "prof.pt.trace.json.gz", PROFILER_TRACE.to_vec());
         let (on_the_command_line, source) =
             memsnap_converters::open_path(&path).expect("memsnap opens it");
@@ -528,35 +456,45 @@ mod tests {
     fn a_gzipped_pickle_on_disk_shows_what_has_been_read_while_it_loads() {
         let (snapshot, bytes) = big_pickle();
         let dir = tempfile::tempdir().expect("tempdir");
-        let (_, loaded, progress) = load_gzipped(dir.path(), "big.pickle.gz", bytes);
+        let (_, loaded, _, preview) = load_gzipped(dir.path(), "big.pickle.gz", bytes);
         assert_eq!(loaded.snapshot.entry_count(), snapshot.entry_count());
-        assert!(progress.preview().is_some(), "a preview was shown");
+        assert!(preview.get().is_some(), "a preview was shown");
     }
 
     #[test]
     fn a_trace_without_memory_events_names_what_is_missing() {
         let trace = br#"{"traceEvents": [{"ph": "X", "name": "gemm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}"#;
-        let job = LoadJob::spawn(1, bytes_source("kernels.json", trace), || {}, |l, _| Ok(l));
+        let job = LoadJob::spawn(
+            1,
+            bytes_source("kernels.json", trace),
+            None,
+            Ok::<_, LoadError>,
+        );
         let err = job.wait().expect_err("nothing to show");
         let text = err.to_string();
         assert!(text.starts_with("kernels.json: "), "{text}");
         assert!(text.contains("no [memory] events"), "{text}");
-        assert!(matches!(err, LoadError::Import { .. }));
+        assert!(matches!(err, JobError::Failed(LoadError::Import { .. })));
     }
 
     #[test]
     fn garbage_reports_a_decode_error_naming_the_file() {
-        let job = LoadJob::spawn(1, bytes_source("junk.bin", b"hello"), || {}, |l, _| Ok(l));
+        let job = LoadJob::spawn(
+            1,
+            bytes_source("junk.bin", b"hello"),
+            None,
+            Ok::<_, LoadError>,
+        );
         let err = job.wait().expect_err("garbage must not decode");
         let text = err.to_string();
         assert!(text.starts_with("junk.bin: "), "{text}");
-        assert!(matches!(err, LoadError::Decode { .. }));
+        assert!(matches!(err, JobError::Failed(LoadError::Decode { .. })));
     }
 
     #[test]
     fn a_missing_file_reports_a_read_error_with_its_path() {
         let source = Source::Path("/nonexistent/dir/snap.pickle".into());
-        let job = LoadJob::spawn(2, source, || {}, |l, _| Ok(l));
+        let job = LoadJob::spawn(2, source, None, Ok::<_, LoadError>);
         let text = job.wait().expect_err("no such file").to_string();
         assert!(text.contains("/nonexistent/dir/snap.pickle"), "{text}");
     }
@@ -567,11 +505,15 @@ mod tests {
         let job: LoadJob<()> = LoadJob::spawn(
             3,
             bytes_source("ok.json", json),
-            || {},
-            |_, _| panic!("boom"),
+            None,
+            |_| -> Result<(), LoadError> { panic!("boom") },
         );
         let err = job.wait().expect_err("prepare panicked");
-        assert!(err.to_string().contains("boom"), "{err}");
+        assert!(
+            matches!(&err, JobError::Panicked { what, message } if what == "loading ok.json" && message == "boom"),
+            "{err}"
+        );
+        assert_eq!(err.to_string(), "loading ok.json failed unexpectedly: boom");
     }
 
     #[test]
@@ -579,9 +521,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("big.json");
         std::fs::write(&path, vec![b' '; 1 << 20]).expect("write");
-        let progress = LoadProgress::default();
-        let cancel = AtomicBool::new(true);
-        let err = load(&Source::Path(path), &progress, &cancel).expect_err("cancelled");
+        let progress = Progress::default();
+        progress.cancel();
+        let err =
+            load(&Source::Path(path), &progress, &PreviewSlot::default()).expect_err("cancelled");
         assert!(matches!(err, LoadError::Cancelled { .. }), "{err}");
     }
 
@@ -591,19 +534,16 @@ mod tests {
         dir: &Path,
         name: &str,
         bytes: Vec<u8>,
-    ) -> (PathBuf, LoadedSnapshot, LoadProgress) {
+    ) -> (PathBuf, LoadedSnapshot, Progress, PreviewSlot) {
         let path = dir.join(name);
         let gzipped =
             memsnap_format::io::compress(bytes, memsnap_format::Compression::Gzip).expect("gzip");
         std::fs::write(&path, gzipped).expect("write");
-        let progress = LoadProgress::default();
-        let loaded = load(
-            &Source::Path(path.clone()),
-            &progress,
-            &AtomicBool::new(false),
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-        (path, loaded, progress)
+        let progress = Progress::default();
+        let preview = PreviewSlot::default();
+        let loaded = load(&Source::Path(path.clone()), &progress, &preview)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        (path, loaded, progress, preview)
     }
 
     /// A generated run big enough for several progress ticks, and its pickle.
@@ -626,15 +566,15 @@ mod tests {
             "several progress ticks: {} bytes",
             bytes.len()
         );
-        let progress = LoadProgress::default();
+        let slot = PreviewSlot::default();
         let loaded = load(
             &bytes_source("big.pickle", &bytes),
-            &progress,
-            &AtomicBool::new(false),
+            &Progress::default(),
+            &slot,
         )
         .expect("loads");
         // The last picture shown before the end: part of the entries, in order.
-        let preview = progress.preview().expect("a preview was shown");
+        let preview = slot.get().expect("a preview was shown");
         let total = loaded.snapshot.entry_count() as u64;
         assert!(
             preview.entries > 0 && preview.entries <= total,
@@ -692,17 +632,15 @@ mod tests {
     }
 
     #[test]
-    fn wake_is_called_when_done() {
-        let (tx, rx) = mpsc::channel();
-        let job = LoadJob::spawn(
-            4,
-            bytes_source("x", b""),
-            move || {
-                let _ = tx.send(());
-            },
-            |l, _| Ok(l),
-        );
+    fn a_repaint_is_asked_when_a_load_is_done() {
+        let ctx = egui::Context::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        ctx.set_request_repaint_callback(move |_| {
+            let _ = tx.send(());
+        });
+        let job = LoadJob::spawn(4, bytes_source("x", b""), Some(ctx), Ok::<_, LoadError>);
         assert!(job.wait().is_err());
-        rx.recv_timeout(Duration::from_secs(10)).expect("woken");
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("repaint asked");
     }
 }

@@ -5,7 +5,7 @@ use egui::{Color32, Pos2, Rect, Sense, Shape, Stroke};
 use memsnap_analysis::compare::{RankRow, Skew};
 use memsnap_analysis::{Axis, CurveKind, LayoutRequest, Lifetime};
 
-use crate::document::Document;
+use crate::document::Shown;
 use crate::palette;
 use crate::timeline::{event_to_axis, has_time_axis};
 use crate::units::{format_delta, format_duration_us, format_size};
@@ -15,15 +15,13 @@ const SMALL_HEIGHT: f32 = 70.0;
 
 /// The shared axis: wall time when every rank has times (ranks of one job share a clock)
 /// and `by_event` is off, else the event index.
-pub fn shared_range(documents: &[Document], by_event: bool) -> (Axis, f64, f64) {
-    let all_timed = documents
-        .iter()
-        .all(|d| has_time_axis(&d.device().timeline));
+pub fn shared_range(documents: &[Shown<'_>], by_event: bool) -> (Axis, f64, f64) {
+    let all_timed = documents.iter().all(|d| has_time_axis(&d.device.timeline));
     if all_timed && !by_event {
         let mut lo = f64::INFINITY;
         let mut hi = f64::NEG_INFINITY;
         for d in documents {
-            let t = &d.device().timeline;
+            let t = &d.device.timeline;
             let last = f64::from(t.replay().axis_len() - 1);
             lo = lo.min(event_to_axis(t, Axis::Time, 0.0));
             hi = hi.max(event_to_axis(t, Axis::Time, last) + 1.0);
@@ -32,7 +30,7 @@ pub fn shared_range(documents: &[Document], by_event: bool) -> (Axis, f64, f64) 
     } else {
         let hi = documents
             .iter()
-            .map(|d| f64::from(d.device().timeline.replay().axis_len()))
+            .map(|d| f64::from(d.device.timeline.replay().axis_len()))
             .fold(1.0, f64::max);
         (Axis::Event, 0.0, hi)
     }
@@ -51,8 +49,8 @@ pub struct RanksState {
 }
 
 /// Per-column (x, max bytes) of a rank's total over the shared range, only where it recorded.
-fn rank_curve(doc: &Document, axis: Axis, start: f64, end: f64, width: u32) -> Vec<(f64, u64)> {
-    let timeline = &doc.device().timeline;
+fn rank_curve(doc: &Shown<'_>, axis: Axis, start: f64, end: f64, width: u32) -> Vec<(f64, u64)> {
+    let timeline = &doc.device.timeline;
     let request = LayoutRequest {
         axis,
         start,
@@ -78,7 +76,7 @@ fn rank_curve(doc: &Document, axis: Axis, start: f64, end: f64, width: u32) -> V
 /// The ranks page. Clicking a rank's row or plot makes it the active file.
 pub fn ranks_ui(
     ui: &mut egui::Ui,
-    documents: &[Document],
+    documents: &[Shown<'_>],
     active: &mut usize,
     state: &mut RanksState,
 ) {
@@ -96,7 +94,7 @@ pub fn ranks_ui(
                 "Line the ranks up by trace entry, e.g. for runs recorded at different times",
             );
     });
-    if documents.iter().any(|d| !d.profiles_ready()) {
+    if documents.iter().any(|d| !d.document.profiles_ready()) {
         // The profiles are computed after the files open; a repaint picks them up.
         ui.horizontal(|ui| {
             ui.spinner();
@@ -108,8 +106,11 @@ pub fn ranks_ui(
     let rows: Vec<RankRow> = documents
         .iter()
         .filter_map(|d| {
-            let profile = d.device().profile()?;
-            RankRow::from_summary(d.name.clone(), std::slice::from_ref(&profile.summary))
+            let profile = d.device.profile()?;
+            RankRow::from_summary(
+                d.document.name.clone(),
+                std::slice::from_ref(&profile.summary),
+            )
         })
         .collect();
     if let Some(skew) = Skew::of(&rows) {
@@ -230,8 +231,8 @@ pub fn ranks_ui(
                 egui::Align2::LEFT_TOP,
                 format!(
                     "{}  peak {}",
-                    doc.name,
-                    format_size(doc.device().timeline.peak(CurveKind::Active).bytes)
+                    doc.document.name,
+                    format_size(doc.device.timeline.peak(CurveKind::Active).bytes)
                 ),
                 egui::FontId::proportional(11.0),
                 ui.visuals().strong_text_color(),

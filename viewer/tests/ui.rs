@@ -17,7 +17,8 @@ use memsnap_analysis::{Category, PhaseKind};
 use memsnap_format::Format;
 use memsnap_plot::palette::{self, ColourBy};
 use memsnap_viewer::app::MainView;
-use memsnap_viewer::loader::Source;
+use memsnap_viewer::document::{Document, DocumentError};
+use memsnap_viewer::loader::{LoadJob, Source};
 use memsnap_viewer::settings::{Settings, ThemeChoice};
 use memsnap_viewer::ViewerApp;
 use memsnap_workload::{generate, TrainingRun};
@@ -192,6 +193,37 @@ fn a_bad_file_shows_an_error_and_the_good_one_stays_open() {
     h.run();
     assert!(h.state().notices.is_empty());
     assert!(h.query_by_label_contains("junk.pickle: ").is_none());
+}
+
+/// Regression: loading, the steps and the allocator view each caught panics their own way
+/// (one of them into no error at all). A panic in background work now comes back as the
+/// job's error, shown in the window; the other files stay open.
+#[test]
+fn a_panic_in_background_work_is_shown_as_an_error_not_a_crash() {
+    let mut h = loaded_app(
+        &[("good.pickle", training_pickle(2, 0))],
+        Settings::default(),
+    );
+    let panicking = LoadJob::spawn(
+        99,
+        Source::Bytes {
+            name: "bad.pickle".into(),
+            bytes: training_pickle(4, 0).into(),
+        },
+        None,
+        |_| -> Result<Document, DocumentError> { panic!("a bug in the analysis") },
+    );
+    h.state_mut().jobs.push(panicking);
+    run_until_loaded(&mut h);
+    assert_eq!(h.state().documents.len(), 1);
+    let notice = h.state().notices[0].clone();
+    assert!(notice.is_error);
+    assert_eq!(
+        notice.text,
+        "loading bad.pickle failed unexpectedly: a bug in the analysis"
+    );
+    h.get_by_label(&format!("Error: {}", notice.text));
+    h.get_by_label_contains("Active memory timeline");
 }
 
 #[test]
@@ -414,7 +446,7 @@ fn files_from_the_command_line_open_and_enter_the_recent_list() {
     app.open(Source::Path(path.clone()));
     app.finish_loading();
     assert_eq!(app.documents.len(), 1);
-    assert_eq!(app.documents[0].path.as_deref(), Some(path.as_path()));
+    assert_eq!(app.documents[0].doc.path.as_deref(), Some(path.as_path()));
     let canonical = std::fs::canonicalize(&path).expect("canonical");
     assert_eq!(app.settings.recent_files.first(), Some(&canonical));
 }
@@ -786,6 +818,7 @@ fn a_real_oom_shows_on_the_allocator_view() {
     h.state_mut().view = MainView::Allocator;
     if let Some(doc) = h.state_mut().active_document_mut() {
         doc.device_index = doc
+            .doc
             .devices
             .iter()
             .position(|d| d.device == 1)

@@ -14,40 +14,19 @@ mod overview;
 mod paint;
 
 use egui::{Pos2, Rect, Sense};
-use memsnap_analysis::{
-    Axis, DeviceTimeline, Hit, Layout, LayoutRequest, Lifetime, Step, StepAnalysis,
-};
+use memsnap_analysis::{Axis, DeviceTimeline, Hit, Layout, LayoutRequest, Lifetime, Step};
 use memsnap_format::Snapshot;
-use memsnap_plot::scene::{BandLayer, Pos, Rect as SceneRect, Scene, SceneModel};
-use memsnap_plot::sites::{StackMatch, StackSites};
+use memsnap_plot::scene::{BandLayer, Pos, Rect as SceneRect, Scene};
+use memsnap_plot::sites::StackMatch;
 use memsnap_plot::{Colour, ColourBy};
 
 pub use controls::filter_bar_ui;
 pub use legend::legend_ui;
 pub use memsnap_plot::scene::{axis_to_event, event_to_axis, has_time_axis};
 
+use crate::document::TimelineModel;
 use crate::shortcuts::Command;
 use crate::view::{Selection, TimeWindow};
-
-/// What the timeline reads.
-pub struct TimelineModel<'a> {
-    pub snapshot: &'a Snapshot,
-    pub timeline: &'a DeviceTimeline,
-    pub steps: &'a StepAnalysis,
-    /// The user-code site of each stack (band colours in [`ColourBy::Site`], labels).
-    pub sites: &'a StackSites,
-}
-
-impl TimelineModel<'_> {
-    /// What the scene is built from.
-    pub fn scene(&self) -> SceneModel<'_> {
-        SceneModel {
-            timeline: self.timeline,
-            steps: self.steps,
-            sites: self.sites,
-        }
-    }
-}
 
 /// Most bands drawn at once; the rest join the residual band (PyTorch's viewer uses 15 000).
 pub const DEFAULT_MAX_BANDS: usize = 5_000;
@@ -370,9 +349,10 @@ impl TimelineState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memsnap_analysis::{AllocId, Category, PhaseKind};
+    use memsnap_analysis::{AllocId, Category, PhaseKind, StepAnalysis};
     use memsnap_plot::palette;
     use memsnap_plot::scene::{band_colour, band_layer, BandLayer, BandStyle, Mapping};
+    use memsnap_plot::sites::StackSites;
     use memsnap_workload::{generate, TrainingRun};
 
     fn mapping(width: f32, height: f32, timeline: &DeviceTimeline, y_max: f64) -> Mapping {
