@@ -13,7 +13,8 @@
 //!   (set-up, forward, backward, optimizer) shaded behind the bands, with each phase's slope
 //!   and rate drawn over them; step marks, axis ticks and the legend.
 //! * [`palette`]: every colour, so one site has one colour everywhere.
-//! * [`svg`]: a scene as SVG; [`svg_to_png`] rasterises it with `resvg`.
+//! * [`svg`]: a scene as SVG; `svg_to_png` rasterises it with `resvg` (feature `png`, on by
+//!   default; the viewer, which paints scenes with egui, leaves it off).
 //! * [`sites`]: per-stack lookups (user-code site, search matches) computed once.
 //! * [`text`]: durations, rates and phase names as written in pictures and tables.
 //!
@@ -234,7 +235,8 @@ pub fn render_svg(snapshot: &Snapshot, options: &PlotOptions) -> Result<String, 
     Ok(svg::write_svg(&render_scene(snapshot, options)?))
 }
 
-/// Rasterises an SVG made by [`render_svg`] to PNG bytes.
+/// Rasterises an SVG made by [`render_svg`] to PNG bytes (feature `png`, on by default).
+#[cfg(feature = "png")]
 pub fn svg_to_png(svg: &str) -> Result<Vec<u8>, PlotError> {
     use resvg::{tiny_skia, usvg};
     let render_err = |what: String| PlotError::Render { what };
@@ -258,7 +260,8 @@ pub fn svg_to_png(svg: &str) -> Result<Vec<u8>, PlotError> {
     pixmap.encode_png().map_err(|e| render_err(e.to_string()))
 }
 
-/// Draws the timeline as PNG bytes.
+/// Draws the timeline as PNG bytes (feature `png`, on by default).
+#[cfg(feature = "png")]
 pub fn render_png(snapshot: &Snapshot, options: &PlotOptions) -> Result<Vec<u8>, PlotError> {
     svg_to_png(&render_svg(snapshot, options)?)
 }

@@ -3,9 +3,7 @@
 
 use memsnap_analysis::{Category, PhaseKind, StepOptions};
 use memsnap_analysis::{DeviceTimeline, LayoutRequest};
-use memsnap_plot::{
-    category_colour, phase_colour, render_png, render_svg, ColourBy, PlotError, PlotOptions,
-};
+use memsnap_plot::{category_colour, phase_colour, render_svg, ColourBy, PlotError, PlotOptions};
 use memsnap_workload::{generate, TrainingRun};
 
 fn run() -> memsnap_format::Snapshot {
@@ -62,9 +60,10 @@ fn min_size_folds_small_allocations_into_the_legend_band() {
     assert!(!all.contains("smaller than"));
 }
 
+#[cfg(feature = "png")]
 #[test]
 fn png_has_the_requested_size() {
-    let png = render_png(
+    let png = memsnap_plot::render_png(
         &run(),
         &PlotOptions {
             width: 640,

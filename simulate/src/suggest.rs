@@ -1,6 +1,7 @@
 //! `--suggest`: the settings people actually use, each replayed, ranked by reserved peak.
 
 use memsnap_format::Snapshot;
+use memsnap_units::format_size;
 use serde::Serialize;
 
 use crate::error::Result;
@@ -121,29 +122,29 @@ pub fn suggest(
 /// OOM at event 6120 would not have happened".
 fn verdict(base: &Candidate, c: &Candidate) -> String {
     let (a, b) = (base.reserved_peak_bytes, c.reserved_peak_bytes);
-    let same = gib(a) == gib(b);
+    let same = format_size(a) == format_size(b);
     let mut s = match b.cmp(&a) {
         _ if same => format!(
             "{} would have left the reserved peak at {}",
             c.change,
-            gib(b)
+            format_size(b)
         ),
         std::cmp::Ordering::Less => format!(
             "{} would have cut the reserved peak from {} to {}",
             c.change,
-            gib(a),
-            gib(b)
+            format_size(a),
+            format_size(b)
         ),
         std::cmp::Ordering::Greater => format!(
             "{} would have raised the reserved peak from {} to {}",
             c.change,
-            gib(a),
-            gib(b)
+            format_size(a),
+            format_size(b)
         ),
         std::cmp::Ordering::Equal => format!(
             "{} would have left the reserved peak at {}",
             c.change,
-            gib(a)
+            format_size(a)
         ),
     };
     match (base.oom, c.oom) {
@@ -164,11 +165,37 @@ fn verdict(base: &Candidate, c: &Candidate) -> String {
     s
 }
 
-/// Bytes as GiB with one decimal (MiB below 1 GiB).
-pub fn gib(bytes: u64) -> String {
-    if bytes >= 1 << 30 {
-        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(change: &str, reserved_peak_bytes: u64) -> Candidate {
+        Candidate {
+            change: change.to_string(),
+            alloc_conf: String::new(),
+            reserved_peak_bytes,
+            fragmentation_bytes: 0,
+            device_mallocs: 0,
+            device_frees: 0,
+            oom: None,
+            verdict: String::new(),
+        }
+    }
+
+    /// The verdict formatted sizes itself (`0.5 MiB`, `1536.0 GiB`) while every other line of
+    /// `memsnap simulate` used `memsnap_units::format_size` (`512.0 KiB`, `1.5 TiB`).
+    #[test]
+    fn verdict_sizes_read_like_the_rest_of_simulate() {
+        let base = candidate("", 3 << 39);
+        let small = candidate("max_split_size_mb:64", 512 << 10);
+        assert_eq!(
+            verdict(&base, &small),
+            "max_split_size_mb:64 would have cut the reserved peak from 1.5 TiB to 512.0 KiB"
+        );
+        let same = candidate("expandable_segments:True", (3 << 39) + 1);
+        assert_eq!(
+            verdict(&base, &same),
+            "expandable_segments:True would have left the reserved peak at 1.5 TiB"
+        );
     }
 }

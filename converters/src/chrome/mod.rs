@@ -34,17 +34,24 @@
 //! # Perfetto protobuf ([`perfetto`])
 //! The same picture in Perfetto's native `.pftrace` format (hand-written `prost` messages).
 //!
+//! # One event stream, two writers
+//! Both exports are written from one stream (`events`): it walks each device's timeline once
+//! and decides the events, their times, lanes and labels; the JSON writer (`write`) and the
+//! protobuf writer ([`perfetto`]) only decide how each event looks in their format.
+//!
 //! # Merge ([`merge_path`])
 //! `memsnap export --merge TRACE.json[.gz]` appends these events to a torch.profiler trace,
 //! converted to its time base, so memory sits under the kernels; see [`merge`].
 
+mod events;
 pub mod merge;
 pub mod perfetto;
 mod write;
 
+pub use events::{DeviceSummary, ExportSummary};
 pub use merge::{merge_path, merge_write, MergeReport};
 pub use perfetto::{export_perfetto_path, write_perfetto};
-pub use write::{export_path, write_trace, DeviceSummary, ExportSummary};
+pub use write::{export_path, write_trace};
 
 /// Process ids of memsnap's rows: `1_000_000_000 + rank * 1000 + device`.
 pub const PID_BASE: i64 = 1_000_000_000;

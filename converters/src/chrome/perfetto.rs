@@ -14,11 +14,11 @@
 use std::io::Write;
 use std::path::Path;
 
-use memsnap_analysis::{CurveKind, DeviceTimeline, Lifetime, StepOptions};
 use memsnap_format::{Action, Snapshot};
 use prost::Message;
 
-use super::write::{write_atomically, write_err, DeviceView, Labels, Lanes};
+use super::events::{for_each_event, DeviceStart, Entry, Event, Slice};
+use super::write::{write_atomically, write_err};
 use super::{ChromeOptions, ExportSummary};
 use crate::Result;
 
@@ -140,15 +140,220 @@ pub fn write_perfetto(
     options: &ChromeOptions,
     out: &mut dyn Write,
 ) -> Result<ExportSummary> {
-    let mut summary = ExportSummary::default();
-    let mut labels = Labels::new(snapshot);
-    let mut first = true;
-    let mut emit = |packet: TracePacket, count: &mut u64| -> Result<()> {
-        let mut packet = packet;
+    let mut writer = Writer {
+        out,
+        first: true,
+        packets: 0,
+        device: None,
+    };
+    let mut summary = for_each_event(snapshot, options, &mut |event| writer.event(event))?;
+    summary.events = writer.packets;
+    Ok(summary)
+}
+
+/// The protobuf writer's state while the stream passes.
+struct Writer<'w> {
+    out: &'w mut dyn Write,
+    /// Whether no packet was written yet (the first clears the sequence's state).
+    first: bool,
+    packets: u64,
+    device: Option<Device>,
+}
+
+/// The device whose events are being collected: they are written at its end, in time order,
+/// after the lanes' track descriptors.
+struct Device {
+    pid: i64,
+    /// Lane tracks in the order their lanes were first used (allocations', then segments').
+    new_tracks: Vec<TracePacket>,
+    alloc_lanes: usize,
+    segment_lanes: usize,
+    events: Vec<(u64, TracePacket)>,
+}
+
+impl Device {
+    fn push(&mut self, time_us: i64, e: TrackEvent) {
+        let ns = u64::try_from(i128::from(time_us) * 1000).unwrap_or(0);
+        self.events.push((
+            ns,
+            TracePacket {
+                timestamp: Some(ns),
+                track_event: Some(e),
+                ..TracePacket::default()
+            },
+        ));
+    }
+
+    /// A child track of the device's process.
+    fn child(&self, uuid: u64, name: &str, counter: bool) -> TracePacket {
+        descriptor(TrackDescriptor {
+            uuid: Some(uuid),
+            name: Some(name.into()),
+            parent_uuid: Some(self.pid as u64),
+            counter: counter.then_some(CounterDescriptor {
+                unit: Some(UNIT_SIZE_BYTES),
+            }),
+            ..TrackDescriptor::default()
+        })
+    }
+
+    /// A slice's begin and end on its lane's track, declaring the track on the lane's first.
+    fn slice(&mut self, kind: u64, slice: &Slice<'_>, begin: TrackEvent) {
+        let track = uuid(self.pid, kind, slice.lane);
+        let (seen, name) = match kind {
+            KIND_ALLOC_LANE => (&mut self.alloc_lanes, "allocations"),
+            _ => (&mut self.segment_lanes, "segments"),
+        };
+        if slice.lane >= *seen {
+            *seen = slice.lane + 1;
+            let child = self.child(track, name, false);
+            self.new_tracks.push(child);
+        }
+        self.begin_end(track, slice.start_us, slice.end_us, begin);
+    }
+
+    /// A slice on `track` from `start_us` to `end_us`; `begin` carries its name and
+    /// annotations.
+    fn begin_end(&mut self, track: u64, start_us: i64, end_us: i64, begin: TrackEvent) {
+        self.push(
+            start_us,
+            TrackEvent {
+                r#type: Some(TYPE_SLICE_BEGIN),
+                track_uuid: Some(track),
+                ..begin
+            },
+        );
+        self.push(
+            end_us,
+            TrackEvent {
+                r#type: Some(TYPE_SLICE_END),
+                track_uuid: Some(track),
+                ..TrackEvent::default()
+            },
+        );
+    }
+
+    /// Turns an event of the device into packets (the process and its end are the writer's).
+    fn collect(&mut self, event: Event<'_, '_>) {
+        match event {
+            Event::Counter(c) => {
+                let track = uuid(self.pid, KIND_COUNTER, c.curve as usize);
+                self.push(
+                    c.time_us,
+                    TrackEvent {
+                        r#type: Some(TYPE_COUNTER),
+                        track_uuid: Some(track),
+                        counter_value: Some(i64::try_from(c.bytes).unwrap_or(i64::MAX)),
+                        ..TrackEvent::default()
+                    },
+                );
+            }
+            Event::Allocation(slice) => {
+                let mut annotations = place(&slice);
+                annotations.push(DebugAnnotation {
+                    int_value: Some(slice.stream),
+                    ..annotation("stream")
+                });
+                if !slice.stack.is_empty() {
+                    annotations.push(DebugAnnotation {
+                        string_value: Some(slice.stack.into()),
+                        ..annotation("stack")
+                    });
+                }
+                let begin = TrackEvent {
+                    name: Some(slice.site.into()),
+                    categories: vec!["memsnap.alloc".into()],
+                    debug_annotations: annotations,
+                    ..TrackEvent::default()
+                };
+                self.slice(KIND_ALLOC_LANE, &slice, begin);
+            }
+            Event::Segment(slice) => {
+                let begin = TrackEvent {
+                    name: Some(slice.site.into()),
+                    debug_annotations: place(&slice),
+                    ..TrackEvent::default()
+                };
+                self.slice(KIND_SEGMENT_LANE, &slice, begin);
+            }
+            // The picture shows OOMs and snapshots; the other entries are in the slices.
+            Event::Entry(Entry { time_us, entry, .. }) => {
+                let name = match entry.action {
+                    Action::Oom => "oom",
+                    Action::Snapshot => "snapshot",
+                    _ => return,
+                };
+                let mut annotations = vec![DebugAnnotation {
+                    uint_value: Some(entry.size),
+                    ..annotation("size")
+                }];
+                if let Some(free) = entry.device_free() {
+                    annotations.push(DebugAnnotation {
+                        uint_value: Some(free),
+                        ..annotation("device_free")
+                    });
+                }
+                let track = uuid(self.pid, KIND_EVENTS, 0);
+                self.push(
+                    time_us,
+                    TrackEvent {
+                        r#type: Some(TYPE_INSTANT),
+                        track_uuid: Some(track),
+                        name: Some(name.into()),
+                        debug_annotations: annotations,
+                        ..TrackEvent::default()
+                    },
+                );
+            }
+            Event::Phase(p) => {
+                let track = uuid(self.pid, KIND_PHASES, 0);
+                let mut annotations = Vec::new();
+                if let Some(step) = p.step {
+                    annotations.push(DebugAnnotation {
+                        uint_value: Some(step as u64),
+                        ..annotation("step")
+                    });
+                }
+                let begin = TrackEvent {
+                    name: Some(p.phase.kind.name().into()),
+                    debug_annotations: annotations,
+                    ..TrackEvent::default()
+                };
+                self.begin_end(track, p.start_us, p.end_us, begin);
+            }
+            // record_function ranges are not drawn here (yet).
+            Event::Range { .. } | Event::Device(_) | Event::DeviceEnd => {}
+        }
+    }
+}
+
+/// A slice's `size` and `addr` annotations.
+fn place(slice: &Slice<'_>) -> Vec<DebugAnnotation> {
+    vec![
+        DebugAnnotation {
+            uint_value: Some(slice.size),
+            ..annotation("size")
+        },
+        DebugAnnotation {
+            pointer_value: Some(slice.addr),
+            ..annotation("addr")
+        },
+    ]
+}
+
+fn descriptor(d: TrackDescriptor) -> TracePacket {
+    TracePacket {
+        track_descriptor: Some(d),
+        ..TracePacket::default()
+    }
+}
+
+impl Writer<'_> {
+    fn emit(&mut self, mut packet: TracePacket) -> Result<()> {
         packet.trusted_packet_sequence_id = Some(SEQUENCE_ID);
-        if first {
+        if self.first {
             packet.sequence_flags = Some(1);
-            first = false;
+            self.first = false;
         }
         // Field 1 of `Trace`, length-delimited: the file is the packets one after another.
         let mut bytes = Vec::with_capacity(packet.encoded_len() + 11);
@@ -156,253 +361,71 @@ pub fn write_perfetto(
         packet
             .encode_length_delimited(&mut bytes)
             .map_err(|e| write_err(std::io::Error::other(e)))?;
-        out.write_all(&bytes).map_err(write_err)?;
-        *count += 1;
+        self.out.write_all(&bytes).map_err(write_err)?;
+        self.packets += 1;
         Ok(())
-    };
-    let descriptor = |d: TrackDescriptor| TracePacket {
-        track_descriptor: Some(d),
-        ..TracePacket::default()
-    };
-    for device in DeviceTimeline::devices(snapshot) {
-        let timeline = DeviceTimeline::build(snapshot, device)?;
-        let DeviceView {
-            pid,
-            trace,
-            clock,
-            process_name: name,
-            summary: mut d,
-        } = DeviceView::new(snapshot, options, &timeline);
-        let ns = |us: i64| u64::try_from(i128::from(us) * 1000).unwrap_or(0);
-        let process = pid as u64;
-        emit(
-            descriptor(TrackDescriptor {
-                uuid: Some(process),
-                process: Some(ProcessDescriptor {
-                    pid: i32::try_from(pid).ok(),
-                    process_name: Some(name),
-                }),
-                ..TrackDescriptor::default()
-            }),
-            &mut summary.events,
-        )?;
-        let child = |uuid: u64, name: &str, counter: bool| {
-            descriptor(TrackDescriptor {
-                uuid: Some(uuid),
-                name: Some(name.into()),
-                parent_uuid: Some(process),
-                counter: counter.then_some(CounterDescriptor {
-                    unit: Some(UNIT_SIZE_BYTES),
-                }),
-                ..TrackDescriptor::default()
-            })
-        };
-        // A counter track for each curve the source records.
-        let counter_track = |kind: CurveKind| uuid(pid, KIND_COUNTER, kind as usize);
-        for (kind, _) in timeline.known_curves() {
-            emit(
-                child(counter_track(kind), kind.name(), true),
-                &mut summary.events,
-            )?;
-        }
-        emit(
-            child(uuid(pid, KIND_EVENTS, 0), "events", false),
-            &mut summary.events,
-        )?;
-        emit(
-            child(uuid(pid, KIND_PHASES, 0), "phases", false),
-            &mut summary.events,
-        )?;
+    }
 
-        // Events of the device, then sorted by time (stable: begin/end order kept).
-        let mut events: Vec<(u64, TracePacket)> = Vec::new();
-        let event = |time: i64, e: TrackEvent| {
-            (
-                ns(time),
-                TracePacket {
-                    timestamp: Some(ns(time)),
-                    track_event: Some(e),
-                    ..TracePacket::default()
-                },
-            )
-        };
-        for (kind, curve) in timeline.known_curves() {
-            let track = counter_track(kind);
-            let counter = |time, bytes: u64| {
-                event(
-                    time,
-                    TrackEvent {
-                        r#type: Some(TYPE_COUNTER),
-                        track_uuid: Some(track),
-                        counter_value: Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
-                        ..TrackEvent::default()
-                    },
-                )
-            };
-            for (time, bytes) in clock.counter_points(curve) {
-                events.push(counter(time, bytes));
-            }
-        }
-        let replay = timeline.replay();
-        let mut lanes = Lanes::default();
-        let mut new_tracks = Vec::new();
-        for a in &replay.allocations {
-            let (start, end) = clock.span(a.start(), a.end(Lifetime::Active, replay.axis_len()));
-            let before = lanes.count;
-            let lane = lanes.place(start, end);
-            let track = uuid(pid, KIND_ALLOC_LANE, lane);
-            if lanes.count > before {
-                new_tracks.push(child(track, "allocations", false));
-            }
-            let (site, stack) = labels.get(a.stack);
-            let mut annotations = vec![
-                DebugAnnotation {
-                    uint_value: Some(a.size),
-                    ..annotation("size")
-                },
-                DebugAnnotation {
-                    pointer_value: Some(a.addr),
-                    ..annotation("addr")
-                },
-                DebugAnnotation {
-                    int_value: Some(a.stream),
-                    ..annotation("stream")
-                },
-            ];
-            if !stack.is_empty() {
-                annotations.push(DebugAnnotation {
-                    string_value: Some(stack.clone()),
-                    ..annotation("stack")
-                });
-            }
-            events.push(event(
-                start,
-                TrackEvent {
-                    r#type: Some(TYPE_SLICE_BEGIN),
-                    track_uuid: Some(track),
-                    name: Some(site.clone()),
-                    categories: vec!["memsnap.alloc".into()],
-                    debug_annotations: annotations,
-                    ..TrackEvent::default()
-                },
-            ));
-            events.push(event(
-                end,
-                TrackEvent {
-                    r#type: Some(TYPE_SLICE_END),
-                    track_uuid: Some(track),
-                    ..TrackEvent::default()
-                },
-            ));
-        }
-        d.allocations = replay.allocations.len();
-        d.lanes = lanes.count;
-        let mut segment_lanes = Lanes::default();
-        for s in &replay.segments {
-            let (start, end) = clock.span(s.start(), s.end(clock.trace_len));
-            let before = segment_lanes.count;
-            let lane = segment_lanes.place(start, end);
-            let track = uuid(pid, KIND_SEGMENT_LANE, lane);
-            if segment_lanes.count > before {
-                new_tracks.push(child(track, "segments", false));
-            }
-            events.push(event(
-                start,
-                TrackEvent {
-                    r#type: Some(TYPE_SLICE_BEGIN),
-                    track_uuid: Some(track),
-                    name: Some("segment".into()),
-                    debug_annotations: vec![
-                        DebugAnnotation {
-                            uint_value: Some(s.size),
-                            ..annotation("size")
-                        },
-                        DebugAnnotation {
-                            pointer_value: Some(s.addr),
-                            ..annotation("addr")
-                        },
-                    ],
-                    ..TrackEvent::default()
-                },
-            ));
-            events.push(event(
-                end,
-                TrackEvent {
-                    r#type: Some(TYPE_SLICE_END),
-                    track_uuid: Some(track),
-                    ..TrackEvent::default()
-                },
-            ));
-        }
-        for (i, entry) in trace.iter().enumerate() {
-            let name = match entry.action {
-                Action::Oom => "oom",
-                Action::Snapshot => "snapshot",
-                _ => continue,
-            };
-            let mut annotations = vec![DebugAnnotation {
-                uint_value: Some(entry.size),
-                ..annotation("size")
-            }];
-            if let Some(free) = entry.device_free() {
-                annotations.push(DebugAnnotation {
-                    uint_value: Some(free),
-                    ..annotation("device_free")
-                });
-            }
-            events.push(event(
-                clock.at(i as u32),
-                TrackEvent {
-                    r#type: Some(TYPE_INSTANT),
-                    track_uuid: Some(uuid(pid, KIND_EVENTS, 0)),
-                    name: Some(name.into()),
-                    debug_annotations: annotations,
-                    ..TrackEvent::default()
-                },
-            ));
-        }
-        if options.phases && !trace.is_empty() {
-            let track = uuid(pid, KIND_PHASES, 0);
-            for (step, phase) in timeline.steps(&StepOptions::default()).phases() {
-                let (start, end) = clock.phase_span(phase);
-                let mut annotations = Vec::new();
-                if let Some(step) = step {
-                    annotations.push(DebugAnnotation {
-                        uint_value: Some(step as u64),
-                        ..annotation("step")
-                    });
+    fn event(&mut self, event: Event<'_, '_>) -> Result<()> {
+        match event {
+            Event::Device(start) => self.start(start),
+            Event::DeviceEnd => self.end(),
+            event => {
+                if let Some(d) = self.device.as_mut() {
+                    d.collect(event);
                 }
-                events.push(event(
-                    start,
-                    TrackEvent {
-                        r#type: Some(TYPE_SLICE_BEGIN),
-                        track_uuid: Some(track),
-                        name: Some(phase.kind.name().into()),
-                        debug_annotations: annotations,
-                        ..TrackEvent::default()
-                    },
-                ));
-                events.push(event(
-                    end,
-                    TrackEvent {
-                        r#type: Some(TYPE_SLICE_END),
-                        track_uuid: Some(track),
-                        ..TrackEvent::default()
-                    },
-                ));
-                d.phases += 1;
+                Ok(())
             }
         }
+    }
+
+    /// The device's lane tracks, then its events in time order.
+    fn end(&mut self) -> Result<()> {
+        let Some(Device {
+            new_tracks,
+            mut events,
+            ..
+        }) = self.device.take()
+        else {
+            return Ok(());
+        };
         for track in new_tracks {
-            emit(track, &mut summary.events)?;
+            self.emit(track)?;
         }
+        // Stable: a slice's begin stays before its end at equal times.
         events.sort_by_key(|(time, _)| *time);
         for (_, packet) in events {
-            emit(packet, &mut summary.events)?;
+            self.emit(packet)?;
         }
-        summary.devices.push(d);
+        Ok(())
     }
-    Ok(summary)
+    /// The device's process track and the tracks it always has: a counter track per recorded
+    /// curve, `events` and `phases`.
+    fn start(&mut self, start: &DeviceStart<'_>) -> Result<()> {
+        let pid = start.pid;
+        self.emit(descriptor(TrackDescriptor {
+            uuid: Some(pid as u64),
+            process: Some(ProcessDescriptor {
+                pid: i32::try_from(pid).ok(),
+                process_name: Some(start.process_name.clone()),
+            }),
+            ..TrackDescriptor::default()
+        }))?;
+        let d = Device {
+            pid,
+            new_tracks: Vec::new(),
+            alloc_lanes: 0,
+            segment_lanes: 0,
+            events: Vec::new(),
+        };
+        for &curve in &start.curves {
+            self.emit(d.child(uuid(pid, KIND_COUNTER, curve as usize), curve.name(), true))?;
+        }
+        self.emit(d.child(uuid(pid, KIND_EVENTS, 0), "events", false))?;
+        self.emit(d.child(uuid(pid, KIND_PHASES, 0), "phases", false))?;
+        self.device = Some(d);
+        Ok(())
+    }
 }
 
 /// Writes `snapshot` as a Perfetto protobuf trace to `path` (gzipped when it ends in `.gz`),

@@ -1,50 +1,14 @@
-//! Writing memsnap's events, one at a time.
+//! The Chrome JSON writer: the event stream ([`super::events`]) as Trace Event JSON, one
+//! event at a time.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::io::{self, Write};
 use std::path::Path;
 
-use foldhash::HashMap;
-use memsnap_analysis::curve::{Curve, TimeAxis};
-use memsnap_analysis::phases::Phase;
-use memsnap_analysis::sites::{is_filtered_frame, GroupBy, SiteKeyer};
-use memsnap_analysis::{DeviceTimeline, Lifetime, StepOptions};
-use memsnap_format::{Action, Snapshot, StackId, StrTable, TraceEntry};
+use memsnap_format::{Action, Snapshot, StrTable, TraceEntry};
 
-use super::{pid_of, tid, ChromeOptions, TimeBase, LAYOUT_VERSION};
+use super::events::{for_each_event, Entry, Event, Slice};
+use super::{tid, ChromeOptions, ExportSummary, TimeBase, LAYOUT_VERSION};
 use crate::{ConvertError, Result};
-
-/// What an export wrote.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ExportSummary {
-    /// One per exported device, ascending.
-    pub devices: Vec<DeviceSummary>,
-    /// Events written (all devices).
-    pub events: u64,
-}
-
-/// What an export wrote for one device.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeviceSummary {
-    pub device: i64,
-    pub pid: i64,
-    /// Trace entries (each rides on one event).
-    pub entries: usize,
-    /// Allocation lifetimes written as async slices.
-    pub allocations: usize,
-    /// Lanes the lifetimes were packed into.
-    pub lanes: usize,
-    /// Step phases written.
-    pub phases: usize,
-    /// Whether the trace has times (else the entry index is the clock).
-    pub timed: bool,
-    /// Time of the first and last event (µs, the trace's clock).
-    pub first_time_us: i64,
-    pub last_time_us: i64,
-}
 
 /// Writes `snapshot` as a whole Chrome trace (`{"traceEvents": [...], "otherData": ...}`).
 pub fn write_trace(
@@ -192,416 +156,187 @@ pub(crate) fn write_micros(out: &mut dyn Write, base: TimeBase, time_us: i64) ->
     }
 }
 
-/// One device's event clock: entry times, or entry indices when the trace has none.
-pub(crate) struct Clock<'t> {
-    pub(crate) times: Option<&'t TimeAxis>,
-    pub(crate) trace_len: u32,
-}
-
-impl Clock<'_> {
-    /// The time of entry `event` (the last entry's for events past the end).
-    pub(crate) fn at(&self, event: u32) -> i64 {
-        match self.times {
-            Some(t) => t.time_of(event).unwrap_or_default(),
-            None => i64::from(event.min(self.trace_len.saturating_sub(1))),
-        }
-    }
-
-    pub(crate) fn last(&self) -> i64 {
-        self.at(self.trace_len.saturating_sub(1))
-    }
-
-    /// The time of an event that ends at entry `end`: the last entry's past the trace.
-    fn end_at(&self, end: u32) -> i64 {
-        if end >= self.trace_len {
-            self.last()
-        } else {
-            self.at(end)
-        }
-    }
-
-    /// The times of a span from entry `start` to entry `end`, never ending before it starts.
-    pub(crate) fn span(&self, start: u32, end: u32) -> (i64, i64) {
-        let start = self.at(start);
-        (start, self.end_at(end).max(start))
-    }
-
-    /// A step phase's span: its recorded times on a timed trace, else its entries'.
-    pub(crate) fn phase_span(&self, phase: &Phase) -> (i64, i64) {
-        let timed = self.times.is_some();
-        let start = phase
-            .start_time_us
-            .filter(|_| timed)
-            .unwrap_or_else(|| self.at(phase.start_event));
-        let end = phase
-            .end_time_us
-            .filter(|_| timed)
-            .unwrap_or_else(|| self.end_at(phase.end_event))
-            .max(start);
-        (start, end)
-    }
-
-    /// The points a counter track shows for `curve`: its initial value, then the value after
-    /// the last entry at each time where it changed (viewers keep the last value anyway).
-    pub(crate) fn counter_points<'c>(
-        &'c self,
-        curve: &'c Curve,
-    ) -> impl Iterator<Item = (i64, u64)> + 'c {
-        let mut written = curve.initial;
-        let len = curve.len();
-        let changes = curve
-            .values()
-            .enumerate()
-            .filter_map(move |(event, bytes)| {
-                let time = self.at(event as u32);
-                let last_at_time = event + 1 == len || self.at(event as u32 + 1) != time;
-                (last_at_time && bytes != written).then(|| {
-                    written = bytes;
-                    (time, bytes)
-                })
-            });
-        std::iter::once((self.at(0), curve.initial)).chain(changes)
-    }
-}
-
-/// What both writers (the JSON here, the protobuf in `perfetto`) take from one device's
-/// timeline before writing its events.
-pub(crate) struct DeviceView<'t> {
-    pub(crate) pid: i64,
-    pub(crate) trace: &'t [TraceEntry],
-    pub(crate) clock: Clock<'t>,
-    /// `memsnap GPU 0 (rank 1)`.
-    pub(crate) process_name: String,
-    /// The summary so far: counts are filled in as the events are written.
-    pub(crate) summary: DeviceSummary,
-}
-
-impl<'t> DeviceView<'t> {
-    pub(crate) fn new(
-        snapshot: &'t Snapshot,
-        options: &ChromeOptions,
-        timeline: &'t DeviceTimeline,
-    ) -> Self {
-        let device = timeline.device();
-        let pid = pid_of(options.rank.unwrap_or(0), device);
-        let trace: &[TraceEntry] = usize::try_from(device)
-            .ok()
-            .and_then(|d| snapshot.traces().get(d))
-            .map_or(&[], Vec::as_slice);
-        let clock = Clock {
-            times: Some(timeline.time()).filter(|t| t.has_time()),
-            trace_len: u32::try_from(trace.len()).unwrap_or(u32::MAX),
-        };
-        let process_name = match options.rank {
-            Some(r) => format!("memsnap GPU {device} (rank {r})"),
-            None => format!("memsnap GPU {device}"),
-        };
-        let summary = DeviceSummary {
-            device,
-            pid,
-            entries: trace.len(),
-            timed: clock.times.is_some(),
-            first_time_us: clock.at(0),
-            last_time_us: clock.last(),
-            ..DeviceSummary::default()
-        };
-        DeviceView {
-            pid,
-            trace,
-            clock,
-            process_name,
-            summary,
-        }
-    }
-}
-
 /// Writes every device's events into `sink`.
 pub(crate) fn write_events(
     snapshot: &Snapshot,
     options: &ChromeOptions,
     sink: &mut Sink<'_>,
 ) -> Result<ExportSummary> {
-    let mut summary = ExportSummary::default();
-    let mut labels = Labels::new(snapshot);
-    for device in DeviceTimeline::devices(snapshot) {
-        let timeline = DeviceTimeline::build(snapshot, device)?;
-        let device_summary =
-            write_device(snapshot, options, &timeline, &mut labels, sink).map_err(write_err)?;
-        summary.devices.push(device_summary);
-    }
+    let mut device = Device::default();
+    let mut summary = for_each_event(snapshot, options, &mut |event| {
+        write_event(sink, &snapshot.strings, &mut device, event).map_err(write_err)
+    })?;
     summary.events = sink.count;
     Ok(summary)
 }
 
-/// Site labels and stack texts, computed once per stack.
-pub(crate) struct Labels<'s> {
-    snapshot: &'s Snapshot,
-    keyer: SiteKeyer<'s>,
-    cache: HashMap<Option<StackId>, (String, String)>,
+/// The device whose events are being written.
+#[derive(Default)]
+struct Device<'s> {
+    pid: i64,
+    device: i64,
+    trace: &'s [TraceEntry],
+    /// Which entries ride on an event already: each rides on exactly one, so the importer
+    /// gets each back once.
+    carried: Vec<bool>,
 }
 
-impl<'s> Labels<'s> {
-    pub(crate) fn new(snapshot: &'s Snapshot) -> Self {
-        Labels {
-            snapshot,
-            keyer: SiteKeyer::new(snapshot, GroupBy::Frame),
-            cache: HashMap::default(),
-        }
-    }
-
-    /// `(site, stack text)` of a stack: `file:line:name`, one frame a line, innermost first.
-    pub(crate) fn get(&mut self, stack: Option<StackId>) -> &(String, String) {
-        let (snapshot, keyer) = (self.snapshot, &mut self.keyer);
-        self.cache.entry(stack).or_insert_with(|| {
-            let site = keyer.key(stack).label(snapshot);
-            let text = match stack {
-                // The frames PyTorch's viewers show (the exact stack rides in the records).
-                Some(id) if id.index() < snapshot.stacks.len() => snapshot
-                    .stack_frames(id)
-                    .filter(|f| !is_filtered_frame(f))
-                    .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-                _ => String::new(),
-            };
-            (site, text)
-        })
-    }
-}
-
-fn write_device(
-    snapshot: &Snapshot,
-    options: &ChromeOptions,
-    timeline: &DeviceTimeline,
-    labels: &mut Labels<'_>,
+fn write_event<'s>(
     sink: &mut Sink<'_>,
-) -> io::Result<DeviceSummary> {
-    let DeviceView {
-        pid,
-        trace,
-        clock,
-        process_name,
-        summary: mut out,
-    } = DeviceView::new(snapshot, options, timeline);
-    let (device, rank) = (out.device, options.rank.unwrap_or(0));
-    let replay = timeline.replay();
-    let mut carried = vec![false; trace.len()];
-    let entries = (trace, &snapshot.strings);
-
-    // Names and order.
-    sink.open("M", pid, 0)?;
-    sink.name("process_name")?;
-    sink.out.write_all(b",\"args\":{\"name\":")?;
-    sink.str(&process_name)?;
-    sink.out.write_all(b"}}")?;
-    sink.open("M", pid, 0)?;
-    sink.name("process_sort_index")?;
-    write!(
-        sink.out,
-        ",\"args\":{{\"sort_index\":{}}}}}",
-        i64::from(rank) * 1000 + device
-    )?;
-    for (tid, name) in [
-        (tid::MEMORY, "memory"),
-        (tid::ANNOTATIONS, "annotations"),
-        (tid::PHASES, "phases"),
-    ] {
-        sink.open("M", pid, tid)?;
-        sink.name("thread_name")?;
-        sink.out.write_all(b",\"args\":{\"name\":")?;
-        sink.str(name)?;
-        sink.out.write_all(b"}}")?;
-    }
-
-    // Counters: the curves the source records, one event per change.
-    for (kind, curve) in timeline.known_curves() {
-        let name = kind.name();
-        for (time, bytes) in clock.counter_points(curve) {
-            counter(sink, pid, name, time, bytes)?;
-        }
-    }
-
-    // Allocation lifetimes, packed into lanes.
-    let axis_len = replay.axis_len();
-    let mut lanes = Lanes::default();
-    for a in &replay.allocations {
-        let (start, end) = clock.span(a.start(), a.end(Lifetime::Active, axis_len));
-        let lane = lanes.place(start, end);
-        let (site, stack) = labels.get(a.stack);
-        sink.open("b", pid, tid::MEMORY)?;
-        write!(
-            sink.out,
-            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":\"{lane:#x}\"}}"
-        )?;
-        sink.name(site)?;
-        sink.ts(start)?;
-        write!(
-            sink.out,
-            ",\"args\":{{\"size\":{},\"addr\":\"{:#x}\",\"stream\":{},\"device\":{device}",
-            a.size, a.addr, a.stream
-        )?;
-        if !stack.is_empty() {
-            sink.out.write_all(b",\"stack\":")?;
-            sink.str(stack)?;
-        }
-        records(sink, entries, &mut carried, &[a.alloc_event()], true)?;
-        sink.out.write_all(b"}}")?;
-        sink.open("e", pid, tid::MEMORY)?;
-        write!(
-            sink.out,
-            ",\"cat\":\"memsnap.alloc\",\"id2\":{{\"local\":\"{lane:#x}\"}}"
-        )?;
-        sink.name(site)?;
-        sink.ts(end)?;
-        sink.out.write_all(b",\"args\":{")?;
-        records(
-            sink,
-            entries,
-            &mut carried,
-            &[a.free_requested(), a.free_completed()],
-            false,
-        )?;
-        sink.out.write_all(b"}}")?;
-    }
-    out.allocations = replay.allocations.len();
-    out.lanes = lanes.count;
-
-    // Segments, their own lanes.
-    let mut lanes = Lanes::default();
-    for s in &replay.segments {
-        let (start, end) = clock.span(s.start(), s.end(clock.trace_len));
-        let lane = lanes.place(start, end);
-        sink.open("b", pid, tid::MEMORY)?;
-        write!(
-            sink.out,
-            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":\"{lane:#x}\"}},\"name\":\"segment\""
-        )?;
-        sink.ts(start)?;
-        write!(
-            sink.out,
-            ",\"args\":{{\"size\":{},\"addr\":\"{:#x}\",\"stream\":{},\"device\":{device}",
-            s.size, s.addr, s.stream
-        )?;
-        records(sink, entries, &mut carried, &[s.alloc_event], true)?;
-        sink.out.write_all(b"}}")?;
-        sink.open("e", pid, tid::MEMORY)?;
-        write!(
-            sink.out,
-            ",\"cat\":\"memsnap.segment\",\"id2\":{{\"local\":\"{lane:#x}\"}},\"name\":\"segment\""
-        )?;
-        sink.ts(end)?;
-        sink.out.write_all(b",\"args\":{")?;
-        records(sink, entries, &mut carried, &[s.free_event], false)?;
-        sink.out.write_all(b"}}")?;
-    }
-
-    // Instants: OOMs and snapshots, then every entry not carried yet (so the importer gets
-    // each one back).
-    for (i, entry) in trace.iter().enumerate() {
-        if carried[i] {
-            continue;
-        }
-        let (name, cat) = match entry.action {
-            Action::Oom => ("oom", "memsnap"),
-            Action::Snapshot => ("snapshot", "memsnap"),
-            _ => (entry.action_name(&snapshot.strings), "memsnap.entry"),
-        };
-        sink.open("i", pid, tid::MEMORY)?;
-        sink.out.write_all(b",\"s\":\"p\",\"cat\":")?;
-        sink.str(cat)?;
-        sink.name(name)?;
-        sink.ts(clock.at(i as u32))?;
-        sink.out.write_all(b",\"args\":{")?;
-        match entry.action {
-            Action::Oom => write!(
+    strings: &StrTable,
+    d: &mut Device<'s>,
+    event: Event<'s, '_>,
+) -> io::Result<()> {
+    let pid = d.pid;
+    match event {
+        Event::Device(start) => {
+            *d = Device {
+                pid: start.pid,
+                device: start.device,
+                trace: start.trace,
+                carried: vec![false; start.trace.len()],
+            };
+            let pid = start.pid;
+            // Names and order.
+            sink.open("M", pid, 0)?;
+            sink.name("process_name")?;
+            sink.out.write_all(b",\"args\":{\"name\":")?;
+            sink.str(&start.process_name)?;
+            sink.out.write_all(b"}}")?;
+            sink.open("M", pid, 0)?;
+            sink.name("process_sort_index")?;
+            write!(
                 sink.out,
-                "\"size\":{},\"device_free\":{},",
-                entry.size,
-                entry.device_free().unwrap_or(0)
-            )?,
-            Action::Snapshot => write!(sink.out, "\"size\":{},", entry.size)?,
-            _ => {}
+                ",\"args\":{{\"sort_index\":{}}}}}",
+                start.sort_index
+            )?;
+            for (tid, name) in [
+                (tid::MEMORY, "memory"),
+                (tid::ANNOTATIONS, "annotations"),
+                (tid::PHASES, "phases"),
+            ] {
+                sink.open("M", pid, tid)?;
+                sink.name("thread_name")?;
+                sink.out.write_all(b",\"args\":{\"name\":")?;
+                sink.str(name)?;
+                sink.out.write_all(b"}}")?;
+            }
         }
-        let after_args = matches!(entry.action, Action::Oom | Action::Snapshot);
-        if after_args {
-            // The size args were written with a trailing comma: drop it by writing a key.
-            sink.out.write_all(b"\"entry\":")?;
-            write!(sink.out, "{i}")?;
+        Event::Counter(c) => {
+            sink.open("C", pid, tid::MEMORY)?;
+            sink.name(c.curve.name())?;
+            sink.ts(c.time_us)?;
+            write!(sink.out, ",\"args\":{{\"bytes\":{}}}}}", c.bytes)?;
         }
-        records(sink, entries, &mut carried, &[Some(i as u32)], after_args)?;
-        sink.out.write_all(b"}}")?;
-    }
-
-    // record_function ranges (only on a timed trace: annotations carry epoch times).
-    if out.timed {
-        for range in timeline.named_ranges() {
-            let start = range.start_time_us.unwrap_or(out.first_time_us);
-            let end = range.end_time_us.unwrap_or(out.last_time_us).max(start);
-            for (ph, time) in [("B", start), ("E", end)] {
+        Event::Allocation(slice) => write_slice(sink, strings, d, "memsnap.alloc", &slice)?,
+        Event::Segment(slice) => write_slice(sink, strings, d, "memsnap.segment", &slice)?,
+        // Entries no slice carried become instants, so the importer gets each one back.
+        Event::Entry(Entry {
+            index,
+            time_us,
+            entry,
+        }) => {
+            if d.carried.get(index as usize).copied().unwrap_or(true) {
+                return Ok(());
+            }
+            let (name, cat) = match entry.action {
+                Action::Oom => ("oom", "memsnap"),
+                Action::Snapshot => ("snapshot", "memsnap"),
+                _ => (entry.action_name(strings), "memsnap.entry"),
+            };
+            sink.open("i", pid, tid::MEMORY)?;
+            sink.out.write_all(b",\"s\":\"p\",\"cat\":")?;
+            sink.str(cat)?;
+            sink.name(name)?;
+            sink.ts(time_us)?;
+            sink.out.write_all(b",\"args\":{")?;
+            match entry.action {
+                Action::Oom => write!(
+                    sink.out,
+                    "\"size\":{},\"device_free\":{},",
+                    entry.size,
+                    entry.device_free().unwrap_or(0)
+                )?,
+                Action::Snapshot => write!(sink.out, "\"size\":{},", entry.size)?,
+                _ => {}
+            }
+            let after_args = matches!(entry.action, Action::Oom | Action::Snapshot);
+            if after_args {
+                // The size args were written with a trailing comma: drop it by writing a key.
+                sink.out.write_all(b"\"entry\":")?;
+                write!(sink.out, "{index}")?;
+            }
+            let entries = (d.trace, strings);
+            records(sink, entries, &mut d.carried, &[Some(index)], after_args)?;
+            sink.out.write_all(b"}}")?;
+        }
+        Event::Range(range) => {
+            for (ph, time) in [("B", range.start_us), ("E", range.end_us)] {
                 sink.open(ph, pid, tid::ANNOTATIONS)?;
-                sink.name(&range.name)?;
+                sink.name(range.name)?;
                 sink.ts(time)?;
                 sink.out.write_all(b"}")?;
             }
         }
-    }
-
-    // Step phases.
-    if options.phases && !trace.is_empty() {
-        let steps = timeline.steps(&StepOptions::default());
-        for (step, phase) in steps.phases() {
-            let (start, end) = clock.phase_span(phase);
+        Event::Phase(p) => {
             sink.open("X", pid, tid::PHASES)?;
             sink.out.write_all(b",\"cat\":\"memsnap.phase\"")?;
-            sink.name(phase.kind.name())?;
-            sink.ts(start)?;
+            sink.name(p.phase.kind.name())?;
+            sink.ts(p.start_us)?;
             write!(
                 sink.out,
                 ",\"dur\":{},\"args\":{{\"peak_bytes\":{},\"allocations\":{}",
-                end - start,
-                phase.peak_bytes,
-                phase.allocations
+                p.end_us - p.start_us,
+                p.phase.peak_bytes,
+                p.phase.allocations
             )?;
-            if let Some(step) = step {
+            if let Some(step) = p.step {
                 write!(sink.out, ",\"step\":{step}")?;
             }
             sink.out.write_all(b"}}")?;
-            out.phases += 1;
         }
+        Event::DeviceEnd => {}
     }
-    Ok(out)
+    Ok(())
 }
 
-fn counter(sink: &mut Sink<'_>, pid: i64, name: &str, time: i64, bytes: u64) -> io::Result<()> {
-    sink.open("C", pid, tid::MEMORY)?;
-    sink.name(name)?;
-    sink.ts(time)?;
-    write!(sink.out, ",\"args\":{{\"bytes\":{bytes}}}}}")
-}
-
-/// Greedy interval packing: a slice reuses the lane that freed first, when it ended strictly
-/// before the slice starts (equal times could be ordered either way by a viewer).
-#[derive(Default)]
-pub(crate) struct Lanes {
-    free_at: BinaryHeap<Reverse<(i64, usize)>>,
-    pub(crate) count: usize,
-}
-
-impl Lanes {
-    pub(crate) fn place(&mut self, start: i64, end: i64) -> usize {
-        let lane = match self.free_at.peek() {
-            Some(&Reverse((ends, lane))) if ends < start => {
-                self.free_at.pop();
-                lane
-            }
-            _ => {
-                self.count += 1;
-                self.count - 1
-            }
-        };
-        self.free_at.push(Reverse((end, lane)));
-        lane
+/// An async slice's `b` and `e` events on the lane's id, with the trace entries it stands for.
+fn write_slice(
+    sink: &mut Sink<'_>,
+    strings: &StrTable,
+    d: &mut Device<'_>,
+    cat: &str,
+    slice: &Slice<'_>,
+) -> io::Result<()> {
+    let (pid, entries) = (d.pid, (d.trace, strings));
+    let head = |sink: &mut Sink<'_>| {
+        write!(
+            sink.out,
+            ",\"cat\":\"{cat}\",\"id2\":{{\"local\":\"{:#x}\"}}",
+            slice.lane
+        )?;
+        sink.name(slice.site)
+    };
+    sink.open("b", pid, tid::MEMORY)?;
+    head(sink)?;
+    sink.ts(slice.start_us)?;
+    write!(
+        sink.out,
+        ",\"args\":{{\"size\":{},\"addr\":\"{:#x}\",\"stream\":{},\"device\":{}",
+        slice.size, slice.addr, slice.stream, d.device
+    )?;
+    if !slice.stack.is_empty() {
+        sink.out.write_all(b",\"stack\":")?;
+        sink.str(slice.stack)?;
     }
+    records(sink, entries, &mut d.carried, &slice.begin_entries, true)?;
+    sink.out.write_all(b"}}")?;
+    sink.open("e", pid, tid::MEMORY)?;
+    head(sink)?;
+    sink.ts(slice.end_us)?;
+    sink.out.write_all(b",\"args\":{")?;
+    records(sink, entries, &mut d.carried, &slice.end_entries, false)?;
+    sink.out.write_all(b"}}")
 }
 
 /// Writes `"memsnap":[record, ...]` for the given entries not carried yet (nothing if none;
