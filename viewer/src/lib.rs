@@ -3,8 +3,10 @@
 //! The desktop viewer for GPU memory snapshots, an eframe (egui) app over the
 //! `memsnap-analysis` model.
 //!
-//! The app logic lives in this library so the binary, `memsnap view` and the kittest UI tests
-//! share it. Each panel is a function `x_ui(ui, &model, &mut state)` over a UI-free model from
+//! The app logic lives in this library so the `memsnap-viewer` program (which `memsnap view`
+//! starts) and the kittest UI tests share it. The library holds the app only: the program's
+//! `--bench-frames` measuring mode lives beside its `main` (`src/bin/memsnap-viewer/`) and
+//! drives the timeline panel through this crate's public API. Each panel is a function `x_ui(ui, &model, &mut state)` over a UI-free model from
 //! `memsnap-analysis` and its own small state; derived numbers (curves, steps, live sets,
 //! layouts) come from the analysis crate, never from UI code.
 //!
@@ -21,7 +23,6 @@
 pub mod allocator;
 pub mod allocator_ui;
 pub mod app;
-pub mod bench;
 pub mod details_ui;
 pub mod diff_ui;
 pub mod document;

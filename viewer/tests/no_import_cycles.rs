@@ -34,12 +34,14 @@ fn module_edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     edges
 }
 
-/// `a` for `src/a.rs`, `src/a/mod.rs` and `src/a/b.rs`; `None` for the crate root.
+/// `a` for `src/a.rs`, `src/a/mod.rs` and `src/a/b.rs`; `None` for the crate root and for
+/// `src/bin/`, the `memsnap-viewer` program: a crate of its own, where `crate::` names the
+/// program's modules, not the library's.
 fn top_module(src: &Path, file: &Path) -> Option<String> {
     let relative = file.strip_prefix(src).ok()?;
     let first = relative.components().next()?.as_os_str().to_str()?;
     let name = first.strip_suffix(".rs").unwrap_or(first);
-    (name != "lib" && name != "main").then(|| name.to_owned())
+    (name != "lib" && name != "main" && name != "bin").then(|| name.to_owned())
 }
 
 /// The first path segment after each `crate::` in `code`, including each name in

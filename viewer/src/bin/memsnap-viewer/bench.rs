@@ -1,5 +1,10 @@
 //! `memsnap-viewer --bench-frames N`: measures what the quality bar asks for without a window.
 //!
+//! This is part of the `memsnap-viewer` program, not of the `memsnap_viewer` library: the
+//! library holds the app, and the benchmark drives the library's own pieces from outside
+//! through their public API (`DeviceModel::build`, `timeline_ui`, `TimelineState`), as the app
+//! does, so what it times is what the app runs.
+//!
 //! It generates training-run snapshots (by default of 1M and 10M entries) or loads a file, builds
 //! the analysis (open to first picture, after parsing), then runs the real timeline panel in a
 //! headless egui context for N frames while zooming in and panning, timing each frame's UI pass
@@ -12,8 +17,9 @@ use std::time::{Duration, Instant};
 use memsnap_format::Snapshot;
 use memsnap_workload::{generate, TrainingRun};
 
-use crate::document::TimelineModel;
-use crate::timeline::{timeline_ui, TimelineState};
+use memsnap_viewer::document::{DeviceModel, TimelineModel};
+use memsnap_viewer::timeline::{timeline_ui, TimelineState};
+use memsnap_viewer::view::Selection;
 
 /// Errors a benchmark run can meet.
 #[derive(Debug, thiserror::Error)]
@@ -210,7 +216,7 @@ pub fn bench_snapshot(
     let started = Instant::now();
     let (model, sites) = std::thread::scope(|scope| {
         let sites = scope.spawn(|| memsnap_plot::sites::StackSites::new(snapshot));
-        let model = crate::document::DeviceModel::build(snapshot, device);
+        let model = DeviceModel::build(snapshot, device);
         (model, sites.join())
     });
     let mut model = model.map_err(BenchError::Analysis)?;
@@ -224,40 +230,39 @@ pub fn bench_snapshot(
     let ctx = egui::Context::default();
     let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, egui::vec2(1600.0, 900.0));
     let mut frame_index = 0u32;
-    let mut selection = crate::view::Selection::default();
-    let mut frame =
-        |state: &mut TimelineState, model: &crate::document::DeviceModel| -> (Duration, usize) {
-            let timeline_model = TimelineModel {
-                snapshot,
-                timeline,
-                steps: model.steps(),
-                sites: &sites,
-            };
-            frame_index += 1;
-            let input = egui::RawInput {
-                screen_rect: Some(screen),
-                // 60 frames per second of input time, so the view counts as moving while zooming.
-                time: Some(f64::from(frame_index) / 60.0),
-                ..Default::default()
-            };
-            let started = Instant::now();
-            let mut output = ctx.run_ui(input, |ui| {
-                egui::CentralPanel::default().show(ui, |ui| {
-                    timeline_ui(ui, &timeline_model, state, &mut selection);
-                });
-            });
-            // No renderer takes the font texture here.
-            output.textures_delta.clear();
-            let primitives = ctx.tessellate(output.shapes, output.pixels_per_point);
-            let triangles = primitives
-                .iter()
-                .map(|p| match &p.primitive {
-                    egui::epaint::Primitive::Mesh(m) => m.indices.len() / 3,
-                    egui::epaint::Primitive::Callback(_) => 0,
-                })
-                .sum();
-            (started.elapsed(), triangles)
+    let mut selection = Selection::default();
+    let mut frame = |state: &mut TimelineState, model: &DeviceModel| -> (Duration, usize) {
+        let timeline_model = TimelineModel {
+            snapshot,
+            timeline,
+            steps: model.steps(),
+            sites: &sites,
         };
+        frame_index += 1;
+        let input = egui::RawInput {
+            screen_rect: Some(screen),
+            // 60 frames per second of input time, so the view counts as moving while zooming.
+            time: Some(f64::from(frame_index) / 60.0),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let mut output = ctx.run_ui(input, |ui| {
+            egui::CentralPanel::default().show(ui, |ui| {
+                timeline_ui(ui, &timeline_model, state, &mut selection);
+            });
+        });
+        // No renderer takes the font texture here.
+        output.textures_delta.clear();
+        let primitives = ctx.tessellate(output.shapes, output.pixels_per_point);
+        let triangles = primitives
+            .iter()
+            .map(|p| match &p.primitive {
+                egui::epaint::Primitive::Mesh(m) => m.indices.len() / 3,
+                egui::epaint::Primitive::Callback(_) => 0,
+            })
+            .sum();
+        (started.elapsed(), triangles)
+    };
     // egui lays out fonts on the first pass; that is start-up, not drawing.
     let _ = frame(&mut state, &model);
     state.window.reset();

@@ -1,4 +1,7 @@
-//! `memsnap-viewer [FILE…]`: opens the desktop viewer on the given snapshot files.
+//! `memsnap-viewer [FILE…]`: opens the desktop viewer on the given snapshot files;
+//! `memsnap-viewer --bench-frames N`: measures it instead ([`bench`]).
+
+mod bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,10 +59,7 @@ fn run_bench(args: &Args, frames: usize) -> anyhow::Result<()> {
             if i > 0 {
                 println!();
             }
-            println!(
-                "{}",
-                memsnap_viewer::bench::bench_generated(entries, frames)?
-            );
+            println!("{}", bench::bench_generated(entries, frames)?);
         }
     }
     for (i, path) in args.files.iter().enumerate() {
@@ -67,7 +67,7 @@ fn run_bench(args: &Args, frames: usize) -> anyhow::Result<()> {
             println!();
         }
         println!("{}:", path.display());
-        println!("{}", memsnap_viewer::bench::bench_file(path, frames)?);
+        println!("{}", bench::bench_file(path, frames)?);
     }
     Ok(())
 }
