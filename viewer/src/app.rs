@@ -198,8 +198,15 @@ impl ViewerApp {
                 if let Some(path) = &document.path {
                     self.settings.remember(path);
                 }
-                self.documents.push(OpenDocument::new(document));
-                self.active = self.documents.len() - 1;
+                // In the order the files were opened, not the order their loads finished:
+                // two files dropped together came up in either order (a flaky ranks picture).
+                let at = self
+                    .documents
+                    .iter()
+                    .position(|d| d.doc.id > document.id)
+                    .unwrap_or(self.documents.len());
+                self.documents.insert(at, OpenDocument::new(document));
+                self.active = at;
                 if self.documents.len() >= 2 {
                     self.diff_pair = (self.documents.len() - 2, self.documents.len() - 1);
                 }

@@ -118,6 +118,44 @@ fn dropping_a_snapshot_opens_its_timeline() {
     h.get_by_label_contains("Training steps: ");
 }
 
+/// Two files dropped together are listed in the order they were dropped, whichever loads
+/// first: the ranks picture once swapped rank0 and rank1 when rank1 finished first.
+#[test]
+fn files_dropped_together_are_listed_in_the_order_they_were_dropped() {
+    let (big, _) = generate(&TrainingRun {
+        steps: 40,
+        layers: 24,
+        seed: 21,
+        ..TrainingRun::default()
+    });
+    let big = memsnap_format::io::encode(&big, Format::Pickle).expect("encode");
+    let small = training_pickle(22, 0);
+    for _ in 0..3 {
+        let h = loaded_app(
+            &[
+                ("first-big.pickle", big.clone()),
+                ("second-small.pickle", small.clone()),
+                ("third-small.pickle", small.clone()),
+            ],
+            Settings::default(),
+        );
+        let names: Vec<&str> = h
+            .state()
+            .documents
+            .iter()
+            .map(|d| d.doc.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "first-big.pickle",
+                "second-small.pickle",
+                "third-small.pickle"
+            ]
+        );
+    }
+}
+
 /// A file that arrives slowly (a named pipe written in two halves) loads in the background:
 /// frames keep being drawn while the reader waits for the rest, and the file opens once it
 /// has all arrived.
