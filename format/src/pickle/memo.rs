@@ -68,7 +68,11 @@ impl Memo {
         }
     }
 
+    // `#[inline]` (with `#[cold]`, so it stays out of line) gives each codegen unit that calls
+    // it a copy of the body: the VM's loop and fast path are optimised knowing what it
+    // touches. Without it they run 1.4% more instructions (a 100k-entry load, callgrind).
     #[cold]
+    #[inline]
     fn pack_wide(&mut self, wide: Val) -> u64 {
         self.wide.push(wide);
         ((self.wide.len() as u64 - 1) << 3) | slot::WIDE
@@ -127,7 +131,10 @@ impl Memo {
         true
     }
 
-    #[inline(never)]
+    // Out of the hot path (`#[cold]`) but visible to its callers' codegen unit (`#[inline]`),
+    // as `pack_wide` is.
+    #[cold]
+    #[inline]
     pub(super) fn put_elsewhere(&mut self, index: u64, v: Val) -> MemoPut {
         let dense_limit = self.dense.len() + MEMO_DENSE_SLACK;
         let dense = (index as usize) < dense_limit && index < u32::MAX as u64;
