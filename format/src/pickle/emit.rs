@@ -16,7 +16,7 @@
 //! assert_eq!(bytes, b"\x80\x04\x95\x07\x00\x00\x00\x00\x00\x00\x00]\x94M,\x01a.");
 //! ```
 
-pub use super::vm::op;
+pub use super::opcodes::op;
 
 /// A frame is closed at the first opcode boundary once it holds this many bytes, and payloads
 /// of this size or more are written between frames.

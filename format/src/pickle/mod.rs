@@ -7,10 +7,11 @@
 //! nothing**: `GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ*`, `PERSID`,
 //! `BINPERSID` and `EXT*` are refused with the opcode and its byte offset.
 //!
-//! The reader makes **one pass** over the input, seen through a window (`vm::Feed`: the slice
+//! The reader makes **one pass** over the input, seen through a window (`feed::Feed`: the slice
 //! itself, or a 256 KiB buffer refilled from the stream):
 //!
-//! * a small VM (`vm`) runs the data opcodes into an arena: strings are copied to a string
+//! * a small VM (`vm`) runs the data opcodes (told apart by the one opcode table, `opcodes`)
+//!   into an arena (`arena`, with the packed memo in `memo`): strings are copied to a string
 //!   heap (the snapshot's keys and action names recognised once, as they are read), small
 //!   ints are stored inline, containers are nodes whose items live in one flat vector, and a
 //!   memo reference is the same node again (a frames list shared by a thousand entries is
@@ -48,10 +49,15 @@
 //! opcodes, through [`emit::Emitter`], which `memsnap.dump` (the Python package) writes
 //! through too.
 
+mod arena;
 mod convert;
 pub mod emit;
+mod feed;
+mod memo;
+mod opcodes;
 pub mod ops;
 mod part;
+mod sym;
 mod vm;
 mod writer;
 
@@ -141,12 +147,14 @@ pub(crate) fn read_part_observing(
         Part::Whole => None,
     };
     let (arena, state) = vm::run(
-        vm::SliceFeed::new(bytes),
-        bytes.len() as u64,
-        progress,
-        observe,
-        true,
-        end_at,
+        feed::SliceFeed::new(bytes),
+        vm::Run {
+            total: bytes.len() as u64,
+            progress,
+            observe,
+            fast_entries: true,
+            end_at,
+        },
     )?;
     convert::convert(&arena, state)
 }
@@ -169,12 +177,14 @@ pub(crate) fn read_from_observing(
     observe: Option<Observe<'_>>,
 ) -> Result<Snapshot> {
     let (arena, state) = vm::run(
-        vm::ReaderFeed::new(reader),
-        len,
-        progress,
-        observe,
-        true,
-        None,
+        feed::ReaderFeed::new(reader),
+        vm::Run {
+            total: len,
+            progress,
+            observe,
+            fast_entries: true,
+            end_at: None,
+        },
     )?;
     convert::convert(&arena, state)
 }
@@ -207,12 +217,14 @@ pub fn read_part_from(
         match part::segments_end(&head) {
             part::Scan::Cut(end) => {
                 let (arena, state) = vm::run(
-                    vm::SliceFeed::new(&head),
-                    head.len() as u64,
-                    progress,
-                    None,
-                    true,
-                    Some(end),
+                    feed::SliceFeed::new(&head),
+                    vm::Run {
+                        total: head.len() as u64,
+                        progress,
+                        observe: None,
+                        fast_entries: true,
+                        end_at: Some(end),
+                    },
                 )?;
                 return convert::convert(&arena, state);
             }
@@ -233,12 +245,14 @@ const PART_FIRST_READ: u64 = 1 << 20;
 #[doc(hidden)]
 pub fn read_with_fast_path(bytes: &[u8], fast: bool) -> Result<(Snapshot, usize)> {
     let (arena, state) = vm::run(
-        vm::SliceFeed::new(bytes),
-        bytes.len() as u64,
-        &mut |_, _| true,
-        None,
-        fast,
-        None,
+        feed::SliceFeed::new(bytes),
+        vm::Run {
+            total: bytes.len() as u64,
+            progress: &mut |_, _| true,
+            observe: None,
+            fast_entries: fast,
+            end_at: None,
+        },
     )?;
     let fast_entries = state.fast_entries;
     Ok((convert::convert(&arena, state)?, fast_entries))

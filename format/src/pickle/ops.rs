@@ -2,7 +2,8 @@
 //! (the `memsnap` Python package builds Python objects with it).
 //!
 //! [`Ops`] walks the input one opcode at a time and hands out each opcode with its name, its
-//! byte offset and its argument, decoded by the reader's one opcode table ([`opcode_info`]).
+//! byte offset and its argument, decoded by the codec's one opcode table ([`opcode_info`], shared with the reader and the
+//! writer).
 //! It runs nothing and builds nothing: what an opcode means, and which opcodes to refuse, is
 //! the caller's ([`executes_code`] names the ones that would import or call code). Every
 //! length is checked against the rest of the input before anything is sliced, so hostile
@@ -30,47 +31,7 @@
 //! # Ok::<(), memsnap_format::pickle::ops::OpError>(())
 //! ```
 
-pub use super::vm::{op, Arg};
-
-use super::vm;
-
-/// [`vm::opcode_info`] for every byte, built at compile time: one indexed load per opcode
-/// (the decoder looks each one up on the hot path of a load).
-static OPCODES: [Option<(&str, Arg)>; 256] = {
-    let mut table = [None; 256];
-    let mut code = 0;
-    while code < 256 {
-        table[code] = vm::opcode_info(code as u8);
-        code += 1;
-    }
-    table
-};
-
-/// [`vm::executes_code`] for every byte, built at compile time.
-static EXECUTES: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut code = 0;
-    while code < 256 {
-        table[code] = vm::executes_code(code as u8);
-        code += 1;
-    }
-    table
-};
-
-/// The reader's one opcode table: an opcode's name (as in CPython's `pickle.py`) and argument
-/// layout, `None` for a byte that is no opcode.
-#[inline]
-pub fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
-    OPCODES[usize::from(code)]
-}
-
-/// Whether an opcode would import or call something (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`,
-/// `BUILD`, `INST`, `OBJ`, `NEWOBJ*`, `PERSID`, `BINPERSID`, `EXT*`): what a reader that
-/// executes nothing refuses.
-#[inline]
-pub fn executes_code(code: u8) -> bool {
-    EXECUTES[usize::from(code)]
-}
+pub use super::opcodes::{executes_code, op, opcode_info, Arg};
 
 /// Why the next opcode could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -277,15 +238,6 @@ mod tests {
         assert_eq!(ops[2].array::<3>(), [b'h', b'i', 0], "padded");
         let [protocol] = ops[0].array();
         assert_eq!(protocol, 4);
-    }
-
-    #[test]
-    fn the_compile_time_tables_are_the_readers_table() {
-        for code in 0..=255u8 {
-            assert_eq!(opcode_info(code), vm::opcode_info(code), "0x{code:02x}");
-            assert_eq!(executes_code(code), vm::executes_code(code), "0x{code:02x}");
-        }
-        assert!(executes_code(op::STACK_GLOBAL) && !executes_code(op::BINUNICODE));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! A report over the segments alone (`memsnap memviz stats`) needs the first few percent of a
 //! file whose trace holds a million entries. [`segments_end`] walks the opcodes from the start,
 //! skipping each by its argument layout from the reader's one opcode table
-//! ([`super::vm::opcode_info`]) and building nothing, to the offset where the second top-level
+//! ([`super::opcodes::opcode_info`]) and building nothing, to the offset where the second top-level
 //! key starts. The VM then runs up to that offset and closes the dict there, as if
 //! `SETITEMS STOP` stood in its place: the result is the snapshot `{'segments': [...]}`.
 //!
@@ -22,7 +22,7 @@
 //! file *is*: a `STOP` right after a later value makes that value the root for CPython (and
 //! for the whole read), where the part read has already closed the dict.
 
-use super::vm::{op, opcode_info, Arg};
+use super::opcodes::{executes_code, op, opcode_info, Arg};
 
 /// The keys PyTorch writes after `segments` at the top level of a snapshot dict. The cut is
 /// made only before one of these, so the bytes read are exactly the segments entry.
@@ -242,7 +242,7 @@ impl<'a> Walk<'a> {
 
 /// Opcodes that import or call code: the walk stops and the full reader refuses them.
 fn is_code(code: u8) -> bool {
-    super::vm::executes_code(code)
+    executes_code(code)
 }
 
 #[cfg(test)]

@@ -1,21 +1,20 @@
-//! The pickle virtual machine: runs the data opcodes into an arena, executes nothing.
+//! The pickle virtual machine: runs the data opcodes into an [`Arena`], executes nothing.
 //!
-//! The input is read through a [`Feed`]: a slice already in memory, or a reader seen through
-//! a small window, so loading a file never holds the whole file. Strings, bytes and big
-//! integers are copied into the arena's string heap (validated UTF-8 for `str`, with the
-//! entry keys and action names recognised once as a [`Sym`]); small integers, floats and bools
-//! are stored inline in [`Val`]; lists, dicts and tuples are [`Node`]s whose items live in one
-//! flat vector, in chunks (one chunk per `APPENDS`/`SETITEMS` batch, merged when batches are
-//! adjacent). A memo reference pushes the same `Val::Node`, so a list shared a thousand times
-//! is stored once and the conversion pass can cache per node.
-
-use std::collections::{HashMap, HashSet};
-use std::io::Read;
+//! The input comes through a [`Feed`] (a slice, or a reader seen through a window), opcodes
+//! are told apart by the one opcode table ([`super::opcodes`]), memo stores go to the packed
+//! [`Memo`], and values to the arena. A trace entry dict is converted as soon as it is
+//! complete (by the converter, `convert`, whose state [`ConvState`] the VM carries), and
+//! `fast_path` reads entries in the usual layout straight from the window.
 
 use crate::error::{FormatError, Result};
 use crate::io::Progress;
 
-use super::convert::{Conv, ConvState, Sym};
+use super::arena::{Arena, Chunk, Kind, Node, Val, NONE};
+use super::convert::{Conv, ConvState};
+use super::feed::Feed;
+use super::memo::Memo;
+use super::opcodes::{executes_code, op, opcode_info};
+use super::sym::Sym;
 
 mod fast_path;
 use crate::intern::FrameId;
@@ -29,663 +28,12 @@ pub type Observe<'a> = &'a mut dyn FnMut(&[crate::TraceEntry]);
 
 /// Call the progress callback about this often.
 const PROGRESS_STEP: usize = 1 << 20;
-/// Memo indices above `memo.len() + MEMO_DENSE_SLACK` go to a sparse map, so a hostile
-/// `LONG_BINPUT 0xffffffff` cannot make us allocate a 64 GiB vector.
-const MEMO_DENSE_SLACK: usize = 1 << 16;
-
-/// Bytes a [`ReaderFeed`] asks its reader for at a time.
-const READ_CHUNK: usize = 256 << 10;
 /// Longest text line (protocol-0 `GET`/`PUT` indices, `GLOBAL` names) we look for.
 const MAX_LINE: usize = 64 << 10;
-
-/// No chunk / no node marker.
-pub(crate) const NONE: u32 = u32::MAX;
-
-/// One value on the VM stack, in the memo, or inside a container.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Val {
-    None,
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    /// A `LONG1`/`LONG4` integer outside `i64`: little-endian two's complement bytes in the heap.
-    BigInt {
-        start: usize,
-        len: u32,
-    },
-    /// Valid UTF-8 in the string heap; `sym` names the snapshot keys the reader looks for.
-    Str {
-        start: usize,
-        len: u32,
-        sym: Sym,
-    },
-    Bytes {
-        start: usize,
-        len: u32,
-    },
-    /// A list, dict or tuple in [`Arena::nodes`].
-    Node(u32),
-    /// A frames list the fast path read straight into this [`crate::StackId`] (no node: real
-    /// files hold a fresh list per entry).
-    Stack(u32),
-    /// A dict the fast path read as the trace entry at this index of
-    /// [`super::convert::ConvState::entries`] (no node: most of a file's dicts are these).
-    Entry(u32),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    List,
-    Dict,
-    Tuple,
-    /// A dict already converted to a [`crate::TraceEntry`] while reading (see
-    /// [`super::convert::ConvState::entries`]); `first` is its index there.
-    Entry,
-}
-
-/// A container: its items are the chunks `first -> ... -> last`. A dict stores keys and
-/// values interleaved.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Node {
-    pub kind: Kind,
-    first: u32,
-    last: u32,
-    /// Number of items (a dict holds `len / 2` pairs).
-    pub len: u32,
-    /// Pushed again through the memo or DUP, so it may be referenced more than once.
-    pub shared: bool,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Chunk {
-    start: u32,
-    len: u32,
-    next: u32,
-    /// The items are `Val::Entry(start..start + len)`, not stored in `items` (a trace list
-    /// is a million consecutive entries).
-    entries: bool,
-}
-
-/// The result of running a pickle: the object graph and its root.
-pub(crate) struct Arena {
-    /// The bytes of every string, bytes object and big integer, in input order.
-    heap: Vec<u8>,
-    pub nodes: Vec<Node>,
-    chunks: Vec<Chunk>,
-    items: Vec<Val>,
-    /// `Val::Entry`s pushed again through the memo or DUP.
-    shared_entries: HashSet<u32>,
-    pub root: Val,
-}
-
-impl Arena {
-    /// The index in the converted entries of a dict read as a trace entry.
-    #[inline]
-    pub fn entry_of(&self, v: Val) -> Option<usize> {
-        match v {
-            Val::Entry(index) => Some(index as usize),
-            Val::Node(id) => {
-                let node = &self.nodes[id as usize];
-                (node.kind == Kind::Entry).then_some(node.first as usize)
-            }
-            _ => None,
-        }
-    }
-
-    /// The Python type of a value, for error messages.
-    pub fn type_name(&self, v: Val) -> &'static str {
-        match v {
-            Val::None => "None",
-            Val::Bool(_) => "bool",
-            Val::Int(_) | Val::BigInt { .. } => "int",
-            Val::Float(_) => "float",
-            Val::Str { .. } => "str",
-            Val::Bytes { .. } => "bytes",
-            Val::Entry(_) => "dict",
-            Val::Stack(_) => "list",
-            Val::Node(id) => match self.nodes[id as usize].kind {
-                Kind::List => "list",
-                Kind::Dict | Kind::Entry => "dict",
-                Kind::Tuple => "tuple",
-            },
-        }
-    }
-
-    /// Whether a value may be referenced more than once.
-    pub fn is_shared(&self, v: Val) -> bool {
-        match v {
-            Val::Entry(index) => self.shared_entries.contains(&index),
-            Val::Node(id) => self.nodes[id as usize].shared,
-            _ => false,
-        }
-    }
-
-    pub fn node(&self, id: u32) -> &Node {
-        &self.nodes[id as usize]
-    }
-
-    /// The items of a container, in order.
-    pub fn items(&self, id: u32) -> Items<'_> {
-        let node = self.nodes[id as usize];
-        Items {
-            arena: self,
-            chunk: if node.kind == Kind::Entry {
-                NONE
-            } else {
-                node.first
-            },
-            pos: 0,
-        }
-    }
-
-    /// Whether list `id` is the entries `0..len` in order, none of them shared, told from its
-    /// chunks alone (the usual trace list: one chunk of entries). `false` means only that
-    /// the chunks do not show it; [`Arena::items`] may.
-    pub fn is_entry_run(&self, id: u32) -> bool {
-        if !self.shared_entries.is_empty() {
-            return false;
-        }
-        let node = &self.nodes[id as usize];
-        if node.kind != Kind::List {
-            return false;
-        }
-        let (mut chunk, mut next) = (node.first, 0u32);
-        while chunk != NONE {
-            let c = self.chunks[chunk as usize];
-            if !c.entries || c.start != next {
-                return false;
-            }
-            next += c.len;
-            chunk = c.next;
-        }
-        true
-    }
-
-    /// The raw bytes of a `Str`, `Bytes` or `BigInt` value.
-    pub fn bytes(&self, start: usize, len: u32) -> &[u8] {
-        &self.heap[start..start + len as usize]
-    }
-}
-
-/// Iterator over a container's items.
-pub(crate) struct Items<'a> {
-    arena: &'a Arena,
-    chunk: u32,
-    pos: u32,
-}
-
-impl<'a> Iterator for Items<'a> {
-    type Item = Val;
-
-    #[inline]
-    fn next(&mut self) -> Option<Val> {
-        loop {
-            if self.chunk == NONE {
-                return None;
-            }
-            let c = self.arena.chunks[self.chunk as usize];
-            if self.pos < c.len {
-                let v = if c.entries {
-                    Val::Entry(c.start + self.pos)
-                } else {
-                    self.arena.items[(c.start + self.pos) as usize]
-                };
-                self.pos += 1;
-                return Some(v);
-            }
-            self.chunk = c.next;
-            self.pos = 0;
-        }
-    }
-}
-
-/// Opcodes (names as in CPython's `pickle.py`).
-pub mod op {
-    pub const MARK: u8 = b'(';
-    pub const STOP: u8 = b'.';
-    pub const POP: u8 = b'0';
-    pub const POP_MARK: u8 = b'1';
-    pub const DUP: u8 = b'2';
-    pub const FLOAT: u8 = b'F';
-    pub const INT: u8 = b'I';
-    pub const BININT: u8 = b'J';
-    pub const BININT1: u8 = b'K';
-    pub const LONG: u8 = b'L';
-    pub const BININT2: u8 = b'M';
-    pub const NONE: u8 = b'N';
-    pub const PERSID: u8 = b'P';
-    pub const BINPERSID: u8 = b'Q';
-    pub const REDUCE: u8 = b'R';
-    pub const STRING: u8 = b'S';
-    pub const BINSTRING: u8 = b'T';
-    pub const SHORT_BINSTRING: u8 = b'U';
-    pub const UNICODE: u8 = b'V';
-    pub const BINUNICODE: u8 = b'X';
-    pub const APPEND: u8 = b'a';
-    pub const BUILD: u8 = b'b';
-    pub const GLOBAL: u8 = b'c';
-    pub const DICT: u8 = b'd';
-    pub const EMPTY_DICT: u8 = b'}';
-    pub const APPENDS: u8 = b'e';
-    pub const GET: u8 = b'g';
-    pub const BINGET: u8 = b'h';
-    pub const INST: u8 = b'i';
-    pub const LONG_BINGET: u8 = b'j';
-    pub const LIST: u8 = b'l';
-    pub const EMPTY_LIST: u8 = b']';
-    pub const OBJ: u8 = b'o';
-    pub const PUT: u8 = b'p';
-    pub const BINPUT: u8 = b'q';
-    pub const LONG_BINPUT: u8 = b'r';
-    pub const SETITEM: u8 = b's';
-    pub const TUPLE: u8 = b't';
-    pub const EMPTY_TUPLE: u8 = b')';
-    pub const SETITEMS: u8 = b'u';
-    pub const BINFLOAT: u8 = b'G';
-    pub const PROTO: u8 = 0x80;
-    pub const NEWOBJ: u8 = 0x81;
-    pub const EXT1: u8 = 0x82;
-    pub const EXT2: u8 = 0x83;
-    pub const EXT4: u8 = 0x84;
-    pub const TUPLE1: u8 = 0x85;
-    pub const TUPLE2: u8 = 0x86;
-    pub const TUPLE3: u8 = 0x87;
-    pub const NEWTRUE: u8 = 0x88;
-    pub const NEWFALSE: u8 = 0x89;
-    pub const LONG1: u8 = 0x8a;
-    pub const LONG4: u8 = 0x8b;
-    pub const BINBYTES: u8 = b'B';
-    pub const SHORT_BINBYTES: u8 = b'C';
-    pub const SHORT_BINUNICODE: u8 = 0x8c;
-    pub const BINUNICODE8: u8 = 0x8d;
-    pub const BINBYTES8: u8 = 0x8e;
-    pub const EMPTY_SET: u8 = 0x8f;
-    pub const ADDITEMS: u8 = 0x90;
-    pub const FROZENSET: u8 = 0x91;
-    pub const NEWOBJ_EX: u8 = 0x92;
-    pub const STACK_GLOBAL: u8 = 0x93;
-    pub const MEMOIZE: u8 = 0x94;
-    pub const FRAME: u8 = 0x95;
-    pub const BYTEARRAY8: u8 = 0x96;
-    pub const NEXT_BUFFER: u8 = 0x97;
-    pub const READONLY_BUFFER: u8 = 0x98;
-}
-
-/// How an opcode's argument follows the opcode byte.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arg {
-    /// This many bytes.
-    Fixed(usize),
-    /// A little-endian length in this many bytes, then that many bytes.
-    Counted(usize),
-    /// This many lines of text, each ending in `\n` (protocol 0 and 1 opcodes).
-    Lines(usize),
-}
-
-/// The one opcode table: every opcode's name (as in CPython's `pickle.py`) and argument
-/// layout. The VM names opcodes in errors with it, and [`super::part`] skips over opcodes with
-/// it without running them.
-pub const fn opcode_info(code: u8) -> Option<(&'static str, Arg)> {
-    use Arg::{Counted, Fixed, Lines};
-    Some(match code {
-        op::MARK => ("MARK", Fixed(0)),
-        op::STOP => ("STOP", Fixed(0)),
-        op::POP => ("POP", Fixed(0)),
-        op::POP_MARK => ("POP_MARK", Fixed(0)),
-        op::DUP => ("DUP", Fixed(0)),
-        op::FLOAT => ("FLOAT", Lines(1)),
-        op::INT => ("INT", Lines(1)),
-        op::BININT => ("BININT", Fixed(4)),
-        op::BININT1 => ("BININT1", Fixed(1)),
-        op::LONG => ("LONG", Lines(1)),
-        op::BININT2 => ("BININT2", Fixed(2)),
-        op::NONE => ("NONE", Fixed(0)),
-        op::PERSID => ("PERSID", Lines(1)),
-        op::BINPERSID => ("BINPERSID", Fixed(0)),
-        op::REDUCE => ("REDUCE", Fixed(0)),
-        op::STRING => ("STRING", Lines(1)),
-        op::BINSTRING => ("BINSTRING", Counted(4)),
-        op::SHORT_BINSTRING => ("SHORT_BINSTRING", Counted(1)),
-        op::UNICODE => ("UNICODE", Lines(1)),
-        op::BINUNICODE => ("BINUNICODE", Counted(4)),
-        op::APPEND => ("APPEND", Fixed(0)),
-        op::BUILD => ("BUILD", Fixed(0)),
-        op::GLOBAL => ("GLOBAL", Lines(2)),
-        op::DICT => ("DICT", Fixed(0)),
-        op::EMPTY_DICT => ("EMPTY_DICT", Fixed(0)),
-        op::APPENDS => ("APPENDS", Fixed(0)),
-        op::GET => ("GET", Lines(1)),
-        op::BINGET => ("BINGET", Fixed(1)),
-        op::INST => ("INST", Lines(2)),
-        op::LONG_BINGET => ("LONG_BINGET", Fixed(4)),
-        op::LIST => ("LIST", Fixed(0)),
-        op::EMPTY_LIST => ("EMPTY_LIST", Fixed(0)),
-        op::OBJ => ("OBJ", Fixed(0)),
-        op::PUT => ("PUT", Lines(1)),
-        op::BINPUT => ("BINPUT", Fixed(1)),
-        op::LONG_BINPUT => ("LONG_BINPUT", Fixed(4)),
-        op::SETITEM => ("SETITEM", Fixed(0)),
-        op::TUPLE => ("TUPLE", Fixed(0)),
-        op::EMPTY_TUPLE => ("EMPTY_TUPLE", Fixed(0)),
-        op::SETITEMS => ("SETITEMS", Fixed(0)),
-        op::BINFLOAT => ("BINFLOAT", Fixed(8)),
-        op::PROTO => ("PROTO", Fixed(1)),
-        op::NEWOBJ => ("NEWOBJ", Fixed(0)),
-        op::EXT1 => ("EXT1", Fixed(1)),
-        op::EXT2 => ("EXT2", Fixed(2)),
-        op::EXT4 => ("EXT4", Fixed(4)),
-        op::TUPLE1 => ("TUPLE1", Fixed(0)),
-        op::TUPLE2 => ("TUPLE2", Fixed(0)),
-        op::TUPLE3 => ("TUPLE3", Fixed(0)),
-        op::NEWTRUE => ("NEWTRUE", Fixed(0)),
-        op::NEWFALSE => ("NEWFALSE", Fixed(0)),
-        op::LONG1 => ("LONG1", Counted(1)),
-        op::LONG4 => ("LONG4", Counted(4)),
-        op::BINBYTES => ("BINBYTES", Counted(4)),
-        op::SHORT_BINBYTES => ("SHORT_BINBYTES", Counted(1)),
-        op::SHORT_BINUNICODE => ("SHORT_BINUNICODE", Counted(1)),
-        op::BINUNICODE8 => ("BINUNICODE8", Counted(8)),
-        op::BINBYTES8 => ("BINBYTES8", Counted(8)),
-        op::EMPTY_SET => ("EMPTY_SET", Fixed(0)),
-        op::ADDITEMS => ("ADDITEMS", Fixed(0)),
-        op::FROZENSET => ("FROZENSET", Fixed(0)),
-        op::NEWOBJ_EX => ("NEWOBJ_EX", Fixed(0)),
-        op::STACK_GLOBAL => ("STACK_GLOBAL", Fixed(0)),
-        op::MEMOIZE => ("MEMOIZE", Fixed(0)),
-        op::FRAME => ("FRAME", Fixed(8)),
-        op::BYTEARRAY8 => ("BYTEARRAY8", Counted(8)),
-        op::NEXT_BUFFER => ("NEXT_BUFFER", Fixed(0)),
-        op::READONLY_BUFFER => ("READONLY_BUFFER", Fixed(0)),
-        _ => return None,
-    })
-}
 
 /// The name of an opcode, for error messages.
 fn opcode_name(code: u8) -> Option<&'static str> {
     opcode_info(code).map(|(name, _)| name)
-}
-
-/// Whether an opcode would import or call something.
-pub const fn executes_code(code: u8) -> bool {
-    matches!(
-        code,
-        op::GLOBAL
-            | op::STACK_GLOBAL
-            | op::REDUCE
-            | op::BUILD
-            | op::INST
-            | op::OBJ
-            | op::NEWOBJ
-            | op::NEWOBJ_EX
-            | op::PERSID
-            | op::BINPERSID
-            | op::EXT1
-            | op::EXT2
-            | op::EXT4
-    )
-}
-
-/// Where the VM's bytes come from.
-pub(crate) trait Feed {
-    /// The bytes available now, from the current window start.
-    fn window(&self) -> &[u8];
-    /// Moves the window start `drop` bytes on (always, even when reading then fails), then
-    /// reads until at least `need` bytes are available or the input ends.
-    fn refill(&mut self, drop: usize, need: usize) -> std::io::Result<()>;
-}
-
-/// Input already in memory: the window is the rest of the slice.
-pub(crate) struct SliceFeed<'a> {
-    data: &'a [u8],
-    start: usize,
-}
-
-impl<'a> SliceFeed<'a> {
-    pub fn new(data: &'a [u8]) -> Self {
-        SliceFeed { data, start: 0 }
-    }
-}
-
-impl Feed for SliceFeed<'_> {
-    #[inline(always)]
-    fn window(&self) -> &[u8] {
-        &self.data[self.start..]
-    }
-
-    fn refill(&mut self, drop: usize, _need: usize) -> std::io::Result<()> {
-        self.start += drop;
-        Ok(())
-    }
-}
-
-/// A reader seen through a buffer of about [`READ_CHUNK`] bytes.
-pub(crate) struct ReaderFeed<R> {
-    reader: R,
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-}
-
-impl<R: Read> ReaderFeed<R> {
-    pub fn new(reader: R) -> Self {
-        ReaderFeed {
-            reader,
-            buf: Vec::new(),
-            start: 0,
-            end: 0,
-        }
-    }
-}
-
-impl<R: Read> Feed for ReaderFeed<R> {
-    #[inline(always)]
-    fn window(&self) -> &[u8] {
-        &self.buf[self.start..self.end]
-    }
-
-    fn refill(&mut self, drop: usize, need: usize) -> std::io::Result<()> {
-        self.start += drop;
-        if self.end - self.start >= need {
-            return Ok(());
-        }
-        self.buf.copy_within(self.start..self.end, 0);
-        self.end -= self.start;
-        self.start = 0;
-        let size = need.max(READ_CHUNK);
-        if self.buf.len() < size {
-            self.buf.resize(size, 0);
-        }
-        while self.end < need {
-            match self.reader.read(&mut self.buf[self.end..]) {
-                Ok(0) => break,
-                Ok(n) => self.end += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The pickle memo: dense for the indices picklers use (counting up from 0), sparse beyond.
-/// Dense slots are [`Val`]s packed into 8 bytes (a 1M-entry file memoizes 2M objects).
-#[derive(Default)]
-struct Memo {
-    dense: Vec<u64>,
-    /// Values too wide to pack, referenced from `dense`.
-    wide: Vec<Val>,
-    sparse: HashMap<u64, Val>,
-    /// Number of indices stored (the next `MEMOIZE` index).
-    count: usize,
-    /// Bumped whenever a stored index changes or is removed (not when one is added): what was
-    /// concluded from memo references before then may be stale (see `fast_path::ListCache`).
-    changes: u64,
-}
-
-/// Where a [`Memo::put`] went and what it replaced, to undo it.
-#[derive(Clone, Copy, Debug, Default)]
-struct MemoPut {
-    index: u64,
-    dense: bool,
-    old: Option<Val>,
-}
-
-/// Packed memo slot layout: the low 3 bits are the tag, 0 is an empty slot.
-mod slot {
-    pub const EMPTY: u64 = 0;
-    pub const NODE: u64 = 1;
-    pub const STR: u64 = 2;
-    pub const INT: u64 = 3;
-    /// `None` (payload 0), `False` (1) or `True` (2).
-    pub const SMALL: u64 = 4;
-    pub const STACK: u64 = 5;
-    pub const WIDE: u64 = 6;
-    pub const ENTRY: u64 = 7;
-    pub const TAG: u64 = 7;
-}
-
-impl Memo {
-    #[inline(always)]
-    fn pack(&mut self, v: Val) -> u64 {
-        match v {
-            Val::Node(id) => (u64::from(id) << 32) | slot::NODE,
-            Val::Entry(index) => (u64::from(index) << 32) | slot::ENTRY,
-            Val::Str { start, len, sym } if start < 1 << 40 && len < 1 << 16 => {
-                ((start as u64) << 24)
-                    | (u64::from(len) << 8)
-                    | (u64::from(sym as u8) << 3)
-                    | slot::STR
-            }
-            Val::Int(i) if (i << 3) >> 3 == i => ((i << 3) as u64) | slot::INT,
-            Val::Stack(id) => (u64::from(id) << 32) | slot::STACK,
-            Val::None => slot::SMALL,
-            Val::Bool(b) => ((1 + u64::from(b)) << 3) | slot::SMALL,
-            wide => self.pack_wide(wide),
-        }
-    }
-
-    #[cold]
-    fn pack_wide(&mut self, wide: Val) -> u64 {
-        self.wide.push(wide);
-        ((self.wide.len() as u64 - 1) << 3) | slot::WIDE
-    }
-
-    /// What the str stored at a dense index was recognised as (`None` for anything else).
-    #[inline(always)]
-    fn sym_at(&self, index: u64) -> Option<Sym> {
-        let packed = *self.dense.get(index as usize)?;
-        (packed & slot::TAG == slot::STR).then(|| Sym::from_u8(((packed >> 3) & 0x1f) as u8))
-    }
-
-    #[inline(always)]
-    fn unpack(&self, packed: u64) -> Option<Val> {
-        Some(match packed & slot::TAG {
-            slot::NODE => Val::Node((packed >> 32) as u32),
-            slot::ENTRY => Val::Entry((packed >> 32) as u32),
-            slot::STR => Val::Str {
-                start: (packed >> 24) as usize,
-                len: ((packed >> 8) & 0xffff) as u32,
-                sym: Sym::from_u8(((packed >> 3) & 0x1f) as u8),
-            },
-            slot::INT => Val::Int(packed as i64 >> 3),
-            slot::STACK => Val::Stack((packed >> 32) as u32),
-            slot::SMALL => match packed >> 3 {
-                0 => Val::None,
-                small => Val::Bool(small == 2),
-            },
-            slot::WIDE => *self.wide.get((packed >> 3) as usize)?,
-            _ => return None,
-        })
-    }
-
-    /// Stores `v` at `index`.
-    #[inline(always)]
-    fn put(&mut self, index: u64, v: Val) -> MemoPut {
-        if self.try_push(index, v) {
-            return MemoPut {
-                index,
-                dense: true,
-                old: None,
-            };
-        }
-        self.put_elsewhere(index, v)
-    }
-
-    /// Stores `v` when `index` is the next dense one (picklers count up: the usual case).
-    #[inline(always)]
-    fn try_push(&mut self, index: u64, v: Val) -> bool {
-        if index as usize != self.dense.len() || index >= u32::MAX as u64 {
-            return false;
-        }
-        let packed = self.pack(v);
-        self.dense.push(packed);
-        self.count += 1;
-        true
-    }
-
-    #[inline(never)]
-    fn put_elsewhere(&mut self, index: u64, v: Val) -> MemoPut {
-        let dense_limit = self.dense.len() + MEMO_DENSE_SLACK;
-        let dense = (index as usize) < dense_limit && index < u32::MAX as u64;
-        let old = if dense {
-            let i = index as usize;
-            let packed = self.pack(v);
-            if i == self.dense.len() {
-                // Picklers count up: the usual case.
-                self.dense.push(packed);
-                None
-            } else {
-                if i > self.dense.len() {
-                    self.dense.resize(i + 1, slot::EMPTY);
-                }
-                let old = std::mem::replace(&mut self.dense[i], packed);
-                self.unpack(old)
-            }
-        } else {
-            self.sparse.insert(index, v)
-        };
-        if old.is_none() {
-            self.count += 1;
-        } else {
-            self.changes += 1;
-        }
-        MemoPut { index, dense, old }
-    }
-
-    /// The node stored at a dense index, without unpacking anything else.
-    #[inline(always)]
-    fn node_at(&self, index: u64) -> Option<u32> {
-        let packed = *self.dense.get(index as usize)?;
-        (packed & slot::TAG == slot::NODE).then_some((packed >> 32) as u32)
-    }
-
-    #[inline(always)]
-    fn get(&self, index: u64) -> Option<Val> {
-        match self.dense.get(index as usize) {
-            Some(&packed) if packed != slot::EMPTY => self.unpack(packed),
-            _ => self.sparse.get(&index).copied(),
-        }
-    }
-
-    /// Undoes a [`Memo::put`].
-    fn undo(&mut self, put: MemoPut) {
-        self.changes += 1;
-        if put.old.is_none() {
-            self.count -= 1;
-        }
-        if put.dense {
-            let packed = match put.old {
-                Some(v) => self.pack(v),
-                None => slot::EMPTY,
-            };
-            self.dense[put.index as usize] = packed;
-        } else {
-            match put.old {
-                Some(v) => self.sparse.insert(put.index, v),
-                None => self.sparse.remove(&put.index),
-            };
-        }
-    }
 }
 
 struct Vm<'p, 'o, F> {
@@ -716,24 +64,39 @@ struct Vm<'p, 'o, F> {
     journal_buf: Vec<(bool, u32)>,
     /// Fresh frames lists already read, by their bytes.
     lists: fast_path::ListCache,
-    /// Where to end the top-level dict as if `SETITEMS STOP` stood there (see [`super::part`]).
+    /// Where to end the top-level dict as if `SETITEMS STOP` stood there (see [`Run::end_at`]).
     end_at: Option<u64>,
 }
 
-/// Runs the pickle in `input` and returns its object graph, with trace entries already
+/// How to run the VM over one input: everything but the bytes themselves.
+pub(crate) struct Run<'p, 'o> {
+    /// Input length (bounds every declared length; progress is reported against it).
+    pub total: u64,
+    pub progress: Progress<'p>,
+    /// Shown the trace entries read so far, at each progress tick.
+    pub observe: Option<Observe<'o>>,
+    /// Take the trace-entry fast path when it applies (off only to test it against the
+    /// generic path).
+    pub fast_entries: bool,
+    /// Where to end the top-level dict as if `SETITEMS STOP` stood there (reading only the
+    /// segments, see `part`).
+    pub end_at: Option<u64>,
+}
+
+/// Runs the pickle in `feed` and returns its object graph, with trace entries already
 /// converted (they are most of a snapshot, and converting them as they complete keeps their
 /// keys and values out of the arena).
 ///
-/// With `end_at`, the opcode at that offset is not read: the top-level dict is closed there
-/// as if `SETITEMS STOP` followed, and the rest of the input is left alone.
-pub(crate) fn run<F: Feed>(
-    feed: F,
-    total: u64,
-    progress: Progress<'_>,
-    observe: Option<Observe<'_>>,
-    fast_entries: bool,
-    end_at: Option<u64>,
-) -> Result<(Arena, ConvState)> {
+/// With [`Run::end_at`], the opcode at that offset is not read: the top-level dict is closed
+/// there as if `SETITEMS STOP` followed, and the rest of the input is left alone.
+pub(crate) fn run<F: Feed>(feed: F, options: Run<'_, '_>) -> Result<(Arena, ConvState)> {
+    let Run {
+        total,
+        progress,
+        observe,
+        fast_entries,
+        end_at,
+    } = options;
     let mut vm = Vm {
         feed,
         base: 0,
@@ -743,14 +106,7 @@ pub(crate) fn run<F: Feed>(
         stack: Vec::with_capacity(1024),
         marks: Vec::with_capacity(64),
         memo: Memo::default(),
-        arena: Arena {
-            heap: Vec::new(),
-            nodes: Vec::new(),
-            chunks: Vec::new(),
-            items: Vec::new(),
-            shared_entries: HashSet::new(),
-            root: Val::None,
-        },
+        arena: Arena::new(),
         state: ConvState::new(total),
         progress,
         observe,
@@ -1537,70 +893,6 @@ pub(crate) fn long_to_u64(bytes: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn memo_slots_keep_every_value() {
-        let values = [
-            Val::None,
-            Val::Bool(false),
-            Val::Bool(true),
-            Val::Int(0),
-            Val::Int(-1),
-            Val::Int(i64::MAX >> 3),
-            Val::Int(i64::MIN >> 3),
-            Val::Int(i64::MAX),
-            Val::Int(i64::MIN),
-            Val::Float(-0.5),
-            Val::Float(f64::NAN),
-            Val::BigInt { start: 3, len: 9 },
-            Val::Bytes { start: 7, len: 2 },
-            Val::Node(0),
-            Val::Node(u32::MAX - 1),
-            Val::Str {
-                start: 0,
-                len: 0,
-                sym: Sym::Other,
-            },
-            Val::Str {
-                start: (1 << 40) - 1,
-                len: 0xffff,
-                sym: Sym::ActFree,
-            },
-            Val::Str {
-                start: 1 << 40,
-                len: 3,
-                sym: Sym::Action,
-            },
-            Val::Str {
-                start: 5,
-                len: 1 << 16,
-                sym: Sym::TimeUs,
-            },
-        ];
-        let mut memo = Memo::default();
-        for (i, &v) in values.iter().enumerate() {
-            memo.put(i as u64, v);
-        }
-        // Far beyond the dense part: sparse.
-        memo.put(1 << 40, Val::Int(7));
-        assert_eq!(memo.count, values.len() + 1);
-        for (i, &v) in values.iter().enumerate() {
-            assert_eq!(
-                format!("{:?}", memo.get(i as u64)),
-                format!("{:?}", Some(v))
-            );
-        }
-        assert!(matches!(memo.get(1 << 40), Some(Val::Int(7))));
-        assert!(memo.get(values.len() as u64).is_none());
-        // Undo restores both the value and the count.
-        let put = memo.put(2, Val::Node(9));
-        let fresh = memo.put(values.len() as u64, Val::None);
-        memo.undo(fresh);
-        memo.undo(put);
-        assert_eq!(memo.count, values.len() + 1);
-        assert!(matches!(memo.get(2), Some(Val::Bool(true))));
-        assert!(memo.get(values.len() as u64).is_none());
-    }
 
     #[test]
     fn long_decoding_handles_sign_and_width() {

@@ -15,7 +15,7 @@ use crate::schema::{self, Emit, Key, Walk};
 use crate::value::Value;
 
 use super::emit::{Emitter, BATCH};
-use super::vm::op;
+use super::opcodes::op;
 
 const NO_MEMO: u32 = u32::MAX;
 

@@ -44,8 +44,13 @@
 use crate::intern::{FrameId, StackId, StrId};
 use crate::model::{Action, TraceEntry};
 
-use super::super::convert::{Conv, Sym};
-use super::{op, short_long, Feed, Memo, MemoPut, Val, Vm, NONE};
+use super::super::arena::{Val, NONE};
+use super::super::convert::Conv;
+use super::super::feed::Feed;
+use super::super::memo::{Memo, MemoPut};
+use super::super::opcodes::op;
+use super::super::sym::Sym;
+use super::{short_long, Vm};
 
 /// Bytes [`Vm::fast_entry`] wants in the window (an entry is about 60).
 const FAST_ENTRY_WINDOW: usize = 4096;
