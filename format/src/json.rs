@@ -58,7 +58,7 @@ pub fn to_vec(snapshot: &Snapshot) -> Result<Vec<u8>> {
     Ok(w.out)
 }
 
-/// [`to_vec`] written to `out` as it is made, in pieces of about [`FLUSH_BYTES`]: a snapshot
+/// [`to_vec`] written to `out` as it is made, in pieces of about 64 KiB: a snapshot
 /// whose blocks repeat long stacks is many times its own size as JSON (1.6 GB for the final
 /// state of a 3M-entry run, built in memory before it was written into a Chrome trace).
 pub fn to_writer(snapshot: &Snapshot, out: &mut dyn std::io::Write) -> Result<()> {
