@@ -341,7 +341,7 @@ fn categories_summed_in_place_equal_the_exact_sums_also_past_u64() {
     for snapshot in [&generated, &past_u64] {
         let t = DeviceTimeline::build(snapshot, 0).unwrap();
         let analysis = t.steps(&StepOptions::default());
-        let axis = t.replay().axis_len() as u32;
+        let axis = t.replay().axis_len();
         let every = (axis / 300).max(1);
         let ascending: Vec<u32> = (0..axis).step_by(every as usize).collect();
         let found = analysis.categories_at(t.replay(), &ascending);
