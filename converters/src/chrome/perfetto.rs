@@ -175,6 +175,9 @@ struct Device {
     alloc_lanes: usize,
     segment_lanes: usize,
     events: Vec<(u64, Pending)>,
+    /// Each curve's points apart, 16 bytes each: there can be one per trace entry and curve
+    /// (as `Pending`s, 1.9 GB of a 10M-entry run's 2.6 GB). Their track, then `(ns, bytes)`.
+    counters: Vec<(u64, Vec<(u64, i64)>)>,
     texts: Texts,
 }
 
@@ -217,10 +220,6 @@ enum Pending {
     },
     SliceEnd {
         track: u64,
-    },
-    Counter {
-        track: u64,
-        value: i64,
     },
     Instant {
         track: u64,
@@ -286,12 +285,6 @@ impl Pending {
                 track_uuid: Some(track),
                 ..TrackEvent::default()
             },
-            Pending::Counter { track, value } => TrackEvent {
-                r#type: Some(TYPE_COUNTER),
-                track_uuid: Some(track),
-                counter_value: Some(value),
-                ..TrackEvent::default()
-            },
             Pending::Instant {
                 track,
                 name,
@@ -325,10 +318,28 @@ impl Pending {
     }
 }
 
+/// A time in µs as the packets' ns (0 before the epoch).
+fn ns_of(time_us: i64) -> u64 {
+    u64::try_from(i128::from(time_us) * 1000).unwrap_or(0)
+}
+
+/// A counter's packet.
+fn counter_packet(track: u64, ns: u64, value: i64) -> TracePacket {
+    TracePacket {
+        timestamp: Some(ns),
+        track_event: Some(TrackEvent {
+            r#type: Some(TYPE_COUNTER),
+            track_uuid: Some(track),
+            counter_value: Some(value),
+            ..TrackEvent::default()
+        }),
+        ..TracePacket::default()
+    }
+}
+
 impl Device {
     fn push(&mut self, time_us: i64, pending: Pending) {
-        let ns = u64::try_from(i128::from(time_us) * 1000).unwrap_or(0);
-        self.events.push((ns, pending));
+        self.events.push((ns_of(time_us), pending));
     }
 
     /// A child track of the device's process.
@@ -379,7 +390,12 @@ impl Device {
             Event::Counter(c) => {
                 let track = uuid(self.pid, KIND_COUNTER, c.curve as usize);
                 let value = i64::try_from(c.bytes).unwrap_or(i64::MAX);
-                self.push(c.time_us, Pending::Counter { track, value });
+                if self.counters.last().is_none_or(|(t, _)| *t != track) {
+                    self.counters.push((track, Vec::new()));
+                }
+                if let Some((_, points)) = self.counters.last_mut() {
+                    points.push((ns_of(c.time_us), value));
+                }
             }
             Event::Allocation(slice) => self.slice(KIND_ALLOC_LANE, &slice, Some(slice.stream)),
             Event::Segment(slice) => self.slice(KIND_SEGMENT_LANE, &slice, None),
@@ -472,6 +488,7 @@ impl Writer<'_> {
         let Some(Device {
             new_tracks,
             mut events,
+            mut counters,
             texts,
             ..
         }) = self.device.take()
@@ -481,10 +498,34 @@ impl Writer<'_> {
         for track in new_tracks {
             self.emit(track)?;
         }
-        // Stable: a slice's begin stays before its end at equal times.
-        events.sort_by_key(|(time, _)| *time);
-        for (ns, pending) in events {
-            self.emit(pending.packet(ns, &texts))?;
+        // In time order, and at equal times in the order collected (a slice's begin before
+        // its end): each source sorted stably, then merged, earlier sources first at a tie.
+        // The counters came first, curve by curve.
+        for (_, points) in &mut counters {
+            points.sort_by_key(|&(ns, _)| ns);
+        }
+        events.sort_by_key(|&(ns, _)| ns);
+        let mut next = vec![0usize; counters.len()];
+        let mut events = events.into_iter().peekable();
+        loop {
+            let counter = (0..counters.len())
+                .filter_map(|c| counters[c].1.get(next[c]).map(|&(ns, _)| (ns, c)))
+                .min();
+            match (counter, events.peek()) {
+                (Some((ns, c)), event) if event.is_none_or(|&(event_ns, _)| ns <= event_ns) => {
+                    let (track, points) = &counters[c];
+                    let (_, value) = points[next[c]];
+                    next[c] += 1;
+                    self.emit(counter_packet(*track, ns, value))?;
+                }
+                (_, Some(_)) => {
+                    let Some((ns, pending)) = events.next() else {
+                        break;
+                    };
+                    self.emit(pending.packet(ns, &texts))?;
+                }
+                (_, None) => break,
+            }
         }
         Ok(())
     }
@@ -506,6 +547,7 @@ impl Writer<'_> {
             alloc_lanes: 0,
             segment_lanes: 0,
             events: Vec::new(),
+            counters: Vec::new(),
             texts: Texts::default(),
         };
         for &curve in &start.curves {
