@@ -13,5 +13,13 @@ rm -rf python/memsnap/_bin python/memsnap/_lib
 mkdir -p python/memsnap/_bin python/memsnap/_lib
 cp "$TARGET_DIR/release/memsnap" "$TARGET_DIR/release/memsnap-viewer" python/memsnap/_bin/
 cp "$TARGET_DIR/release/libmemsnap_recorder.so" python/memsnap/_lib/
+# The release profile keeps line tables for profiling here; the wheel's copies need none
+# (with them the wheel was 94 MB).
+if command -v strip >/dev/null; then
+  strip --strip-all python/memsnap/_bin/memsnap python/memsnap/_bin/memsnap-viewer
+  strip --strip-unneeded python/memsnap/_lib/libmemsnap_recorder.so
+else
+  echo "notice: no strip: the wheel keeps the programs' debug info" >&2
+fi
 "$MATURIN" build --release --locked --manifest-path python/Cargo.toml --out dist
 ls -l dist/memsnap-*.whl
