@@ -13,6 +13,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::rc::Rc;
 
 use foldhash::HashMap;
 use memsnap_format::{Action, Snapshot};
@@ -184,8 +185,10 @@ struct Device {
 /// Each distinct site or stack text of a device once.
 #[derive(Default)]
 struct Texts {
-    ids: HashMap<String, u32>,
-    texts: Vec<String>,
+    /// The map and the list share each text (a deep stack is kilobytes, and a run can
+    /// have tens of thousands).
+    ids: HashMap<Rc<str>, u32>,
+    texts: Vec<Rc<str>>,
 }
 
 impl Texts {
@@ -194,8 +197,9 @@ impl Texts {
             return id;
         }
         let id = self.texts.len() as u32;
-        self.texts.push(text.to_owned());
-        self.ids.insert(text.to_owned(), id);
+        let text: Rc<str> = Rc::from(text);
+        self.texts.push(Rc::clone(&text));
+        self.ids.insert(text, id);
         id
     }
 }
@@ -232,7 +236,7 @@ enum Pending {
 impl Pending {
     /// The packet, as it is written.
     fn packet(self, ns: u64, texts: &Texts) -> TracePacket {
-        let text = |id: u32| texts.texts[id as usize].clone();
+        let text = |id: u32| texts.texts[id as usize].to_string();
         let event = match self {
             Pending::SliceBegin {
                 track,
