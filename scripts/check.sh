@@ -27,8 +27,17 @@ echo "== cargo test"
 # feature set would rebuild the recorder and everything above it. Examples are not built
 # here: clippy --all-targets above already compiles them. The Python extension is built (and
 # tested) by maturin below. Doc tests run on their own line, over the same build.
+#
+# `cargo build --profile test` over the same targets builds exactly what `cargo test` builds,
+# plus the C ABI crate's library files (libmemsnap_recorder.so/.a: a cdylib and a staticlib,
+# which `cargo test` does not build). Its tests load them from there
+# (MEMSNAP_RECORDER_LIB_DIR) instead of running a `cargo build -p memsnap-recorder-ffi` of
+# their own, whose feature resolution differs and rebuilt half the workspace.
 GPU_FEATURES=memsnap-recorder/cuda,memsnap-recorder/hip,memsnap-recorder-ffi/cuda,memsnap-recorder-ffi/hip
-timed cargo test --workspace --exclude memsnap-python --features "$GPU_FEATURES" --lib --bins --tests --locked
+TEST_SET=(--workspace --exclude memsnap-python --features "$GPU_FEATURES" --lib --bins --tests --locked)
+timed cargo build --profile test "${TEST_SET[@]}"
+export MEMSNAP_RECORDER_LIB_DIR="${CARGO_TARGET_DIR:-$PWD/target}/debug"
+timed cargo test "${TEST_SET[@]}"
 timed cargo test --workspace --exclude memsnap-python --features "$GPU_FEATURES" --doc --locked
 
 echo "== python package"

@@ -25,9 +25,12 @@ if [ -z "${MEMSNAP_CHECK_BUILT:-}" ]; then
   cargo test --workspace --exclude memsnap-python --lib --bins --tests --locked --no-run \
     --features memsnap-recorder/cuda,memsnap-recorder/hip,memsnap-recorder-ffi/cuda,memsnap-recorder-ffi/hip
 fi
-# The recorder library with its GPU backends (loaded at run time), in the test profile as the
-# C ABI tests build it: a no-op after them.
-cargo build -p memsnap-recorder-ffi --lib --features cuda,hip --profile test --locked --quiet
+# The recorder library with its GPU backends (loaded at run time), in the test profile.
+# scripts/check.sh built it in its one test build (the same folder); a build of this crate
+# alone would resolve features differently and rebuild its dependencies.
+if [ -z "${MEMSNAP_CHECK_BUILT:-}" ]; then
+  cargo build -p memsnap-recorder-ffi --lib --features cuda,hip --profile test --locked --quiet
+fi
 bin="python/memsnap/_bin"
 lib="python/memsnap/_lib"
 rm -rf "$bin" "$lib"

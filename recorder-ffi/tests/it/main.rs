@@ -7,7 +7,9 @@
 //!
 //! The crate builds no rlib (see `Cargo.toml`), so cargo does not build its libraries for an
 //! integration test: [`built_library`] runs `cargo build` for this crate once, with this test
-//! binary's profile and features, into the same target folder.
+//! binary's profile and features, into the same target folder, unless
+//! `MEMSNAP_RECORDER_LIB_DIR` names a folder where they were already built (see
+//! [`LIB_DIR_VARIABLE`]).
 
 mod c_program;
 mod never_panics;
@@ -27,8 +29,28 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds this crate's libraries (once per test run) into `target/<profile>/`.
+/// Names the folder where `scripts/check.sh` built this crate's library files, in the same
+/// `cargo build` as the test binaries: a `cargo build -p memsnap-recorder-ffi` of its own
+/// resolves the dependencies' features for this crate alone, so it compiled memsnap-format,
+/// memsnap-recorder, serde_json and others a second time (about 30 s of the check's 12 minutes).
+const LIB_DIR_VARIABLE: &str = "MEMSNAP_RECORDER_LIB_DIR";
+
+/// Builds this crate's libraries (once per test run) into `target/<profile>/`, or finds them
+/// where [`LIB_DIR_VARIABLE`] says they were built.
 fn build_libraries() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os(LIB_DIR_VARIABLE).filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        return match ["libmemsnap_recorder.so", "libmemsnap_recorder.a"]
+            .iter()
+            .find(|f| !dir.join(f).is_file())
+        {
+            Some(missing) => Err(format!(
+                "{LIB_DIR_VARIABLE}={} holds no {missing}",
+                dir.display()
+            )),
+            None => Ok(dir),
+        };
+    }
     let dir = profile_dir();
     let target_dir = dir.parent().ok_or("no target folder")?;
     // `target/debug` holds the dev and the test profile's builds; this binary is the test
