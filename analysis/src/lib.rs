@@ -56,6 +56,7 @@
 //! ```
 
 pub mod categories;
+pub mod category;
 pub mod compare;
 pub mod curve;
 pub mod error;

@@ -257,7 +257,7 @@ pub struct Replay {
     pub categories_source: Option<String>,
     /// `(alloc entry, category)` from the source, entries ascending.
     #[serde(skip)]
-    pub(crate) source_categories: Vec<(u32, crate::categories::Category)>,
+    pub(crate) source_categories: Vec<(u32, crate::category::Category)>,
     /// Entries the ring buffer dropped, when the file says (memsnap's recorder writes it;
     /// PyTorch does not).
     pub dropped_entries: Option<u64>,
@@ -617,10 +617,10 @@ impl Replay {
         }
         if let Some(c) = &source.categories {
             self.categories_source = Some(source.source.clone());
-            let of_name: Vec<crate::categories::Category> = c
+            let of_name: Vec<crate::category::Category> = c
                 .names
                 .iter()
-                .map(|n| crate::categories::Category::from_pytorch(n))
+                .map(|n| crate::category::Category::from_pytorch(n))
                 .collect();
             self.source_categories = c
                 .of_allocs
@@ -647,7 +647,7 @@ impl Replay {
     }
 
     /// The category the source gave the `alloc` at `event`, if it gave one.
-    pub fn source_category(&self, event: Option<u32>) -> Option<crate::categories::Category> {
+    pub fn source_category(&self, event: Option<u32>) -> Option<crate::category::Category> {
         let event = event?;
         self.source_categories
             .binary_search_by_key(&event, |&(e, _)| e)

@@ -29,6 +29,7 @@
 //! Errors name the file and what is missing; bad input never panics.
 
 pub mod chrome;
+pub mod chrome_layout;
 pub mod error;
 pub mod flamegraph;
 pub mod memviz;

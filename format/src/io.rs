@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{FormatError, Result};
 use crate::model::Snapshot;
+pub use crate::progress::Progress;
 
 /// Decompressed input larger than this is refused (a compression bomb must not take the
 /// machine's memory).
@@ -92,9 +93,6 @@ pub struct Detected {
     pub format: Format,
     pub compression: Compression,
 }
-
-/// Progress callback: `(bytes done, bytes total)`; return `false` to cancel the read.
-pub type Progress<'a> = &'a mut dyn FnMut(u64, u64) -> bool;
 
 /// Decodes a snapshot of any supported format and compression.
 pub fn read_bytes(bytes: &[u8]) -> Result<(Snapshot, Detected)> {

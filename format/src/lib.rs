@@ -48,6 +48,7 @@ pub mod json;
 pub mod model;
 pub mod msgpack;
 pub mod pickle;
+pub mod progress;
 mod schema;
 pub mod source;
 pub mod validate;

@@ -53,23 +53,7 @@ pub use merge::{merge_path, merge_write, MergeReport};
 pub use perfetto::{export_perfetto_path, write_perfetto};
 pub use write::{export_path, write_trace};
 
-/// Process ids of memsnap's rows: `1_000_000_000 + rank * 1000 + device`.
-pub const PID_BASE: i64 = 1_000_000_000;
-
-/// The `pid` of a device's rows.
-pub fn pid_of(rank: u32, device: i64) -> i64 {
-    PID_BASE + i64::from(rank) * 1000 + device
-}
-
-/// The `tid`s of memsnap's threads inside a device's process.
-pub mod tid {
-    /// Counters, allocation and segment lanes, instants.
-    pub const MEMORY: i64 = 0;
-    /// `record_function` annotations (`B`/`E`).
-    pub const ANNOTATIONS: i64 = 1;
-    /// Step phases (`X`).
-    pub const PHASES: i64 = 2;
-}
+pub use crate::chrome_layout::{pid_of, tid, LAYOUT_VERSION, PID_BASE};
 
 /// How event times are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,6 +107,3 @@ impl ChromeOptions {
         self
     }
 }
-
-/// The version of memsnap's export layout, in `otherData.memsnap.version`.
-pub const LAYOUT_VERSION: u32 = 1;

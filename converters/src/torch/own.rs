@@ -9,7 +9,7 @@ use memsnap_format::{
 };
 
 use super::{micros_to_ns, DeviceReport, ImportReport, Imported, TraceDoc, TraceError};
-use crate::chrome::tid;
+use crate::chrome_layout::tid;
 
 /// `otherData.memsnap`.
 #[derive(Deserialize)]
@@ -88,11 +88,11 @@ pub(crate) fn meta(doc: &TraceDoc) -> Result<Option<Meta>, TraceError> {
 /// Rebuilds the snapshot memsnap exported.
 pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError> {
     let own = |what: String| TraceError::Own { what };
-    if meta.version != crate::chrome::LAYOUT_VERSION {
+    if meta.version != crate::chrome_layout::LAYOUT_VERSION {
         return Err(own(format!(
             "layout version {} (this memsnap reads {})",
             meta.version,
-            crate::chrome::LAYOUT_VERSION
+            crate::chrome_layout::LAYOUT_VERSION
         )));
     }
     let mut snapshot = Snapshot::default();

@@ -66,8 +66,8 @@ pub use vm::Observe;
 use std::io::Read;
 
 use crate::error::{FormatError, Result};
-use crate::io::Progress;
 use crate::model::Snapshot;
+use crate::progress::Progress;
 
 /// Decodes a snapshot pickle.
 pub fn read(bytes: &[u8]) -> Result<Snapshot> {

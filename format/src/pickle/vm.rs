@@ -7,7 +7,7 @@
 //! `fast_path` reads entries in the usual layout straight from the window.
 
 use crate::error::{FormatError, Result};
-use crate::io::Progress;
+use crate::progress::Progress;
 
 use super::arena::{Arena, Chunk, Kind, Node, Val, NONE};
 use super::convert::{Conv, ConvState};

@@ -6,7 +6,6 @@
 
 mod common;
 mod hostile;
-mod no_import_cycles;
 mod numbers;
 mod part;
 mod pickle;
