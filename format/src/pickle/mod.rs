@@ -53,11 +53,14 @@ mod arena;
 mod convert;
 pub mod emit;
 mod feed;
+pub mod machine;
 mod memo;
 mod opcodes;
 pub mod ops;
 mod part;
 mod sym;
+#[doc(hidden)]
+pub mod tree;
 mod vm;
 mod writer;
 
