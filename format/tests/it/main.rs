@@ -6,6 +6,7 @@
 
 mod common;
 mod hostile;
+mod machine;
 mod no_import_cycles;
 mod numbers;
 mod part;
