@@ -14,7 +14,7 @@
 //!   ([`Build::empty_dict`]);
 //! * the `memsnap` Python package builds Python objects, exactly those `pickle.load` builds,
 //!   with the same sharing (its own hook reads plain dicts in one piece);
-//! * [`Tree`] builds a plain Rust value tree: what the fuzz target `machine` drives, so the
+//! * [`super::tree::Tree`] builds a plain Rust value tree: what the fuzz target `machine` drives, so the
 //!   code the Python package runs is fuzzed without Python.
 //!
 //! The machine is generic over the builder and the feed, never `dyn`: each reader gets its own
