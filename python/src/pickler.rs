@@ -7,12 +7,14 @@
 //! The framing follows CPython's C pickler too (a frame is closed at the start of the first
 //! `save` once it holds 64 KiB; payloads of 64 KiB or more go between frames), so
 //! `dumps(pickle.load(f))` gives back the bytes of a file CPython wrote. The opcodes and frames
-//! are memsnap-format's [`Emitter`], which writes the snapshot pickles too; this module walks
-//! the Python objects and decides what is memoized.
+//! are memsnap-format's [`Emitter`], which writes the snapshot pickles too, with its rules for
+//! containers (batches of 1000, `APPEND`/`SETITEM` for a lone item, tuples memoized after their
+//! items) and the shortest `LONG1`; this module walks the Python objects, and memoizes by
+//! identity (a shared object is written once, then referenced).
 
 use std::collections::HashMap;
 
-use memsnap_format::pickle::emit::{op, Emitter, BATCH};
+use memsnap_format::pickle::emit::{op, Emitter};
 use pyo3::exceptions::{PyRecursionError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{
@@ -106,26 +108,19 @@ impl Pickler {
                 self.where_(obj.py())
             )));
         }
+        // Containers: the emitter's batching and memoization rules (CPython's), the same
+        // calls the snapshot writer makes.
         if let Ok(list) = obj.cast_exact::<PyList>() {
             self.e.op(op::EMPTY_LIST);
             self.memoize(address);
             let items: Vec<_> = list.iter().collect();
-            for (batch_index, batch) in items.chunks(BATCH).enumerate() {
-                if items.len() > 1 {
-                    self.e.op(op::MARK);
-                }
-                for (i, item) in batch.iter().enumerate() {
-                    self.path.push(Step::Index(batch_index * BATCH + i));
-                    self.save(item)?;
-                    self.path.pop();
-                }
-                // CPython: one item is `APPEND`; more go in `MARK ... APPENDS` batches, a final
-                // batch of one included.
-                self.e.op(if items.len() > 1 {
-                    op::APPENDS
-                } else {
-                    op::APPEND
-                });
+            let len = items.len();
+            for (i, item) in items.iter().enumerate() {
+                self.e.batch_item_begin(i, len);
+                self.path.push(Step::Index(i));
+                self.save(item)?;
+                self.path.pop();
+                self.e.batch_item_end(i, len, false);
             }
             return Ok(());
         }
@@ -133,45 +128,28 @@ impl Pickler {
             self.e.op(op::EMPTY_DICT);
             self.memoize(address);
             let items: Vec<_> = dict.iter().collect();
-            for batch in items.chunks(BATCH) {
-                if items.len() > 1 {
-                    self.e.op(op::MARK);
-                }
-                for (key, value) in batch {
-                    self.path.push(Step::Key(key.clone().unbind()));
-                    self.save(key)?;
-                    self.save(value)?;
-                    self.path.pop();
-                }
-                self.e.op(if items.len() > 1 {
-                    op::SETITEMS
-                } else {
-                    op::SETITEM
-                });
+            let len = items.len();
+            for (i, (key, value)) in items.iter().enumerate() {
+                self.e.batch_item_begin(i, len);
+                self.path.push(Step::Key(key.clone().unbind()));
+                self.save(key)?;
+                self.save(value)?;
+                self.path.pop();
+                self.e.batch_item_end(i, len, true);
             }
             return Ok(());
         }
         if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
             let len = tuple.len();
-            if len == 0 {
-                self.e.op(op::EMPTY_TUPLE);
-                return Ok(());
-            }
-            if len > 3 {
-                self.e.op(op::MARK);
-            }
+            self.e.tuple_begin(len);
             for (i, item) in tuple.iter().enumerate() {
                 self.path.push(Step::Index(i));
                 self.save(&item)?;
                 self.path.pop();
             }
-            self.e.op(match len {
-                1 => op::TUPLE1,
-                2 => op::TUPLE2,
-                3 => op::TUPLE3,
-                _ => op::TUPLE,
-            });
-            self.memoize(address);
+            if let Some(index) = self.e.tuple_end(len) {
+                self.memo.insert(address, index);
+            }
             return Ok(());
         }
         Err(PyTypeError::new_err(format!(
@@ -203,18 +181,13 @@ impl Pickler {
             self.e.int(value);
             return Ok(());
         }
-        // Beyond 64 bits: Python's own arithmetic gives the bytes.
+        // Beyond 64 bits: Python's own arithmetic gives the bytes (one more than the bits
+        // need, so the sign fits), and the emitter writes the shortest of them.
         let bits: usize = int.call_method0("bit_length")?.extract()?;
-        let nbytes = bits / 8 + 1;
         let signed = pyo3::types::PyDict::new(int.py());
         signed.set_item("signed", true)?;
-        let bytes_obj = int.call_method("to_bytes", (nbytes, "little"), Some(&signed))?;
-        let mut bytes = bytes_obj.cast::<PyBytes>()?.as_bytes();
-        // The shortest two's complement that keeps the sign (CPython's encode_long).
-        if int.lt(0)? && nbytes > 1 && bytes[nbytes - 1] == 0xff && bytes[nbytes - 2] & 0x80 != 0 {
-            bytes = &bytes[..nbytes - 1];
-        }
-        self.e.long(bytes);
+        let bytes = int.call_method("to_bytes", (bits / 8 + 1, "little"), Some(&signed))?;
+        self.e.long_shortest(bytes.cast::<PyBytes>()?.as_bytes());
         Ok(())
     }
 

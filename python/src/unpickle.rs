@@ -1,33 +1,38 @@
-//! A pickle virtual machine that builds Python objects and executes nothing.
+//! The `memsnap` package's pickle loader: memsnap-format's pickle machine
+//! ([`memsnap_format::pickle::machine`]) with a builder that makes Python objects, and
+//! executes nothing.
 //!
-//! It runs the data opcodes of protocols 0 to 5 (what a PyTorch snapshot is made of: dicts,
-//! lists, tuples, strings, bytes, ints, floats, bools and `None`, shared through the memo) and
-//! refuses every opcode that would look up a class or call an object (`GLOBAL`,
-//! `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ*`, `PERSID`, `BINPERSID`, `EXT*`,
-//! out-of-band buffers). The objects it builds are the ones `pickle.load` builds, with the same
-//! sharing: a memo reference pushes the same object again, so a frames list shared by a
-//! thousand entries is one list again.
+//! The machine is the one the snapshot reader runs: it reads the opcodes (protocols 0 to 5)
+//! through the format crate's one opcode table, checks every length against the remaining
+//! input before anything is read, keeps the stack, the `MARK`s and the memo (bounded against
+//! hostile indices), and refuses every opcode that would look up a class or call an object
+//! (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ*`, `PERSID`,
+//! `BINPERSID`, `EXT*`) and out-of-band buffers. This module is only the [`Build`]er: what
+//! each value is as a Python object. They are the ones `pickle.load` builds (dicts, lists,
+//! tuples, sets, strings, bytes, ints, floats, bools and `None`), with the same sharing: a
+//! memo reference pushes the same object again, so a frames list shared by a thousand entries
+//! is one list again.
 //!
 //! Where the speed comes from: a snapshot repeats the same few hundred strings (keys, action
 //! names, file and function names) and ints (sizes, line numbers, addresses) millions of times.
-//! `pickle.load` makes a new `str` for each occurrence; this VM makes each one once and hands
-//! out new references to it (strings and ints are immutable, so nobody can tell, except by
-//! `is`). The opcodes and their arguments are decoded by memsnap-format's opcode decoder
-//! ([`memsnap_format::pickle::ops`], the format crate's one opcode table), which checks every
-//! length against the remaining input before anything is read; this VM gives them meaning.
+//! `pickle.load` makes a new `str` for each occurrence; this builder makes each one once and
+//! hands out new references to it (strings and ints are immutable, so nobody can tell, except
+//! by `is`). And at `EMPTY_DICT` (the machine's [`Build::empty_dict`] hook) it reads a dict of
+//! memoized keys and plain values in one piece, straight from the input.
 
 use std::collections::HashMap;
 
-use memsnap_format::pickle::ops::{self, op, OpError, Ops};
+use memsnap_format::pickle::machine::{
+    self, opcode_name, Build, BuildError, Container, Feed, Machine, Memo, Packing, Parts,
+};
+use memsnap_format::pickle::ops::op;
+use memsnap_format::FormatError;
 use pyo3::prelude::*;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyNone, PySet,
     PyString, PyTuple,
 };
 
-/// Memo indices above `memo.len() + MEMO_DENSE_SLACK` go to a map, so a hostile
-/// `LONG_BINPUT 0xffffffff` cannot make us allocate a huge vector.
-const MEMO_DENSE_SLACK: usize = 1 << 16;
 /// Strings longer than this are not looked up in the cache (snapshot strings that repeat are
 /// keys, names and file paths).
 const MAX_CACHED_STR: usize = 512;
@@ -38,276 +43,234 @@ const MAX_CACHED: usize = 1 << 20;
 /// addresses) cost one overwrite each instead of growing a map, and the repeated ones
 /// (sizes, line numbers, streams) are found again.
 const INT_CACHE_SLOTS: usize = 1 << 16;
-/// Highest protocol read (5 adds only out-of-band buffers, which are refused).
-const MAX_PROTOCOL: u8 = 5;
 
 /// Why a pickle was not loaded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    #[error("byte {offset}: opcode {name} (0x{opcode:02x}) refused: it would look up or call Python code, and memsnap executes nothing (a PyTorch snapshot never needs it)")]
-    Refused {
-        offset: usize,
-        opcode: u8,
-        name: &'static str,
-    },
-    #[error("byte {offset}: opcode {name} needs {what} on the stack: the pickle is corrupt")]
-    Stack {
-        offset: usize,
-        name: &'static str,
-        what: &'static str,
-    },
-    #[error("byte {offset}: opcode {name} refers to memo entry {index}, which was never stored: the pickle is corrupt")]
-    Memo {
-        offset: usize,
-        name: &'static str,
-        index: u64,
-    },
-    #[error("byte {offset}: opcode {name}: {what}")]
-    Bad {
-        offset: usize,
-        name: &'static str,
-        what: String,
-    },
-    #[error("byte {offset}: pickle protocol {protocol} is newer than the highest memsnap reads ({MAX_PROTOCOL})")]
-    Protocol { offset: usize, protocol: u8 },
-    /// Unknown opcode, truncated argument, no `STOP`: memsnap-format's opcode decoder says it.
+    /// Malformed, truncated or hostile input (an opcode that would run code is
+    /// `opcode NAME (0xNN) refused`), or an object Python would not build (an unhashable key):
+    /// what the machine says, at the offending opcode's byte offset.
+    #[error("byte {offset}: {what}")]
+    Pickle { offset: u64, what: String },
     #[error(transparent)]
-    Decode(#[from] OpError),
+    Other(FormatError),
 }
 
 type Result<T> = std::result::Result<T, LoadError>;
+type BuildResult<T> = std::result::Result<T, BuildError>;
 
 /// Runs the pickle in `data` and returns the object `STOP` returns.
 pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
-    let mut vm = Vm {
+    let builder = PyBuild {
         py,
-        data,
-        ops: Ops::new(data),
-        stack: Vec::with_capacity(64),
-        marks: Vec::new(),
-        memo: Vec::new(),
-        sparse_memo: HashMap::new(),
         strings: HashMap::with_hasher(Default::default()),
         ints: vec![None; INT_CACHE_SLOTS],
     };
-    vm.run()
+    match machine::load(data, builder) {
+        Ok((object, _)) => Ok(object),
+        Err(FormatError::Pickle { offset, what }) => Err(LoadError::Pickle { offset, what }),
+        Err(other) => Err(LoadError::Other(other)),
+    }
 }
 
-struct Vm<'py, 'a> {
+/// The builder: Python objects, and the caches of the strings and ints made.
+struct PyBuild<'py> {
     py: Python<'py>,
-    /// The whole input (what [`Vm::fast_dict`] decodes itself).
-    data: &'a [u8],
-    /// The opcodes, decoded by memsnap-format's opcode table.
-    ops: Ops<'a>,
-    stack: Vec<Bound<'py, PyAny>>,
-    /// Stack lengths at each `MARK`.
-    marks: Vec<usize>,
-    memo: Vec<Option<Bound<'py, PyAny>>>,
-    sparse_memo: HashMap<u64, Bound<'py, PyAny>>,
-    strings: HashMap<&'a [u8], Bound<'py, PyAny>, foldhash::fast::RandomState>,
+    strings: HashMap<Box<[u8]>, Bound<'py, PyAny>, foldhash::fast::RandomState>,
     ints: Vec<Option<(i64, Bound<'py, PyAny>)>>,
 }
 
-/// The name of an opcode, for messages.
-fn opcode_name(op: u8) -> &'static str {
-    ops::opcode_info(op).map_or("?", |(name, _)| name)
+/// The loader's memo: an object per slot.
+type PyMemo<'py> = Memo<PyBuild<'py>>;
+
+impl<'py> Packing for PyBuild<'py> {
+    type Value = Bound<'py, PyAny>;
+    type Slot = Option<Bound<'py, PyAny>>;
+    const EMPTY: Self::Slot = None;
+
+    #[inline(always)]
+    fn is_empty(slot: &Self::Slot) -> bool {
+        slot.is_none()
+    }
+
+    #[inline(always)]
+    fn pack(v: Self::Value, _wide: &mut Vec<Self::Value>) -> Self::Slot {
+        Some(v)
+    }
+
+    #[inline(always)]
+    fn unpack(slot: &Self::Slot, _wide: &[Self::Value]) -> Option<Self::Value> {
+        slot.clone()
+    }
 }
 
-impl<'py, 'a> Vm<'py, 'a> {
-    fn run(&mut self) -> Result<Bound<'py, PyAny>> {
+impl<'py> Build for PyBuild<'py> {
+    type Value = Bound<'py, PyAny>;
+    type Packing = Self;
+    const PROTOCOL_0_AND_SETS: bool = true;
+
+    #[inline]
+    fn none(&mut self) -> Self::Value {
+        PyNone::get(self.py).to_owned().into_any()
+    }
+
+    #[inline]
+    fn bool(&mut self, value: bool) -> Self::Value {
+        PyBool::new(self.py, value).to_owned().into_any()
+    }
+
+    #[inline]
+    fn int(&mut self, value: i64) -> Self::Value {
         let py = self.py;
-        loop {
-            // Refused before anything of their argument is read.
-            let offset = self.ops.offset();
-            if let Some(code) = self.ops.peek() {
-                if ops::executes_code(code) || matches!(code, op::NEXT_BUFFER | op::READONLY_BUFFER)
-                {
-                    return Err(LoadError::Refused {
-                        offset,
-                        opcode: code,
-                        name: opcode_name(code),
-                    });
-                }
-                if matches!(
-                    code,
-                    op::STRING | op::BINSTRING | op::SHORT_BINSTRING | op::UNICODE
-                ) {
-                    return Err(bad(
-                        offset,
-                        code,
-                        "Python 2 and protocol-0 text strings are not read (PyTorch writes protocol 2 or later)",
-                    ));
-                }
-            }
-            let decoded = self.ops.next_op()?;
-            let (code, arg) = (decoded.code, decoded.arg);
-            match code {
-                op::STOP => return self.pop(offset, code),
-                op::PROTO => {
-                    let [protocol] = decoded.array();
-                    if protocol > MAX_PROTOCOL {
-                        return Err(LoadError::Protocol { offset, protocol });
-                    }
-                }
-                // A length prefix for buffered readers; the data is already here.
-                op::FRAME => {}
-                op::MARK => self.marks.push(self.stack.len()),
-                op::POP => {
-                    self.pop(offset, code)?;
-                }
-                op::POP_MARK => {
-                    let start = self.pop_mark(offset, code)?;
-                    self.stack.truncate(start);
-                }
-                op::DUP => {
-                    let top = self.top(offset, code)?.clone();
-                    self.stack.push(top);
-                }
-                op::NONE => self.stack.push(py.None().into_bound(py)),
-                op::NEWTRUE => self
-                    .stack
-                    .push(pyo3::types::PyBool::new(py, true).to_owned().into_any()),
-                op::NEWFALSE => self
-                    .stack
-                    .push(pyo3::types::PyBool::new(py, false).to_owned().into_any()),
-                op::BININT1 => {
-                    let [v] = decoded.array();
-                    self.push_int(i64::from(v));
-                }
-                op::BININT2 => self.push_int(i64::from(u16::from_le_bytes(decoded.array()))),
-                op::BININT => self.push_int(i64::from(i32::from_le_bytes(decoded.array()))),
-                op::LONG1 | op::LONG4 => self.push_long(offset, code, arg)?,
-                op::INT => self.push_text_int(offset, code, arg)?,
-                op::LONG => {
-                    let line = arg.strip_suffix(b"L").unwrap_or(arg);
-                    self.push_text_int(offset, code, line)?;
-                }
-                op::BINFLOAT => {
-                    let value = f64::from_be_bytes(decoded.array());
-                    self.stack.push(PyFloat::new(py, value).into_any());
-                }
-                op::FLOAT => {
-                    let value = std::str::from_utf8(arg)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<f64>().ok())
-                        .ok_or_else(|| bad(offset, code, "not a float literal"))?;
-                    self.stack.push(PyFloat::new(py, value).into_any());
-                }
-                op::SHORT_BINUNICODE | op::BINUNICODE | op::BINUNICODE8 => {
-                    self.push_str(offset, code, arg)?
-                }
-                op::SHORT_BINBYTES | op::BINBYTES | op::BINBYTES8 => {
-                    self.stack.push(PyBytes::new(py, arg).into_any())
-                }
-                op::BYTEARRAY8 => self.stack.push(PyByteArray::new(py, arg).into_any()),
-                op::EMPTY_LIST => self.stack.push(PyList::empty(py).into_any()),
-                op::EMPTY_DICT => {
-                    if !self.fast_dict() {
-                        self.stack.push(PyDict::new(py).into_any());
-                    }
-                }
-                op::EMPTY_TUPLE => self.stack.push(PyTuple::empty(py).into_any()),
-                op::EMPTY_SET => self
-                    .stack
-                    .push(PySet::empty(py).map_err(py_err(offset, code))?.into_any()),
-                op::LIST => {
-                    let start = self.pop_mark(offset, code)?;
-                    let list =
-                        PyList::new(py, self.stack.drain(start..)).map_err(py_err(offset, code))?;
-                    self.stack.push(list.into_any());
-                }
-                op::TUPLE => {
-                    let start = self.pop_mark(offset, code)?;
-                    let tuple = PyTuple::new(py, self.stack.drain(start..))
-                        .map_err(py_err(offset, code))?;
-                    self.stack.push(tuple.into_any());
-                }
-                op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
-                    let n = usize::from(code - op::TUPLE1) + 1;
-                    if self.stack.len() < n + self.floor() {
-                        return Err(stack_err(offset, code, "enough items"));
-                    }
-                    let start = self.stack.len() - n;
-                    let tuple = PyTuple::new(py, self.stack.drain(start..))
-                        .map_err(py_err(offset, code))?;
-                    self.stack.push(tuple.into_any());
-                }
-                op::FROZENSET => {
-                    let start = self.pop_mark(offset, code)?;
-                    let items: Vec<_> = self.stack.drain(start..).collect();
-                    let set = PyFrozenSet::new(py, items).map_err(py_err(offset, code))?;
-                    self.stack.push(set.into_any());
-                }
-                op::DICT => {
-                    let start = self.pop_mark(offset, code)?;
-                    let dict = PyDict::new(py);
-                    self.set_items(offset, code, &dict, start)?;
-                    self.stack.push(dict.into_any());
-                }
-                op::APPEND => {
-                    let item = self.pop(offset, code)?;
-                    let list =
-                        self.container::<PyList>(offset, code, self.stack.len(), "a list")?;
-                    list.append(item).map_err(py_err(offset, code))?;
-                }
-                op::APPENDS => {
-                    let start = self.pop_mark(offset, code)?;
-                    let list = self.container::<PyList>(offset, code, start, "a list")?;
-                    for item in self.stack.drain(start..) {
-                        list.append(item).map_err(py_err(offset, code))?;
-                    }
-                }
-                op::SETITEM => {
-                    if self.stack.len() < 2 + self.floor() {
-                        return Err(stack_err(offset, code, "a key and a value"));
-                    }
-                    let start = self.stack.len() - 2;
-                    let dict = self.container::<PyDict>(offset, code, start, "a dict")?;
-                    self.set_items(offset, code, &dict, start)?;
-                }
-                op::SETITEMS => {
-                    let start = self.pop_mark(offset, code)?;
-                    let dict = self.container::<PyDict>(offset, code, start, "a dict")?;
-                    self.set_items(offset, code, &dict, start)?;
-                }
-                op::ADDITEMS => {
-                    let start = self.pop_mark(offset, code)?;
-                    let set = self.container::<PySet>(offset, code, start, "a set")?;
-                    for item in self.stack.drain(start..) {
-                        set.add(item).map_err(py_err(offset, code))?;
-                    }
-                }
-                op::MEMOIZE => {
-                    let top = self.top(offset, code)?.clone();
-                    self.memo.push(Some(top));
-                }
-                op::BINPUT => {
-                    let [index] = decoded.array();
-                    self.put(offset, code, u64::from(index))?;
-                }
-                op::LONG_BINPUT => {
-                    self.put(offset, code, u64::from(u32::from_le_bytes(decoded.array())))?
-                }
-                op::PUT => {
-                    let index = text_index(offset, code, arg)?;
-                    self.put(offset, code, index)?;
-                }
-                op::BINGET => {
-                    let [index] = decoded.array();
-                    self.get(offset, code, u64::from(index))?;
-                }
-                op::LONG_BINGET => {
-                    self.get(offset, code, u64::from(u32::from_le_bytes(decoded.array())))?
-                }
-                op::GET => {
-                    let index = text_index(offset, code, arg)?;
-                    self.get(offset, code, index)?;
-                }
-                // Every opcode of the table is above or refused before it was decoded.
-                _ => return Err(OpError::Unknown { offset, code }.into()),
+        // CPython keeps -5..=256 itself; the cache is for sizes, lines and addresses.
+        if (-5..=256).contains(&value) {
+            return value.into_pyobject(py).into_any_ok();
+        }
+        let slot = int_cache_slot(value);
+        if let Some((cached_value, cached)) = &self.ints[slot] {
+            if *cached_value == value {
+                return cached.clone();
             }
         }
+        let object = value.into_pyobject(py).into_any_ok();
+        self.ints[slot] = Some((value, object.clone()));
+        object
+    }
+
+    /// `LONG1`/`LONG4` beyond 64 bits: `int.from_bytes`, signed.
+    fn big_int(&mut self, bytes: &[u8]) -> BuildResult<Self::Value> {
+        let py = self.py;
+        py.get_type::<PyInt>()
+            .call_method1("from_bytes", (PyBytes::new(py, bytes), "little"))
+            .and_then(|unsigned| {
+                // `signed=True` as a keyword would need a dict; do the sign by hand.
+                if bytes.last().is_some_and(|&b| b & 0x80 != 0) {
+                    let one: Bound<'py, PyAny> = 1i64.into_pyobject(py).into_any_ok();
+                    let modulus = one.lshift(8 * bytes.len())?;
+                    unsigned.sub(modulus)
+                } else {
+                    Ok(unsigned)
+                }
+            })
+            .map_err(py_err)
+    }
+
+    fn decimal_int(&mut self, digits: &str) -> BuildResult<Self::Value> {
+        self.py.get_type::<PyInt>().call1((digits,)).map_err(py_err)
+    }
+
+    #[inline]
+    fn float(&mut self, value: f64) -> Self::Value {
+        PyFloat::new(self.py, value).into_any()
+    }
+
+    #[inline]
+    fn str(&mut self, bytes: &[u8]) -> BuildResult<Self::Value> {
+        if bytes.len() <= MAX_CACHED_STR {
+            if let Some(cached) = self.strings.get(bytes) {
+                return Ok(cached.clone());
+            }
+        }
+        let py = self.py;
+        let object = match std::str::from_utf8(bytes) {
+            Ok(text) => PyString::new(py, text).into_any(),
+            // pickle writes lone surrogates with `surrogatepass`; decode them the same way.
+            Err(_) => PyBytes::new(py, bytes)
+                .call_method1("decode", ("utf-8", "surrogatepass"))
+                .map_err(py_err)?,
+        };
+        if bytes.len() <= MAX_CACHED_STR && self.strings.len() < MAX_CACHED {
+            self.strings.insert(bytes.into(), object.clone());
+        }
+        Ok(object)
+    }
+
+    #[inline]
+    fn bytes(&mut self, bytes: &[u8]) -> BuildResult<Self::Value> {
+        Ok(PyBytes::new(self.py, bytes).into_any())
+    }
+
+    fn bytearray(&mut self, bytes: &[u8]) -> BuildResult<Self::Value> {
+        Ok(PyByteArray::new(self.py, bytes).into_any())
+    }
+
+    #[inline]
+    fn empty(&mut self, kind: Container) -> BuildResult<Self::Value> {
+        let py = self.py;
+        Ok(match kind {
+            Container::List => PyList::empty(py).into_any(),
+            Container::Dict => PyDict::new(py).into_any(),
+            Container::Tuple => PyTuple::empty(py).into_any(),
+            Container::Set => PySet::empty(py).map_err(py_err)?.into_any(),
+            _ => PyFrozenSet::empty(py).map_err(py_err)?.into_any(),
+        })
+    }
+
+    fn collect(
+        &mut self,
+        kind: Container,
+        stack: &mut Vec<Self::Value>,
+        from: usize,
+    ) -> BuildResult<Self::Value> {
+        let py = self.py;
+        let items = stack.drain(from..);
+        Ok(match kind {
+            Container::List => PyList::new(py, items).map_err(py_err)?.into_any(),
+            Container::Tuple => PyTuple::new(py, items).map_err(py_err)?.into_any(),
+            Container::Dict => {
+                let dict = PyDict::new(py);
+                set_items(&dict, items)?;
+                dict.into_any()
+            }
+            Container::FrozenSet => {
+                let items: Vec<_> = items.collect();
+                PyFrozenSet::new(py, items).map_err(py_err)?.into_any()
+            }
+            _ => {
+                let items: Vec<_> = items.collect();
+                PySet::new(py, items).map_err(py_err)?.into_any()
+            }
+        })
+    }
+
+    fn extend(
+        &mut self,
+        code: u8,
+        stack: &mut Vec<Self::Value>,
+        target: usize,
+        from: usize,
+    ) -> BuildResult<()> {
+        let name = opcode_name(code).unwrap_or("?");
+        let target = &stack[target];
+        match code {
+            op::APPEND | op::APPENDS => {
+                let list = container::<PyList>(target, name, "a list")?;
+                for item in stack.drain(from..) {
+                    list.append(item).map_err(py_err)?;
+                }
+            }
+            op::SETITEM | op::SETITEMS => {
+                let dict = container::<PyDict>(target, name, "a dict")?;
+                set_items(&dict, stack.drain(from..))?;
+            }
+            _ => {
+                let set = container::<PySet>(target, name, "a set")?;
+                for item in stack.drain(from..) {
+                    set.add(item).map_err(py_err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn text(&self, value: &Self::Value) -> Option<String> {
+        value
+            .cast::<PyString>()
+            .ok()?
+            .to_cow()
+            .ok()
+            .map(|text| text.into_owned())
     }
 
     /// A dict filled in one batch of memoized str keys and plain values, built straight from
@@ -323,46 +286,89 @@ impl<'py, 'a> Vm<'py, 'a> {
     /// values go into the dict straight from the memo and the caches, by reference: no stack,
     /// and no reference count taken and dropped again per key and value (two calls into
     /// libpython each under the stable ABI). Anything else (another opcode, a reference to
-    /// an object stored inside the dict, a memo store that is no append) gives up: the memo
-    /// is cut back to its length before the dict (every store made was an append), the input
-    /// position is untouched, and the generic opcodes run from `EMPTY_DICT` on. What was built
-    /// is dropped unseen; the int and str caches keep what they learned (they are caches).
-    fn fast_dict(&mut self) -> bool {
-        let memo_len = self.memo.len();
-        let mut pos = self.ops.offset();
-        match self.fast_dict_items(&mut pos, memo_len) {
+    /// an object stored inside the dict, a memo store that is no append, a `FRAME` that
+    /// declares more than is left) gives up: the memo is cut back to its length before the
+    /// dict (every store made was an append), the input position is untouched, and the
+    /// machine runs the opcodes from `EMPTY_DICT` on. What was built is dropped unseen; the
+    /// int and str caches keep what they learned (they are caches).
+    fn empty_dict<F: Feed>(m: &mut Machine<'_, Self, F>) -> bool {
+        let Parts {
+            rest,
+            builder,
+            memo,
+            stack,
+        } = m.parts();
+        let memo_len = memo.dense_slots().len();
+        let mut pos = 0;
+        match builder.fast_dict_items(rest, &mut pos, memo, memo_len) {
             Some(dict) => {
-                self.ops = Ops::new_at(self.data, pos);
-                self.stack.push(dict.into_any());
+                stack.push(dict.into_any());
+                m.advance(pos);
                 true
             }
             None => {
-                self.memo.truncate(memo_len);
+                memo.truncate_dense(memo_len);
                 false
             }
         }
     }
+}
 
-    fn fast_dict_items(&mut self, pos: &mut usize, memo_len: usize) -> Option<Bound<'py, PyDict>> {
+/// The container at `target` as a `T` (what `APPENDS`, `SETITEMS`, `ADDITEMS` add to).
+#[inline]
+fn container<'py, T: pyo3::type_object::PyTypeCheck>(
+    target: &Bound<'py, PyAny>,
+    name: &str,
+    what: &str,
+) -> BuildResult<Bound<'py, T>> {
+    target
+        .cast::<T>()
+        .cloned()
+        .map_err(|_| BuildError::new(format!("{name} needs {what} below its items")))
+}
+
+/// Puts keys and values, interleaved, into `dict`.
+fn set_items<'py>(
+    dict: &Bound<'py, PyDict>,
+    mut items: impl Iterator<Item = Bound<'py, PyAny>>,
+) -> BuildResult<()> {
+    while let (Some(key), Some(value)) = (items.next(), items.next()) {
+        dict.set_item(key, value).map_err(py_err)?;
+    }
+    Ok(())
+}
+
+impl<'py> PyBuild<'py> {
+    /// [`Build::empty_dict`]'s reading, from `data[*pos..]` (the opcode after `EMPTY_DICT`).
+    fn fast_dict_items<'a>(
+        &mut self,
+        data: &'a [u8],
+        pos: &mut usize,
+        memo: &mut PyMemo<'py>,
+        memo_len: usize,
+    ) -> Option<Bound<'py, PyDict>> {
         let py = self.py;
         let dict = PyDict::new(py);
-        let mut op = fast_op(self.data, pos)?;
-        if self.fast_store(&op, dict.as_any())? {
-            op = fast_op(self.data, pos)?;
+        let mut op = fast_op(data, pos)?;
+        if fast_store(&op, memo, dict.as_any())? {
+            op = fast_op(data, pos)?;
         }
         if op.code != op::MARK {
             return None;
         }
         loop {
-            let key_op = fast_op(self.data, pos)?;
+            let key_op = fast_op(data, pos)?;
             if key_op.code == op::SETITEMS {
                 return Some(dict);
             }
             let key = memo_ref(&key_op).filter(|&i| i < memo_len)?;
-            if !self.memo[key].as_ref()?.is_exact_instance_of::<PyString>() {
+            if !memo.dense_slots()[key]
+                .as_ref()?
+                .is_exact_instance_of::<PyString>()
+            {
                 return None;
             }
-            let value_op = fast_op(self.data, pos)?;
+            let value_op = fast_op(data, pos)?;
             let value = match value_op.code {
                 op::BINGET | op::LONG_BINGET => {
                     Value::Memo(memo_ref(&value_op).filter(|&i| i < memo_len)?)
@@ -382,34 +388,37 @@ impl<'py, 'a> Vm<'py, 'a> {
                 op::BINFLOAT => {
                     Value::Owned(PyFloat::new(py, f64::from_be_bytes(value_op.array())).into_any())
                 }
-                op::EMPTY_LIST => Value::Owned(self.fast_list(pos, memo_len)?),
+                op::EMPTY_LIST => Value::Owned(self.fast_list(data, pos, memo, memo_len)?),
                 _ => return None,
             };
             // A memo store of the value (a fresh str PyTorch memoizes, say).
             let mut ahead = *pos;
-            let stored = match store_index(&fast_op(self.data, &mut ahead)?, self.memo.len()) {
-                Store::None => false,
-                Store::Append => true,
+            match store_index(&fast_op(data, &mut ahead)?, memo) {
+                Store::None => {}
                 Store::Elsewhere => return None,
-            };
-            if stored {
-                *pos = ahead;
-                let object = match value {
-                    Value::Owned(object) => object,
-                    Value::Memo(i) => self.memo[i].as_ref()?.clone(),
-                    Value::Int(slot) => self.ints[slot].as_ref()?.1.clone(),
-                    Value::Str(bytes) => self.strings.get(bytes)?.clone(),
-                    Value::None => PyNone::get(py).to_owned().into_any(),
-                    Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
-                };
-                self.memo.push(Some(object));
-                let value = self.memo.last()?.as_ref()?;
-                dict.set_item(self.memo[key].as_ref()?, value).ok()?;
-                continue;
+                Store::Append(index) => {
+                    *pos = ahead;
+                    let object = match value {
+                        Value::Owned(object) => object,
+                        Value::Memo(i) => memo.dense_slots()[i].clone()?,
+                        Value::Int(slot) => self.ints[slot].as_ref()?.1.clone(),
+                        Value::Str(bytes) => self.strings.get(bytes)?.clone(),
+                        Value::None => PyNone::get(py).to_owned().into_any(),
+                        Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+                    };
+                    if !memo.push_dense(index, object) {
+                        return None;
+                    }
+                    let slots = memo.dense_slots();
+                    dict.set_item(slots[key].as_ref()?, slots.last()?.as_ref()?)
+                        .ok()?;
+                    continue;
+                }
             }
-            let key = self.memo[key].as_ref()?;
+            let slots = memo.dense_slots();
+            let key = slots[key].as_ref()?;
             match value {
-                Value::Memo(i) => dict.set_item(key, self.memo[i].as_ref()?),
+                Value::Memo(i) => dict.set_item(key, slots[i].as_ref()?),
                 Value::Int(slot) => dict.set_item(key, &self.ints[slot].as_ref()?.1),
                 Value::Str(bytes) => dict.set_item(key, self.strings.get(bytes)?),
                 Value::Owned(object) => dict.set_item(key, object),
@@ -420,43 +429,35 @@ impl<'py, 'a> Vm<'py, 'a> {
         }
     }
 
-    /// A memo store at `op` of `object` when it appends to the memo (`Some(true)`), or
-    /// `Some(false)` when `op` stores nothing; `None` (give up) for a store elsewhere.
-    #[inline]
-    fn fast_store(&mut self, op: &FastOp<'a>, object: &Bound<'py, PyAny>) -> Option<bool> {
-        match store_index(op, self.memo.len()) {
-            Store::None => Some(false),
-            Store::Append => {
-                self.memo.push(Some(object.clone()));
-                Some(true)
-            }
-            Store::Elsewhere => None,
-        }
-    }
-
     /// A list of memo references (`EMPTY_LIST` just read): an optional memo store, then
     /// `MARK` refs `APPENDS`, one ref `APPEND`, or nothing.
-    fn fast_list(&mut self, pos: &mut usize, memo_len: usize) -> Option<Bound<'py, PyAny>> {
+    fn fast_list(
+        &mut self,
+        data: &[u8],
+        pos: &mut usize,
+        memo: &mut PyMemo<'py>,
+        memo_len: usize,
+    ) -> Option<Bound<'py, PyAny>> {
         let list = PyList::empty(self.py);
         let mut ahead = *pos;
-        let mut op = fast_op(self.data, &mut ahead)?;
-        if self.fast_store(&op, list.as_any())? {
+        let mut op = fast_op(data, &mut ahead)?;
+        if fast_store(&op, memo, list.as_any())? {
             *pos = ahead;
-            op = fast_op(self.data, &mut ahead)?;
+            op = fast_op(data, &mut ahead)?;
         }
         match op.code {
             op::MARK => loop {
-                let item = fast_op(self.data, &mut ahead)?;
+                let item = fast_op(data, &mut ahead)?;
                 if item.code == op::APPENDS {
                     break;
                 }
                 let index = memo_ref(&item).filter(|&i| i < memo_len)?;
-                list.append(self.memo[index].as_ref()?).ok()?;
+                list.append(memo.dense_slots()[index].as_ref()?).ok()?;
             },
             op::BINGET | op::LONG_BINGET => {
                 let index = memo_ref(&op).filter(|&i| i < memo_len)?;
-                list.append(self.memo[index].as_ref()?).ok()?;
-                if fast_op(self.data, &mut ahead)?.code != op::APPEND {
+                list.append(memo.dense_slots()[index].as_ref()?).ok()?;
+                if fast_op(data, &mut ahead)?.code != op::APPEND {
                     return None;
                 }
             }
@@ -485,232 +486,36 @@ impl<'py, 'a> Vm<'py, 'a> {
     /// cached (long, or the cache is full); `None` for bytes that are not UTF-8 (the generic
     /// path decodes those as pickle does).
     #[inline]
-    fn fast_str(&mut self, bytes: &'a [u8]) -> Option<Value<'py, 'a>> {
+    fn fast_str<'a>(&mut self, bytes: &'a [u8]) -> Option<Value<'py, 'a>> {
         if self.strings.contains_key(bytes) {
             return Some(Value::Str(bytes));
         }
         let text = std::str::from_utf8(bytes).ok()?;
         let object = PyString::new(self.py, text).into_any();
         if bytes.len() <= MAX_CACHED_STR && self.strings.len() < MAX_CACHED {
-            self.strings.insert(bytes, object);
+            self.strings.insert(bytes.into(), object);
             return Some(Value::Str(bytes));
         }
         Some(Value::Owned(object))
     }
+}
 
-    /// The stack index below which the current `MARK` protects the items.
-    #[inline]
-    fn floor(&self) -> usize {
-        self.marks.last().copied().unwrap_or(0)
-    }
-
-    #[inline]
-    fn pop(&mut self, offset: usize, op: u8) -> Result<Bound<'py, PyAny>> {
-        if self.stack.len() <= self.floor() {
-            return Err(stack_err(offset, op, "an item"));
-        }
-        self.stack
-            .pop()
-            .ok_or_else(|| stack_err(offset, op, "an item"))
-    }
-
-    #[inline]
-    fn top(&self, offset: usize, op: u8) -> Result<&Bound<'py, PyAny>> {
-        self.stack
-            .last()
-            .ok_or_else(|| stack_err(offset, op, "an item"))
-    }
-
-    #[inline]
-    fn pop_mark(&mut self, offset: usize, op: u8) -> Result<usize> {
-        self.marks
-            .pop()
-            .ok_or_else(|| stack_err(offset, op, "a MARK"))
-    }
-
-    /// The container just below `start` (where the items to add begin), as a `T`.
-    #[inline]
-    fn container<T: pyo3::type_object::PyTypeCheck>(
-        &self,
-        offset: usize,
-        op: u8,
-        start: usize,
-        what: &'static str,
-    ) -> Result<Bound<'py, T>> {
-        let target = start
-            .checked_sub(1)
-            .and_then(|i| self.stack.get(i))
-            .filter(|_| start > self.floor())
-            .ok_or_else(|| stack_err(offset, op, what))?;
-        target
-            .cast::<T>()
-            .cloned()
-            .map_err(|_| stack_err(offset, op, what))
-    }
-
-    /// Moves the key/value pairs from `start` to the top of the stack into `dict`.
-    fn set_items(
-        &mut self,
-        offset: usize,
-        op: u8,
-        dict: &Bound<'py, PyDict>,
-        start: usize,
-    ) -> Result<()> {
-        if !self.stack.len().saturating_sub(start).is_multiple_of(2) {
-            return Err(stack_err(
-                offset,
-                op,
-                "an even number of items (keys and values)",
-            ));
-        }
-        let mut items = self.stack.drain(start..);
-        while let (Some(key), Some(value)) = (items.next(), items.next()) {
-            dict.set_item(key, value).map_err(py_err(offset, op))?;
-        }
-        Ok(())
-    }
-
-    #[inline]
-    fn push_int(&mut self, value: i64) {
-        let py = self.py;
-        // CPython keeps -5..=256 itself; the cache is for sizes, lines and addresses.
-        if (-5..=256).contains(&value) {
-            self.stack.push(value.into_pyobject(py).into_any_ok());
-            return;
-        }
-        let slot = int_cache_slot(value);
-        if let Some((cached_value, cached)) = &self.ints[slot] {
-            if *cached_value == value {
-                self.stack.push(cached.clone());
-                return;
-            }
-        }
-        let object = value.into_pyobject(py).into_any_ok();
-        self.ints[slot] = Some((value, object.clone()));
-        self.stack.push(object);
-    }
-
-    /// `LONG1`/`LONG4`: little-endian two's complement.
-    fn push_long(&mut self, offset: usize, op: u8, bytes: &[u8]) -> Result<()> {
-        if bytes.len() <= 8 {
-            let value = match bytes.last() {
-                None => 0,
-                Some(&last) => {
-                    let fill = if last & 0x80 != 0 { 0xff } else { 0 };
-                    let mut raw = [fill; 8];
-                    raw[..bytes.len()].copy_from_slice(bytes);
-                    i64::from_le_bytes(raw)
-                }
-            };
-            self.push_int(value);
-            return Ok(());
-        }
-        let py = self.py;
-        let int = py
-            .get_type::<PyInt>()
-            .call_method1("from_bytes", (PyBytes::new(py, bytes), "little"))
-            .and_then(|unsigned| {
-                // `signed=True` as a keyword would need a dict; do the sign by hand.
-                if bytes.last().is_some_and(|&b| b & 0x80 != 0) {
-                    let one: Bound<'py, PyAny> = 1i64.into_pyobject(py).into_any_ok();
-                    let modulus = one.lshift(8 * bytes.len())?;
-                    unsigned.sub(modulus)
-                } else {
-                    Ok(unsigned)
-                }
-            })
-            .map_err(py_err(offset, op))?;
-        self.stack.push(int);
-        Ok(())
-    }
-
-    /// Protocol-0 `INT`/`LONG`: a decimal literal (`INT` `01`/`00` are `True`/`False`).
-    fn push_text_int(&mut self, offset: usize, op: u8, line: &[u8]) -> Result<()> {
-        let py = self.py;
-        if op == b'I' && line == b"01" {
-            self.stack
-                .push(pyo3::types::PyBool::new(py, true).to_owned().into_any());
-            return Ok(());
-        }
-        if op == b'I' && line == b"00" {
-            self.stack
-                .push(pyo3::types::PyBool::new(py, false).to_owned().into_any());
-            return Ok(());
-        }
-        let text = std::str::from_utf8(line)
-            .ok()
-            .filter(|s| {
-                let digits = s.strip_prefix('-').unwrap_or(s);
-                !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
-            })
-            .ok_or_else(|| bad(offset, op, "not a decimal integer literal"))?;
-        if let Ok(value) = text.parse::<i64>() {
-            self.push_int(value);
-            return Ok(());
-        }
-        let int = py
-            .get_type::<PyInt>()
-            .call1((text,))
-            .map_err(py_err(offset, op))?;
-        self.stack.push(int);
-        Ok(())
-    }
-
-    fn push_str(&mut self, offset: usize, op: u8, bytes: &'a [u8]) -> Result<()> {
-        if bytes.len() <= MAX_CACHED_STR {
-            if let Some(cached) = self.strings.get(bytes) {
-                self.stack.push(cached.clone());
-                return Ok(());
-            }
-        }
-        let py = self.py;
-        let object = match std::str::from_utf8(bytes) {
-            Ok(text) => PyString::new(py, text).into_any(),
-            // pickle writes lone surrogates with `surrogatepass`; decode them the same way.
-            Err(_) => PyBytes::new(py, bytes)
-                .call_method1("decode", ("utf-8", "surrogatepass"))
-                .map_err(py_err(offset, op))?,
-        };
-        if bytes.len() <= MAX_CACHED_STR && self.strings.len() < MAX_CACHED {
-            self.strings.insert(bytes, object.clone());
-        }
-        self.stack.push(object);
-        Ok(())
-    }
-
-    fn put(&mut self, offset: usize, op: u8, index: u64) -> Result<()> {
-        let top = self.top(offset, op)?.clone();
-        match usize::try_from(index) {
-            Ok(i) if i < self.memo.len() => self.memo[i] = Some(top),
-            Ok(i) if i < self.memo.len() + MEMO_DENSE_SLACK => {
-                self.memo.resize(i, None);
-                self.memo.push(Some(top));
-            }
-            _ => {
-                self.sparse_memo.insert(index, top);
-            }
-        }
-        Ok(())
-    }
-
-    fn get(&mut self, offset: usize, op: u8, index: u64) -> Result<()> {
-        let found = usize::try_from(index)
-            .ok()
-            .and_then(|i| self.memo.get(i))
-            .and_then(|slot| slot.as_ref())
-            .or_else(|| self.sparse_memo.get(&index))
-            .cloned()
-            .ok_or(LoadError::Memo {
-                offset,
-                name: opcode_name(op),
-                index,
-            })?;
-        self.stack.push(found);
-        Ok(())
+/// A memo store at `op` of `object` when it appends to the memo (`Some(true)`), or
+/// `Some(false)` when `op` stores nothing; `None` (give up) for a store elsewhere.
+#[inline]
+fn fast_store<'py>(
+    op: &FastOp<'_>,
+    memo: &mut PyMemo<'py>,
+    object: &Bound<'py, PyAny>,
+) -> Option<bool> {
+    match store_index(op, memo) {
+        Store::None => Some(false),
+        Store::Append(index) => memo.push_dense(index, object.clone()).then_some(true),
+        Store::Elsewhere => None,
     }
 }
 
-/// A value of [`Vm::fast_dict`]: where to find it (by reference), or the new object.
+/// A value of [`Build::empty_dict`]'s dict: where to find it (by reference), or the new object.
 enum Value<'py, 'a> {
     Memo(usize),
     /// A slot of the int cache.
@@ -722,29 +527,26 @@ enum Value<'py, 'a> {
     Bool(bool),
 }
 
-/// What a memo store opcode does to a memo of `len` indices.
+/// What a memo store opcode does to the memo.
 enum Store {
     /// Not a memo store.
     None,
-    /// Stores at index `len`.
-    Append,
+    /// Stores at this index, the next dense one.
+    Append(u64),
     /// Stores anywhere else.
     Elsewhere,
 }
 
 #[inline]
-fn store_index(op: &FastOp<'_>, len: usize) -> Store {
+fn store_index(op: &FastOp<'_>, memo: &PyMemo<'_>) -> Store {
     let index = match op.code {
-        op::MEMOIZE => return Store::Append,
-        op::BINPUT => usize::from(op.array::<1>()[0]),
-        op::LONG_BINPUT => match usize::try_from(u32::from_le_bytes(op.array())) {
-            Ok(index) => index,
-            Err(_) => return Store::Elsewhere,
-        },
+        op::MEMOIZE => memo.count() as u64,
+        op::BINPUT => u64::from(op.array::<1>()[0]),
+        op::LONG_BINPUT => u64::from(u32::from_le_bytes(op.array())),
         _ => return Store::None,
     };
-    if index == len {
-        Store::Append
+    if index == memo.dense_slots().len() as u64 {
+        Store::Append(index)
     } else {
         Store::Elsewhere
     }
@@ -756,7 +558,7 @@ fn int_cache_slot(value: i64) -> usize {
     ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize % INT_CACHE_SLOTS
 }
 
-/// An opcode [`Vm::fast_dict`] reads: its code and argument (after the length byte of
+/// An opcode [`Build::empty_dict`] reads: its code and argument (after the length byte of
 /// `LONG1` and `SHORT_BINUNICODE`).
 struct FastOp<'a> {
     code: u8,
@@ -774,11 +576,11 @@ impl FastOp<'_> {
     }
 }
 
-/// The opcode at `data[*pos..]` when it is one [`Vm::fast_dict`] reads, stepping over `FRAME`
-/// headers (a length prefix for buffered readers: the generic path does nothing with it
-/// either). `None` for any other opcode and where the input ends first: the generic path,
-/// with memsnap-format's decoder, reads it and reports any error. Decoding these few
-/// opcodes here costs a fifth of the general decoder's work per opcode.
+/// The opcode at `data[*pos..]` when it is one [`Build::empty_dict`] reads, stepping over `FRAME`
+/// headers (a length prefix for buffered readers; one that declares more than is left gives
+/// up, as the machine refuses it). `None` for any other opcode and where the input ends
+/// first: the machine reads it and reports any error. Decoding these few opcodes here costs
+/// a fifth of the general decoder's work per opcode.
 #[inline(always)]
 fn fast_op<'a>(data: &'a [u8], pos: &mut usize) -> Option<FastOp<'a>> {
     loop {
@@ -805,6 +607,10 @@ fn fast_op<'a>(data: &'a [u8], pos: &mut usize) -> Option<FastOp<'a>> {
         *pos = start + len;
         if code != op::FRAME {
             return Some(FastOp { code, arg });
+        }
+        let declared = u64::from_le_bytes(arg.try_into().ok()?);
+        if declared > (data.len() - *pos) as u64 {
+            return None;
         }
     }
 }
@@ -836,38 +642,10 @@ fn short_long(bytes: &[u8]) -> Option<i64> {
     })
 }
 
-/// A protocol-0 memo index (`GET`/`PUT`): a decimal line.
-fn text_index(offset: usize, op: u8, line: &[u8]) -> Result<u64> {
-    std::str::from_utf8(line)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .ok_or_else(|| bad(offset, op, "not a memo index"))
-}
-
-fn bad(offset: usize, op: u8, what: &str) -> LoadError {
-    LoadError::Bad {
-        offset,
-        name: opcode_name(op),
-        what: what.to_owned(),
-    }
-}
-
-fn stack_err(offset: usize, op: u8, what: &'static str) -> LoadError {
-    LoadError::Stack {
-        offset,
-        name: opcode_name(op),
-        what,
-    }
-}
-
-/// A Python error raised while building (an unhashable dict key, a surrogate-decoding error),
-/// placed at its opcode.
-fn py_err(offset: usize, op: u8) -> impl Fn(PyErr) -> LoadError {
-    move |e| LoadError::Bad {
-        offset,
-        name: opcode_name(op),
-        what: e.to_string(),
-    }
+/// A Python error raised while building (an unhashable dict key, a surrogate-decoding error):
+/// the machine reports it at its opcode.
+fn py_err(e: PyErr) -> BuildError {
+    BuildError::new(e.to_string())
 }
 
 /// `into_pyobject` of an int never fails; this spells that without `unwrap`.

@@ -118,6 +118,61 @@ impl Emitter {
         }
     }
 
+    /// Before item `i` of the `len` items of a list, or pair `i` of the `len` pairs of a dict
+    /// (after its `EMPTY_LIST`/`EMPTY_DICT` and `MEMOIZE`): `MARK` where a batch of [`BATCH`]
+    /// starts, when there are two or more. CPython's C pickler writes a lone item with
+    /// `APPEND`/`SETITEM`, more in `MARK ... APPENDS` batches (a final batch of one included);
+    /// [`Emitter::batch_item_end`] closes them.
+    #[inline]
+    pub fn batch_item_begin(&mut self, i: usize, len: usize) {
+        if len > 1 && i.is_multiple_of(BATCH) {
+            self.op(op::MARK);
+        }
+    }
+
+    /// After item (or pair) `i` of `len`: `APPENDS` (`SETITEMS` for a dict's pairs) where a
+    /// batch ends, `APPEND` (`SETITEM`) after a lone one.
+    #[inline]
+    pub fn batch_item_end(&mut self, i: usize, len: usize, dict: bool) {
+        let (one, batch) = if dict {
+            (op::SETITEM, op::SETITEMS)
+        } else {
+            (op::APPEND, op::APPENDS)
+        };
+        if len == 1 {
+            self.op(one);
+        } else if (i + 1).is_multiple_of(BATCH) || i + 1 == len {
+            self.op(batch);
+        }
+    }
+
+    /// Before the `len` items of a tuple: `EMPTY_TUPLE` for none (the whole tuple: CPython
+    /// writes no items and does not memoize it), `MARK` for more than three.
+    #[inline]
+    pub fn tuple_begin(&mut self, len: usize) {
+        match len {
+            0 => self.op(op::EMPTY_TUPLE),
+            1..=3 => {}
+            _ => self.op(op::MARK),
+        }
+    }
+
+    /// After the `len` items of a tuple: `TUPLE1`, `TUPLE2`, `TUPLE3` or `TUPLE`, then
+    /// `MEMOIZE` (a tuple is memoized after its items); its memo index. Nothing for the empty
+    /// tuple (`None`).
+    #[inline]
+    pub fn tuple_end(&mut self, len: usize) -> Option<u32> {
+        let code = match len {
+            0 => return None,
+            1 => op::TUPLE1,
+            2 => op::TUPLE2,
+            3 => op::TUPLE3,
+            _ => op::TUPLE,
+        };
+        self.op(code);
+        Some(self.memoize())
+    }
+
     /// An int in the smallest opcode: `BININT1`, `BININT2`, `BININT`, else `LONG1`.
     #[inline]
     pub fn int(&mut self, v: i64) {
@@ -146,7 +201,13 @@ impl Emitter {
     /// `LONG1` with the shortest little-endian two's complement that keeps the sign
     /// (CPython's `encode_long`); only reached outside `i32`, so never empty.
     fn long_minimal(&mut self, v: i128) {
-        let bytes = v.to_le_bytes();
+        self.long_shortest(&v.to_le_bytes());
+    }
+
+    /// `LONG1` (or `LONG4`) with the shortest little-endian two's complement of the same
+    /// value as `bytes` (redundant sign bytes dropped, as CPython's `encode_long` writes it;
+    /// zero as no bytes).
+    pub fn long_shortest(&mut self, bytes: &[u8]) {
         let mut n = bytes.len();
         while n > 1 {
             let (top, below) = (bytes[n - 1], bytes[n - 2] & 0x80);
@@ -156,7 +217,7 @@ impl Emitter {
                 break;
             }
         }
-        if v == 0 {
+        if n == 1 && bytes[0] == 0 {
             n = 0;
         }
         self.long(&bytes[..n]);

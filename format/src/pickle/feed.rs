@@ -7,7 +7,7 @@ use std::io::Read;
 const READ_CHUNK: usize = 256 << 10;
 
 /// Where the VM's bytes come from.
-pub(crate) trait Feed {
+pub trait Feed {
     /// The bytes available now, from the current window start.
     fn window(&self) -> &[u8];
     /// Moves the window start `drop` bytes on (always, even when reading then fails), then
@@ -16,7 +16,7 @@ pub(crate) trait Feed {
 }
 
 /// Input already in memory: the window is the rest of the slice.
-pub(crate) struct SliceFeed<'a> {
+pub struct SliceFeed<'a> {
     data: &'a [u8],
     start: usize,
 }

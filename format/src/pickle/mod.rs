@@ -10,19 +10,20 @@
 //! The reader makes **one pass** over the input, seen through a window (`feed::Feed`: the slice
 //! itself, or a 256 KiB buffer refilled from the stream):
 //!
-//! * a small VM (`vm`) runs the data opcodes (told apart by the one opcode table, `opcodes`)
-//!   into an arena (`arena`, with the packed memo in `memo`): strings are copied to a string
+//! * the pickle machine ([`machine`]: the opcode loop, stack, marks and memo, `memo`) runs the
+//!   data opcodes (told apart by the one opcode table, `opcodes`) for the snapshot builder
+//!   (`vm`), which builds them into an arena (`arena`): strings are copied to a string
 //!   heap (the snapshot's keys and action names recognised once, as they are read), small
 //!   ints are stored inline, containers are nodes whose items live in one flat vector, and a
 //!   memo reference is the same node again (a frames list shared by a thousand entries is
 //!   stored once);
-//! * at each `EMPTY_DICT` the VM first tries the **speculative trace-entry fast path**
+//! * at each `EMPTY_DICT` the snapshot builder first tries the **speculative trace-entry fast path**
 //!   (`vm::fast_path`): an entry laid out as PyTorch's exporter and our writer lay it out is
 //!   decoded straight from the window into a [`crate::TraceEntry`], its frames into a
 //!   [`crate::StackId`]. On anything else it gives up and rolls back (memo stores, string
-//!   heap, caches, budget), and the generic VM reads the same bytes; that module's docs list
+//!   heap, caches, budget), and the machine reads the same bytes generically; that module's docs list
 //!   the layout it accepts;
-//! * an entry dict the generic VM completes is converted as soon as its `SETITEMS` runs
+//! * an entry dict the generic path completes is converted as soon as its `SETITEMS` runs
 //!   (`convert::Conv::packed_entry`), so entries never stay in the arena;
 //! * at `STOP` the conversion pass (`convert`) turns what remains of the arena (segments,
 //!   settings, annotations, and entries in unusual layouts) into the typed [`Snapshot`],
@@ -32,8 +33,10 @@
 //! input before anything is read, memo indices are checked, and the expansion of
 //! memo-shared containers and the nesting of unknown values are bounded.
 //!
-//! [`ops`] exposes the opcode table and an opcode-at-a-time decoder for readers that build
-//! their own objects (the `memsnap` Python package builds Python objects with it).
+//! [`machine`] runs a pickle for any [`machine::Build`]er: the `memsnap` Python package builds
+//! Python objects with it (the same loop, checks and refusals as the snapshot reader), and
+//! `tree` a plain value tree (tests, the `machine` fuzz target). [`ops`] exposes the opcode
+//! table and an opcode-at-a-time decoder.
 //!
 //! ## Reading part of a file
 //!
@@ -46,18 +49,21 @@
 //! [`to_vec`] writes protocol 4 with framing and the CPython C pickler's encoding rules, with
 //! every string, stack and frame written once and referenced by memo afterwards. The keys and
 //! their order come from the crate's schema walk (`schema`); `writer` only spells them as
-//! opcodes, through [`emit::Emitter`], which `memsnap.dump` (the Python package) writes
-//! through too.
+//! opcodes, through [`emit::Emitter`] (CPython's framing, encodings and container rules),
+//! which `memsnap.dump` (the Python package) writes through too.
 
 mod arena;
 mod convert;
 pub mod emit;
 mod feed;
+pub mod machine;
 mod memo;
 mod opcodes;
 pub mod ops;
 mod part;
 mod sym;
+#[doc(hidden)]
+pub mod tree;
 mod vm;
 mod writer;
 

@@ -14,7 +14,7 @@ use crate::model::*;
 use crate::schema::{self, Emit, Key, Walk};
 use crate::value::Value;
 
-use super::emit::{Emitter, BATCH};
+use super::emit::Emitter;
 use super::opcodes::op;
 
 const NO_MEMO: u32 = u32::MAX;
@@ -124,27 +124,19 @@ impl<'s> Writer<'s> {
         self.e.boundary();
     }
 
-    /// A list in CPython's batches: one item with `APPEND`, more in `MARK ... APPENDS`
-    /// batches of at most 1000 (a final batch of one included).
+    /// A list in CPython's batches ([`Emitter::batch_item_begin`]): one item with `APPEND`,
+    /// more in `MARK ... APPENDS` batches of at most 1000 (a final batch of one included).
     fn list_of<T>(&mut self, items: &'s [T], mut item: impl FnMut(&mut Self, &'s T)) -> u32 {
         self.e.op(op::EMPTY_LIST);
         let idx = self.e.memoize();
-        match items {
-            [] => {}
-            [one] => {
-                item(self, one);
-                self.e.op(op::APPEND);
+        let len = items.len();
+        for (i, x) in items.iter().enumerate() {
+            self.e.batch_item_begin(i, len);
+            item(self, x);
+            if len > 1 {
+                self.e.boundary();
             }
-            _ => {
-                for batch in items.chunks(BATCH) {
-                    self.e.op(op::MARK);
-                    for x in batch {
-                        item(self, x);
-                        self.e.boundary();
-                    }
-                    self.e.op(op::APPENDS);
-                }
-            }
+            self.e.batch_item_end(i, len, false);
         }
         self.e.boundary();
         idx
@@ -175,46 +167,32 @@ impl<'s> Writer<'s> {
                 self.list_of(items, |w, x| w.value(x));
             }
             Value::Tuple(items) => {
-                match items.len() {
-                    0 => self.e.op(op::EMPTY_TUPLE),
-                    n @ 1..=3 => {
-                        for x in items {
-                            self.value(x);
-                        }
-                        self.e.op([op::TUPLE1, op::TUPLE2, op::TUPLE3][n - 1]);
-                    }
-                    _ => {
-                        self.e.op(op::MARK);
-                        for x in items {
-                            self.value(x);
-                            self.e.boundary();
-                        }
-                        self.e.op(op::TUPLE);
+                let len = items.len();
+                self.e.tuple_begin(len);
+                for x in items {
+                    self.value(x);
+                    if len > 3 {
+                        self.e.boundary();
                     }
                 }
-                self.e.memoize();
+                if self.e.tuple_end(len).is_none() {
+                    // CPython does not memoize `()`; this writer always has (readers do not
+                    // mind, and its output stays what it was).
+                    self.e.memoize();
+                }
             }
             Value::Dict(pairs) => {
                 self.e.op(op::EMPTY_DICT);
                 self.e.memoize();
-                match &pairs[..] {
-                    [] => {}
-                    [(k, v)] => {
-                        self.value(k);
-                        self.value(v);
-                        self.e.op(op::SETITEM);
+                let len = pairs.len();
+                for (i, (k, v)) in pairs.iter().enumerate() {
+                    self.e.batch_item_begin(i, len);
+                    self.value(k);
+                    self.value(v);
+                    if len > 1 {
+                        self.e.boundary();
                     }
-                    _ => {
-                        for batch in pairs.chunks(BATCH) {
-                            self.e.op(op::MARK);
-                            for (k, v) in batch {
-                                self.value(k);
-                                self.value(v);
-                                self.e.boundary();
-                            }
-                            self.e.op(op::SETITEMS);
-                        }
-                    }
+                    self.e.batch_item_end(i, len, true);
                 }
             }
         }
@@ -347,23 +325,11 @@ impl<'s> Emit<'s> for Writer<'s> {
     fn divisions(&mut self, d: &'s [(String, PyInt)]) -> Result<(), Infallible> {
         self.e.op(op::EMPTY_DICT);
         self.e.memoize();
-        match d {
-            [] => {}
-            [(k, v)] => {
-                Writer::str(self, k);
-                Writer::pyint(self, v);
-                self.e.op(op::SETITEM);
-            }
-            _ => {
-                for batch in d.chunks(BATCH) {
-                    self.e.op(op::MARK);
-                    for (k, v) in batch {
-                        Writer::str(self, k);
-                        Writer::pyint(self, v);
-                    }
-                    self.e.op(op::SETITEMS);
-                }
-            }
+        for (i, (k, v)) in d.iter().enumerate() {
+            self.e.batch_item_begin(i, d.len());
+            Writer::str(self, k);
+            Writer::pyint(self, v);
+            self.e.batch_item_end(i, d.len(), true);
         }
         self.e.boundary();
         Ok(())

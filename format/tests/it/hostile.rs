@@ -232,9 +232,9 @@ fn billion_laughs_through_segments_hits_the_budget() {
 fn memo_indices_are_checked() {
     let (offset, what) = pickle_error(&p4(b"h\x05"));
     assert_eq!(offset, 2);
-    assert!(what.contains("memo index 5 was never stored"), "{what}");
+    assert!(what.contains("memo entry 5 was never stored"), "{what}");
     let (_, what) = pickle_error(&p4(b"j\x00\x00\x00\x80"));
-    assert!(what.contains("memo index 2147483648"), "{what}");
+    assert!(what.contains("memo entry 2147483648"), "{what}");
     // A far-away LONG_BINPUT is legal and must not allocate a dense 4-billion-slot memo.
     let bytes = p4(b"]r\xff\xff\xff\xff0}(\x8c\x08segmentsj\xff\xff\xff\xffu");
     assert!(pickle::read(&bytes).is_ok());

@@ -1,8 +1,8 @@
 //! The trace-entry fast path of the pickle reader.
 //!
 //! Nearly all of a snapshot pickle is trace entries, and nearly every entry is laid out the
-//! same way (by CPython's pickler in PyTorch's exporter, and by our writer). When the generic
-//! VM meets `EMPTY_DICT`, [`Vm::fast_entry`] tries to read the entry that follows straight
+//! same way (by CPython's pickler in PyTorch's exporter, and by our writer). When the pickle
+//! machine meets `EMPTY_DICT`, [`Machine::fast_entry`] tries to read the entry that follows straight
 //! from the stream's window into a [`TraceEntry`], without the VM's stack, marks and
 //! containers.
 //!
@@ -46,13 +46,16 @@ use crate::model::{Action, TraceEntry};
 
 use super::super::arena::{Val, NONE};
 use super::super::convert::Conv;
-use super::super::feed::Feed;
-use super::super::memo::{Memo, MemoPut};
+use super::super::machine::{short_long, Feed, Machine};
+use super::super::memo::{MemoPut, ValPacking};
 use super::super::opcodes::op;
 use super::super::sym::Sym;
-use super::{short_long, Vm};
+use super::Snap;
 
-/// Bytes [`Vm::fast_entry`] wants in the window (an entry is about 60).
+/// The snapshot reader's memo.
+type Memo = super::super::memo::Memo<ValPacking>;
+
+/// Bytes [`Machine::fast_entry`] wants in the window (an entry is about 60).
 const FAST_ENTRY_WINDOW: usize = 4096;
 
 /// Most of a real file is trace entries each with a fresh frames list of memoized frame dicts
@@ -220,12 +223,12 @@ fn refs_end(window: &[u8], mut at: usize) -> Option<usize> {
     }
 }
 
-/// Memo stores made by a [`Vm::fast_entry`] attempt, undone if it gives up: stores at the
+/// Memo stores made by a [`Machine::fast_entry`] attempt, undone if it gives up: stores at the
 /// dense end (nearly all) by truncating, the others from a log.
 struct Undo {
     dense_len: usize,
     count: usize,
-    others: [MemoPut; 4],
+    others: [MemoPut<Val>; 4],
     len: usize,
 }
 
@@ -242,7 +245,7 @@ impl Undo {
     /// Stores to the memo and logs it; `None` when the log is full (the attempt gives up).
     #[inline(always)]
     fn put(&mut self, memo: &mut Memo, index: u64, v: Val) -> Option<()> {
-        if memo.try_push(index, v) {
+        if memo.try_push(index, v).is_ok() {
             return Some(());
         }
         if self.len == self.others.len() {
@@ -263,7 +266,7 @@ impl Undo {
     }
 }
 
-impl<F: Feed> Vm<'_, '_, F> {
+impl<F: Feed> Machine<'_, Snap<'_>, F> {
     #[inline]
     /// Reads a trace entry dict straight into a [`TraceEntry`] when it is laid out the way
     /// PyTorch's exporter and our writer lay it out: `EMPTY_DICT` (just read), an optional
@@ -274,7 +277,7 @@ impl<F: Feed> Vm<'_, '_, F> {
     /// window boundary) returns `false` with nothing changed, and the generic opcodes run
     /// and reach the same result, or the same error.
     pub(super) fn fast_entry(&mut self) -> bool {
-        if self.state.entries.len() >= NONE as usize {
+        if self.b.state.entries.len() >= NONE as usize {
             return false;
         }
         let window = self.feed.window().len();
@@ -283,52 +286,52 @@ impl<F: Feed> Vm<'_, '_, F> {
             // cut (a read error comes back on the generic path's own read).
             let _ = self.fill(FAST_ENTRY_WINDOW, "trace entry");
         }
-        let heap_len = self.arena.heap.len();
+        let heap_len = self.b.arena.heap.len();
         // They may come to name heap bytes the rollback removes.
-        let recent_strs = self.state.recent_strs;
+        let recent_strs = self.b.state.recent_strs;
         // A frame converted on the way may have charged the expansion budget; the generic
         // path will charge it again.
-        let budget = self.state.budget;
+        let budget = self.b.state.budget;
         let mut undo = Undo::new(&self.memo);
-        let mut journal = std::mem::take(&mut self.journal_buf);
+        let mut journal = std::mem::take(&mut self.b.journal_buf);
         journal.clear();
-        self.state.cache_journal = Some(journal);
+        self.b.state.cache_journal = Some(journal);
         let decoded = self.fast_entry_decode(&mut undo);
         if decoded.is_none() {
-            self.state.forget_journal();
+            self.b.state.forget_journal();
         }
-        self.journal_buf = self.state.cache_journal.take().unwrap_or_default();
-        let list = self.lists.pending.take();
+        self.b.journal_buf = self.b.state.cache_journal.take().unwrap_or_default();
+        let list = self.b.lists.pending.take();
         match decoded {
             Some((end, entry, frames_node)) => {
                 if let Some(list) = list {
                     // Only now: had the attempt given up, the frames it converted would be
                     // forgotten (and could change) while the cache still named them.
                     let refs = &self.feed.window()[list.at..list.end];
-                    self.lists.insert(refs, list, self.memo.changes);
+                    self.b.lists.insert(refs, list, self.memo.changes);
                 }
                 self.pos = end;
                 if let Some(list) = frames_node {
-                    self.arena.nodes[list as usize].shared = true;
+                    self.b.arena.nodes[list as usize].shared = true;
                 }
-                let index = self.state.entries.len() as u32;
-                self.state.entries.push(entry);
-                self.state.fast_entries += 1;
+                let index = self.b.state.entries.len() as u32;
+                self.b.state.entries.push(entry);
+                self.b.state.fast_entries += 1;
                 // What EMPTY_DICT would have pushed, filled (the memo already holds it).
                 self.push(Val::Entry(index));
                 true
             }
             None => {
                 undo.roll_back(&mut self.memo);
-                self.arena.heap.truncate(heap_len);
-                self.state.recent_strs = recent_strs;
-                self.state.budget = budget;
+                self.b.arena.heap.truncate(heap_len);
+                self.b.state.recent_strs = recent_strs;
+                self.b.state.budget = budget;
                 false
             }
         }
     }
 
-    /// [`Vm::fast_entry`]'s decoding: the position after `SETITEMS`, the entry, and the
+    /// [`Machine::fast_entry`]'s decoding: the position after `SETITEMS`, the entry, and the
     /// frames list node it references. Memo stores are made as they come (a later key may
     /// reference them) and logged in `undo`.
     fn fast_entry_decode(&mut self, undo: &mut Undo) -> Option<(usize, TraceEntry, Option<u32>)> {
@@ -338,7 +341,7 @@ impl<F: Feed> Vm<'_, '_, F> {
             let index = self.memo_store_index(code, &mut p)?;
             // Stored as the entry it becomes; if a key or value fetched it back, the fast
             // path would give up (an entry is no key, string or frames list).
-            let entry = Val::Entry(self.state.entries.len() as u32);
+            let entry = Val::Entry(self.b.state.entries.len() as u32);
             undo.put(&mut self.memo, index, entry)?;
             code = self.window_op(&mut p)?;
             if code != op::MARK {
@@ -375,12 +378,12 @@ impl<F: Feed> Vm<'_, '_, F> {
         }
         if key == Sym::CompileContext {
             let id = self.fast_entry_str(&mut p, undo, 0)?;
-            entry.set_compile_context(Some(id), self.state.strings());
+            entry.set_compile_context(Some(id), self.b.state.strings());
             key = self.entry_key(&mut p)?;
         }
         if key == Sym::UserMetadata {
             let id = self.fast_entry_str(&mut p, undo, 1)?;
-            entry.set_user_metadata(Some(id), self.state.strings());
+            entry.set_user_metadata(Some(id), self.b.state.strings());
             key = self.entry_key(&mut p)?;
         }
         if key == Sym::Frames {
@@ -395,13 +398,13 @@ impl<F: Feed> Vm<'_, '_, F> {
                         // A list shared through the memo (PyTorch's layout: one list per
                         // distinct stack, referenced by every entry with that stack) is
                         // converted once; every later reference is this one lookup.
-                        match self.state.cached_stack(list) {
+                        match self.b.state.cached_stack(list) {
                             Some(stack) => stack,
-                            None => Conv::new(&self.arena, &mut self.state).stack(v).ok()?,
+                            None => Conv::new(&self.b.arena, &mut self.b.state).stack(v).ok()?,
                         }
                     }
                     Val::Stack(stack) => StackId::from_index(stack as usize),
-                    _ => Conv::new(&self.arena, &mut self.state).stack(v).ok()?,
+                    _ => Conv::new(&self.b.arena, &mut self.b.state).stack(v).ok()?,
                 }
             };
             entry.frames = Some(stack);
@@ -431,9 +434,9 @@ impl<F: Feed> Vm<'_, '_, F> {
     #[inline(always)]
     fn fast_entry_str(&mut self, p: &mut usize, undo: &mut Undo, slot: usize) -> Option<StrId> {
         let v = self.window_str(p, undo, slot)?;
-        match self.state.recent_str_id(&self.arena, v, slot) {
+        match self.b.state.recent_str_id(&self.b.arena, v, slot) {
             Some(id) => Some(id),
-            None => Conv::new(&self.arena, &mut self.state)
+            None => Conv::new(&self.b.arena, &mut self.b.state)
                 .recent_str(v, slot)
                 .ok(),
         }
@@ -470,7 +473,7 @@ impl<F: Feed> Vm<'_, '_, F> {
     #[inline]
     fn fast_marked_refs(&mut self, q: &mut usize) -> Option<StackId> {
         let at = *q;
-        let end = match self.lists.find(self.feed.window(), at, self.memo.changes) {
+        let end = match self.b.lists.find(self.feed.window(), at, self.memo.changes) {
             Found::Stack(stack, end) => {
                 *q = end;
                 return Some(stack);
@@ -479,7 +482,7 @@ impl<F: Feed> Vm<'_, '_, F> {
         };
         let stack = self.fast_refs_stack(op::MARK, q)?;
         if end == Some(*q) {
-            self.lists.pending = Some(PendingList {
+            self.b.lists.pending = Some(PendingList {
                 at,
                 end: *q,
                 stack,
@@ -491,11 +494,11 @@ impl<F: Feed> Vm<'_, '_, F> {
 
     /// The frame dicts from the opcode after a frames list's memo store, interned as a stack.
     fn fast_refs_stack(&mut self, code: u8, q: &mut usize) -> Option<StackId> {
-        let mut frames = std::mem::take(&mut self.frames_buf);
+        let mut frames = std::mem::take(&mut self.b.frames_buf);
         frames.clear();
         let read = self.fast_frame_refs(code, q, &mut frames);
-        let stack = read.map(|()| self.state.intern_stack(&frames));
-        self.frames_buf = frames;
+        let stack = read.map(|()| self.b.state.intern_stack(&frames));
+        self.b.frames_buf = frames;
         stack
     }
 
@@ -529,12 +532,12 @@ impl<F: Feed> Vm<'_, '_, F> {
         let index = self.memo_index(code, p)?;
         // Nearly always a frame dict read before: straight from the packed memo slot.
         if let Some(id) = self.memo.node_at(index) {
-            if let Some(frame) = self.state.cached_frame(id) {
+            if let Some(frame) = self.b.state.cached_frame(id) {
                 return Some(frame);
             }
         }
         let v = self.memo.get(index)?;
-        Conv::new(&self.arena, &mut self.state).frame(v).ok()
+        Conv::new(&self.b.arena, &mut self.b.state).frame(v).ok()
     }
 
     /// The next opcode, stepping over `FRAME` headers (their lengths checked as the generic
@@ -635,9 +638,9 @@ impl<F: Feed> Vm<'_, '_, F> {
         let bytes = self.feed.window().get(*p..*p + n)?;
         // A fresh copy of the string the last entry had here (PyTorch writes a new `'N/A'`
         // object per entry) shares that copy's heap bytes (and what it was recognised as).
-        let recent = self.state.recent_strs[slot];
+        let recent = self.b.state.recent_strs[slot];
         let (start, sym) = if recent.len as usize == n
-            && short_eq(&self.arena.heap[recent.start..recent.start + n], bytes)
+            && short_eq(&self.b.arena.heap[recent.start..recent.start + n], bytes)
         {
             (recent.start, recent.sym)
         } else {
@@ -647,8 +650,8 @@ impl<F: Feed> Vm<'_, '_, F> {
                 std::str::from_utf8(bytes).ok()?;
                 Sym::Other
             };
-            let start = self.arena.heap.len();
-            self.arena.heap.extend_from_slice(bytes);
+            let start = self.b.arena.heap.len();
+            self.b.arena.heap.extend_from_slice(bytes);
             (start, sym)
         };
         *p += n;
