@@ -182,12 +182,22 @@ pub fn merge_write(
         })?),
         None => None,
     };
-    let frames_base = torch_frames
+    let frames_base = match torch_frames
         .iter()
         .flat_map(|m| m.0.iter())
         .filter_map(|(k, _)| k.parse::<u64>().ok())
         .max()
-        .map_or(0, |max| max.saturating_add(1));
+    {
+        None => 0,
+        // Room above it for any number of memsnap's nodes (at most one per stack frame).
+        Some(max) if max < 1 << 62 => max + 1,
+        Some(max) => {
+            return Err(trace_err(TraceError::BadEvent {
+                index: 0,
+                what: format!("stackFrames id {max} leaves no room to number memsnap's frames"),
+            }))
+        }
+    };
 
     let mut report = MergeReport {
         base_time_ns,

@@ -999,4 +999,15 @@ fn a_merge_keeps_the_torch_traces_stack_frames_apart_from_memsnaps() {
         checked += 1;
     }
     assert!(checked > 0);
+    // An id too large to number memsnap's frames after it is refused, not wrapped around.
+    let huge = r#"{"traceEvents":[],"stackFrames":{"18446744073709551615":{"name":"x"}}}"#;
+    let err = chrome::merge_write(
+        &snapshot,
+        &ChromeOptions::default(),
+        huge.as_bytes(),
+        Path::new("torch.json"),
+        &mut Vec::new(),
+    )
+    .expect_err("no room for memsnap's frames");
+    assert!(err.to_string().contains("stackFrames id"), "{err}");
 }
