@@ -23,7 +23,7 @@
 //! `stack` in ui.perfetto.dev as before. Inline, every allocation carried its whole stack: a
 //! 1M-entry run with 150-frame stacks wrote 3.4 GB.
 //!
-//! **Streamed.** The events come merged by start time ([`Order::ByStart`]); each is written as
+//! **Streamed.** The events come merged by start time (`events::Order::ByStart`); each is written as
 //! it comes, and a slice's end waits in a heap until the stream passes its time. Memory is the
 //! slices open at once (about the lanes) and the interned ids, not the run's events: collecting
 //! them to sort them held 1.8 GB at 10M entries.
