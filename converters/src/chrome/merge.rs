@@ -9,6 +9,10 @@
 //!   relative to it: memsnap's `ts = (time_us * 1000 − base) / 1000`.
 //! - Older traces have no base; `ts` is epoch µs: `ts = time_us`.
 //!
+//! The stacks memsnap's events name go in the top-level `stackFrames` dictionary: a torch
+//! trace's own (Kineto writes none) keeps its members byte for byte, memsnap's are added after
+//! them with ids above its numeric ones, and the dictionary is written last.
+//!
 //! Both clocks are wall clocks, so the skew is small but not zero: when the torch trace has
 //! `[memory]` events, allocations are matched by (device, address, size rounded to 512) and
 //! the median time offset is reported ([`MergeReport::median_offset_us`]).
@@ -168,6 +172,33 @@ pub fn merge_write(
         });
     }
 
+    // The torch trace's own stack frames: memsnap's ids start above its numeric ones.
+    let torch_frames = match members.0.iter().find(|(k, _)| k == "stackFrames") {
+        Some((_, value)) => Some(serde_json::from_str::<Members>(value.get()).map_err(|_| {
+            trace_err(TraceError::BadEvent {
+                index: 0,
+                what: "stackFrames is not an object".into(),
+            })
+        })?),
+        None => None,
+    };
+    let frames_base = match torch_frames
+        .iter()
+        .flat_map(|m| m.0.iter())
+        .filter_map(|(k, _)| k.parse::<u64>().ok())
+        .max()
+    {
+        None => 0,
+        // Room above it for any number of memsnap's nodes (at most one per stack frame).
+        Some(max) if max < 1 << 62 => max + 1,
+        Some(max) => {
+            return Err(trace_err(TraceError::BadEvent {
+                index: 0,
+                what: format!("stackFrames id {max} leaves no room to number memsnap's frames"),
+            }))
+        }
+    };
+
     let mut report = MergeReport {
         base_time_ns,
         torch_events: doc.events.len(),
@@ -180,7 +211,8 @@ pub fn merge_write(
     let mut first = true;
     let mut wrote_other = false;
     let mut summary = None;
-    for (key, value) in &members.0 {
+    let mut stacks = None;
+    for (key, value) in members.0.iter().filter(|(k, _)| k != "stackFrames") {
         if !first {
             out.write_all(b",").map_err(write_err)?;
         }
@@ -203,7 +235,9 @@ pub fn merge_write(
                 out.write_all(inner.as_bytes()).map_err(write_err)?;
                 let mut sink = Sink::new(out, options.time_base);
                 sink.continues = !inner.trim().is_empty();
+                sink.stacks.base = frames_base;
                 let s = write_events(snapshot, &options, &mut sink)?;
+                stacks = Some(sink.stacks);
                 report.memsnap_events = s.events;
                 summary = Some(s);
                 out.write_all(b"\n]").map_err(write_err)?;
@@ -245,6 +279,28 @@ pub fn merge_write(
         out.write_all(b",\"otherData\":{\"memsnap\":")
             .map_err(write_err)?;
         write_other_data(snapshot, &options, &s, out).map_err(write_err)?;
+        out.write_all(b"}").map_err(write_err)?;
+    }
+    let ours = stacks.filter(|s| !s.is_empty());
+    let theirs = torch_frames.filter(|m| !m.0.is_empty());
+    if ours.is_some() || theirs.is_some() {
+        out.write_all(b",\"stackFrames\":{").map_err(write_err)?;
+        let mut any = false;
+        for (k, v) in theirs.iter().flat_map(|m| m.0.iter()) {
+            if any {
+                out.write_all(b",").map_err(write_err)?;
+            }
+            any = true;
+            serde_json::to_writer(&mut *out, k).map_err(|e| write_err(e.into()))?;
+            out.write_all(b":").map_err(write_err)?;
+            out.write_all(v.get().as_bytes()).map_err(write_err)?;
+        }
+        if let Some(ours) = &ours {
+            if any {
+                out.write_all(b",").map_err(write_err)?;
+            }
+            ours.write_members(snapshot, out).map_err(write_err)?;
+        }
         out.write_all(b"}").map_err(write_err)?;
     }
     out.write_all(b"}\n").map_err(write_err)?;

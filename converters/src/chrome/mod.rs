@@ -9,7 +9,9 @@
 //! - **counters** `allocated`, `active` and `reserved` (one name each, `args {"bytes": v}`,
 //!   one event per change): the curves memsnap's viewer draws;
 //! - **allocation lifetimes** as async slices (`cat "memsnap.alloc"`, name = the user's site,
-//!   args `size`, `addr`, `stream`, `device`, `stack`), from `alloc` to `free_completed`.
+//!   args `size`, `addr`, `stream`, `device`; the `b` event names its stack by `sf`, a node of
+//!   the top-level `stackFrames` tree, so each stack is written once), from `alloc` to
+//!   `free_completed`.
 //!   Lifetimes overlap without nesting, so they are packed greedily into **lanes** (one async
 //!   id per lane; lanes ≈ the most blocks live at once). Blocks never freed end at the trace's
 //!   last time; blocks from before the window start at its first;
@@ -32,12 +34,15 @@
 //! never becomes one big JSON value in memory.
 //!
 //! # Perfetto protobuf ([`perfetto`])
-//! The same picture in Perfetto's native `.pftrace` format (hand-written `prost` messages).
+//! The same picture in Perfetto's native `.pftrace` format (hand-written `prost` messages),
+//! names and stacks interned, written as the events come (in time order, memory bounded by the
+//! slices open at once).
 //!
 //! # One event stream, two writers
 //! Both exports are written from one stream (`events`): it walks each device's timeline once
-//! and decides the events, their times, lanes and labels; the JSON writer (`write`) and the
-//! protobuf writer ([`perfetto`]) only decide how each event looks in their format.
+//! and decides the events, their times, lanes and labels; the JSON writer (`write`, events kind
+//! by kind) and the protobuf writer ([`perfetto`], events by start time) only decide how each
+//! event looks in their format.
 //!
 //! # Merge ([`merge_path`])
 //! `memsnap export --merge TRACE.json[.gz]` appends these events to a torch.profiler trace,

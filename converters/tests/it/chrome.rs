@@ -804,3 +804,210 @@ fn the_perfetto_protobuf_decodes_with_its_own_types() {
     assert_eq!(alloc_slices, allocs);
     assert_eq!(names[&1_000_000_000], "memsnap GPU 0");
 }
+
+/// A run whose stacks are deep (about 150 frames) and many, every allocation taking the next
+/// stack of its pool: the shape whose Chrome export was 3.7 GB at 1M entries, when each
+/// allocation carried its stack inline.
+fn deep_stack_run() -> Snapshot {
+    generate(&TrainingRun {
+        steps: 10,
+        stack_pool: 40,
+        stack_depth: 150,
+        rotate_stacks: true,
+        ..TrainingRun::default()
+    })
+    .0
+}
+
+/// A stack as the exports show it: `file:line:name` lines, innermost first, without the
+/// frames PyTorch's viewers hide.
+fn shown_stack(snapshot: &Snapshot, stack: StackId) -> String {
+    snapshot
+        .stack_frames(stack)
+        .filter(|f| !memsnap_analysis::sites::is_filtered_frame(f))
+        .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The stack a `stackFrames` node stands for, innermost first.
+fn stack_of_node(frames: &Value, node: &str) -> String {
+    let mut names = Vec::new();
+    let mut node = &frames[node];
+    loop {
+        names.push(node["name"].as_str().expect("a frame's name").to_string());
+        match node.get("parent") {
+            Some(parent) => node = &frames[parent.as_str().expect("a parent id")],
+            None => break,
+        }
+    }
+    names.join("\n")
+}
+
+#[test]
+fn a_deep_stack_runs_chrome_export_holds_each_stack_once() {
+    let snapshot = deep_stack_run();
+    let bytes = export(&snapshot, &ChromeOptions::default());
+    let json: Value = serde_json::from_slice(&bytes).expect("valid JSON");
+    let frames = &json["stackFrames"];
+    let mut named = BTreeMap::new();
+    let mut allocations = 0;
+    for b in events(&json)
+        .iter()
+        .filter(|e| e["ph"] == "b" && e["cat"] == "memsnap.alloc")
+    {
+        allocations += 1;
+        assert!(b["args"].get("stack").is_none(), "no stack inline: {b}");
+        // The alloc's record names its stack; the event's `sf` node is that stack.
+        let record = &b["args"]["memsnap"][0];
+        let stack = StackId::from_index(record[6].as_u64().expect("a stack id") as usize);
+        let node = b["sf"].as_u64().expect("an sf").to_string();
+        assert_eq!(stack_of_node(frames, &node), shown_stack(&snapshot, stack));
+        named.insert(node, stack);
+    }
+    // Every stack is used many times, and written once: a frame once per path to it.
+    assert!(
+        allocations > 5 * named.len(),
+        "{allocations} allocations, {} stacks",
+        named.len()
+    );
+    let depth_sum: usize = named
+        .values()
+        .map(|&s| shown_stack(&snapshot, s).lines().count())
+        .sum();
+    let nodes = frames.as_object().expect("stackFrames").len();
+    assert!(nodes <= depth_sum, "{nodes} nodes for {depth_sum} frames");
+    let (_, &some_stack) = named.iter().next().expect("a stack");
+    let outermost = shown_stack(&snapshot, some_stack)
+        .lines()
+        .last()
+        .expect("frames")
+        .to_string();
+    let quoted = serde_json::to_string(&outermost).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    assert_eq!(text.matches(&quoted).count(), 1, "{quoted}");
+    // And the import still gives back every entry exactly.
+    let dir = tempfile::tempdir().unwrap();
+    let (back, _) = open_path(&write_file(dir.path(), "deep.json", text.as_bytes())).unwrap();
+    assert_eq!(resolved(&back), resolved(&snapshot));
+}
+
+#[test]
+fn a_deep_stack_runs_perfetto_export_interns_each_stack_once() {
+    use memsnap_converters::chrome::perfetto::{Trace, TYPE_SLICE_BEGIN};
+    use prost::Message;
+    let snapshot = deep_stack_run();
+    let mut out = Vec::new();
+    chrome::write_perfetto(&snapshot, &ChromeOptions::default(), &mut out).expect("export");
+    let trace = Trace::decode(&out[..]).expect("decodes");
+    // The interned strings, each iid defined once before its first use.
+    let (mut names, mut annotation_names, mut strings) =
+        (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let mut slices: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (i, p) in trace.packet.iter().enumerate() {
+        assert_eq!(p.sequence_flags.unwrap_or(0) & 1 == 1, i == 0, "packet {i}");
+        if let Some(new) = &p.interned_data {
+            assert_eq!(
+                p.sequence_flags.unwrap_or(0) & 2,
+                2,
+                "packet {i} needs the state"
+            );
+            for n in &new.event_names {
+                assert!(names
+                    .insert(n.iid.unwrap(), n.name.clone().unwrap())
+                    .is_none());
+            }
+            for n in &new.debug_annotation_names {
+                assert!(annotation_names
+                    .insert(n.iid.unwrap(), n.name.clone().unwrap())
+                    .is_none());
+            }
+            for s in &new.debug_annotation_string_values {
+                let text = String::from_utf8(s.str.clone().unwrap()).unwrap();
+                assert!(strings.insert(s.iid.unwrap(), text).is_none());
+            }
+        }
+        let Some(e) = &p.track_event else { continue };
+        if e.r#type != Some(TYPE_SLICE_BEGIN) || e.category_iids.is_empty() {
+            continue;
+        }
+        let name = names[&e.name_iid.expect("an interned name")].clone();
+        let stack = e
+            .debug_annotations
+            .iter()
+            .find(|a| annotation_names[&a.name_iid.unwrap()] == "stack")
+            .expect("a stack");
+        assert!(stack.string_value.is_none(), "no stack inline");
+        let text = strings[&stack.string_value_iid.expect("an interned stack")].clone();
+        *slices.entry((name, text)).or_default() += 1;
+    }
+    // Each distinct stack once, and the allocations see the stacks and names the Chrome
+    // export shows them.
+    let distinct: std::collections::BTreeSet<&String> = strings.values().collect();
+    assert_eq!(distinct.len(), strings.len(), "a stack interned twice");
+    let json: Value =
+        serde_json::from_slice(&export(&snapshot, &ChromeOptions::default())).unwrap();
+    let mut expected: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for b in events(&json)
+        .iter()
+        .filter(|e| e["ph"] == "b" && e["cat"] == "memsnap.alloc")
+    {
+        let node = b["sf"].as_u64().unwrap().to_string();
+        let key = (
+            b["name"].as_str().unwrap().to_string(),
+            stack_of_node(&json["stackFrames"], &node),
+        );
+        *expected.entry(key).or_default() += 1;
+    }
+    assert_eq!(slices, expected);
+    assert!(slices.values().sum::<usize>() > 5 * strings.len());
+}
+
+#[test]
+fn a_merge_keeps_the_torch_traces_stack_frames_apart_from_memsnaps() {
+    let snapshot = deep_stack_run();
+    let torch = r#"{"traceEvents":[{"ph":"X","name":"k","pid":0,"tid":1,"ts":1,"dur":2,"sf":7}],"stackFrames":{"3":{"name":"main"},"7":{"name":"k","parent":"3"},"x":{"name":"odd id"}}}"#;
+    let mut out = Vec::new();
+    chrome::merge_write(
+        &snapshot,
+        &ChromeOptions::default(),
+        torch.as_bytes(),
+        Path::new("torch.json"),
+        &mut out,
+    )
+    .expect("merge");
+    let json: Value = serde_json::from_slice(&out).expect("valid JSON");
+    let frames = &json["stackFrames"];
+    // The torch trace's frames are kept as they were; memsnap's come after its numeric ids.
+    assert_eq!(frames["3"], serde_json::json!({"name": "main"}));
+    assert_eq!(frames["7"], serde_json::json!({"name": "k", "parent": "3"}));
+    assert_eq!(frames["x"]["name"], "odd id");
+    assert_eq!(events(&json)[0]["sf"], 7);
+    let mut checked = 0;
+    for b in events(&json)
+        .iter()
+        .filter(|e| e["ph"] == "b" && e["cat"] == "memsnap.alloc")
+    {
+        let node = b["sf"].as_u64().unwrap();
+        assert!(node >= 8, "{node}");
+        let record = &b["args"]["memsnap"][0];
+        let stack = StackId::from_index(record[6].as_u64().unwrap() as usize);
+        assert_eq!(
+            stack_of_node(frames, &node.to_string()),
+            shown_stack(&snapshot, stack)
+        );
+        checked += 1;
+    }
+    assert!(checked > 0);
+    // An id too large to number memsnap's frames after it is refused, not wrapped around.
+    let huge = r#"{"traceEvents":[],"stackFrames":{"18446744073709551615":{"name":"x"}}}"#;
+    let err = chrome::merge_write(
+        &snapshot,
+        &ChromeOptions::default(),
+        huge.as_bytes(),
+        Path::new("torch.json"),
+        &mut Vec::new(),
+    )
+    .expect_err("no room for memsnap's frames");
+    assert!(err.to_string().contains("stackFrames id"), "{err}");
+}
