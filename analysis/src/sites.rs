@@ -23,6 +23,9 @@ pub enum GroupBy {
     Frame,
     /// The top frame's file.
     File,
+    /// The module call chain (`crate::modules::module_chain`): the user `forward`s that
+    /// `nn.Module.__call__` entered.
+    Module,
 }
 
 /// A group of allocations.
@@ -32,6 +35,8 @@ pub enum SiteKey {
     Frame(FrameId),
     /// A file name as the frame has it.
     File(String),
+    /// A module call chain, outermost first (empty: outside every module).
+    Module(Vec<FrameId>),
     /// No stack was recorded.
     Unknown,
     /// Allocated before the recording began (live in the final segments, or freed in the
@@ -55,6 +60,7 @@ impl SiteKey {
             },
             SiteKey::Frame(f) => format!("{}", FrameLabel(snapshot.frames.get(*f))),
             SiteKey::File(name) => name.clone(),
+            SiteKey::Module(chain) => crate::modules::chain_label(snapshot, chain),
             SiteKey::Unknown => "<no stack>".to_string(),
             SiteKey::BeforeWindow => "<allocated before the recording (no stack)>".to_string(),
             SiteKey::Unattributed => "<before the profile, unattributed>".to_string(),
@@ -298,6 +304,7 @@ impl<'a> SiteKeyer<'a> {
             GroupBy::File => top_frame(self.snapshot, stack).map_or(SiteKey::Unknown, |f| {
                 SiteKey::File(self.snapshot.frames.get(f).filename.clone())
             }),
+            GroupBy::Module => SiteKey::Module(crate::modules::module_chain(self.snapshot, stack)),
         };
         self.cache.insert(stack, key.clone());
         key

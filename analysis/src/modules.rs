@@ -1,0 +1,207 @@
+//! Memory by module: which `nn.Module` call made each allocation, read from the Python frames of
+//! its stack.
+//!
+//! PyTorch calls a module's `forward` through `nn.Module.__call__`, which shows in every
+//! recorded stack as `torch/nn/modules/module.py` frames (`_wrapped_call_impl`, `_call_impl`,
+//! `__call__` before 2.0) directly outside the `forward` it entered. A stack's **module chain**
+//! is the user's own Python frames (not PyTorch's package, [`is_torch_python_frame`]) that such
+//! a call entered, outermost first: for a GPT block's attention,
+//! `model.py:245 forward` (the model's forward, at the line calling the block) →
+//! `model.py:54 forward` (the block's forward, at the line calling attention) → `attention.py:77
+//! forward` (where attention allocated). PyTorch's own modules (`nn.Linear`) are leaves inside the
+//! user's module and are not part of the chain. Wrappers between `__call__` and `forward`
+//! (`torch.compile`'s `compile_wrapper`, hooks) are skipped, because only the innermost Python
+//! frame outside a user frame decides.
+//!
+//! Each chain is also a path in the **module tree**: its prefixes are the enclosing module
+//! calls. A prefix ending at a frame names "what the module at that line calls", so the prefix
+//! `[model.py:245]` is every block the model's loop calls, and a fix (activation checkpointing)
+//! can be aimed at it. Without module names (PyTorch records none), a chain is labelled by its
+//! frames' `file:line`, joined with ` > `.
+//!
+//! Complexity: [`module_chain`] is O(d) in the stack's frames (one pass from the outermost
+//! frame inward); [`ModuleKeyer`] asks once per distinct stack.
+
+use foldhash::HashMap;
+use std::sync::Arc;
+
+use memsnap_format::{Frame, FrameId, Snapshot, StackId};
+
+use crate::sites::is_torch_python_frame;
+
+/// The label of an allocation made outside every user module (the loss function called from
+/// the training loop, the optimizer, the set-up).
+pub const NO_MODULE: &str = "<no module>";
+
+/// Whether `frame` is `nn.Module.__call__`'s own machinery (`_call_impl`,
+/// `_wrapped_call_impl`, or `__call__` before PyTorch 2.0) in `torch/nn/modules/module.py`,
+/// under either path separator.
+pub fn is_module_call_frame(frame: &Frame) -> bool {
+    let path = frame.filename.as_str();
+    (path.ends_with("nn/modules/module.py") || path.ends_with("nn\\modules\\module.py"))
+        && matches!(
+            frame.name.as_str(),
+            "_call_impl" | "_wrapped_call_impl" | "__call__"
+        )
+}
+
+fn is_python(frame: &Frame) -> bool {
+    frame.filename.ends_with(".py")
+}
+
+/// The module chain of `stack`, outermost first (see the module docs): the user's Python frames
+/// whose next Python frame outward is `nn.Module.__call__` machinery. Empty for a stack without
+/// such frames (native-only stacks, the autograd thread, the optimizer) or an unknown id.
+///
+/// O(d) in the stack's frames: one pass from the outermost frame inward, remembering whether
+/// the last Python frame seen was a module call.
+pub fn module_chain(snapshot: &Snapshot, stack: StackId) -> Vec<FrameId> {
+    if stack.index() >= snapshot.stacks.len() {
+        return Vec::new();
+    }
+    let mut chain = Vec::new();
+    let mut entered = false;
+    // Stacks are innermost first; walk them outermost first.
+    for &id in snapshot.stacks.get(stack).iter().rev() {
+        if id.index() >= snapshot.frames.len() {
+            continue;
+        }
+        let frame = snapshot.frames.get(id);
+        if !is_python(frame) {
+            continue;
+        }
+        if entered && !is_torch_python_frame(frame) {
+            chain.push(id);
+        }
+        if is_module_call_frame(frame) {
+            entered = true;
+        } else if !is_torch_python_frame(frame) {
+            entered = false;
+        }
+        // A PyTorch frame between `__call__` and the user's `forward` (a compile wrapper, a
+        // hook runner) leaves `entered` as it was.
+    }
+    chain
+}
+
+/// `model.py:245 > model.py:54`: each frame's file name (without folders) and line; the empty
+/// chain is [`NO_MODULE`]. O(k) in the chain.
+pub fn chain_label(snapshot: &Snapshot, chain: &[FrameId]) -> String {
+    if chain.is_empty() {
+        return NO_MODULE.to_string();
+    }
+    let mut out = String::new();
+    for (i, id) in chain.iter().enumerate() {
+        if i > 0 {
+            out.push_str(" > ");
+        }
+        let frame = snapshot.frames.get(*id);
+        let path = frame.filename.as_str();
+        let base = path.rsplit(['/', '\\']).next().unwrap_or(path);
+        out.push_str(&format!("{base}:{}", frame.line));
+    }
+    out
+}
+
+/// Maps stacks to module chains, computing each distinct stack's chain once (O(1) amortized a
+/// lookup, [`module_chain`] once per stack).
+pub struct ModuleKeyer<'a> {
+    snapshot: &'a Snapshot,
+    cache: HashMap<StackId, Arc<[FrameId]>>,
+}
+
+impl<'a> ModuleKeyer<'a> {
+    pub fn new(snapshot: &'a Snapshot) -> Self {
+        ModuleKeyer {
+            snapshot,
+            cache: HashMap::default(),
+        }
+    }
+
+    /// The chain of `stack` (empty without a stack).
+    pub fn chain(&mut self, stack: Option<StackId>) -> Arc<[FrameId]> {
+        let Some(stack) = stack else {
+            return Arc::from(Vec::new());
+        };
+        self.cache
+            .entry(stack)
+            .or_insert_with(|| Arc::from(module_chain(self.snapshot, stack)))
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memsnap_format::Frame;
+
+    fn snapshot_with(frames: Vec<Frame>) -> (Snapshot, StackId) {
+        let mut s = Snapshot::new(1);
+        let ids: Vec<FrameId> = frames.into_iter().map(|f| s.frames.intern(f)).collect();
+        let stack = s.stacks.intern(&ids);
+        (s, stack)
+    }
+
+    const MODULE: &str = "/venv/site-packages/torch/nn/modules/module.py";
+
+    #[test]
+    fn a_chain_is_the_user_forwards_that_module_calls_entered_outermost_first() {
+        let (s, stack) = snapshot_with(vec![
+            Frame::new("c10::malloc", "??", 0),
+            Frame::new(
+                "forward",
+                "/venv/site-packages/torch/nn/modules/linear.py",
+                125,
+            ),
+            Frame::new("_call_impl", MODULE, 1790),
+            Frame::new("_wrapped_call_impl", MODULE, 1779),
+            Frame::new("forward", "/p/attention.py", 77),
+            Frame::new("_call_impl", MODULE, 1790),
+            Frame::new(
+                "compile_wrapper",
+                "/venv/site-packages/torch/_dynamo/eval_frame.py",
+                9,
+            ),
+            Frame::new("_wrapped_call_impl", MODULE, 1779),
+            Frame::new("helper", "/p/model.py", 54),
+            Frame::new("forward", "/p/model.py", 300),
+            Frame::new("_call_impl", MODULE, 1790),
+            Frame::new("forward", "/p/model.py", 245),
+            Frame::new("_call_impl", MODULE, 1790),
+            Frame::new("train_step", "/p/train.py", 88),
+            Frame::new("<module>", "/p/train.py", 1),
+        ]);
+        let chain = module_chain(&s, stack);
+        // `model.py:300` is the frame `_call_impl` entered (the block's forward); `model.py:54`
+        // is a plain function it called, not a module, and PyTorch's `compile_wrapper`
+        // between `__call__` and attention's forward is skipped.
+        assert_eq!(
+            chain_label(&s, &chain),
+            "model.py:245 > model.py:300 > attention.py:77"
+        );
+    }
+
+    #[test]
+    fn a_stack_outside_every_module_has_an_empty_chain() {
+        let (s, stack) = snapshot_with(vec![
+            Frame::new("step", "/venv/site-packages/torch/optim/adam.py", 247),
+            Frame::new("train_step", "/p/train.py", 95),
+        ]);
+        assert!(module_chain(&s, stack).is_empty());
+        assert_eq!(chain_label(&s, &[]), NO_MODULE);
+    }
+
+    #[test]
+    fn windows_paths_are_read_as_module_calls() {
+        let (s, stack) = snapshot_with(vec![
+            Frame::new("forward", "D:\\p\\model.py", 54),
+            Frame::new(
+                "_call_impl",
+                "D:\\venv\\Lib\\site-packages\\torch\\nn\\modules\\module.py",
+                1790,
+            ),
+            Frame::new("<module>", "D:\\p\\bench.py", 65),
+        ]);
+        assert_eq!(chain_label(&s, &module_chain(&s, stack)), "model.py:54");
+    }
+}
