@@ -115,7 +115,7 @@ impl<'a> Analysed<'a> {
     }
 
     /// `(forward start, forward end, backward start, backward end)` of each step that has both.
-    fn passes(&self) -> Vec<(u32, u32, u32, u32)> {
+    pub fn passes(&self) -> Vec<(u32, u32, u32, u32)> {
         self.steps
             .steps
             .iter()
@@ -377,7 +377,7 @@ pub fn edit_trace(
 }
 
 /// Addresses above every recorded one, for allocations the edit makes again.
-fn fresh_base(snapshot: &Snapshot, trace: &[TraceEntry]) -> u64 {
+pub(crate) fn fresh_base(snapshot: &Snapshot, trace: &[TraceEntry]) -> u64 {
     let highest = snapshot
         .segments
         .iter()

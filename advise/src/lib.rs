@@ -19,7 +19,9 @@
 //! - **combinations**: when no single fix fits the budget, the best one is combined with the
 //!   best of each other kind, one at a time, until the budget fits.
 //!
-//! [`edit`] says exactly how each fix edits the trace. The crate sits on floor 4: it needs the
+//! [`edit`] says exactly how each fix edits the trace. A run that ran out of memory is first
+//! completed ([`complete`]): the step that failed is finished the way an earlier step went, so
+//! that fixes are judged on whole steps. The crate sits on floor 4: it needs the
 //! analysis (floor 3: categories, phases, module chains) to know what to edit and the simulator
 //! (floor 2) to replay the result, and neither of those may name the other.
 //!
@@ -27,6 +29,7 @@
 //! prediction one edit (O(n + m)) and one replay (O(n log s) in the trace's entries and the
 //! allocator's free blocks); about 15 predictions without a budget, at most 40 with one.
 
+pub mod complete;
 pub mod edit;
 
 use std::sync::Arc;
@@ -37,6 +40,7 @@ use memsnap_format::{FrameId, Snapshot};
 use memsnap_simulate::{settings, simulate, Options as SimOptions};
 use serde::Serialize;
 
+pub use complete::Completion;
 pub use edit::Edit;
 
 /// Why advice could not be given.
@@ -147,13 +151,20 @@ pub struct ModuleBytes {
 pub struct Advice {
     pub device: i64,
     pub budget_bytes: Option<u64>,
-    /// The recorded run, replayed unedited.
+    /// The run ran out of memory and was completed with an earlier step's rest (see
+    /// [`complete`]); every prediction, the baseline included, is of the completed run.
+    pub completion: Option<Completion>,
+    /// The recorded run (completed, after an OOM), replayed unedited.
     pub baseline: Prediction,
     /// The checkpointing candidates: module nodes by activation bytes at the peak.
     pub modules: Vec<ModuleBytes>,
-    /// Every prediction, best first: those that fit, then fewer changes, then lower
-    /// reserved peak.
+    /// Steps with a forward and a backward phase (what checkpointing and micro-batches edit).
+    pub passes: usize,
+    /// Every prediction that changes a peak, best first: those that fit, then fewer changes,
+    /// then lower reserved peak.
     pub predictions: Vec<Prediction>,
+    /// Fixes tried whose replay has the recorded peaks (nothing to edit, or no effect).
+    pub unchanged: Vec<String>,
 }
 
 /// Module nodes tried for checkpointing.
@@ -211,6 +222,20 @@ impl<'a> Advisor<'a> {
 
     pub fn device(&self) -> i64 {
         self.device
+    }
+
+    /// Steps with a forward and a backward phase.
+    pub fn passes(&self) -> usize {
+        let trace = &self.snapshot.traces()[self.device as usize];
+        edit::Analysed::new(
+            self.snapshot,
+            trace,
+            self.timeline.replay(),
+            &self.steps,
+            &self.chains,
+        )
+        .passes()
+        .len()
     }
 
     /// Module nodes (chain prefixes) by the activation bytes live at the allocated peak under
@@ -376,12 +401,37 @@ fn rank(p: &[Prediction]) -> Vec<Prediction> {
 
 /// Ranks the fixes for `snapshot` (see the crate docs).
 pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
-    let advisor = Advisor::new(snapshot, options.device)?;
+    let device = match options.device {
+        Some(d) => d,
+        None => memsnap_analysis::live::highest_peak_timeline(snapshot)?
+            .ok_or(AdviseError::NoTrace)?
+            .device(),
+    };
+    let completed = complete::complete(snapshot, device)?;
+    let (target, completion) = match &completed {
+        Some((s, c)) => (s, Some(c.clone())),
+        None => (snapshot, None),
+    };
+    let advisor = Advisor::new(target, Some(device))?;
     let budget = options.budget;
     let baseline = advisor.predict(&[], budget)?;
     let mut predictions = Vec::new();
+    let mut unchanged = Vec::new();
     for fix in advisor.candidates() {
-        predictions.push(advisor.predict(std::slice::from_ref(&fix), budget)?);
+        let p = advisor.predict(std::slice::from_ref(&fix), budget)?;
+        if (
+            p.allocated_peak_bytes,
+            p.reserved_peak_bytes,
+            p.out_of_memory,
+        ) == (
+            baseline.allocated_peak_bytes,
+            baseline.reserved_peak_bytes,
+            baseline.out_of_memory,
+        ) {
+            unchanged.push(p.description);
+        } else {
+            predictions.push(p);
+        }
     }
     if let Some(b) = budget {
         // Combine: the best so far plus the best of each kind it lacks, until it fits.
@@ -420,8 +470,11 @@ pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
     Ok(Advice {
         device: advisor.device(),
         budget_bytes: budget,
+        completion,
         baseline,
         modules: advisor.module_bytes(),
+        passes: advisor.passes(),
         predictions: rank(&predictions),
+        unchanged,
     })
 }

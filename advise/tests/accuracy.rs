@@ -141,3 +141,103 @@ fn checkpointing_with_micro_batches_is_predicted_within_3_percent() {
         changed,
     );
 }
+
+/// The workload run that fits a `run()` fix: the fix's changes applied.
+fn with_fixes(base: TrainingRun, fixes: &[serde_like::Kind]) -> Option<TrainingRun> {
+    let mut run = base;
+    for f in fixes {
+        match f {
+            serde_like::Kind::Blocks => run.checkpoint_layers = (0..run.layers).collect(),
+            serde_like::Kind::MicroBatches(n) => run.micro_batches = *n as usize,
+            serde_like::Kind::Optimizer(p) => run.optimizer_state_percent = *p,
+            serde_like::Kind::Expandable => run.expandable_segments = true,
+            serde_like::Kind::Other => return None,
+        }
+    }
+    Some(run)
+}
+
+mod serde_like {
+    pub enum Kind {
+        Blocks,
+        MicroBatches(u32),
+        Optimizer(u8),
+        Expandable,
+        Other,
+    }
+
+    pub fn of(fix: &memsnap_advise::Fix) -> Kind {
+        match fix {
+            memsnap_advise::Fix::Checkpoint { module, .. } if module == "model.py:212" => {
+                Kind::Blocks
+            }
+            memsnap_advise::Fix::MicroBatches { count } => Kind::MicroBatches(*count),
+            memsnap_advise::Fix::OptimizerState { percent } => Kind::Optimizer(*percent),
+            memsnap_advise::Fix::Allocator { alloc_conf }
+                if alloc_conf == "expandable_segments:True" =>
+            {
+                Kind::Expandable
+            }
+            _ => Kind::Other,
+        }
+    }
+}
+
+/// An OOM run is completed with the step before's rest; the completed run's peak is the peak
+/// of the same run on a device big enough, and each fix `advise` says fits does fit: the run
+/// made with it on the small device finishes, with the predicted peak.
+#[test]
+fn an_oom_run_is_completed_and_the_fixes_that_fit_run_on_the_small_device() {
+    const DEVICE: u64 = 1 << 30;
+    let small = TrainingRun {
+        device_memory: DEVICE,
+        ..run()
+    };
+    let (recorded, truth) = generate(&small);
+    let oom = truth.devices[0].oom.expect("the run outgrows 1 GiB");
+    assert!(oom.step >= 1, "step 0 completes: {oom:?}");
+    let advice = memsnap_advise::advise(
+        &recorded,
+        &memsnap_advise::Options {
+            budget: Some(DEVICE),
+            device: None,
+        },
+    )
+    .unwrap();
+    let completion = advice.completion.clone().expect("completed");
+    eprintln!("{completion:?}");
+    let (allocated, reserved) = replayed_peaks(&generate(&run()).0);
+    within(
+        "completed run allocated",
+        advice.baseline.allocated_peak_bytes,
+        allocated,
+    );
+    within(
+        "completed run reserved",
+        advice.baseline.reserved_peak_bytes,
+        reserved,
+    );
+    assert_eq!(advice.baseline.fits, Some(false));
+    let mut checked = 0;
+    for p in advice.predictions.iter().filter(|p| p.fits == Some(true)) {
+        let kinds: Vec<_> = p.fixes.iter().map(serde_like::of).collect();
+        let Some(changed) = with_fixes(small.clone(), &kinds) else {
+            continue;
+        };
+        let (snapshot, truth) = generate(&changed);
+        assert!(truth.devices[0].oom.is_none(), "{} fits", p.description);
+        let (allocated, reserved) = replayed_peaks(&snapshot);
+        within(
+            &format!("{} allocated", p.description),
+            p.allocated_peak_bytes,
+            allocated,
+        );
+        within(
+            &format!("{} reserved", p.description),
+            p.reserved_peak_bytes,
+            reserved,
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "{:#?}", advice.predictions);
+}

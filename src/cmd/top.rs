@@ -1,5 +1,5 @@
 //! `memsnap top`: what is live at an instant (the peak by default), grouped by stack, top
-//! frame or file.
+//! frame, file or module.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
