@@ -124,10 +124,13 @@ pub struct Prediction {
     pub description: String,
     pub allocated_peak_bytes: u64,
     pub reserved_peak_bytes: u64,
-    /// Whether the reserved peak is within the budget and the replay did not run out of
-    /// memory; `None` without a budget.
+    /// Whether the replay on a device of the budget's size ran to the end without running out
+    /// of memory (the allocator releasing its cache under pressure, as the run's would);
+    /// `None` without a budget. The peaks are those of that replay when it fits, else of a
+    /// replay without the limit (what the run would need).
     pub fits: Option<bool>,
-    /// The replay ran out of memory on the device the file implies (the edited run would too).
+    /// The replay ran out of memory even without the budget's limit (on the device the file
+    /// implies: an OOM file's own GPU, when the run could not be completed).
     pub out_of_memory: bool,
     /// Extra forward work of checkpointing, as a fraction of the forward (by bytes allocated).
     pub extra_forward_compute: f64,
@@ -315,28 +318,35 @@ impl<'a> Advisor<'a> {
                     .map_err(|source| AdviseError::Config { conf, source })?,
             )
         };
-        let options = SimOptions {
-            config,
-            memory_limit: None,
-            device: Some(self.device),
-        };
-        let simulation = match edited {
-            None => simulate(self.snapshot, &options)?,
-            Some(trace) => {
-                let mut copy = self.snapshot.clone();
-                if let Some(traces) = copy.device_traces.as_mut() {
-                    traces[self.device as usize] = trace;
-                }
-                simulate(&copy, &options)?
+        let edited_snapshot = edited.map(|trace| {
+            let mut copy = self.snapshot.clone();
+            if let Some(traces) = copy.device_traces.as_mut() {
+                traces[self.device as usize] = trace;
             }
+            copy
+        });
+        let target = edited_snapshot.as_ref().unwrap_or(self.snapshot);
+        let replay = |memory_limit: Option<u64>| -> Result<memsnap_simulate::DeviceReport> {
+            let options = SimOptions {
+                config: config.clone(),
+                memory_limit,
+                device: Some(self.device),
+            };
+            simulate(target, &options)?
+                .devices
+                .into_iter()
+                .next()
+                .ok_or(AdviseError::NoTrace)
         };
-        let report = simulation
-            .devices
-            .into_iter()
-            .next()
-            .ok_or(AdviseError::NoTrace)?;
+        // On a GPU of the budget's size, as the run would be: under pressure the allocator
+        // releases its cache and retries, which changes the reserved peak. A run that does not
+        // fit there is replayed again without the limit, for what it would need.
+        let mut report = replay(budget)?;
+        let fits = budget.map(|_| report.oom.is_none());
+        if fits == Some(false) {
+            report = replay(None)?;
+        }
         let out_of_memory = report.oom.is_some();
-        let fits = budget.map(|b| !out_of_memory && report.reserved_peak_bytes <= b);
         Ok(Prediction {
             description: describe(fixes),
             fixes: fixes.to_vec(),
@@ -433,12 +443,12 @@ pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
             predictions.push(p);
         }
     }
-    if let Some(b) = budget {
+    if budget.is_some() {
         // Combine: the best so far plus the best of each kind it lacks, until it fits.
         let singles = predictions.clone();
         let mut current = rank(&singles).into_iter().next();
         while let Some(best) = current.clone() {
-            if best.fits == Some(true) || best.reserved_peak_bytes <= b && !best.out_of_memory {
+            if best.fits == Some(true) {
                 break;
             }
             let kinds: Vec<u8> = best.fixes.iter().map(Fix::kind).collect();
@@ -451,15 +461,16 @@ pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
                 let mut fixes = best.fixes.clone();
                 fixes.push(fix.clone());
                 let p = advisor.predict(&fixes, budget)?;
-                if next.as_ref().is_none_or(|n| {
-                    (p.out_of_memory, p.reserved_peak_bytes)
-                        < (n.out_of_memory, n.reserved_peak_bytes)
-                }) {
+                let key =
+                    |p: &Prediction| (p.fits != Some(true), p.out_of_memory, p.reserved_peak_bytes);
+                if next.as_ref().is_none_or(|n| key(&p) < key(n)) {
                     next = Some(p);
                 }
             }
             match next {
-                Some(p) if p.reserved_peak_bytes < best.reserved_peak_bytes => {
+                Some(p)
+                    if p.fits == Some(true) || p.reserved_peak_bytes < best.reserved_peak_bytes =>
+                {
                     predictions.push(p.clone());
                     current = Some(p);
                 }

@@ -27,7 +27,10 @@ use std::sync::Arc;
 
 use memsnap_format::{Frame, FrameId, Snapshot, StackId};
 
+use crate::categories::{Category, CategoryBytes};
+use crate::replay::Lifetime;
 use crate::sites::is_torch_python_frame;
+use crate::timeline::DeviceTimeline;
 
 /// The label of an allocation made outside every user module (the loss function called from
 /// the training loop, the optimizer, the set-up).
@@ -128,6 +131,51 @@ impl<'a> ModuleKeyer<'a> {
             .or_insert_with(|| Arc::from(module_chain(self.snapshot, stack)))
             .clone()
     }
+}
+
+/// Bytes live at an instant under one module chain, by category.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModuleAt {
+    /// [`chain_label`] of the chain.
+    pub module: String,
+    pub bytes: u64,
+    pub categories: CategoryBytes,
+}
+
+/// The allocations live at `event` (active lifetime) grouped by module chain, biggest first,
+/// each split by category (`categories`: one per allocation, in replay order, as
+/// `StepAnalysis::categories` has them; missing ones count as unknown).
+///
+/// O(m + g log g): the live set (see [`DeviceTimeline::live_at`]), one hash lookup per member
+/// (each stack's chain found once), the groups sorted.
+pub fn modules_at(
+    snapshot: &Snapshot,
+    timeline: &DeviceTimeline,
+    categories: &[Category],
+    event: u32,
+) -> Vec<ModuleAt> {
+    let replay = timeline.replay();
+    let mut keyer = ModuleKeyer::new(snapshot);
+    let mut groups: HashMap<Arc<[FrameId]>, (u64, CategoryBytes)> = HashMap::default();
+    for id in replay.live_at(event, Lifetime::Active) {
+        let i = id.0 as usize;
+        let a = &replay.allocations[i];
+        let category = categories.get(i).copied().unwrap_or(Category::Unknown);
+        let g = groups.entry(keyer.chain(a.stack)).or_default();
+        g.0 = g.0.saturating_add(a.size);
+        let slot = &mut g.1 .0[category as usize];
+        *slot = slot.saturating_add(a.size);
+    }
+    let mut out: Vec<ModuleAt> = groups
+        .into_iter()
+        .map(|(chain, (bytes, categories))| ModuleAt {
+            module: chain_label(snapshot, &chain),
+            bytes,
+            categories,
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.module.cmp(&b.module)));
+    out
 }
 
 #[cfg(test)]

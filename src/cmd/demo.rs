@@ -109,10 +109,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let device = truth.devices.first().cloned().unwrap_or_default();
     match device.oom {
         None => outln!("trained {} steps", device.steps.len()),
-        Some(oom) => outln!(
+        Some(oom) if args.oom_at_step.is_some() => outln!(
             "step {}: out of memory in the forward pass, asking for {} (--oom-at-step); the run stops here, as a real one would",
             oom.step + 1,
             format_size(oom.requested_bytes)
+        ),
+        Some(oom) => outln!(
+            "step {}: out of memory asking for {} (the GPU holds {}); the run stops here, as a real one would",
+            oom.step + 1,
+            format_size(oom.requested_bytes),
+            format_size(args.device_memory)
         ),
     }
 
