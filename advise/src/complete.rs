@@ -10,7 +10,12 @@
 //! order), P's later allocations are made afresh, and what P made and kept past its end (the
 //! optimizer state of a warm-up step) is left out, because S already holds it. Segment entries
 //! of the continuation are left out too (the replay makes its own), and its times are shifted
-//! to follow the `oom`. Frees in P of memory made before P are left out (S's counterparts are
+//! to follow the `oom`. The releases the full device forced are left out of the recorded part:
+//! the `segment_free`s just before the `oom` (the failed request's retry releasing the cache)
+//! and every earlier run of them followed by a `segment_alloc` that would not have fit beside
+//! the cache (the device's size is the `oom` entry's free bytes plus what was reserved then):
+//! a run with a fix would not have made them, and the replay, on a device of the budget's
+//! size, releases its cache itself when it must. Frees in P of memory made before P are left out (S's counterparts are
 //! unknown).
 //!
 //! Complexity: O(n) in the trace's entries plus one analysis of the device.
@@ -125,7 +130,65 @@ pub fn complete(
         (Some(a), Some(b)) => Some(a - b),
         _ => None,
     };
-    let mut completed: Vec<TraceEntry> = trace[..oom].to_vec();
+    // The release of the cache that the failed request's retry made (`segment_free`s just
+    // before the `oom`) belongs to the failure: a run that goes on never made it.
+    let mut kept = oom;
+    while kept > 0
+        && matches!(
+            trace[kept - 1].action,
+            Action::SegmentFree | Action::SegmentUnmap
+        )
+    {
+        kept -= 1;
+    }
+    // Likewise every earlier release the allocator made to retry a request on this full
+    // device: a run of `segment_free`s followed by a `segment_alloc` that would not have fit
+    // beside the cache it released (the device's size is the `oom` entry's free bytes plus
+    // what was reserved then). The replay, on the budget's device, releases when it must.
+    let grows = |a: Action| matches!(a, Action::SegmentAlloc | Action::SegmentMap);
+    let shrinks = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
+    let reserved_at_oom = trace[..oom].iter().fold(0u64, |r, e| {
+        if grows(e.action) {
+            r.saturating_add(e.size)
+        } else if shrinks(e.action) {
+            r.saturating_sub(e.size)
+        } else {
+            r
+        }
+    });
+    let capacity = trace[oom]
+        .device_free()
+        .map(|free| free.saturating_add(reserved_at_oom));
+    let mut completed: Vec<TraceEntry> = Vec::with_capacity(kept);
+    let mut reserved = 0u64;
+    let mut i = 0;
+    while i < kept {
+        let e = &trace[i];
+        if shrinks(e.action) {
+            let run_end = (i..kept)
+                .find(|&j| !shrinks(trace[j].action))
+                .unwrap_or(kept);
+            let retry = capacity.is_some_and(|cap| {
+                trace
+                    .get(run_end)
+                    .is_some_and(|n| grows(n.action) && reserved.saturating_add(n.size) > cap)
+            });
+            for e in &trace[i..run_end] {
+                reserved = reserved.saturating_sub(e.size);
+                if !retry {
+                    completed.push(e.clone());
+                }
+            }
+            i = run_end;
+            continue;
+        }
+        if grows(e.action) {
+            reserved = reserved.saturating_add(e.size);
+        }
+        completed.push(e.clone());
+        i += 1;
+    }
+    let recorded_part = completed.len();
     let mut fresh: HashMap<u64, u64> = HashMap::new();
     for i in point..=end {
         let e = &trace[i];
@@ -155,7 +218,7 @@ pub fn complete(
             completed.push(entry);
         }
     }
-    let entries_added = completed.len() - oom;
+    let entries_added = completed.len() - recorded_part;
     let mut out = snapshot.clone();
     if let Some(traces) = out.device_traces.as_mut() {
         traces[device as usize] = completed;
