@@ -83,7 +83,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let b = &advice.baseline;
     if let Some(c) = &advice.completion {
         outln!(
-            "the recording ends where step {} ran out of memory (event {}); it is completed with the rest of step {} ({} entries), and every prediction is of the completed run",
+            "the recording ends where step {} ran out of memory (event {}; steps count from 0, as in `memsnap summary`); it is completed with the rest of step {} ({} entries), and every prediction is of the completed run",
             c.failed_step,
             c.oom_event,
             c.model_step,
