@@ -108,11 +108,10 @@ pub fn complete(
     let end = *p_range.end();
     let mut open: HashMap<u64, usize> = HashMap::new();
     let mut freed = vec![false; end + 1 - point];
-    for i in point..=end {
-        let e = &trace[i];
+    for (k, e) in trace[point..=end].iter().enumerate() {
         match e.action {
             Action::Alloc => {
-                open.insert(e.addr, i - point);
+                open.insert(e.addr, k);
             }
             Action::FreeRequested | Action::FreeCompleted | Action::Free => {
                 if let Some(&j) = open.get(&e.addr) {

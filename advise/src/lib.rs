@@ -263,7 +263,7 @@ impl<'a> Advisor<'a> {
             .iter()
             .filter(|(node, &bytes)| {
                 // Same bytes as the parent: the parent says it.
-                node.len() == 1 || by_node.get(&node[..node.len() - 1].to_vec()) != Some(&bytes)
+                node.len() == 1 || by_node.get(&node[..node.len() - 1]) != Some(&bytes)
             })
             .map(|(node, &bytes)| ModuleBytes {
                 module: chain_label(self.snapshot, node),
