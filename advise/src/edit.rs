@@ -36,8 +36,9 @@ use memsnap_format::{Action, FrameId, Snapshot, TraceEntry};
 /// What to change in a run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Edit {
-    /// Module nodes to checkpoint (chain prefixes).
-    pub checkpoint: Vec<Vec<FrameId>>,
+    /// Module nodes to checkpoint (chain prefixes), each with the range of its calls in a
+    /// forward pass to checkpoint (counting from 0, inclusive; `None`: every call).
+    pub checkpoint: Vec<(Vec<FrameId>, Option<(u32, u32)>)>,
     /// Micro-batches per step (1: as recorded).
     pub micro_batches: u32,
     /// Optimizer state in percent of the recorded (100: as recorded).
@@ -141,6 +142,14 @@ struct Call {
     end: u32,
 }
 
+/// How many calls of `node` the first step's forward makes (0 without a step that has a
+/// forward and a backward). O(events in that forward).
+pub fn call_count(an: &Analysed<'_>, node: &[FrameId]) -> usize {
+    an.passes()
+        .first()
+        .map_or(0, |&(fs, fe, _, _)| calls(an, node, fs, fe).len())
+}
+
 /// The node's calls in the forward `[fs, fe]` (see the module docs). O(events in the forward).
 fn calls(an: &Analysed<'_>, node: &[FrameId], fs: u32, fe: u32) -> Vec<Call> {
     let mut calls: Vec<Call> = Vec::new();
@@ -235,11 +244,15 @@ pub fn edit_trace(
             }
         }
     }
-    for node in &edit.checkpoint {
+    for (node, range) in &edit.checkpoint {
         for &(fs, fe, bs, be) in &passes {
             // A call's activations: allocated in it, released in this step's backward.
-            let mut released: Vec<(u32, Call, Vec<u32>)> = Vec::new();
-            for call in calls(an, node, fs, fe) {
+            // Every call with activations, checkpointed or not: the backward order of all of
+            // them says where a checkpointed call's backward starts.
+            let mut released: Vec<(u32, Call, Vec<u32>, bool)> = Vec::new();
+            for (k, call) in calls(an, node, fs, fe).into_iter().enumerate() {
+                let checkpointed =
+                    range.is_none_or(|(first, last)| (first as usize..=last as usize).contains(&k));
                 let activations: Vec<u32> = call
                     .members
                     .iter()
@@ -258,15 +271,24 @@ pub fn edit_trace(
                     .filter_map(|&a| allocations[a as usize].free_requested())
                     .min()
                     .unwrap_or(bs);
-                after
-                    .entry(call.end)
-                    .or_default()
-                    .extend(activations.iter().map(|&a| Op::FreeNow(a)));
-                released.push((first_release, call, activations));
+                if checkpointed {
+                    after
+                        .entry(call.end)
+                        .or_default()
+                        .extend(activations.iter().map(|&a| Op::FreeNow(a)));
+                }
+                released.push((first_release, call, activations, checkpointed));
             }
             released.sort_by_key(|r| r.0);
             let mut previous_release: Option<u32> = None;
-            for (_, call, activations) in &released {
+            for (_, call, activations, checkpointed) in &released {
+                if !checkpointed {
+                    previous_release = activations
+                        .iter()
+                        .filter_map(|&a| allocations[a as usize].free_requested())
+                        .max();
+                    continue;
+                }
                 // The recomputation goes before the first allocation after the previous
                 // call's releases (the backward's first allocation for the first).
                 let from = previous_release.map_or(bs, |r| r + 1);

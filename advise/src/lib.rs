@@ -8,7 +8,8 @@
 //! The fixes ([`Fix`]):
 //!
 //! - **activation checkpointing** of a module node (a module call chain prefix from
-//!   [`memsnap_analysis::modules`], such as every block the model's loop calls): its
+//!   [`memsnap_analysis::modules`], such as every block the model's loop calls), or of a range
+//!   of its calls (the first half of the blocks): its
 //!   activations are freed after each call's forward and made again at the start of the
 //!   call's backward, with the transients the call made (the recomputation); the extra
 //!   forward work is reported as a fraction (by bytes the forward allocates);
@@ -82,6 +83,9 @@ pub enum Fix {
         module: String,
         #[serde(skip)]
         node: Vec<FrameId>,
+        /// Only these calls of the node in each forward (first and last, counting from 0:
+        /// a range of blocks); `None`: every call.
+        calls: Option<(u32, u32)>,
     },
     /// Micro-batches per step with gradient accumulation.
     MicroBatches { count: u32 },
@@ -95,7 +99,16 @@ impl Fix {
     /// What to change, in words.
     pub fn describe(&self) -> String {
         match self {
-            Fix::Checkpoint { module, .. } => format!("checkpoint the activations of {module}"),
+            Fix::Checkpoint {
+                module,
+                calls: None,
+                ..
+            } => format!("checkpoint the activations of {module}"),
+            Fix::Checkpoint {
+                module,
+                calls: Some((first, last)),
+                ..
+            } => format!("checkpoint the activations of calls {first}-{last} of {module}"),
             Fix::MicroBatches { count } => {
                 format!("{count} micro-batches with gradient accumulation")
             }
@@ -287,7 +300,7 @@ impl<'a> Advisor<'a> {
         let mut conf = String::new();
         for fix in fixes {
             match fix {
-                Fix::Checkpoint { node, .. } => edit.checkpoint.push(node.clone()),
+                Fix::Checkpoint { node, calls, .. } => edit.checkpoint.push((node.clone(), *calls)),
                 Fix::MicroBatches { count } => edit.micro_batches = edit.micro_batches.max(*count),
                 Fix::OptimizerState { percent } => {
                     edit.optimizer_state_percent = edit.optimizer_state_percent.min(*percent)
@@ -366,15 +379,32 @@ impl<'a> Advisor<'a> {
     /// The single fixes tried: checkpointing of the top module nodes, micro-batches, 8-bit
     /// and offloaded optimizer state (when the run has any), allocator settings.
     pub fn candidates(&self) -> Vec<Fix> {
-        let mut fixes: Vec<Fix> = self
-            .module_bytes()
-            .into_iter()
-            .take(CHECKPOINT_CANDIDATES)
-            .map(|m| Fix::Checkpoint {
+        let trace = &self.snapshot.traces()[self.device as usize];
+        let analysed = edit::Analysed::new(
+            self.snapshot,
+            trace,
+            self.timeline.replay(),
+            &self.steps,
+            &self.chains,
+        );
+        let mut fixes: Vec<Fix> = Vec::new();
+        for m in self.module_bytes().into_iter().take(CHECKPOINT_CANDIDATES) {
+            // The first half of a module called several times (the first blocks, whose
+            // activations live longest): less recomputation than all of them.
+            let calls = edit::call_count(&analysed, &m.node) as u32;
+            if m.depth == 1 && calls >= 4 {
+                fixes.push(Fix::Checkpoint {
+                    module: m.module.clone(),
+                    node: m.node.clone(),
+                    calls: Some((0, calls / 2 - 1)),
+                });
+            }
+            fixes.push(Fix::Checkpoint {
                 module: m.module,
                 node: m.node,
-            })
-            .collect();
+                calls: None,
+            });
+        }
         fixes.extend(MICRO_BATCHES.map(|count| Fix::MicroBatches { count }));
         if self.steps.categories.contains(&Category::OptimizerState) {
             fixes.push(Fix::OptimizerState { percent: 25 });

@@ -65,6 +65,7 @@ fn blocks(advisor: &Advisor<'_>) -> Fix {
     Fix::Checkpoint {
         module: top.module,
         node: top.node,
+        calls: None,
     }
 }
 
@@ -77,6 +78,31 @@ fn checkpointing_every_block_is_predicted_within_3_percent() {
         ..run()
     };
     check("checkpoint", &[fix], changed);
+}
+
+#[test]
+fn checkpointing_a_range_of_blocks_is_predicted_within_3_percent() {
+    let (recorded, _) = generate(&run());
+    let advisor = Advisor::new(&recorded, None).unwrap();
+    let Fix::Checkpoint { module, node, .. } = blocks(&advisor) else {
+        unreachable!()
+    };
+    // The candidate `advise` makes: the first half of the six blocks.
+    assert!(advisor.candidates().contains(&Fix::Checkpoint {
+        module: module.clone(),
+        node: node.clone(),
+        calls: Some((0, 2)),
+    }));
+    let fix = Fix::Checkpoint {
+        module,
+        node,
+        calls: Some((0, 2)),
+    };
+    let changed = TrainingRun {
+        checkpoint_layers: vec![0, 1, 2],
+        ..run()
+    };
+    check("checkpoint blocks 0-2", &[fix], changed);
 }
 
 #[test]
@@ -148,6 +174,9 @@ fn with_fixes(base: TrainingRun, fixes: &[serde_like::Kind]) -> Option<TrainingR
     for f in fixes {
         match f {
             serde_like::Kind::Blocks => run.checkpoint_layers = (0..run.layers).collect(),
+            serde_like::Kind::BlockRange(first, last) => {
+                run.checkpoint_layers = (*first as usize..=*last as usize).collect()
+            }
             serde_like::Kind::MicroBatches(n) => run.micro_batches = *n as usize,
             serde_like::Kind::Optimizer(p) => run.optimizer_state_percent = *p,
             serde_like::Kind::Expandable => run.expandable_segments = true,
@@ -160,6 +189,7 @@ fn with_fixes(base: TrainingRun, fixes: &[serde_like::Kind]) -> Option<TrainingR
 mod serde_like {
     pub enum Kind {
         Blocks,
+        BlockRange(u32, u32),
         MicroBatches(u32),
         Optimizer(u8),
         Expandable,
@@ -168,9 +198,16 @@ mod serde_like {
 
     pub fn of(fix: &memsnap_advise::Fix) -> Kind {
         match fix {
-            memsnap_advise::Fix::Checkpoint { module, .. } if module == "model.py:212" => {
-                Kind::Blocks
-            }
+            memsnap_advise::Fix::Checkpoint {
+                module,
+                calls: None,
+                ..
+            } if module == "model.py:212" => Kind::Blocks,
+            memsnap_advise::Fix::Checkpoint {
+                module,
+                calls: Some((first, last)),
+                ..
+            } if module == "model.py:212" => Kind::BlockRange(*first, *last),
             memsnap_advise::Fix::MicroBatches { count } => Kind::MicroBatches(*count),
             memsnap_advise::Fix::OptimizerState { percent } => Kind::Optimizer(*percent),
             memsnap_advise::Fix::Allocator { alloc_conf }

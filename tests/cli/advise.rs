@@ -46,7 +46,9 @@ fn advise_ranks_a_fix_that_fits_and_the_demo_run_with_it_has_the_predicted_peak(
         let mut supported = true;
         for f in fixes {
             match f["kind"].as_str().unwrap() {
-                "checkpoint" if f["module"] == "model.py:212" => flags.push("--checkpoint".into()),
+                "checkpoint" if f["module"] == "model.py:212" && f["calls"].is_null() => {
+                    flags.push("--checkpoint".into())
+                }
                 "micro_batches" => {
                     flags.push("--micro-batches".into());
                     flags.push(f["count"].to_string());
