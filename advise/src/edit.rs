@@ -33,12 +33,16 @@ use std::sync::Arc;
 use memsnap_analysis::{Category, PhaseKind, Replay, StepAnalysis};
 use memsnap_format::{Action, FrameId, Snapshot, TraceEntry};
 
+/// A module node (a chain prefix) and the range of its calls in a forward pass (first and
+/// last, counting from 0; `None`: every call).
+pub type CheckpointTarget = (Vec<FrameId>, Option<(u32, u32)>);
+
 /// What to change in a run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Edit {
     /// Module nodes to checkpoint (chain prefixes), each with the range of its calls in a
     /// forward pass to checkpoint (counting from 0, inclusive; `None`: every call).
-    pub checkpoint: Vec<(Vec<FrameId>, Option<(u32, u32)>)>,
+    pub checkpoint: Vec<CheckpointTarget>,
     /// Micro-batches per step (1: as recorded).
     pub micro_batches: u32,
     /// Optimizer state in percent of the recorded (100: as recorded).
