@@ -85,6 +85,7 @@ enum Command {
     Diff(cmd::diff::Args),
     Ranks(cmd::ranks::Args),
     Simulate(cmd::simulate::Args),
+    Advise(cmd::advise::Args),
     Export(cmd::export::Args),
     Import(cmd::import::Args),
 }
@@ -105,6 +106,7 @@ fn main() -> ExitCode {
         Command::Diff(args) => cmd::diff::run(args),
         Command::Ranks(args) => cmd::ranks::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
+        Command::Advise(args) => cmd::advise::run(args),
         Command::Export(args) => cmd::export::run(args),
         Command::Import(args) => cmd::import::run(args),
     };

@@ -63,6 +63,7 @@ pub mod error;
 pub mod instant;
 pub mod layout;
 pub mod live;
+pub mod modules;
 pub mod phases;
 pub mod ranges;
 pub mod replay;

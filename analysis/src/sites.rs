@@ -9,6 +9,7 @@
 //! stack stays with the allocation.
 
 use foldhash::HashMap;
+use std::sync::Arc;
 
 use memsnap_format::{Frame, FrameId, Snapshot, StackId};
 use serde::Serialize;
@@ -23,6 +24,9 @@ pub enum GroupBy {
     Frame,
     /// The top frame's file.
     File,
+    /// The module call chain ([`module_chain`]): the user `forward`s that
+    /// `nn.Module.__call__` entered.
+    Module,
 }
 
 /// A group of allocations.
@@ -32,6 +36,8 @@ pub enum SiteKey {
     Frame(FrameId),
     /// A file name as the frame has it.
     File(String),
+    /// A module call chain, outermost first (empty: outside every module).
+    Module(Vec<FrameId>),
     /// No stack was recorded.
     Unknown,
     /// Allocated before the recording began (live in the final segments, or freed in the
@@ -55,6 +61,7 @@ impl SiteKey {
             },
             SiteKey::Frame(f) => format!("{}", FrameLabel(snapshot.frames.get(*f))),
             SiteKey::File(name) => name.clone(),
+            SiteKey::Module(chain) => chain_label(snapshot, chain),
             SiteKey::Unknown => "<no stack>".to_string(),
             SiteKey::BeforeWindow => "<allocated before the recording (no stack)>".to_string(),
             SiteKey::Unattributed => "<before the profile, unattributed>".to_string(),
@@ -298,8 +305,108 @@ impl<'a> SiteKeyer<'a> {
             GroupBy::File => top_frame(self.snapshot, stack).map_or(SiteKey::Unknown, |f| {
                 SiteKey::File(self.snapshot.frames.get(f).filename.clone())
             }),
+            GroupBy::Module => SiteKey::Module(module_chain(self.snapshot, stack)),
         };
         self.cache.insert(stack, key.clone());
         key
+    }
+}
+
+// Module chains (see `crate::modules` for what they mean).
+
+/// The label of an allocation made outside every user module (the loss function called from
+/// the training loop, the optimizer, the set-up).
+pub const NO_MODULE: &str = "<no module>";
+
+/// Whether `frame` is `nn.Module.__call__`'s own machinery (`_call_impl`,
+/// `_wrapped_call_impl`, or `__call__` before PyTorch 2.0) in `torch/nn/modules/module.py`,
+/// under either path separator.
+pub fn is_module_call_frame(frame: &Frame) -> bool {
+    let path = frame.filename.as_str();
+    (path.ends_with("nn/modules/module.py") || path.ends_with("nn\\modules\\module.py"))
+        && matches!(
+            frame.name.as_str(),
+            "_call_impl" | "_wrapped_call_impl" | "__call__"
+        )
+}
+
+/// The module chain of `stack`, outermost first (see [`crate::modules`]): the user's Python frames
+/// whose next Python frame outward is `nn.Module.__call__` machinery. Empty for a stack without
+/// such frames (native-only stacks, the autograd thread, the optimizer) or an unknown id.
+///
+/// O(d) in the stack's frames: one pass from the outermost frame inward, remembering whether
+/// the last Python frame seen was a module call.
+pub fn module_chain(snapshot: &Snapshot, stack: StackId) -> Vec<FrameId> {
+    if stack.index() >= snapshot.stacks.len() {
+        return Vec::new();
+    }
+    let mut chain = Vec::new();
+    let mut entered = false;
+    // Stacks are innermost first; walk them outermost first.
+    for &id in snapshot.stacks.get(stack).iter().rev() {
+        if id.index() >= snapshot.frames.len() {
+            continue;
+        }
+        let frame = snapshot.frames.get(id);
+        if !is_python(frame) {
+            continue;
+        }
+        if entered && !is_torch_python_frame(frame) {
+            chain.push(id);
+        }
+        if is_module_call_frame(frame) {
+            entered = true;
+        } else if !is_torch_python_frame(frame) {
+            entered = false;
+        }
+        // A PyTorch frame between `__call__` and the user's `forward` (a compile wrapper, a
+        // hook runner) leaves `entered` as it was.
+    }
+    chain
+}
+
+/// `model.py:245 > model.py:54`: each frame's file name (without folders) and line; the empty
+/// chain is [`NO_MODULE`]. O(k) in the chain.
+pub fn chain_label(snapshot: &Snapshot, chain: &[FrameId]) -> String {
+    if chain.is_empty() {
+        return NO_MODULE.to_string();
+    }
+    let mut out = String::new();
+    for (i, id) in chain.iter().enumerate() {
+        if i > 0 {
+            out.push_str(" > ");
+        }
+        let frame = snapshot.frames.get(*id);
+        let path = frame.filename.as_str();
+        let base = path.rsplit(['/', '\\']).next().unwrap_or(path);
+        out.push_str(&format!("{base}:{}", frame.line));
+    }
+    out
+}
+
+/// Maps stacks to module chains, computing each distinct stack's chain once (O(1) amortized a
+/// lookup, [`module_chain`] once per stack).
+pub struct ModuleKeyer<'a> {
+    snapshot: &'a Snapshot,
+    cache: HashMap<StackId, Arc<[FrameId]>>,
+}
+
+impl<'a> ModuleKeyer<'a> {
+    pub fn new(snapshot: &'a Snapshot) -> Self {
+        ModuleKeyer {
+            snapshot,
+            cache: HashMap::default(),
+        }
+    }
+
+    /// The chain of `stack` (empty without a stack).
+    pub fn chain(&mut self, stack: Option<StackId>) -> Arc<[FrameId]> {
+        let Some(stack) = stack else {
+            return Arc::from(Vec::new());
+        };
+        self.cache
+            .entry(stack)
+            .or_insert_with(|| Arc::from(module_chain(self.snapshot, stack)))
+            .clone()
     }
 }

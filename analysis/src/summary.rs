@@ -20,6 +20,8 @@
 //!     "categories_at_peak": {"parameter": B, "optimizer_state": B, "gradient": B,
 //!                            "activation": B, "temporary": B, "unknown": B,
 //!                            "input": B, "autograd_detail": B},  // these two: only when > 0
+//!     "modules_at_peak": [{"module": "model.py:212 > model.py:54" | "<no module>", "bytes": N,
+//!                          "categories": {"activation": B, ...}}],  // [] without user modules
 //!     "categories_source": "export_memory_timeline" | null,  // null: inferred from phases
 //!     "peak_phase": {"step": I|null, "kind": "forward"|...} | null,  // null: peak outside phases
 //!     "step_method": "stacks" | "annotations:<name>" | "curve_shape" | "none",
@@ -345,6 +347,16 @@ fn phase_summary(p: &Phase, categories: &CategoryBytes) -> PhaseSummary {
     }
 }
 
+/// Bytes live at the peak under one module call chain.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModuleBytes {
+    /// `model.py:212 > model.py:54`, or `<no module>`.
+    pub module: String,
+    pub bytes: u64,
+    /// By category name, as `categories_at_peak` (categories with no bytes left out).
+    pub categories: std::collections::BTreeMap<String, u64>,
+}
+
 /// The summary of one device.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DeviceSummary {
@@ -381,6 +393,10 @@ pub struct DeviceSummary {
     /// `activation`, `temporary`, `unknown` (and `input`, `autograd_detail` when the source
     /// gave them).
     pub categories_at_peak: std::collections::BTreeMap<String, u64>,
+    /// Live bytes at the peak by module call chain (`memsnap_analysis::modules`), biggest
+    /// first (at most [`SummaryOptions::top_sites`]), each split by category; empty when no
+    /// allocation live at the peak was made inside a user module.
+    pub modules_at_peak: Vec<ModuleBytes>,
     /// Where the categories come from: the import's source (`export_memory_timeline`) when it
     /// gave them, `None` when memsnap inferred them from the phases.
     pub categories_source: Option<String>,
@@ -496,6 +512,28 @@ fn summarize_device_from(
     } else {
         analysis.categories_before_window(replay)
     };
+    let modules = crate::modules::modules_at(snapshot, timeline, &analysis.categories, peak.event);
+    let modules_at_peak = if modules
+        .iter()
+        .any(|m| m.module != crate::modules::NO_MODULE)
+    {
+        modules
+            .iter()
+            .take(options.top_sites)
+            .map(|m| ModuleBytes {
+                module: m.module.clone(),
+                bytes: m.bytes,
+                categories: m
+                    .categories
+                    .iter()
+                    .filter(|(_, b)| *b > 0)
+                    .map(|(c, b)| (c.name().to_string(), b))
+                    .collect(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let setup_phase = analysis
         .setup
         .as_ref()
@@ -581,6 +619,7 @@ fn summarize_device_from(
         steps,
         peak_phase,
         categories_at_peak: category_map(&peak_categories),
+        modules_at_peak,
         categories_source: replay.categories_source.clone(),
         step_duration_us,
         drift_bytes_per_step: drift.min_bytes_per_step,

@@ -27,7 +27,7 @@ use crate::cmd::common::{format_size, parse_size};
 /// always give the same file (a fake clock and `--seed`).
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  memsnap demo\n  memsnap demo --steps 5 --layers 12 --out run.pickle --no-view\n  memsnap demo --oom-at-step 3\n  memsnap demo --leak 64MiB --steps 8   # a tensor kept every step: watch the drift"
+    after_help = "Examples:\n  memsnap demo\n  memsnap demo --steps 5 --layers 12 --out run.pickle --no-view\n  memsnap demo --oom-at-step 3\n  memsnap demo --leak 64MiB --steps 8   # a tensor kept every step: watch the drift\n  memsnap demo --checkpoint --micro-batches 2 --optimizer-state-percent 25   # what `memsnap advise` suggested"
 )]
 pub struct Args {
     /// Where to write the snapshot (.pickle, .msgpack or .json; .gz/.zst compress).
@@ -61,6 +61,16 @@ pub struct Args {
     /// Seed of the run's sizes and timings.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Checkpoint every block (`torch.utils.checkpoint`): activations dropped after each
+    /// block's forward and recomputed at the start of its backward.
+    #[arg(long)]
+    pub checkpoint: bool,
+    /// Micro-batches per step, with gradient accumulation.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub micro_batches: u32,
+    /// Adam's state in percent of fp32 (25: 8-bit Adam, 0: offloaded to the host).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub optimizer_state_percent: u8,
     /// Do not open the viewer.
     #[arg(long)]
     pub no_view: bool,
@@ -73,6 +83,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         device_memory: args.device_memory,
         oom_at_step: args.oom_at_step.map(|n| n as usize - 1),
         seed: args.seed,
+        checkpoint_layers: if args.checkpoint {
+            (0..args.layers as usize).collect()
+        } else {
+            Vec::new()
+        },
+        micro_batches: args.micro_batches as usize,
+        optimizer_state_percent: args.optimizer_state_percent,
+        // Each block's forward line by line, as real code runs: `memsnap advise` finds where
+        // one block's call ends from the stacks.
+        ordered_forward_stacks: true,
         ..TrainingRun::transformer(args.layers as usize, args.batch, args.seq_len, args.hidden)
     };
     outln!(
@@ -89,10 +109,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let device = truth.devices.first().cloned().unwrap_or_default();
     match device.oom {
         None => outln!("trained {} steps", device.steps.len()),
-        Some(oom) => outln!(
+        Some(oom) if args.oom_at_step.is_some() => outln!(
             "step {}: out of memory in the forward pass, asking for {} (--oom-at-step); the run stops here, as a real one would",
             oom.step + 1,
             format_size(oom.requested_bytes)
+        ),
+        Some(oom) => outln!(
+            "step {}: out of memory asking for {} (the GPU holds {}); the run stops here, as a real one would",
+            oom.step + 1,
+            format_size(oom.requested_bytes),
+            format_size(args.device_memory)
         ),
     }
 

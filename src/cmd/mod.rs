@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 a check failed (invalid snapshot, over budget), 2 bad input or
 //! usage.
 
+pub mod advise;
 pub mod check;
 pub mod common;
 pub mod convert;

@@ -232,6 +232,23 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                 at_peak.join(", ")
             );
         }
+        if !d.modules_at_peak.is_empty() {
+            let _ = writeln!(out, "  at the peak by module:");
+            for m in &d.modules_at_peak {
+                let split: Vec<String> = m
+                    .categories
+                    .iter()
+                    .map(|(c, &b)| format!("{} {}", c.replace('_', " "), format_size(b)))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "    {:>10}  {}  ({})",
+                    format_size(m.bytes),
+                    m.module,
+                    split.join(", ")
+                );
+            }
+        }
         if let Some(p) = &d.setup_phase {
             let _ = writeln!(
                 out,

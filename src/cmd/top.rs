@@ -1,5 +1,5 @@
 //! `memsnap top`: what is live at an instant (the peak by default), grouped by stack, top
-//! frame or file.
+//! frame, file or module.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,12 +15,15 @@ pub enum By {
     Stack,
     Frame,
     File,
+    /// The `nn.Module` call chain that made the allocation (`model.py:245 > model.py:54`:
+    /// the user `forward`s `nn.Module.__call__` entered, outermost first).
+    Module,
 }
 
 /// Show what is live at an instant, grouped by allocation site.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  memsnap top run.pickle\n  memsnap top run.pickle --at event:1200 --by file\n  memsnap top run.pickle --at +2.5s --min-size 1MiB"
+    after_help = "Examples:\n  memsnap top run.pickle\n  memsnap top run.pickle --at event:1200 --by file\n  memsnap top run.pickle --by module\n  memsnap top run.pickle --at +2.5s --min-size 1MiB"
 )]
 pub struct Args {
     /// Snapshot file.
@@ -82,6 +85,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         By::Stack => GroupBy::Stack,
         By::Frame => GroupBy::Frame,
         By::File => GroupBy::File,
+        By::Module => GroupBy::Module,
     };
     let groups = timeline.live_groups(&snapshot, instant, Lifetime::Active, by, args.min_size);
     let report = Report {

@@ -1,5 +1,6 @@
 //! Integration tests of the `memsnap` command line, one binary. Shared helpers live in `common`.
 
+mod advise;
 mod analysis_cmds;
 mod common;
 mod demo;

@@ -117,6 +117,23 @@ pub struct TrainingRun {
     /// The allocator's `expandable_segments:True`: the large pool grows and shrinks one
     /// mapped segment (`segment_map` / `segment_unmap` entries).
     pub expandable_segments: bool,
+    /// Layers whose forward is checkpointed (`torch.utils.checkpoint`): their activations are
+    /// freed at the end of the layer's forward and made again, in the same order and with the
+    /// layer's forward temporary, at the start of the layer's backward (the recomputation).
+    pub checkpoint_layers: Vec<usize>,
+    /// Micro-batches per step with gradient accumulation (1: none): the forward and backward
+    /// passes run this many times on `1/N` of the batch (every size they allocate and free
+    /// within them divided by N, rounded up), the gradients are allocated by the first and
+    /// accumulated into by the others, and the optimizer steps once.
+    pub micro_batches: usize,
+    /// Adam's state as a percent of the fp32 state (100: as is; 25: 8-bit Adam; 0: offloaded
+    /// to the host, no device memory), rounded up per tensor.
+    pub optimizer_state_percent: u8,
+    /// Forward stacks in the order the code runs: a layer's activations take the call sites of
+    /// its block's `forward` line by line (`model.py:50`, `:51`, ...), so a stack-only analysis
+    /// can tell where one block's call ends and the next begins, as in a real model's loop.
+    /// Otherwise each activation's site is picked by its layer and slot.
+    pub ordered_forward_stacks: bool,
 }
 
 impl Default for TrainingRun {
@@ -146,6 +163,10 @@ impl Default for TrainingRun {
             annotations_per_step: 0,
             empty_cache_every_step: false,
             expandable_segments: false,
+            checkpoint_layers: Vec::new(),
+            micro_batches: 1,
+            optimizer_state_percent: 100,
+            ordered_forward_stacks: false,
         }
     }
 }

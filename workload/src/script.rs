@@ -380,18 +380,28 @@ impl DeviceRun<'_> {
         Ok(())
     }
 
-    fn step(
+    /// One micro-batch's forward and backward passes (`TrainingRun::micro_batches`): the
+    /// gradients are allocated into `grads` by the first only.
+    fn forward_backward(
         &mut self,
         step: usize,
         shapes: &[Vec<u64>],
         params: &[Vec<Tensor>],
-        optimizer_state: &mut Vec<Tensor>,
+        micro_batch: usize,
+        gradient: Role,
+        grads: &mut Vec<Tensor>,
     ) -> Result<(), Stop> {
         let run = self.run;
+        let first = micro_batch == 0;
+        let parts = run.micro_batches.max(1) as u64;
+        // A micro-batch's share of a batch-sized request.
+        let part = |bytes: u64| bytes.div_ceil(parts);
         // Forward: activations pile up, one temporary per layer comes and goes.
-        self.opening = Some(PhaseName::Forward);
+        if first {
+            self.opening = Some(PhaseName::Forward);
+        }
         let mut saved: Vec<Vec<Tensor>> = Vec::with_capacity(run.layers);
-        let mut extra_annotations = run.annotations_per_step;
+        let mut extra_annotations = if first { run.annotations_per_step } else { 0 };
         if shapes.is_empty() {
             self.extra_annotations(0, extra_annotations);
         }
@@ -400,16 +410,19 @@ impl DeviceRun<'_> {
             let share = extra_annotations.div_ceil(shapes.len() - layer);
             extra_annotations -= share;
             self.extra_annotations(layer, share);
-            let mut kept = Vec::with_capacity(sizes.len());
-            for (a, &bytes) in sizes.iter().enumerate() {
-                let key = layer * 7 + a;
-                kept.push(self.malloc(bytes, Site::Activation, key, Role::Activation, step)?);
-            }
-            if let Some(&largest) = sizes.iter().max() {
-                let bytes = largest / 3 + 2;
-                let temporary =
-                    self.malloc(bytes, Site::ForwardTemporary, layer, Role::Temporary, step)?;
-                self.free(temporary, Site::ForwardTemporary, layer)?;
+            let checkpointed = run.checkpoint_layers.contains(&layer);
+            let role = if checkpointed {
+                Role::Temporary
+            } else {
+                Role::Activation
+            };
+            let mut kept = self.layer_forward(layer, sizes, role, step)?;
+            if checkpointed {
+                // Only the layer's input is saved; what it made is dropped now and made again
+                // in backward.
+                for activation in kept.drain(..) {
+                    self.free(activation, Site::ForwardTemporary, layer)?;
+                }
             }
             if run.oom_at_step == Some(step) && layer + 1 == shapes.len() {
                 // A batch of much longer sequences: the attention scores alone outgrow the
@@ -420,29 +433,33 @@ impl DeviceRun<'_> {
             saved.push(kept);
             self.pause(10, 200);
         }
-        let loss = self.malloc(4, Site::Loss, 0, Role::Activation, step)?;
-        if run.leak_bytes_per_step > 0 {
+        let loss = self.malloc(part(4), Site::Loss, 0, Role::Activation, step)?;
+        if run.leak_bytes_per_step > 0 && first {
             let bytes = run.leak_bytes_per_step;
             self.malloc(bytes, Site::Leak, step, Role::Unknown, step)?;
         }
         self.pause(50, 500);
 
         // Backward: gradients appear, activations go.
-        self.opening = Some(PhaseName::Backward);
-        // Without an optimizer phase, zero_grad frees the gradients in the backward phase.
-        let gradient = if run.optimizer {
-            Role::Gradient
-        } else {
-            Role::Temporary
-        };
-        let mut grads = Vec::new();
+        if first {
+            self.opening = Some(PhaseName::Backward);
+        }
         let mut grad_output: Option<Tensor> = None;
         for layer in (0..run.layers).rev() {
-            for (i, param) in params[layer].iter().enumerate() {
-                let key = layer * 2 + i;
-                grads.push(self.malloc(param.bytes, Site::Gradient, key, gradient, step)?);
+            let mut saved_here = saved.pop().unwrap_or_default();
+            if run.checkpoint_layers.contains(&layer) {
+                // The recomputation: the layer's forward again, its activations kept for its
+                // backward.
+                saved_here = self.layer_forward(layer, &shapes[layer], Role::Activation, step)?;
             }
-            let input_bytes = shapes[layer].first().copied().unwrap_or(2);
+            if first {
+                // Later micro-batches accumulate into these in place.
+                for (i, param) in params[layer].iter().enumerate() {
+                    let key = layer * 2 + i;
+                    grads.push(self.malloc(param.bytes, Site::Gradient, key, gradient, step)?);
+                }
+            }
+            let input_bytes = part(shapes[layer].first().copied().unwrap_or(2));
             let grad_input = self.malloc(
                 input_bytes,
                 Site::InputGradient,
@@ -453,7 +470,7 @@ impl DeviceRun<'_> {
             if let Some(previous) = grad_output.replace(grad_input) {
                 self.free(previous, Site::BackwardRelease, layer)?;
             }
-            for (a, activation) in saved.pop().unwrap_or_default().into_iter().enumerate() {
+            for (a, activation) in saved_here.into_iter().enumerate() {
                 if (layer + a + step) % 7 == 3 {
                     self.free_later(activation, Site::BackwardRelease, a)?;
                 } else {
@@ -467,17 +484,70 @@ impl DeviceRun<'_> {
         }
         self.free(loss, Site::BackwardRelease, 0)?;
 
+        Ok(())
+    }
+
+    /// A layer's forward: its activations in order (a micro-batch's share of each), then its
+    /// temporary, which comes and goes. Returns the activations.
+    fn layer_forward(
+        &mut self,
+        layer: usize,
+        sizes: &[u64],
+        role: Role,
+        step: usize,
+    ) -> Result<Vec<Tensor>, Stop> {
+        let parts = self.run.micro_batches.max(1) as u64;
+        let mut kept = Vec::with_capacity(sizes.len());
+        for (a, &bytes) in sizes.iter().enumerate() {
+            let key = if self.run.ordered_forward_stacks {
+                a
+            } else {
+                layer * 7 + a
+            };
+            let bytes = bytes.div_ceil(parts);
+            kept.push(self.malloc(bytes, Site::Activation, key, role, step)?);
+        }
+        if let Some(&largest) = sizes.iter().max() {
+            let bytes = (largest / 3 + 2).div_ceil(parts);
+            let temporary =
+                self.malloc(bytes, Site::ForwardTemporary, layer, Role::Temporary, step)?;
+            self.free(temporary, Site::ForwardTemporary, layer)?;
+        }
+        Ok(kept)
+    }
+
+    fn step(
+        &mut self,
+        step: usize,
+        shapes: &[Vec<u64>],
+        params: &[Vec<Tensor>],
+        optimizer_state: &mut Vec<Tensor>,
+    ) -> Result<(), Stop> {
+        let run = self.run;
+        let micro_batches = run.micro_batches.max(1);
+        // Without an optimizer phase, zero_grad frees the gradients in the backward phase.
+        let gradient = if run.optimizer {
+            Role::Gradient
+        } else {
+            Role::Temporary
+        };
+        let mut grads = Vec::new();
+        for micro_batch in 0..micro_batches {
+            self.forward_backward(step, shapes, params, micro_batch, gradient, &mut grads)?;
+        }
+
         let params: Vec<Tensor> = params.iter().flatten().copied().collect();
         if run.optimizer {
             self.annotate("START", "Optimizer.step#Adam.step");
             self.opening = Some(PhaseName::Optimizer);
-            if optimizer_state.is_empty() {
+            let percent = u64::from(run.optimizer_state_percent.min(100));
+            if optimizer_state.is_empty() && percent > 0 {
                 for (i, param) in params.iter().enumerate() {
                     for moment in 0..2 {
                         let key = i * 2 + moment;
                         let role = Role::OptimizerState;
-                        let state =
-                            self.malloc(param.bytes, Site::OptimizerState, key, role, step)?;
+                        let bytes = param.bytes.saturating_mul(percent).div_ceil(100);
+                        let state = self.malloc(bytes, Site::OptimizerState, key, role, step)?;
                         optimizer_state.push(state);
                     }
                 }

@@ -1,0 +1,521 @@
+//! # memsnap-advise
+//!
+//! What would make a training run fit in a memory budget: concrete fixes, each predicted by
+//! **editing the recorded trace the way the fix would change the run and replaying the edited
+//! trace through memsnap's allocator** ([`memsnap_simulate::simulate`]: rounding, pools,
+//! splitting, segment decisions and fragmentation included), never by arithmetic on totals.
+//!
+//! The fixes ([`Fix`]):
+//!
+//! - **activation checkpointing** of a module node (a module call chain prefix from
+//!   [`memsnap_analysis::modules`], such as every block the model's loop calls), or of a range
+//!   of its calls (the first half of the blocks): its
+//!   activations are freed after each call's forward and made again at the start of the
+//!   call's backward, with the transients the call made (the recomputation); the extra
+//!   forward work is reported as a fraction (by bytes the forward allocates);
+//! - **micro-batches** with gradient accumulation: the forward and backward run N times on
+//!   `1/N` of the batch (what they make and release divided by N), the gradients once;
+//! - **optimizer state** in 8 bits (25 % of fp32 Adam's state) or offloaded (0 %);
+//! - **allocator settings** (`PYTORCH_CUDA_ALLOC_CONF`), replayed as `simulate --suggest` does;
+//! - **combinations**: when no single fix fits the budget, the best one is combined with the
+//!   best of each other kind, one at a time, until the budget fits.
+//!
+//! [`edit`] says exactly how each fix edits the trace. A run that ran out of memory is first
+//! completed ([`complete`]): the step that failed is finished the way an earlier step went, so
+//! that fixes are judged on whole steps. The crate sits on floor 4: it needs the
+//! analysis (floor 3: categories, phases, module chains) to know what to edit and the simulator
+//! (floor 2) to replay the result, and neither of those may name the other.
+//!
+//! Complexity: one analysis of the device (`DeviceTimeline::build`, the steps), then per
+//! prediction one edit (O(n + m)) and one replay (O(n log s) in the trace's entries and the
+//! allocator's free blocks); about 15 predictions without a budget, at most 40 with one.
+
+pub mod complete;
+pub mod edit;
+
+use std::sync::Arc;
+
+use memsnap_analysis::modules::{chain_label, ModuleKeyer};
+use memsnap_analysis::{Category, CurveKind, DeviceTimeline, Lifetime, StepOptions};
+use memsnap_format::{FrameId, Snapshot};
+use memsnap_simulate::{settings, simulate, Options as SimOptions};
+use serde::Serialize;
+
+pub use complete::Completion;
+pub use edit::Edit;
+
+/// Why advice could not be given.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdviseError {
+    #[error("{0}")]
+    Analysis(#[from] memsnap_analysis::AnalysisError),
+    #[error("{0}")]
+    Simulate(#[from] memsnap_simulate::SimulateError),
+    #[error("allocator settings {conf:?}: {source}")]
+    Config {
+        conf: String,
+        #[source]
+        source: memsnap_recorder::ConfigError,
+    },
+    #[error("the snapshot has no device with a trace to edit")]
+    NoTrace,
+}
+
+pub type Result<T, E = AdviseError> = std::result::Result<T, E>;
+
+/// What to advise on.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Memory the run must fit in (reserved bytes); `None`: rank by reserved peak only.
+    pub budget: Option<u64>,
+    /// Device; `None`: the one with the highest peak.
+    pub device: Option<i64>,
+}
+
+/// One change to the run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fix {
+    /// Activation checkpointing of every call of a module node.
+    Checkpoint {
+        /// The node's label (`model.py:212`, see [`chain_label`]).
+        module: String,
+        #[serde(skip)]
+        node: Vec<FrameId>,
+        /// Only these calls of the node in each forward (first and last, counting from 0:
+        /// a range of blocks); `None`: every call.
+        calls: Option<(u32, u32)>,
+    },
+    /// Micro-batches per step with gradient accumulation.
+    MicroBatches { count: u32 },
+    /// Optimizer state in percent of the recorded (25: 8-bit; 0: offloaded).
+    OptimizerState { percent: u8 },
+    /// Allocator settings added to the file's.
+    Allocator { alloc_conf: String },
+}
+
+impl Fix {
+    /// What to change, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            Fix::Checkpoint {
+                module,
+                calls: None,
+                ..
+            } => format!("checkpoint the activations of {module}"),
+            Fix::Checkpoint {
+                module,
+                calls: Some((first, last)),
+                ..
+            } => format!("checkpoint the activations of calls {first}-{last} of {module}"),
+            Fix::MicroBatches { count } => {
+                format!("{count} micro-batches with gradient accumulation")
+            }
+            Fix::OptimizerState { percent: 0 } => "optimizer state offloaded to the host".into(),
+            Fix::OptimizerState { percent: 25 } => "optimizer state in 8 bits".into(),
+            Fix::OptimizerState { percent } => format!("optimizer state at {percent}%"),
+            Fix::Allocator { alloc_conf } => format!("PYTORCH_CUDA_ALLOC_CONF={alloc_conf}"),
+        }
+    }
+
+    fn kind(&self) -> u8 {
+        match self {
+            Fix::Checkpoint { .. } => 0,
+            Fix::MicroBatches { .. } => 1,
+            Fix::OptimizerState { .. } => 2,
+            Fix::Allocator { .. } => 3,
+        }
+    }
+}
+
+/// A set of fixes and what the replay of the edited run predicts.
+#[derive(Clone, Debug, Serialize)]
+pub struct Prediction {
+    pub fixes: Vec<Fix>,
+    /// The fixes in words, joined with ` + `; `(as recorded)` for none.
+    pub description: String,
+    pub allocated_peak_bytes: u64,
+    pub reserved_peak_bytes: u64,
+    /// Whether the replay on a device of the budget's size ran to the end without running out
+    /// of memory (the allocator releasing its cache under pressure, as the run's would);
+    /// `None` without a budget. The peaks are those of that replay when it fits, else of a
+    /// replay without the limit (what the run would need).
+    pub fits: Option<bool>,
+    /// The replay ran out of memory even without the budget's limit (on the device the file
+    /// implies: an OOM file's own GPU, when the run could not be completed).
+    pub out_of_memory: bool,
+    /// Extra forward work of checkpointing, as a fraction of the forward (by bytes allocated).
+    pub extra_forward_compute: f64,
+    /// Reserved bytes after each event of the edited trace (not in JSON).
+    #[serde(skip)]
+    pub reserved_curve: Vec<u64>,
+}
+
+/// A module node and its activations live at the allocated peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModuleBytes {
+    pub module: String,
+    pub depth: usize,
+    pub activation_bytes_at_peak: u64,
+    #[serde(skip)]
+    pub node: Vec<FrameId>,
+}
+
+/// The advice for one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct Advice {
+    pub device: i64,
+    pub budget_bytes: Option<u64>,
+    /// The run ran out of memory and was completed with an earlier step's rest (see
+    /// [`complete`]); every prediction, the baseline included, is of the completed run.
+    pub completion: Option<Completion>,
+    /// The recorded run (completed, after an OOM), replayed unedited.
+    pub baseline: Prediction,
+    /// The checkpointing candidates: module nodes by activation bytes at the peak.
+    pub modules: Vec<ModuleBytes>,
+    /// Steps with a forward and a backward phase (what checkpointing and micro-batches edit).
+    pub passes: usize,
+    /// Every prediction that changes a peak, best first: those that fit, then fewer changes,
+    /// then lower reserved peak.
+    pub predictions: Vec<Prediction>,
+    /// Fixes tried whose replay has the recorded peaks (nothing to edit, or no effect).
+    pub unchanged: Vec<String>,
+}
+
+/// Module nodes tried for checkpointing.
+pub const CHECKPOINT_CANDIDATES: usize = 3;
+/// Micro-batch counts tried.
+pub const MICRO_BATCHES: [u32; 2] = [2, 4];
+/// Allocator settings tried (the most useful of `simulate --suggest`'s).
+pub const ALLOCATOR_SETTINGS: [&str; 3] = [
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "roundup_power2_divisions:4",
+];
+
+/// One device's analysis, kept for the predictions.
+pub struct Advisor<'a> {
+    snapshot: &'a Snapshot,
+    device: i64,
+    timeline: DeviceTimeline,
+    steps: memsnap_analysis::StepAnalysis,
+    chains: Vec<Arc<[FrameId]>>,
+}
+
+impl<'a> Advisor<'a> {
+    /// Analyses `device` (or the one with the highest peak). O(analysis) once.
+    pub fn new(snapshot: &'a Snapshot, device: Option<i64>) -> Result<Self> {
+        let timeline = match device {
+            Some(d) => DeviceTimeline::build(snapshot, d)?,
+            None => memsnap_analysis::live::highest_peak_timeline(snapshot)?
+                .ok_or(AdviseError::NoTrace)?,
+        };
+        let device = timeline.device();
+        if snapshot
+            .traces()
+            .get(usize::try_from(device).unwrap_or(usize::MAX))
+            .is_none_or(Vec::is_empty)
+        {
+            return Err(AdviseError::NoTrace);
+        }
+        let steps = timeline.steps(&StepOptions::default());
+        let mut keyer = ModuleKeyer::new(snapshot);
+        let chains = timeline
+            .replay()
+            .allocations
+            .iter()
+            .map(|a| keyer.chain(a.stack))
+            .collect();
+        Ok(Advisor {
+            snapshot,
+            device,
+            timeline,
+            steps,
+            chains,
+        })
+    }
+
+    pub fn device(&self) -> i64 {
+        self.device
+    }
+
+    /// Steps with a forward and a backward phase.
+    pub fn passes(&self) -> usize {
+        let trace = &self.snapshot.traces()[self.device as usize];
+        edit::Analysed::new(
+            self.snapshot,
+            trace,
+            self.timeline.replay(),
+            &self.steps,
+            &self.chains,
+        )
+        .passes()
+        .len()
+    }
+
+    /// Module nodes (chain prefixes) by the activation bytes live at the allocated peak under
+    /// them, biggest first; a node whose bytes are all in one child is left out in favour of
+    /// the outermost. O(m × d) in the live allocations and chain depth.
+    pub fn module_bytes(&self) -> Vec<ModuleBytes> {
+        let peak = self.timeline.peak(CurveKind::Allocated).event;
+        let replay = self.timeline.replay();
+        let mut by_node: std::collections::HashMap<Vec<FrameId>, u64> = Default::default();
+        for id in replay.live_at(peak, Lifetime::Allocated) {
+            let i = id.0 as usize;
+            if self.steps.categories.get(i) != Some(&Category::Activation) {
+                continue;
+            }
+            let size = replay.allocations[i].size;
+            let chain = &self.chains[i];
+            for depth in 1..=chain.len().min(4) {
+                *by_node.entry(chain[..depth].to_vec()).or_default() += size;
+            }
+        }
+        let mut out: Vec<ModuleBytes> = by_node
+            .iter()
+            .filter(|(node, &bytes)| {
+                // Same bytes as the parent: the parent says it.
+                node.len() == 1 || by_node.get(&node[..node.len() - 1]) != Some(&bytes)
+            })
+            .map(|(node, &bytes)| ModuleBytes {
+                module: chain_label(self.snapshot, node),
+                depth: node.len(),
+                activation_bytes_at_peak: bytes,
+                node: node.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.activation_bytes_at_peak
+                .cmp(&a.activation_bytes_at_peak)
+                .then(a.depth.cmp(&b.depth))
+                .then(a.module.cmp(&b.module))
+        });
+        out
+    }
+
+    /// Replays the run with `fixes` applied. O(n + m) edit plus one replay.
+    pub fn predict(&self, fixes: &[Fix], budget: Option<u64>) -> Result<Prediction> {
+        let mut edit = Edit::none();
+        let mut conf = String::new();
+        for fix in fixes {
+            match fix {
+                Fix::Checkpoint { node, calls, .. } => edit.checkpoint.push((node.clone(), *calls)),
+                Fix::MicroBatches { count } => edit.micro_batches = edit.micro_batches.max(*count),
+                Fix::OptimizerState { percent } => {
+                    edit.optimizer_state_percent = edit.optimizer_state_percent.min(*percent)
+                }
+                Fix::Allocator { alloc_conf } => {
+                    if !conf.is_empty() {
+                        conf.push(',');
+                    }
+                    conf.push_str(alloc_conf);
+                }
+            }
+        }
+        let trace = &self.snapshot.traces()[self.device as usize];
+        let replay = self.timeline.replay();
+        let analysed = edit::Analysed::new(self.snapshot, trace, replay, &self.steps, &self.chains);
+        let (edited, recompute) = if edit == Edit::none() {
+            (None, edit::Recompute::default())
+        } else {
+            let (t, r) = edit::edit_trace(self.snapshot, &analysed, &edit);
+            (Some(t), r)
+        };
+        let config = if conf.is_empty() {
+            None
+        } else {
+            let (file_config, _) = settings::file_config(self.snapshot);
+            Some(
+                settings::overlay(&file_config, &conf)
+                    .map_err(|source| AdviseError::Config { conf, source })?,
+            )
+        };
+        let edited_snapshot = edited.map(|trace| {
+            let mut copy = self.snapshot.clone();
+            if let Some(traces) = copy.device_traces.as_mut() {
+                traces[self.device as usize] = trace;
+            }
+            copy
+        });
+        let target = edited_snapshot.as_ref().unwrap_or(self.snapshot);
+        let replay = |memory_limit: Option<u64>| -> Result<memsnap_simulate::DeviceReport> {
+            let options = SimOptions {
+                config: config.clone(),
+                memory_limit,
+                device: Some(self.device),
+            };
+            simulate(target, &options)?
+                .devices
+                .into_iter()
+                .next()
+                .ok_or(AdviseError::NoTrace)
+        };
+        // On a GPU of the budget's size, as the run would be: under pressure the allocator
+        // releases its cache and retries, which changes the reserved peak. A run that does not
+        // fit there is replayed again without the limit, for what it would need.
+        let mut report = replay(budget)?;
+        let fits = budget.map(|_| report.oom.is_none());
+        if fits == Some(false) {
+            report = replay(None)?;
+        }
+        let out_of_memory = report.oom.is_some();
+        Ok(Prediction {
+            description: describe(fixes),
+            fixes: fixes.to_vec(),
+            allocated_peak_bytes: report.allocated_peak_bytes,
+            reserved_peak_bytes: report.reserved_peak_bytes,
+            fits,
+            out_of_memory,
+            extra_forward_compute: if recompute.forward_bytes == 0 {
+                0.0
+            } else {
+                recompute.bytes as f64 / recompute.forward_bytes as f64
+            },
+            reserved_curve: report.reserved_curve,
+        })
+    }
+
+    /// The single fixes tried: checkpointing of the top module nodes, micro-batches, 8-bit
+    /// and offloaded optimizer state (when the run has any), allocator settings.
+    pub fn candidates(&self) -> Vec<Fix> {
+        let trace = &self.snapshot.traces()[self.device as usize];
+        let analysed = edit::Analysed::new(
+            self.snapshot,
+            trace,
+            self.timeline.replay(),
+            &self.steps,
+            &self.chains,
+        );
+        let mut fixes: Vec<Fix> = Vec::new();
+        for m in self.module_bytes().into_iter().take(CHECKPOINT_CANDIDATES) {
+            // The first half of a module called several times (the first blocks, whose
+            // activations live longest): less recomputation than all of them.
+            let calls = edit::call_count(&analysed, &m.node) as u32;
+            if m.depth == 1 && calls >= 4 {
+                fixes.push(Fix::Checkpoint {
+                    module: m.module.clone(),
+                    node: m.node.clone(),
+                    calls: Some((0, calls / 2 - 1)),
+                });
+            }
+            fixes.push(Fix::Checkpoint {
+                module: m.module,
+                node: m.node,
+                calls: None,
+            });
+        }
+        fixes.extend(MICRO_BATCHES.map(|count| Fix::MicroBatches { count }));
+        if self.steps.categories.contains(&Category::OptimizerState) {
+            fixes.push(Fix::OptimizerState { percent: 25 });
+            fixes.push(Fix::OptimizerState { percent: 0 });
+        }
+        fixes.extend(ALLOCATOR_SETTINGS.map(|c| Fix::Allocator {
+            alloc_conf: c.to_string(),
+        }));
+        fixes
+    }
+}
+
+fn describe(fixes: &[Fix]) -> String {
+    if fixes.is_empty() {
+        return "(as recorded)".to_string();
+    }
+    fixes
+        .iter()
+        .map(Fix::describe)
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+fn rank(p: &[Prediction]) -> Vec<Prediction> {
+    let mut out = p.to_vec();
+    out.sort_by(|a, b| {
+        (a.fits == Some(false), a.out_of_memory, a.fixes.len())
+            .cmp(&(b.fits == Some(false), b.out_of_memory, b.fixes.len()))
+            .then(a.reserved_peak_bytes.cmp(&b.reserved_peak_bytes))
+            .then(a.extra_forward_compute.total_cmp(&b.extra_forward_compute))
+    });
+    out
+}
+
+/// Ranks the fixes for `snapshot` (see the crate docs).
+pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
+    let device = match options.device {
+        Some(d) => d,
+        None => memsnap_analysis::live::highest_peak_timeline(snapshot)?
+            .ok_or(AdviseError::NoTrace)?
+            .device(),
+    };
+    let completed = complete::complete(snapshot, device)?;
+    let (target, completion) = match &completed {
+        Some((s, c)) => (s, Some(c.clone())),
+        None => (snapshot, None),
+    };
+    let advisor = Advisor::new(target, Some(device))?;
+    let budget = options.budget;
+    let baseline = advisor.predict(&[], budget)?;
+    let mut predictions = Vec::new();
+    let mut unchanged = Vec::new();
+    for fix in advisor.candidates() {
+        let p = advisor.predict(std::slice::from_ref(&fix), budget)?;
+        if (
+            p.allocated_peak_bytes,
+            p.reserved_peak_bytes,
+            p.out_of_memory,
+        ) == (
+            baseline.allocated_peak_bytes,
+            baseline.reserved_peak_bytes,
+            baseline.out_of_memory,
+        ) {
+            unchanged.push(p.description);
+        } else {
+            predictions.push(p);
+        }
+    }
+    if budget.is_some() {
+        // Combine: the best so far plus the best of each kind it lacks, until it fits.
+        let singles = predictions.clone();
+        let mut current = rank(&singles).into_iter().next();
+        while let Some(best) = current.clone() {
+            if best.fits == Some(true) {
+                break;
+            }
+            let kinds: Vec<u8> = best.fixes.iter().map(Fix::kind).collect();
+            let mut next: Option<Prediction> = None;
+            for single in &singles {
+                let fix = &single.fixes[0];
+                if kinds.contains(&fix.kind()) {
+                    continue;
+                }
+                let mut fixes = best.fixes.clone();
+                fixes.push(fix.clone());
+                let p = advisor.predict(&fixes, budget)?;
+                let key =
+                    |p: &Prediction| (p.fits != Some(true), p.out_of_memory, p.reserved_peak_bytes);
+                if next.as_ref().is_none_or(|n| key(&p) < key(n)) {
+                    next = Some(p);
+                }
+            }
+            match next {
+                Some(p)
+                    if p.fits == Some(true) || p.reserved_peak_bytes < best.reserved_peak_bytes =>
+                {
+                    predictions.push(p.clone());
+                    current = Some(p);
+                }
+                _ => break,
+            }
+        }
+    }
+    Ok(Advice {
+        device: advisor.device(),
+        budget_bytes: budget,
+        completion,
+        baseline,
+        modules: advisor.module_bytes(),
+        passes: advisor.passes(),
+        predictions: rank(&predictions),
+        unchanged,
+    })
+}

@@ -1,0 +1,280 @@
+//! Every fix's prediction against a generated run made with that change: the predicted peaks
+//! (the recorded run's trace, edited and replayed) must be within 3 % of the peaks of the run
+//! regenerated with the change (its own trace, replayed the same way).
+
+use memsnap_advise::{Advisor, Fix};
+use memsnap_format::Snapshot;
+use memsnap_workload::{generate, TrainingRun};
+
+fn run() -> TrainingRun {
+    TrainingRun {
+        steps: 3,
+        layers: 6,
+        activations_per_layer: 8,
+        activation_bytes: 24 << 20,
+        param_bytes_per_layer: 16 << 20,
+        ordered_forward_stacks: true,
+        ..TrainingRun::default()
+    }
+}
+
+/// Allocated and reserved peaks of memsnap's replay of a snapshot as recorded.
+fn replayed_peaks(snapshot: &Snapshot) -> (u64, u64) {
+    let sim = memsnap_simulate::simulate(snapshot, &memsnap_simulate::Options::default()).unwrap();
+    let d = &sim.devices[0];
+    (d.allocated_peak_bytes, d.reserved_peak_bytes)
+}
+
+fn within(what: &str, predicted: u64, actual: u64) {
+    let error = (predicted as f64 - actual as f64).abs() / actual as f64;
+    eprintln!(
+        "{what}: predicted {predicted}, actual {actual}, error {:.3}%",
+        error * 100.0
+    );
+    assert!(
+        error <= 0.03,
+        "{what}: predicted {predicted}, actual {actual}"
+    );
+}
+
+fn check(name: &str, fixes: &[Fix], changed: TrainingRun) {
+    let (recorded, _) = generate(&run());
+    let advisor = Advisor::new(&recorded, None).unwrap();
+    let p = advisor.predict(fixes, None).unwrap();
+    let (actual_allocated, actual_reserved) = replayed_peaks(&generate(&changed).0);
+    let (base_allocated, _) = replayed_peaks(&recorded);
+    eprintln!("{name}: recorded allocated peak {base_allocated}");
+    within(
+        &format!("{name} allocated"),
+        p.allocated_peak_bytes,
+        actual_allocated,
+    );
+    within(
+        &format!("{name} reserved"),
+        p.reserved_peak_bytes,
+        actual_reserved,
+    );
+}
+
+fn blocks(advisor: &Advisor<'_>) -> Fix {
+    let top = advisor.module_bytes().into_iter().next().unwrap();
+    assert_eq!(
+        top.module, "model.py:212",
+        "the model's loop over its blocks"
+    );
+    Fix::Checkpoint {
+        module: top.module,
+        node: top.node,
+        calls: None,
+    }
+}
+
+#[test]
+fn checkpointing_every_block_is_predicted_within_3_percent() {
+    let (recorded, _) = generate(&run());
+    let fix = blocks(&Advisor::new(&recorded, None).unwrap());
+    let changed = TrainingRun {
+        checkpoint_layers: (0..6).collect(),
+        ..run()
+    };
+    check("checkpoint", &[fix], changed);
+}
+
+#[test]
+fn checkpointing_a_range_of_blocks_is_predicted_within_3_percent() {
+    let (recorded, _) = generate(&run());
+    let advisor = Advisor::new(&recorded, None).unwrap();
+    let Fix::Checkpoint { module, node, .. } = blocks(&advisor) else {
+        unreachable!()
+    };
+    // The candidate `advise` makes: the first half of the six blocks.
+    assert!(advisor.candidates().contains(&Fix::Checkpoint {
+        module: module.clone(),
+        node: node.clone(),
+        calls: Some((0, 2)),
+    }));
+    let fix = Fix::Checkpoint {
+        module,
+        node,
+        calls: Some((0, 2)),
+    };
+    let changed = TrainingRun {
+        checkpoint_layers: vec![0, 1, 2],
+        ..run()
+    };
+    check("checkpoint blocks 0-2", &[fix], changed);
+}
+
+#[test]
+fn micro_batches_are_predicted_within_3_percent() {
+    for count in [2u32, 4] {
+        let changed = TrainingRun {
+            micro_batches: count as usize,
+            ..run()
+        };
+        check(
+            &format!("micro-batches {count}"),
+            &[Fix::MicroBatches { count }],
+            changed,
+        );
+    }
+}
+
+#[test]
+fn optimizer_state_in_8_bits_or_offloaded_is_predicted_within_3_percent() {
+    for percent in [25u8, 0] {
+        let changed = TrainingRun {
+            optimizer_state_percent: percent,
+            ..run()
+        };
+        check(
+            &format!("optimizer state {percent}%"),
+            &[Fix::OptimizerState { percent }],
+            changed,
+        );
+    }
+}
+
+#[test]
+fn expandable_segments_are_predicted_within_3_percent() {
+    let changed = TrainingRun {
+        expandable_segments: true,
+        ..run()
+    };
+    let fix = Fix::Allocator {
+        alloc_conf: "expandable_segments:True".into(),
+    };
+    check("expandable segments", &[fix], changed);
+}
+
+#[test]
+fn checkpointing_with_micro_batches_is_predicted_within_3_percent() {
+    let (recorded, _) = generate(&run());
+    let fix = blocks(&Advisor::new(&recorded, None).unwrap());
+    let changed = TrainingRun {
+        checkpoint_layers: (0..6).collect(),
+        micro_batches: 2,
+        optimizer_state_percent: 25,
+        ..run()
+    };
+    check(
+        "checkpoint + micro-batches 2 + 8-bit",
+        &[
+            fix,
+            Fix::MicroBatches { count: 2 },
+            Fix::OptimizerState { percent: 25 },
+        ],
+        changed,
+    );
+}
+
+/// The workload run that fits a `run()` fix: the fix's changes applied.
+fn with_fixes(base: TrainingRun, fixes: &[serde_like::Kind]) -> Option<TrainingRun> {
+    let mut run = base;
+    for f in fixes {
+        match f {
+            serde_like::Kind::Blocks => run.checkpoint_layers = (0..run.layers).collect(),
+            serde_like::Kind::BlockRange(first, last) => {
+                run.checkpoint_layers = (*first as usize..=*last as usize).collect()
+            }
+            serde_like::Kind::MicroBatches(n) => run.micro_batches = *n as usize,
+            serde_like::Kind::Optimizer(p) => run.optimizer_state_percent = *p,
+            serde_like::Kind::Expandable => run.expandable_segments = true,
+            serde_like::Kind::Other => return None,
+        }
+    }
+    Some(run)
+}
+
+mod serde_like {
+    pub enum Kind {
+        Blocks,
+        BlockRange(u32, u32),
+        MicroBatches(u32),
+        Optimizer(u8),
+        Expandable,
+        Other,
+    }
+
+    pub fn of(fix: &memsnap_advise::Fix) -> Kind {
+        match fix {
+            memsnap_advise::Fix::Checkpoint {
+                module,
+                calls: None,
+                ..
+            } if module == "model.py:212" => Kind::Blocks,
+            memsnap_advise::Fix::Checkpoint {
+                module,
+                calls: Some((first, last)),
+                ..
+            } if module == "model.py:212" => Kind::BlockRange(*first, *last),
+            memsnap_advise::Fix::MicroBatches { count } => Kind::MicroBatches(*count),
+            memsnap_advise::Fix::OptimizerState { percent } => Kind::Optimizer(*percent),
+            memsnap_advise::Fix::Allocator { alloc_conf }
+                if alloc_conf == "expandable_segments:True" =>
+            {
+                Kind::Expandable
+            }
+            _ => Kind::Other,
+        }
+    }
+}
+
+/// An OOM run is completed with the step before's rest; the completed run's peak is the peak
+/// of the same run on a device big enough, and each fix `advise` says fits does fit: the run
+/// made with it on the small device finishes, with the predicted peak.
+#[test]
+fn an_oom_run_is_completed_and_the_fixes_that_fit_run_on_the_small_device() {
+    const DEVICE: u64 = 1 << 30;
+    let small = TrainingRun {
+        device_memory: DEVICE,
+        ..run()
+    };
+    let (recorded, truth) = generate(&small);
+    let oom = truth.devices[0].oom.expect("the run outgrows 1 GiB");
+    assert!(oom.step >= 1, "step 0 completes: {oom:?}");
+    let advice = memsnap_advise::advise(
+        &recorded,
+        &memsnap_advise::Options {
+            budget: Some(DEVICE),
+            device: None,
+        },
+    )
+    .unwrap();
+    let completion = advice.completion.clone().expect("completed");
+    eprintln!("{completion:?}");
+    let (allocated, reserved) = replayed_peaks(&generate(&run()).0);
+    within(
+        "completed run allocated",
+        advice.baseline.allocated_peak_bytes,
+        allocated,
+    );
+    within(
+        "completed run reserved",
+        advice.baseline.reserved_peak_bytes,
+        reserved,
+    );
+    assert_eq!(advice.baseline.fits, Some(false));
+    let mut checked = 0;
+    for p in advice.predictions.iter().filter(|p| p.fits == Some(true)) {
+        let kinds: Vec<_> = p.fixes.iter().map(serde_like::of).collect();
+        let Some(changed) = with_fixes(small.clone(), &kinds) else {
+            continue;
+        };
+        let (snapshot, truth) = generate(&changed);
+        assert!(truth.devices[0].oom.is_none(), "{} fits", p.description);
+        let (allocated, reserved) = replayed_peaks(&snapshot);
+        within(
+            &format!("{} allocated", p.description),
+            p.allocated_peak_bytes,
+            allocated,
+        );
+        within(
+            &format!("{} reserved", p.description),
+            p.reserved_peak_bytes,
+            reserved,
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "{:#?}", advice.predictions);
+}

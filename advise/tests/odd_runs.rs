@@ -1,0 +1,82 @@
+//! Odd inputs give advice or a clear error, never a panic: no trace, only frees, only an
+//! `oom`, a window that starts mid-run, an OOM that no fix can help, no frames, noisy stacks,
+//! several devices.
+
+use memsnap_advise::{advise, AdviseError, Options};
+use memsnap_format::{Action, Segment, Snapshot, TraceEntry};
+use memsnap_workload::{generate, TrainingRun};
+
+fn with_budget(budget: u64) -> Options {
+    Options {
+        budget: Some(budget),
+        device: None,
+    }
+}
+
+#[test]
+fn a_snapshot_without_a_trace_is_a_clear_error() {
+    let mut s = Snapshot::new(1);
+    s.segments.push(Segment::new(0, 0x1000, 2 << 20, 0));
+    assert!(matches!(
+        advise(&s, &Options::default()),
+        Err(AdviseError::NoTrace | AdviseError::Analysis(_))
+    ));
+}
+
+#[test]
+fn traces_of_only_frees_or_only_an_oom_are_advised_on() {
+    let mut frees = Snapshot::new(1);
+    frees.device_traces.as_mut().unwrap()[0] = vec![
+        TraceEntry::new(Action::FreeRequested, 0x1000, 512, 0),
+        TraceEntry::new(Action::FreeCompleted, 0x1000, 512, 0),
+    ];
+    let mut oom = Snapshot::new(1);
+    oom.device_traces.as_mut().unwrap()[0] = vec![TraceEntry::new(Action::Oom, 0, 1 << 30, 0)];
+    for s in [frees, oom] {
+        match advise(&s, &with_budget(1 << 20)) {
+            Ok(advice) => assert_eq!(advice.passes, 0),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn generated_odd_runs_are_advised_on() {
+    let runs = [
+        TrainingRun {
+            max_entries: Some(300),
+            steps: 4,
+            ..TrainingRun::default()
+        },
+        TrainingRun {
+            oom_at_step: Some(2),
+            device_memory: 4 << 30,
+            ..TrainingRun::default()
+        },
+        TrainingRun {
+            frameless: true,
+            ..TrainingRun::default()
+        },
+        TrainingRun {
+            stack_noise_percent: 30,
+            ..TrainingRun::default()
+        },
+        TrainingRun {
+            devices: 2,
+            empty_cache_every_step: true,
+            expandable_segments: true,
+            ..TrainingRun::default()
+        },
+    ];
+    for run in runs {
+        let (snapshot, _) = generate(&run);
+        let advice =
+            advise(&snapshot, &with_budget(64 << 20)).unwrap_or_else(|e| panic!("{run:?}: {e}"));
+        for p in &advice.predictions {
+            assert!(p.allocated_peak_bytes > 0, "{run:?}: {p:?}");
+        }
+        if run.frameless {
+            assert!(advice.modules.is_empty());
+        }
+    }
+}

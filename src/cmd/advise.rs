@@ -1,0 +1,160 @@
+//! `memsnap advise`: what would make the run fit: fixes (activation checkpointing of a module,
+//! micro-batches, 8-bit or offloaded optimizer state, allocator settings, and combinations),
+//! each predicted by editing the trace and replaying it through memsnap's allocator.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use memsnap_advise::{advise, Advice, Options};
+use serde::Serialize;
+
+use crate::cmd::common::{format_size, load, parse_size};
+
+/// Rank concrete fixes that lower the run's peak, each with its predicted peaks and whether it
+/// fits the budget.
+///
+/// Each fix edits the recorded trace the way it would change the run and replays the edited
+/// trace through memsnap's allocator (as `memsnap simulate` does): activation checkpointing of
+/// a module (its activations freed after each call's forward and made again, with the call's
+/// transients, at the start of its backward), micro-batches with gradient accumulation (the
+/// forward and backward on 1/N of the batch, N times), optimizer state in 8 bits or offloaded,
+/// allocator settings. With --budget, when no single fix fits, the best is combined with the
+/// best of each other kind until one fits. Modules are the user `forward`s that
+/// nn.Module.__call__ entered, by `file:line` (see `memsnap top --by module`).
+///
+/// Exit status 1 when a budget is given and no fix fits it.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  memsnap advise run.pickle --budget 40GB
+  memsnap advise run.pickle --json")]
+pub struct Args {
+    /// Snapshot file.
+    pub file: PathBuf,
+    /// Memory the run must fit in (reserved bytes, e.g. 40GB, 24GiB).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub budget: Option<u64>,
+    /// Device (default: the one with the highest peak).
+    #[arg(long)]
+    pub device: Option<i64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    file: String,
+    #[serde(flatten)]
+    advice: &'a Advice,
+}
+
+fn verdict(fits: Option<bool>, out_of_memory: bool) -> &'static str {
+    match (fits, out_of_memory) {
+        (_, true) => "OOM",
+        (Some(true), _) => "yes",
+        (Some(false), _) => "no",
+        (None, _) => "-",
+    }
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let (snapshot, _) = load(&args.file)?;
+    let advice = advise(
+        &snapshot,
+        &Options {
+            budget: args.budget,
+            device: args.device,
+        },
+    )?;
+    let fits_any = advice.predictions.iter().any(|p| p.fits == Some(true));
+    let code = if args.budget.is_some() && !fits_any {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    };
+    if args.json {
+        crate::write_json_stdout(&Output {
+            file: args.file.display().to_string(),
+            advice: &advice,
+        });
+        return Ok(code);
+    }
+    let b = &advice.baseline;
+    if let Some(c) = &advice.completion {
+        outln!(
+            "the recording ends where step {} ran out of memory (event {}; steps count from 0, as in `memsnap summary`); it is completed with the rest of step {} ({} entries), and every prediction is of the completed run",
+            c.failed_step,
+            c.oom_event,
+            c.model_step,
+            c.entries_added
+        );
+    }
+    outln!(
+        "{}: device {}{}",
+        args.file.display(),
+        advice.device,
+        advice
+            .budget_bytes
+            .map_or(String::new(), |b| format!(", budget {}", format_size(b)))
+    );
+    outln!(
+        "{}: allocated peak {}, reserved peak {}{}",
+        if advice.completion.is_some() {
+            "completed run (replayed)"
+        } else {
+            "as recorded (replayed)"
+        },
+        format_size(b.allocated_peak_bytes),
+        format_size(b.reserved_peak_bytes),
+        match (b.fits, b.out_of_memory) {
+            (_, true) => ", runs out of memory",
+            (Some(true), _) => ", fits",
+            (Some(false), _) => ", does not fit",
+            (None, _) => "",
+        }
+    );
+    if !advice.modules.is_empty() {
+        outln!();
+        outln!("activations live at the peak, by module:");
+        for m in advice.modules.iter().take(5) {
+            outln!(
+                "{:>12}  {}",
+                format_size(m.activation_bytes_at_peak),
+                m.module
+            );
+        }
+    }
+    outln!();
+    if advice.passes == 0 {
+        outln!("no step with a forward and a backward phase was found: checkpointing and micro-batches have nothing to edit");
+    }
+    outln!(
+        "{:>3}  {:>4}  {:>10}  {:>10}  {:>9}  fix",
+        "#",
+        "fits",
+        "allocated",
+        "reserved",
+        "recompute"
+    );
+    for (i, p) in advice.predictions.iter().enumerate() {
+        let recompute = if p.extra_forward_compute > 0.0 {
+            format!("+{:.0}%", p.extra_forward_compute * 100.0)
+        } else {
+            "-".to_string()
+        };
+        outln!(
+            "{:>3}  {:>4}  {:>10}  {:>10}  {:>9}  {}",
+            i + 1,
+            verdict(p.fits, p.out_of_memory),
+            format_size(p.allocated_peak_bytes),
+            format_size(p.reserved_peak_bytes),
+            recompute,
+            p.description
+        );
+    }
+    if !advice.unchanged.is_empty() {
+        outln!("no change: {}", advice.unchanged.join("; "));
+    }
+    Ok(code)
+}

@@ -1,0 +1,160 @@
+//! `memsnap advise`: the fix it ranks first fits the budget, and running the demo with that
+//! change gives the peak it predicted; `top --by module` names the model's code; the real
+//! snapshots (from `MEMSNAP_REAL_SNAPSHOTS`, skipped with a notice when unset).
+
+use serde_json::Value;
+
+use crate::common::{memsnap, real_snapshots_dir};
+
+fn demo(dir: &std::path::Path, name: &str, extra: &[&str]) -> String {
+    let path = dir.join(name).display().to_string();
+    let mut args = vec!["demo", "--no-view", "--steps", "3", "--out", &path];
+    args.extend_from_slice(extra);
+    let out = memsnap(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+fn replayed_allocated_peak(file: &str) -> u64 {
+    let out = memsnap(&["simulate", file, "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["devices"][0]["allocated_peak_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn advise_ranks_a_fix_that_fits_and_the_demo_run_with_it_has_the_predicted_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = demo(dir.path(), "run.pickle", &[]);
+    let out = memsnap(&["advise", &file, "--budget", "1.5GiB", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["baseline"]["fits"], false);
+    let best = &v["predictions"][0];
+    assert_eq!(best["fits"], true, "{best}");
+    // Every single fix the demo can make, checked against the demo made with it.
+    for p in v["predictions"].as_array().unwrap() {
+        let fixes = p["fixes"].as_array().unwrap();
+        let mut flags: Vec<String> = Vec::new();
+        let mut supported = true;
+        for f in fixes {
+            match f["kind"].as_str().unwrap() {
+                "checkpoint" if f["module"] == "model.py:212" && f["calls"].is_null() => {
+                    flags.push("--checkpoint".into())
+                }
+                "micro_batches" => {
+                    flags.push("--micro-batches".into());
+                    flags.push(f["count"].to_string());
+                }
+                "optimizer_state" => {
+                    flags.push("--optimizer-state-percent".into());
+                    flags.push(f["percent"].to_string());
+                }
+                _ => supported = false,
+            }
+        }
+        if !supported {
+            continue;
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let changed = demo(dir.path(), "changed.pickle", &flags);
+        let actual = replayed_allocated_peak(&changed);
+        let predicted = p["allocated_peak_bytes"].as_u64().unwrap();
+        let error = (predicted as f64 - actual as f64).abs() / actual as f64;
+        assert!(
+            error <= 0.03,
+            "{}: predicted {predicted}, actual {actual}",
+            p["description"]
+        );
+    }
+}
+
+#[test]
+fn advise_exits_with_1_when_nothing_fits_and_prints_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = demo(dir.path(), "run.pickle", &[]);
+    let out = memsnap(&["advise", &file, "--budget", "64MiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("does not fit"), "{text}");
+    assert!(
+        text.contains("checkpoint the activations of model.py:212"),
+        "{text}"
+    );
+    assert!(text.contains("optimizer state in 8 bits"), "{text}");
+}
+
+#[test]
+fn top_by_module_groups_the_peak_by_the_models_module_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = demo(dir.path(), "run.pickle", &[]);
+    let out = memsnap(&["top", &file, "--by", "module", "--json"]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sites: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["site"].as_str().unwrap())
+        .collect();
+    assert!(
+        sites
+            .iter()
+            .any(|s| s.starts_with("model.py:212 > model.py:")),
+        "{sites:?}"
+    );
+    assert!(sites.contains(&"<no module>"), "{sites:?}");
+}
+
+#[test]
+fn advise_on_real_snapshots_names_their_own_modules() {
+    let Some(dir) = real_snapshots_dir() else {
+        return;
+    };
+    let file = dir
+        .join("09_magma27_v211_windows_python_frames.pickle")
+        .display()
+        .to_string();
+    let out = memsnap(&["advise", &file, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let top = v["modules"][0]["module"].as_str().unwrap();
+    // The file's own `cs336_basics/model.py`, not PyTorch's `nn/modules/*.py`.
+    assert!(top.starts_with("model.py:"), "{top}");
+    assert!(
+        v["predictions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["fixes"][0]["kind"] == "checkpoint"),
+        "{v}"
+    );
+    // Every file with a trace gets advice (or a clear error), never a crash.
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !path
+            .extension()
+            .is_some_and(|e| e == "pickle" || e == "pkl")
+        {
+            continue;
+        }
+        let out = memsnap(&["advise", &path.display().to_string()]);
+        assert!(
+            matches!(out.status.code(), Some(0 | 2)),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
