@@ -138,9 +138,11 @@ pub struct Prediction {
     pub allocated_peak_bytes: u64,
     pub reserved_peak_bytes: u64,
     /// Whether the replay on a device of the budget's size ran to the end without running out
-    /// of memory (the allocator releasing its cache under pressure, as the run's would);
-    /// `None` without a budget. The peaks are those of that replay when it fits, else of a
-    /// replay without the limit (what the run would need).
+    /// of memory (the allocator releasing its cache under pressure, as the run's would) and
+    /// its reserved peak is within the budget (memory reserved before a ring buffer's window
+    /// is taken as it was: a window that starts above the budget never runs out of memory in
+    /// the replay, yet does not fit); `None` without a budget. The peaks are those of that
+    /// replay when it fits, else of a replay without the limit (what the run would need).
     pub fits: Option<bool>,
     /// The replay ran out of memory even without the budget's limit (on the device the file
     /// implies: an OOM file's own GPU, when the run could not be completed).
@@ -355,7 +357,7 @@ impl<'a> Advisor<'a> {
         // releases its cache and retries, which changes the reserved peak. A run that does not
         // fit there is replayed again without the limit, for what it would need.
         let mut report = replay(budget)?;
-        let fits = budget.map(|_| report.oom.is_none());
+        let fits = budget.map(|limit| report.oom.is_none() && report.reserved_peak_bytes <= limit);
         if fits == Some(false) {
             report = replay(None)?;
         }

@@ -80,3 +80,26 @@ fn generated_odd_runs_are_advised_on() {
         }
     }
 }
+
+/// Regression: a ring buffer's window that starts with more reserved than the budget never
+/// runs out of memory in the replay (its start state is taken as recorded, and no new
+/// `cudaMalloc` is asked for), and every fix was called a fit: 13.2 GiB "fit" a 1 GB budget
+/// on a real snapshot. A prediction fits only when its reserved peak is within the budget too.
+#[test]
+fn a_window_that_starts_above_the_budget_does_not_fit() {
+    let (snapshot, _) = generate(&TrainingRun {
+        max_entries: Some(300),
+        steps: 4,
+        ..TrainingRun::default()
+    });
+    let budget = 1 << 20;
+    let advice = advise(&snapshot, &with_budget(budget)).expect("advice");
+    for p in std::iter::once(&advice.baseline).chain(&advice.predictions) {
+        assert!(p.reserved_peak_bytes > budget, "{p:?}");
+        assert_eq!(p.fits, Some(false), "{}: {p:?}", p.description);
+    }
+    // Within a budget above the peaks, the same run fits.
+    let roomy = advice.baseline.reserved_peak_bytes * 2;
+    let advice = advise(&snapshot, &with_budget(roomy)).expect("advice");
+    assert_eq!(advice.baseline.fits, Some(true));
+}
