@@ -293,7 +293,7 @@ fn modules_ui(ui: &mut egui::Ui, advice: &Advice, touched: &[&str], id: &str) {
         for m in advice.modules.iter().take(8) {
             ui.label(format_size(m.activation_bytes_at_peak));
             if touched.contains(&m.module.as_str()) {
-                ui.strong(format!("{}  ◀ checkpointed by the fix", m.module));
+                ui.strong(format!("{}  (checkpointed by the fix)", m.module));
             } else {
                 ui.label(&m.module);
             }
