@@ -101,9 +101,9 @@ impl AdviseState {
 /// A budget as the field shows it: whole GiB or MiB when it is one, else bytes, so that it
 /// parses back to the same number.
 fn budget_text(bytes: u64) -> String {
-    if bytes % (1 << 30) == 0 {
+    if bytes.is_multiple_of(1 << 30) {
         format!("{}GiB", bytes >> 30)
-    } else if bytes % (1 << 20) == 0 {
+    } else if bytes.is_multiple_of(1 << 20) {
         format!("{}MiB", bytes >> 20)
     } else {
         bytes.to_string()
@@ -116,6 +116,7 @@ pub fn advise_ui(ui: &mut egui::Ui, model: &AdviseModel<'_>, state: &mut AdviseS
     if state.budget.is_none() {
         state.budget = Some(
             advise::device_memory(model.snapshot, model.device, model.reserved_before_window)
+                .filter(|&bytes| bytes > 0)
                 .map(budget_text)
                 .unwrap_or_default(),
         );
