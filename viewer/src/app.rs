@@ -29,15 +29,18 @@ pub enum MainView {
     Diff,
     /// Recorded vs simulated reserved memory under other allocator settings.
     Allocator,
+    /// What would make the run fit a memory budget: ranked fixes, each replayed.
+    Advise,
 }
 
 impl MainView {
-    pub const ALL: [MainView; 5] = [
+    pub const ALL: [MainView; 6] = [
         MainView::Timeline,
         MainView::Instant,
         MainView::Ranks,
         MainView::Diff,
         MainView::Allocator,
+        MainView::Advise,
     ];
 
     pub fn label(self) -> &'static str {
@@ -47,6 +50,7 @@ impl MainView {
             MainView::Ranks => "Ranks",
             MainView::Diff => "Diff",
             MainView::Allocator => "Allocator",
+            MainView::Advise => "Advise",
         }
     }
 
@@ -64,6 +68,9 @@ impl MainView {
             MainView::Diff => "Two snapshots side by side, with the change per call site",
             MainView::Allocator => {
                 "Reserved memory as recorded vs simulated under other PYTORCH_CUDA_ALLOC_CONF settings or a memory limit, with suggestions"
+            }
+            MainView::Advise => {
+                "What would make the run fit a memory budget: checkpointing, micro-batches, optimizer state, allocator settings, each predicted by replaying the edited trace"
             }
         }
     }
@@ -500,9 +507,15 @@ impl ViewerApp {
     fn file_bar_ui(&mut self, ui: &mut egui::Ui) {
         ui.horizontal_wrapped(|ui| {
             for view in MainView::ALL {
+                // Advise is reached from the View menu; its button shows while it is the view.
+                if view == MainView::Advise && self.view != view {
+                    continue;
+                }
                 let enabled = match view {
                     MainView::Timeline | MainView::Instant => !self.documents.is_empty(),
-                    MainView::Ranks | MainView::Allocator => !self.documents.is_empty(),
+                    MainView::Ranks | MainView::Allocator | MainView::Advise => {
+                        !self.documents.is_empty()
+                    }
                     MainView::Diff => self.documents.len() >= 2,
                 };
                 let response = ui
@@ -621,6 +634,10 @@ impl ViewerApp {
             MainView::Allocator => {
                 let active = self.active;
                 self.documents[active].allocator_page_ui(ui);
+            }
+            MainView::Advise => {
+                let active = self.active;
+                self.documents[active].advise_page_ui(ui);
             }
         }
     }

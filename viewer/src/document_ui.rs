@@ -4,6 +4,7 @@
 
 use egui::RichText;
 
+use crate::advise_ui::{self, AdviseModel, AdviseState};
 use crate::allocator_ui::{self, AllocatorModel, AllocatorState};
 use crate::document::{DeviceModel, Document, Shown, TimelineModel};
 use crate::instant_ui::{self, InstantState};
@@ -22,6 +23,7 @@ pub struct DeviceState {
     /// The hovered and pinned allocation and the instant cursor, shared by the panels.
     pub selection: Selection,
     pub allocator: AllocatorState,
+    pub advise: AdviseState,
 }
 
 impl DeviceState {
@@ -32,6 +34,7 @@ impl DeviceState {
             instant: InstantState::default(),
             selection: Selection::default(),
             allocator: AllocatorState::default(),
+            advise: AdviseState::default(),
         }
     }
 }
@@ -254,5 +257,18 @@ impl OpenDocument {
             device: self.doc.devices[i].device,
         };
         allocator_ui::allocator_ui(ui, &model, &mut self.states[i].allocator);
+    }
+
+    /// The Advise page: the device bar, then the view for the device shown.
+    pub fn advise_page_ui(&mut self, ui: &mut egui::Ui) {
+        self.device_bar_ui(ui);
+        let i = self.device_index;
+        let device = &self.doc.devices[i];
+        let model = AdviseModel {
+            snapshot: &self.doc.snapshot,
+            device: device.device,
+            reserved_before_window: device.timeline.replay().reserved_before_window,
+        };
+        advise_ui::advise_ui(ui, &model, &mut self.states[i].advise);
     }
 }

@@ -17,9 +17,12 @@
 //! * [`document_ui`]: how an open file is shown: the device chosen, each panel's state, the
 //!   pages that lay the panels out.
 //! * [`timeline_ui`], [`steps_ui`], [`details_ui`], [`instant_ui`], [`ranks_ui`],
-//!   [`diff_ui`], [`allocator_ui`] (over [`allocator`]): the panels.
+//!   [`diff_ui`], [`allocator_ui`] (over [`allocator`]), [`advise_ui`] (over [`advise`]): the
+//!   panels.
 //! * [`view`]: zoom and pan arithmetic. [`units`]: human sizes. [`export`]: PNG and SVG.
 
+pub mod advise;
+pub mod advise_ui;
 pub mod allocator;
 pub mod allocator_ui;
 pub mod app;

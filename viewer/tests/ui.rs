@@ -932,3 +932,233 @@ fn snapshot_ranks() {
     h.run();
     h.snapshot("ranks");
 }
+
+// ---- the Advise view ----------------------------------------------------------------
+
+fn advise_state<'h>(h: &'h Harness<'_, ViewerApp>) -> &'h memsnap_viewer::advise_ui::AdviseState {
+    &h.state().active_document().expect("open").state().advise
+}
+
+/// Steps frames until the Advise view's worker is done.
+fn run_until_advised(h: &mut Harness<'_, ViewerApp>) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    h.step();
+    while advise_state(h).is_running() {
+        assert!(Instant::now() < deadline, "the advice did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+        h.step();
+    }
+    h.run_steps(3);
+}
+
+/// A training run with a forward and a backward per step, big activations and module
+/// frames, so that checkpointing and micro-batches both have something to edit.
+fn advisable_run() -> TrainingRun {
+    TrainingRun {
+        steps: 3,
+        layers: 4,
+        activations_per_layer: 4,
+        activation_bytes: 8 << 20,
+        param_bytes_per_layer: 4 << 20,
+        ordered_forward_stacks: true,
+        ..TrainingRun::default()
+    }
+}
+
+fn open_advise_from_the_view_menu(h: &mut Harness<'_, ViewerApp>) {
+    h.get_by_label("View").click();
+    h.run_steps(2);
+    h.get_by_label("Advise").click();
+    h.run_steps(2);
+    assert_eq!(h.state().view, MainView::Advise);
+}
+
+#[test]
+fn advise_ranks_fixes_for_a_typed_budget_with_the_advisors_peaks() {
+    let (snapshot, _) = generate(&advisable_run());
+    let unbudgeted =
+        memsnap_advise::advise(&snapshot, &memsnap_advise::Options::default()).expect("advice");
+    // A budget the recorded run does not fit: 80 % of its replayed reserved peak.
+    let budget = unbudgeted.baseline.reserved_peak_bytes / 10 * 8;
+    let direct = memsnap_advise::advise(
+        &snapshot,
+        &memsnap_advise::Options {
+            budget: Some(budget),
+            device: None,
+        },
+    )
+    .expect("advice");
+    assert_eq!(direct.baseline.fits, Some(false));
+    let best = direct.predictions[0].clone();
+    assert_eq!(best.fits, Some(true), "{:#?}", direct.predictions);
+
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
+    open_advise_from_the_view_menu(&mut h);
+    // No OOM entry: the file does not state the device's memory, so no default budget.
+    assert_eq!(advise_state(&h).budget.as_deref(), Some(""));
+    h.get_by_label_contains("No advice yet");
+    let field = h.get_by_label("budget");
+    field.focus();
+    field.type_text(&budget.to_string());
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::Button, "Run").click();
+    run_until_advised(&mut h);
+
+    let advice = advise_state(&h).advice.as_ref().expect("advice");
+    assert_eq!(advice.budget_bytes, Some(budget));
+    let shown = &advice.predictions[0];
+    assert_eq!(shown.description, best.description);
+    assert_eq!(
+        (
+            shown.allocated_peak_bytes,
+            shown.reserved_peak_bytes,
+            shown.fits
+        ),
+        (
+            best.allocated_peak_bytes,
+            best.reserved_peak_bytes,
+            Some(true)
+        )
+    );
+    assert!(advice.baseline.fits == Some(false));
+    h.get_by_label_contains("As recorded (replayed): allocated peak");
+    h.get_by_label_contains(", does not fit");
+    assert!(h.query_all_by_label("yes").count() >= 1);
+    // Selecting the best fix shows its predicted peaks against the recorded ones.
+    h.get_by_label(&best.description).click();
+    h.run_steps(3);
+    assert_eq!(advise_state(&h).selected, Some(0));
+    h.get_by_label("Fix 1");
+    h.get_by_label_contains(&format!(
+        "Predicted reserved peak {} vs {} recorded",
+        memsnap_viewer::units::format_size(best.reserved_peak_bytes),
+        memsnap_viewer::units::format_size(direct.baseline.reserved_peak_bytes),
+    ));
+    h.get_by_label_contains(&format!(
+        "Fits the budget of {}",
+        memsnap_viewer::units::format_size(budget)
+    ));
+    // Each checkpointing fix names the module it touches.
+    let (i, module) = direct
+        .predictions
+        .iter()
+        .enumerate()
+        .find_map(|(i, p)| {
+            p.fixes.iter().find_map(|f| match f {
+                memsnap_advise::Fix::Checkpoint { module, .. } => Some((i, module.clone())),
+                _ => None,
+            })
+        })
+        .expect("a checkpointing fix");
+    h.get_by_label(&direct.predictions[i].description).click();
+    h.run_steps(3);
+    assert_eq!(advise_state(&h).selected, Some(i));
+    h.get_by_label_contains(&format!("Modules touched: {module}"));
+    // The module list marks it, in the list and in the details.
+    assert_eq!(
+        h.query_all_by_label(&format!("{module}  (checkpointed by the fix)"))
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn an_oom_run_is_advised_on_the_devices_memory_by_default() {
+    const DEVICE: u64 = 1 << 30;
+    let (snapshot, truth) = generate(&TrainingRun {
+        device_memory: DEVICE,
+        activation_bytes: 24 << 20,
+        param_bytes_per_layer: 16 << 20,
+        layers: 6,
+        activations_per_layer: 8,
+        ..advisable_run()
+    });
+    assert!(truth.devices[0].oom.is_some(), "the run outgrows 1 GiB");
+    // The device memory the file implies, as `memsnap simulate` reads it from the OOM entry.
+    let capacity = memsnap_simulate::simulate(&snapshot, &memsnap_simulate::Options::default())
+        .expect("simulate")
+        .devices[0]
+        .capacity_bytes;
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("oom.pickle", bytes)], Settings::default());
+    h.state_mut().view = MainView::Advise;
+    h.run_steps(2);
+    let field = advise_state(&h).budget.clone().expect("shown");
+    assert_eq!(
+        memsnap_viewer::advise::parse_budget(&field).expect("parses"),
+        Some(capacity)
+    );
+    h.get_by_role_and_label(Role::Button, "Run").click();
+    run_until_advised(&mut h);
+    let direct = memsnap_advise::advise(
+        &snapshot,
+        &memsnap_advise::Options {
+            budget: Some(capacity),
+            device: None,
+        },
+    )
+    .expect("advice");
+    let advice = advise_state(&h).advice.as_ref().expect("advice");
+    assert!(advice.completion.is_some());
+    let peaks = |a: &memsnap_advise::Advice| -> Vec<(String, u64, u64, Option<bool>)> {
+        a.predictions
+            .iter()
+            .map(|p| {
+                (
+                    p.description.clone(),
+                    p.allocated_peak_bytes,
+                    p.reserved_peak_bytes,
+                    p.fits,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(peaks(advice), peaks(&direct));
+    assert!(direct.predictions.iter().any(|p| p.fits == Some(true)));
+    h.get_by_label_contains("ran out of memory (event");
+    h.get_by_label_contains("Completed run (replayed)");
+}
+
+#[test]
+fn an_unparsable_budget_is_an_error_and_starts_nothing() {
+    let (snapshot, _) = generate(&advisable_run());
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
+    h.state_mut().view = MainView::Advise;
+    h.run_steps(2);
+    let field = h.get_by_label("budget");
+    field.focus();
+    field.type_text("lots");
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::Button, "Run").click();
+    h.run_steps(2);
+    assert!(!advise_state(&h).is_running());
+    assert!(advise_state(&h).advice.is_none());
+    h.get_by_label_contains("Error: `lots` is not a memory budget");
+}
+
+#[test]
+fn advising_a_file_without_a_trace_shows_the_advisors_error() {
+    let mut s = memsnap_format::Snapshot::new(1);
+    s.segments
+        .push(memsnap_format::Segment::new(0, 0x1000, 2 << 20, 0));
+    let expected = memsnap_advise::advise(
+        &s,
+        &memsnap_advise::Options {
+            budget: None,
+            device: Some(0),
+        },
+    )
+    .expect_err("no trace")
+    .to_string();
+    let bytes = memsnap_format::io::encode(&s, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("no_trace.pickle", bytes)], Settings::default());
+    h.state_mut().view = MainView::Advise;
+    h.run_steps(2);
+    h.get_by_role_and_label(Role::Button, "Run").click();
+    run_until_advised(&mut h);
+    assert!(advise_state(&h).advice.is_none());
+    assert!(advise_state(&h).error.is_some());
+    h.get_by_label(&format!("Error: {expected}"));
+}

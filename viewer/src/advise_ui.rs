@@ -1,0 +1,374 @@
+//! The Advise view: what would make the run fit a memory budget. A budget field, a Run button
+//! that ranks the fixes of `memsnap_advise` (activation checkpointing of a module,
+//! micro-batches, 8-bit or offloaded optimizer state, allocator settings, and their
+//! combinations, each predicted by editing the trace and replaying it) in a background job, the
+//! ranked list as `memsnap advise` prints it, and the details of the fix selected: its
+//! predicted peaks against the recorded ones and the modules it touches.
+//!
+//! The predicted runs are replays of edited traces, on their own event axes (a fix adds,
+//! removes and repeats events), so no predicted curve is drawn over the recorded timeline.
+
+use std::sync::Arc;
+
+use egui::RichText;
+use memsnap_advise::{Advice, Prediction};
+use memsnap_format::Snapshot;
+
+use crate::advise::{self, AdviseError};
+use crate::job::{Job, JobError};
+use crate::palette;
+use crate::units::format_size;
+
+/// What the panel reads: the file and the device shown.
+pub struct AdviseModel<'a> {
+    pub snapshot: &'a Arc<Snapshot>,
+    pub device: i64,
+    /// Reserved bytes before the recorded window (the analysis' replay), for the device
+    /// memory an OOM entry implies.
+    pub reserved_before_window: u64,
+}
+
+/// The view's state for one device.
+#[derive(Default)]
+pub struct AdviseState {
+    /// The budget field; `None` until first shown (then the device's memory when the file
+    /// states it, else empty).
+    pub budget: Option<String>,
+    /// The last advice, with the budget it was given for.
+    pub advice: Option<Advice>,
+    /// Index into the advice's predictions of the fix selected.
+    pub selected: Option<usize>,
+    /// Why the last run gave no advice.
+    pub error: Option<JobError<AdviseError>>,
+    job: Option<Job<Advice, AdviseError>>,
+}
+
+impl AdviseState {
+    /// Whether the advisor is running.
+    pub fn is_running(&self) -> bool {
+        self.job.is_some()
+    }
+
+    /// Blocks until the running work is done (tests).
+    pub fn finish(&mut self) {
+        if let Some(job) = self.job.take() {
+            self.accept(job.wait());
+        }
+    }
+
+    fn accept(&mut self, result: Result<Advice, JobError<AdviseError>>) {
+        match result {
+            Ok(advice) => {
+                self.advice = Some(advice);
+                self.selected = None;
+                self.error = None;
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    fn poll(&mut self) {
+        if let Some(result) = self.job.as_ref().and_then(Job::poll) {
+            self.job = None;
+            self.accept(result);
+        }
+    }
+
+    /// Starts ranking the fixes under the field's budget (a run still going is left to finish
+    /// and its result dropped: the advisor has no cancel points).
+    pub fn start(&mut self, model: &AdviseModel<'_>, ctx: &egui::Context) {
+        let budget = match advise::parse_budget(self.budget.as_deref().unwrap_or_default()) {
+            Ok(budget) => budget,
+            Err(e) => {
+                self.error = Some(JobError::Failed(e));
+                return;
+            }
+        };
+        let snapshot = model.snapshot.clone();
+        let device = model.device;
+        self.error = None;
+        self.job = Some(Job::spawn(
+            "the advice",
+            Some(ctx.clone()),
+            move |progress| {
+                progress.set("replaying the fixes", 0, 0);
+                advise::run(&snapshot, device, budget)
+            },
+        ));
+    }
+}
+
+/// A budget as the field shows it: whole GiB or MiB when it is one, else bytes, so that it
+/// parses back to the same number.
+fn budget_text(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 30) {
+        format!("{}GiB", bytes >> 30)
+    } else if bytes.is_multiple_of(1 << 20) {
+        format!("{}MiB", bytes >> 20)
+    } else {
+        bytes.to_string()
+    }
+}
+
+/// The view: the budget and Run, then the advice with the selected fix's details.
+pub fn advise_ui(ui: &mut egui::Ui, model: &AdviseModel<'_>, state: &mut AdviseState) {
+    state.poll();
+    if state.budget.is_none() {
+        state.budget = Some(
+            advise::device_memory(model.snapshot, model.device, model.reserved_before_window)
+                .filter(|&bytes| bytes > 0)
+                .map(budget_text)
+                .unwrap_or_default(),
+        );
+    }
+    controls_ui(ui, model, state);
+    if let Some(e) = &state.error {
+        ui.label(RichText::new(format!("Error: {e}")).color(ui.visuals().error_fg_color));
+    }
+    if state.is_running() {
+        ui.ctx()
+            .request_repaint_after(std::time::Duration::from_millis(100));
+    }
+    let Some(advice) = &state.advice else {
+        if !state.is_running() {
+            ui.label("No advice yet: enter a budget (or none) and press Run.");
+        }
+        return;
+    };
+    if let Some(i) = state.selected.filter(|&i| i < advice.predictions.len()) {
+        egui::Panel::right("advise_details")
+            .resizable(true)
+            .default_size(380.0)
+            .show(ui, |ui| {
+                egui::ScrollArea::vertical().show(ui, |ui| details_ui(ui, advice, i));
+            });
+    }
+    egui::CentralPanel::default().show(ui, |ui| {
+        egui::ScrollArea::vertical().show(ui, |ui| {
+            if let Some(click) = advice_ui(ui, advice, state.selected) {
+                state.selected = (state.selected != Some(click)).then_some(click);
+            }
+        });
+    });
+}
+
+fn controls_ui(ui: &mut egui::Ui, model: &AdviseModel<'_>, state: &mut AdviseState) {
+    let mut go = false;
+    ui.horizontal_wrapped(|ui| {
+        let label = ui.label("budget");
+        let budget = state.budget.get_or_insert_with(String::new);
+        let response = ui
+            .add(
+                egui::TextEdit::singleline(budget)
+                    .desired_width(110.0)
+                    .hint_text("e.g. 40GB"),
+            )
+            .labelled_by(label.id)
+            .on_hover_text(
+                "Memory the run must fit in, reserved bytes (40GB, 24GiB); empty: no budget, the fixes ranked by reserved peak. The default is the device's memory when the file states it (an OOM entry). Enter runs",
+            );
+        go |= response.lost_focus() && ui.input(|i| i.key_pressed(egui::Key::Enter));
+        go |= ui
+            .add_enabled(!state.is_running(), egui::Button::new("Run"))
+            .on_hover_text(
+                "Edit the trace for each fix and replay it through memsnap's allocator (in the background)",
+            )
+            .clicked();
+        if let Some(job) = &state.job {
+            ui.spinner()
+                .on_hover_text("Ranking the fixes in the background");
+            ui.label(format!("{}…", job.progress().stage()));
+        }
+    });
+    if go && !state.is_running() {
+        state.start(model, ui.ctx());
+    }
+}
+
+fn fits_text(p: &Prediction) -> &'static str {
+    match (p.fits, p.out_of_memory) {
+        (_, true) => ", runs out of memory",
+        (Some(true), _) => ", fits",
+        (Some(false), _) => ", does not fit",
+        (None, _) => "",
+    }
+}
+
+/// The advice: the baseline, the modules, the ranked fixes and those with no effect. Returns
+/// the fix clicked.
+fn advice_ui(ui: &mut egui::Ui, advice: &Advice, selected: Option<usize>) -> Option<usize> {
+    if let Some(note) = advise::completion_note(advice) {
+        ui.label(RichText::new(note).color(palette::color32(palette::WARNING)));
+    }
+    ui.label(format!(
+        "device {}{}",
+        advice.device,
+        advice
+            .budget_bytes
+            .map_or(String::new(), |b| format!(", budget {}", format_size(b)))
+    ));
+    let b = &advice.baseline;
+    ui.strong(format!(
+        "{}: allocated peak {}, reserved peak {}{}",
+        if advice.completion.is_some() {
+            "Completed run (replayed)"
+        } else {
+            "As recorded (replayed)"
+        },
+        format_size(b.allocated_peak_bytes),
+        format_size(b.reserved_peak_bytes),
+        fits_text(b)
+    ));
+    if advice.passes == 0 {
+        ui.label("No step with a forward and a backward phase was found: checkpointing and micro-batches have nothing to edit.");
+    }
+    ui.separator();
+    let mut clicked = None;
+    if advice.predictions.is_empty() {
+        ui.label("No fix changes a peak.");
+    } else {
+        ui.label("Fixes, best first (click one for its details):");
+        egui::Grid::new("advise_table")
+            .striped(true)
+            .num_columns(6)
+            .show(ui, |ui| {
+                ui.strong("#");
+                ui.strong("fits").on_hover_text(
+                    "yes/no: the replay on a device of the budget's size ran to the end; OOM: it ran out of memory even without the limit",
+                );
+                ui.strong("allocated")
+                    .on_hover_text("Predicted peak of allocated bytes");
+                ui.strong("reserved")
+                    .on_hover_text("Predicted peak of reserved bytes (what the budget bounds)");
+                ui.strong("recompute")
+                    .on_hover_text("Checkpointing's extra forward work, by bytes allocated");
+                ui.strong("fix");
+                ui.end_row();
+                for (i, p) in advice.predictions.iter().enumerate() {
+                    ui.label(format!("{}", i + 1));
+                    let verdict = advise::verdict(p);
+                    let text = RichText::new(verdict);
+                    ui.label(if verdict == "yes" {
+                        text.color(palette::color32(palette::series_colour(2)))
+                    } else if verdict == "-" {
+                        text
+                    } else {
+                        text.color(ui.visuals().error_fg_color)
+                    });
+                    ui.label(format_size(p.allocated_peak_bytes));
+                    ui.label(format_size(p.reserved_peak_bytes));
+                    ui.label(advise::recompute_text(p));
+                    if ui
+                        .selectable_label(selected == Some(i), &p.description)
+                        .on_hover_text("Show this fix's details")
+                        .clicked()
+                    {
+                        clicked = Some(i);
+                    }
+                    ui.end_row();
+                }
+            });
+    }
+    if !advice.unchanged.is_empty() {
+        ui.add_space(6.0);
+        ui.label(format!("No change: {}", advice.unchanged.join("; ")))
+            .on_hover_text(
+                "Fixes tried whose replay has the recorded peaks (nothing to edit, or no effect)",
+            );
+    }
+    if !advice.modules.is_empty() {
+        ui.add_space(6.0);
+        ui.label("Activations live at the peak, by module:");
+        let touched = selected
+            .and_then(|i| advice.predictions.get(i))
+            .map(advise::modules_touched)
+            .unwrap_or_default();
+        modules_ui(ui, advice, &touched, "advise_modules");
+    }
+    clicked
+}
+
+/// The module nodes with their activations at the peak, those in `touched` marked.
+fn modules_ui(ui: &mut egui::Ui, advice: &Advice, touched: &[&str], id: &str) {
+    egui::Grid::new(id).num_columns(2).show(ui, |ui| {
+        for m in advice.modules.iter().take(8) {
+            ui.label(format_size(m.activation_bytes_at_peak));
+            if touched.contains(&m.module.as_str()) {
+                ui.strong(format!("{}  (checkpointed by the fix)", m.module));
+            } else {
+                ui.label(&m.module);
+            }
+            ui.end_row();
+        }
+    });
+}
+
+fn change(predicted: u64, recorded: u64) -> String {
+    if recorded == 0 {
+        return String::new();
+    }
+    format!(
+        " ({:+.1}%)",
+        (predicted as f64 - recorded as f64) / recorded as f64 * 100.0
+    )
+}
+
+/// The selected fix: what it changes, its peaks against the baseline, the modules it touches.
+fn details_ui(ui: &mut egui::Ui, advice: &Advice, i: usize) {
+    let p = &advice.predictions[i];
+    let b = &advice.baseline;
+    ui.heading(format!("Fix {}", i + 1));
+    ui.label(RichText::new(&p.description).strong());
+    let against = if advice.completion.is_some() {
+        "the completed run"
+    } else {
+        "recorded"
+    };
+    ui.label(format!(
+        "Predicted allocated peak {} vs {} {against}{}",
+        format_size(p.allocated_peak_bytes),
+        format_size(b.allocated_peak_bytes),
+        change(p.allocated_peak_bytes, b.allocated_peak_bytes)
+    ));
+    ui.label(format!(
+        "Predicted reserved peak {} vs {} {against}{}",
+        format_size(p.reserved_peak_bytes),
+        format_size(b.reserved_peak_bytes),
+        change(p.reserved_peak_bytes, b.reserved_peak_bytes)
+    ));
+    match (advice.budget_bytes, p.fits, p.out_of_memory) {
+        (_, _, true) => {
+            ui.label("Runs out of memory even without the budget's limit.");
+        }
+        (Some(budget), Some(fits), _) => {
+            ui.label(format!(
+                "{} the budget of {}",
+                if fits { "Fits" } else { "Does not fit" },
+                format_size(budget)
+            ));
+        }
+        _ => {}
+    }
+    if p.extra_forward_compute > 0.0 {
+        ui.label(format!(
+            "Recomputes {:.0}% of the forward (by bytes allocated)",
+            p.extra_forward_compute * 100.0
+        ));
+    }
+    let touched = advise::modules_touched(p);
+    if touched.is_empty() {
+        ui.label("Touches no module (it changes the whole step or the allocator).");
+    } else {
+        ui.label(format!("Modules touched: {}", touched.join(", ")));
+        if !advice.modules.is_empty() {
+            modules_ui(ui, advice, &touched, "advise_details_modules");
+        }
+    }
+    ui.add_space(6.0);
+    ui.label(
+        RichText::new(
+            "The prediction replays the edited trace, whose events differ from the recording's, so it is not drawn on the recorded timeline.",
+        )
+        .weak(),
+    );
+}
