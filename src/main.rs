@@ -87,6 +87,7 @@ enum Command {
     Simulate(cmd::simulate::Args),
     Export(cmd::export::Args),
     Import(cmd::import::Args),
+    Watch(cmd::watch::Args),
 }
 
 fn main() -> ExitCode {
@@ -107,6 +108,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Export(args) => cmd::export::run(args),
         Command::Import(args) => cmd::import::run(args),
+        Command::Watch(args) => cmd::watch::run(args),
     };
     match result {
         Ok(code) => code,

@@ -259,9 +259,15 @@ impl FrameReader {
 pub enum Applied {
     Hello,
     /// The state arrived with this many trace entries.
-    State { entries: usize },
-    Entries { count: usize },
-    Dropped { missed: u64 },
+    State {
+        entries: usize,
+    },
+    Entries {
+        count: usize,
+    },
+    Dropped {
+        missed: u64,
+    },
 }
 
 /// A listener's snapshot, rebuilt from the messages: the state at connect, then every entry

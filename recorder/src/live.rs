@@ -152,7 +152,7 @@ impl AnyStream {
 pub struct LiveCounters {
     /// Listeners accepted.
     pub connections: AtomicU64,
-    /// Entries sent.
+    /// Entries sent (in a state's trace or in batches).
     pub entries_sent: AtomicU64,
     /// Entries reported dropped to slow listeners.
     pub entries_dropped: AtomicU64,
@@ -343,12 +343,19 @@ impl Listener {
             device: alloc.device_index(),
         })?;
         let (state, mut seq) = alloc.live_state();
+        let in_state = state
+            .traces()
+            .get(usize::try_from(alloc.device_index()).unwrap_or(0))
+            .map_or(0, Vec::len) as u64;
         let bytes = memsnap_format::msgpack::to_vec(&state).map_err(std::io::Error::other)?;
         drop(state);
         self.send(&Message::State {
             snapshot: live::Bytes(bytes),
             next_seq: seq,
         })?;
+        self.counters
+            .entries_sent
+            .fetch_add(in_state, Ordering::Relaxed);
         while !self.stop.load(Ordering::Relaxed) {
             let tail = alloc.live_tail(seq, MAX_BATCH, &self.stacks_sent);
             if tail.first_seq > seq {
@@ -371,7 +378,10 @@ impl Listener {
                 ..Default::default()
             };
             for (raw, frames) in &tail.new_stacks {
-                let wire: Vec<u32> = frames.iter().map(|f| self.frame_id(f, &mut batch)).collect();
+                let wire: Vec<u32> = frames
+                    .iter()
+                    .map(|f| self.frame_id(f, &mut batch))
+                    .collect();
                 let id = (self.stacks.len()) as u32;
                 self.stacks.insert(*raw, id);
                 self.stacks_sent.insert(*raw);
@@ -400,7 +410,11 @@ impl Listener {
     }
 
     fn frame_id(&mut self, frame: &Frame, batch: &mut EntryBatch) -> u32 {
-        let key = (frame.name.clone(), frame.filename.clone(), frame.line.clone());
+        let key = (
+            frame.name.clone(),
+            frame.filename.clone(),
+            frame.line.clone(),
+        );
         if frame.extra.is_empty() {
             if let Some(&id) = self.frames.get(&key) {
                 return id;

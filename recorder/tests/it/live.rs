@@ -44,7 +44,10 @@ impl Client {
                     }
                 }
                 None => {
-                    let n = self.stream.read(&mut buf).expect("the recorder keeps sending");
+                    let n = self
+                        .stream
+                        .read(&mut buf)
+                        .expect("the recorder keeps sending");
                     assert!(n > 0, "the recorder closed the connection");
                     self.reader.push(&buf[..n]);
                 }
@@ -86,7 +89,11 @@ fn train(alloc: &CachingAllocator<HostDevice>, steps: usize, per_step: usize) {
             alloc.free_with_stack(p, bwd).unwrap();
         }
         // A leak of one block per step: memory that drifts.
-        kept.push(alloc.malloc_with_stack(1 << 20, Stream::DEFAULT, opt).unwrap());
+        kept.push(
+            alloc
+                .malloc_with_stack(1 << 20, Stream::DEFAULT, opt)
+                .unwrap(),
+        );
         if step % 2 == 1 {
             let _ = alloc.malloc(512, Stream::DEFAULT).map(|p| alloc.free(p));
         }
@@ -104,7 +111,10 @@ fn two_listeners_receive_every_entry_and_rebuild_the_recorders_own_trace() {
     let alloc = recorder(usize::MAX);
     train(&alloc, 2, 10);
     let server = alloc.serve_live("unix:/nonexistent-dir/x.sock");
-    assert!(server.is_err(), "an unbindable path is an error, not a panic");
+    assert!(
+        server.is_err(),
+        "an unbindable path is an error, not a panic"
+    );
     let dir = tempfile::tempdir().unwrap();
     let url = format!("unix:{}", dir.path().join("live.sock").display());
     let server = alloc.serve_live(&url).unwrap();
