@@ -240,7 +240,7 @@ impl Watch {
             step.phases
                 .iter()
                 .find(|p| p.kind == kind)
-                .map(|p| p.slope.clone())
+                .map(|p| p.slope)
         };
         let (fwd, bwd, opt) = (
             rate(PhaseKind::Forward),

@@ -2,8 +2,8 @@
 //! it refuses.
 
 use memsnap_format::live::{
-    encode, Applied, Bytes, EntryBatch, FrameReader, LiveEntry, LiveError, LiveSnapshot,
-    Message, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    encode, Applied, Bytes, EntryBatch, FrameReader, LiveEntry, LiveError, LiveSnapshot, Message,
+    MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use memsnap_format::{msgpack, Frame, Snapshot};
 use proptest::prelude::*;
@@ -167,7 +167,10 @@ fn a_dropped_marker_moves_the_next_expected_entry() {
         resume_seq: 15,
     };
     let mut live = apply_all(&stream(&[hello(), state()])).unwrap();
-    assert_eq!(live.apply(dropped).unwrap(), Applied::Dropped { missed: 10 });
+    assert_eq!(
+        live.apply(dropped).unwrap(),
+        Applied::Dropped { missed: 10 }
+    );
     assert_eq!((live.next_seq(), live.missed()), (15, 10));
 }
 
