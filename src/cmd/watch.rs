@@ -236,12 +236,7 @@ impl Watch {
         } else {
             (step.end_bytes as f64 - floor as f64) / self.highest_peak as f64 * 100.0
         };
-        let rate = |kind: PhaseKind| {
-            step.phases
-                .iter()
-                .find(|p| p.kind == kind)
-                .map(|p| p.slope)
-        };
+        let rate = |kind: PhaseKind| step.phases.iter().find(|p| p.kind == kind).map(|p| p.slope);
         let (fwd, bwd, opt) = (
             rate(PhaseKind::Forward),
             rate(PhaseKind::Backward),
