@@ -222,7 +222,7 @@ fn check_at(depth: usize) -> Option<FramePointerCheck> {
 struct CachingLive {
     alloc: std::sync::Arc<CachingAllocator<SimulatedDevice>>,
     server: Option<memsnap_recorder::LiveServer>,
-    reader: Option<std::thread::JoinHandle<u64>>,
+    reader: Option<std::thread::JoinHandle<(u64, f64)>>,
     _dir: std::path::PathBuf,
 }
 
@@ -248,6 +248,8 @@ impl CachingLive {
             let mut frames = FrameReader::new();
             let mut buf = vec![0; 1 << 16];
             let mut entries = 0u64;
+            let mut first: Option<std::time::Instant> = None;
+            let mut last = std::time::Instant::now();
             while let Ok(n) = stream.read(&mut buf) {
                 if n == 0 {
                     break;
@@ -256,10 +258,13 @@ impl CachingLive {
                 while let Ok(Some(m)) = frames.next_message() {
                     if let Message::Entries(b) = m {
                         entries += b.entries.len() as u64;
+                        first.get_or_insert_with(std::time::Instant::now);
+                        last = std::time::Instant::now();
                     }
                 }
             }
-            entries
+            let secs = first.map_or(0.0, |f| (last - f).as_secs_f64());
+            (entries, secs)
         });
         CachingLive {
             alloc,
@@ -294,13 +299,16 @@ impl Drop for CachingLive {
                 .entries_dropped
                 .load(std::sync::atomic::Ordering::Relaxed);
             drop(server);
-            let received = self
+            let (received, secs) = self
                 .reader
                 .take()
-                .map(|r| r.join().unwrap_or(0))
-                .unwrap_or(0);
+                .and_then(|r| r.join().ok())
+                .unwrap_or_default();
             if std::env::var_os("MEMSNAP_BENCH_LIVE_VERBOSE").is_some() {
-                eprintln!("listener: {received} of {recorded} entries received, {dropped} dropped");
+                eprintln!(
+                    "listener: {received} of {recorded} entries received ({:.2} M entries/s from the first batch to the last), {dropped} dropped",
+                    received as f64 / secs.max(1e-9) / 1e6
+                );
             }
         }
         let _ = std::fs::remove_dir_all(&self._dir);
