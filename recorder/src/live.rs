@@ -20,10 +20,11 @@
 //! A unix socket is created with mode 0600 and, by default ([`LiveAddr::parse`] of `"1"`), in
 //! a private directory (mode 0700) under `$XDG_RUNTIME_DIR` or `/tmp` named after the pid.
 //! TCP binds loopback addresses only. Listeners never send anything; what they write is
-//! ignored, and a listener that goes away ends its thread.
+//! ignored, and a listener that goes away ends its thread (writes use `MSG_NOSIGNAL`, so it
+//! gives an error, never a `SIGPIPE` to the host process).
 
 use std::collections::{HashMap, HashSet};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Deref;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -139,10 +140,24 @@ impl AnyStream {
             AnyStream::Tcp(s) => s.set_nonblocking(on),
         }
     }
+    /// Writes with `MSG_NOSIGNAL`: a listener that went away must give `EPIPE`, not the
+    /// `SIGPIPE` that kills a host process that did not ignore it (a C or C++ program using
+    /// the C ABI library; Rust and Python programs ignore it already). The one `unsafe` call
+    /// of this module.
+    #[allow(unsafe_code)]
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            AnyStream::Unix(s) => s.write(buf),
-            AnyStream::Tcp(s) => s.write(buf),
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            AnyStream::Unix(s) => s.as_raw_fd(),
+            AnyStream::Tcp(s) => s.as_raw_fd(),
+        };
+        // SAFETY: `fd` is the open socket this stream owns for the whole call, and the
+        // pointer and length are those of a live slice that `send` only reads.
+        let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
         }
     }
 }
