@@ -88,6 +88,7 @@ enum Command {
     Advise(cmd::advise::Args),
     Export(cmd::export::Args),
     Import(cmd::import::Args),
+    Watch(cmd::watch::Args),
 }
 
 fn main() -> ExitCode {
@@ -109,6 +110,7 @@ fn main() -> ExitCode {
         Command::Advise(args) => cmd::advise::run(args),
         Command::Export(args) => cmd::export::run(args),
         Command::Import(args) => cmd::import::run(args),
+        Command::Watch(args) => cmd::watch::run(args),
     };
     match result {
         Ok(code) => code,

@@ -45,6 +45,7 @@ pub mod int;
 pub mod intern;
 pub mod io;
 pub mod json;
+pub mod live;
 pub mod model;
 pub mod msgpack;
 pub mod pickle;

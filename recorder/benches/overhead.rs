@@ -6,6 +6,8 @@
 //!   `history+stacks-backtrace` (DWARF unwinding with each return address's rule cached, on
 //!   x86-64 Linux) and `history+stacks-libgcc` (DWARF unwinding through libgcc for every frame)
 //!   (a native stack captured at every malloc and free, ~30 frames deep);
+//! * `history+listener`: `history` with one live listener attached (`serve_live`, a thread
+//!   that reads and decodes every frame; `MEMSNAP_BENCH_LIVE_VERBOSE=1` prints what it got);
 //! * `history-manual-clock`: `history` with the manual clock, which reads a field instead
 //!   of the CPU's counter, so that the difference is what the two clock readings of a pair
 //!   cost.
@@ -215,6 +217,113 @@ fn check_at(depth: usize) -> Option<FramePointerCheck> {
     }
 }
 
+/// `history` with one live listener attached (`serve_live` on a unix socket): a thread that
+/// reads every frame, decodes it and counts the entries it received.
+struct CachingLive {
+    alloc: std::sync::Arc<CachingAllocator<SimulatedDevice>>,
+    server: Option<memsnap_recorder::LiveServer>,
+    reader: Option<std::thread::JoinHandle<(u64, f64)>>,
+    _dir: std::path::PathBuf,
+}
+
+impl CachingLive {
+    fn new(history: HistoryOptions) -> Self {
+        use memsnap_format::live::{FrameReader, Message};
+        use std::io::Read;
+        let alloc = std::sync::Arc::new(CachingAllocator::new(SimulatedDevice::new(80 << 30)));
+        alloc.record_memory_history(history);
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "memsnap-bench-live-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s");
+        let server = alloc
+            .serve_live(&format!("unix:{}", path.display()))
+            .unwrap();
+        let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut frames = FrameReader::new();
+            let mut buf = vec![0; 1 << 16];
+            let mut entries = 0u64;
+            let mut first: Option<std::time::Instant> = None;
+            let mut last = std::time::Instant::now();
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                frames.push(&buf[..n]);
+                while let Ok(Some(m)) = frames.next_message() {
+                    if let Message::Entries(b) = m {
+                        entries += b.entries.len() as u64;
+                        first.get_or_insert_with(std::time::Instant::now);
+                        last = std::time::Instant::now();
+                    }
+                }
+            }
+            let secs = first.map_or(0.0, |f| (last - f).as_secs_f64());
+            (entries, secs)
+        });
+        CachingLive {
+            alloc,
+            server: Some(server),
+            reader: Some(reader),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for CachingLive {
+    fn drop(&mut self) {
+        // Let the listener catch up (for the entries/s line), then stop it.
+        let recorded = self.alloc.recorded_entries();
+        let start = std::time::Instant::now();
+        if let Some(server) = self.server.take() {
+            while server
+                .counters()
+                .entries_sent
+                .load(std::sync::atomic::Ordering::Relaxed)
+                + server
+                    .counters()
+                    .entries_dropped
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                < recorded
+                && start.elapsed() < std::time::Duration::from_secs(10)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let dropped = server
+                .counters()
+                .entries_dropped
+                .load(std::sync::atomic::Ordering::Relaxed);
+            drop(server);
+            let (received, secs) = self
+                .reader
+                .take()
+                .and_then(|r| r.join().ok())
+                .unwrap_or_default();
+            if std::env::var_os("MEMSNAP_BENCH_LIVE_VERBOSE").is_some() {
+                eprintln!(
+                    "listener: {received} of {recorded} entries received ({:.2} M entries/s from the first batch to the last), {dropped} dropped",
+                    received as f64 / secs.max(1e-9) / 1e6
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self._dir);
+    }
+}
+
+impl PairAllocator for CachingLive {
+    fn alloc(&mut self, size: u64) -> u64 {
+        self.alloc.malloc(size, Stream(0)).unwrap_or(0)
+    }
+    fn free(&mut self, ptr: u64) {
+        let _ = self.alloc.free(ptr);
+    }
+}
+
 fn caching(history: Option<HistoryOptions>) -> Caching {
     let a = CachingAllocator::new(SimulatedDevice::new(80 << 30));
     if let Some(options) = history {
@@ -252,6 +361,11 @@ fn main() {
             "history",
             PAIRS,
             Box::new(move || Box::new(caching(Some(history)))),
+        ),
+        (
+            "history+listener",
+            PAIRS,
+            Box::new(move || Box::new(CachingLive::new(history))),
         ),
         (
             "history+stacks-fp",

@@ -521,6 +521,44 @@ impl History {
         trace
     }
 
+    /// The entries numbered `seq..` (an entry's number is its position among all entries
+    /// recorded, see [`History::recorded`]), at most `max`, appended to `out`; returns the
+    /// number of the first one given. When the ring no longer holds entry `seq` the result
+    /// is the oldest entry it holds (a live listener that fell behind: the entries between
+    /// were dropped).
+    ///
+    /// O(recorded − seq) slot reads (a walk back from the newest slot: slots hold one or two
+    /// entries) plus O(max) copies.
+    pub(crate) fn entries_since(&self, seq: u64, max: usize, out: &mut Vec<RawEntry>) -> u64 {
+        let want = self.recorded.saturating_sub(seq);
+        let n = self.entries.len();
+        if max == 0 {
+            return seq;
+        }
+        if want == 0 || n == 0 {
+            return self.recorded;
+        }
+        let split = self.next.min(n);
+        let slot = |i: usize| &self.entries[(split + i) % n];
+        // Walk back from the newest slot until `want` entries are covered.
+        let mut counted = 0u64;
+        let mut first = n;
+        while first > 0 && counted < want {
+            first -= 1;
+            counted += slot(first).entries() as u64;
+        }
+        let avail = counted.min(want).min(self.capacity as u64);
+        let skip = (counted - avail) as usize;
+        let start = self.recorded - avail;
+        out.extend(
+            (first..n)
+                .flat_map(|i| slot(i).expand(&self.streams))
+                .skip(skip)
+                .take(max),
+        );
+        start
+    }
+
     /// The entries, oldest first.
     pub fn ordered(&self) -> Vec<RawEntry> {
         let split = self.next.min(self.entries.len());

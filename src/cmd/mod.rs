@@ -20,3 +20,4 @@ pub mod summary;
 pub mod top;
 pub mod validate;
 pub mod view;
+pub mod watch;

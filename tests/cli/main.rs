@@ -13,3 +13,4 @@ mod numbers;
 mod plot_cmd;
 mod rocm_cmds;
 mod simulate;
+mod watch;

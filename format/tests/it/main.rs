@@ -6,6 +6,7 @@
 
 mod common;
 mod hostile;
+mod live;
 mod machine;
 mod numbers;
 mod part;

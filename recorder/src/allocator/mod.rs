@@ -3,6 +3,7 @@
 mod arena;
 mod block;
 mod free_set;
+mod live_tail;
 mod pool;
 mod ptr_map;
 mod snapshot;

@@ -48,6 +48,14 @@ struct RawBlock {
 /// ring is moved out instead of copied, leaving the history empty (for an allocator that is
 /// done).
 pub(super) fn collect(st: &mut State, take_trace: bool) -> RawSnapshot {
+    let raw = collect_quietly(st, take_trace);
+    st.record_snapshot_entry();
+    raw
+}
+
+/// [`collect`] without the `snapshot` entry (a live listener's state at connect is no
+/// snapshot the program took).
+pub(super) fn collect_quietly(st: &mut State, take_trace: bool) -> RawSnapshot {
     let trace = if take_trace {
         st.history.take_trace()
     } else {
@@ -114,7 +122,6 @@ pub(super) fn collect(st: &mut State, take_trace: bool) -> RawSnapshot {
     let settings = settings(st);
     let annotations = st.history.annotations();
     let manual_epoch_us = st.manual_epoch_us;
-    st.record_snapshot_entry();
     RawSnapshot {
         trace,
         segments,

@@ -8,6 +8,7 @@ mod global_alloc;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod gpu;
 mod host;
+mod live;
 mod model;
 mod snapshot;
 mod stress;

@@ -1,0 +1,186 @@
+//! The live protocol (`format::live`): what a listener accepts, and the clear errors for what
+//! it refuses.
+
+use memsnap_format::live::{
+    encode, Applied, Bytes, EntryBatch, FrameReader, LiveEntry, LiveError, LiveSnapshot, Message,
+    MAX_FRAME_BYTES, PROTOCOL_VERSION,
+};
+use memsnap_format::{msgpack, Frame, Snapshot};
+use proptest::prelude::*;
+
+fn hello() -> Message {
+    Message::Hello {
+        protocol: PROTOCOL_VERSION,
+        producer: "test".into(),
+        device: 0,
+    }
+}
+
+fn state() -> Message {
+    Message::State {
+        snapshot: Bytes(msgpack::to_vec(&Snapshot::new(1)).unwrap()),
+        next_seq: 5,
+    }
+}
+
+fn entry(stack: Option<u32>) -> LiveEntry {
+    LiveEntry {
+        action: 0,
+        addr: 0x1000,
+        size: 512,
+        stream: 0,
+        time_us: 1,
+        stack,
+    }
+}
+
+fn batch() -> Message {
+    Message::Entries(EntryBatch {
+        first_seq: 5,
+        frames: vec![Frame::new("forward", "model.py", 3)],
+        stacks: vec![vec![0, 0]],
+        entries: vec![entry(Some(0)), entry(None)],
+    })
+}
+
+/// The messages as one byte stream.
+fn stream(messages: &[Message]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for m in messages {
+        encode(m, &mut out).unwrap();
+    }
+    out
+}
+
+/// Feeds `bytes` one byte at a time (the worst split) and applies what comes out.
+fn apply_all(bytes: &[u8]) -> Result<LiveSnapshot, LiveError> {
+    let mut reader = FrameReader::new();
+    let mut live = LiveSnapshot::new();
+    for b in bytes {
+        reader.push(std::slice::from_ref(b));
+        while let Some(m) = reader.next_message()? {
+            live.apply(m)?;
+        }
+    }
+    Ok(live)
+}
+
+#[test]
+fn a_stream_split_anywhere_rebuilds_the_same_trace() {
+    let bytes = stream(&[hello(), state(), batch()]);
+    if let Some(dir) = std::env::var_os("MEMSNAP_LIVE_FUZZ_SEEDS") {
+        std::fs::write(std::path::Path::new(&dir).join("valid"), &bytes).unwrap();
+    }
+    let live = apply_all(&bytes).unwrap();
+    assert_eq!(live.next_seq(), 7);
+    let trace = live.trace();
+    assert_eq!(trace.len(), 2);
+    let snap = live.snapshot().unwrap();
+    let stack = snap.stacks.get(trace[0].frames.unwrap());
+    assert_eq!(stack.len(), 2);
+    assert_eq!(trace[1].frames, None);
+}
+
+#[test]
+fn an_oversized_frame_is_refused_before_its_body_arrives() {
+    let mut reader = FrameReader::new();
+    reader.push(&(MAX_FRAME_BYTES + 1).to_le_bytes());
+    assert!(matches!(
+        reader.next_message(),
+        Err(LiveError::FrameTooLong { .. })
+    ));
+}
+
+#[test]
+fn malformed_and_out_of_order_messages_are_refused_with_what_was_wrong() {
+    let refused = |messages: &[Message]| apply_all(&stream(messages)).unwrap_err().to_string();
+    assert!(refused(&[state()]).contains("first message must be Hello"));
+    assert!(refused(&[hello(), hello()]).contains("a second Hello"));
+    assert!(refused(&[hello(), batch()]).contains("Entries before State"));
+    let future = Message::Hello {
+        protocol: PROTOCOL_VERSION + 1,
+        producer: String::new(),
+        device: 0,
+    };
+    assert!(refused(&[future]).contains("unsupported live protocol version"));
+    let gap = Message::Entries(EntryBatch {
+        first_seq: 9,
+        ..Default::default()
+    });
+    assert!(refused(&[hello(), state(), gap]).contains("entries start at 9, expected 5"));
+    let bad_stack = Message::Entries(EntryBatch {
+        first_seq: 5,
+        entries: vec![entry(Some(3))],
+        ..Default::default()
+    });
+    assert!(refused(&[hello(), state(), bad_stack]).contains("names stack 3"));
+    let bad_frame = Message::Entries(EntryBatch {
+        first_seq: 5,
+        stacks: vec![vec![7]],
+        ..Default::default()
+    });
+    assert!(refused(&[hello(), state(), bad_frame]).contains("names frame 7"));
+    let bad_action = Message::Entries(EntryBatch {
+        first_seq: 5,
+        entries: vec![LiveEntry {
+            action: 200,
+            ..entry(None)
+        }],
+        ..Default::default()
+    });
+    assert!(refused(&[hello(), state(), bad_action]).contains("unknown action tag 200"));
+    let backwards = Message::Dropped {
+        missed: 3,
+        resume_seq: 2,
+    };
+    assert!(refused(&[hello(), state(), backwards]).contains("Dropped 3 entries"));
+    // A body that is not one message, and trailing bytes after one.
+    let mut garbage = 3u32.to_le_bytes().to_vec();
+    garbage.extend_from_slice(&[0xc1, 0xc1, 0xc1]);
+    assert!(matches!(
+        apply_all(&garbage),
+        Err(LiveError::Malformed { frame: 0, .. })
+    ));
+    let mut trailing = stream(&[hello()]);
+    let len = u32::from_le_bytes(trailing[..4].try_into().unwrap()) + 1;
+    trailing[..4].copy_from_slice(&len.to_le_bytes());
+    trailing.push(0xc0);
+    assert!(apply_all(&trailing)
+        .unwrap_err()
+        .to_string()
+        .contains("1 bytes after the message"));
+    // A state that is not a snapshot.
+    let not_a_snapshot = Message::State {
+        snapshot: Bytes(vec![1, 2, 3]),
+        next_seq: 0,
+    };
+    assert!(matches!(
+        apply_all(&stream(&[hello(), not_a_snapshot])),
+        Err(LiveError::State(_))
+    ));
+}
+
+#[test]
+fn a_dropped_marker_moves_the_next_expected_entry() {
+    let dropped = Message::Dropped {
+        missed: 10,
+        resume_seq: 15,
+    };
+    let mut live = apply_all(&stream(&[hello(), state()])).unwrap();
+    assert_eq!(
+        live.apply(dropped).unwrap(),
+        Applied::Dropped { missed: 10 }
+    );
+    assert_eq!((live.next_seq(), live.missed()), (15, 10));
+}
+
+proptest! {
+    #[test]
+    fn any_bytes_after_a_valid_start_give_an_answer_not_a_panic(
+        tail in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let mut bytes = stream(&[hello(), state(), batch()]);
+        bytes.extend_from_slice(&tail);
+        let _ = apply_all(&bytes);
+    }
+}

@@ -1,0 +1,91 @@
+//! What a live listener needs from the allocator, copied under the lock: the state at
+//! connect, then the entries recorded since it last looked (see `crate::live`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use memsnap_format::{Frame, Snapshot};
+
+use super::snapshot;
+use super::CachingAllocator;
+use crate::device::Device;
+use crate::history::RawEntry;
+use crate::stacks::{symbolize, RawStackId, NO_STACK};
+
+/// Entries taken from the ring for a listener.
+pub(crate) struct Tail {
+    /// The number of `entries[0]` (greater than asked when the ring dropped some).
+    pub first_seq: u64,
+    pub entries: Vec<RawEntry>,
+    /// Stacks of `entries` the listener has not had, symbolised (outside the lock).
+    pub new_stacks: Vec<(RawStackId, Vec<Frame>)>,
+    /// Converts an entry's clock reading to microseconds since the Unix epoch.
+    pub manual_epoch_us: Option<i64>,
+}
+
+impl Tail {
+    pub fn time_us(&self, time_ns: u64) -> i64 {
+        match self.manual_epoch_us {
+            Some(start) => start.saturating_add((time_ns / 1000) as i64),
+            None => crate::history::epoch_micros(time_ns),
+        }
+    }
+}
+
+enum RawStack {
+    Given(Arc<[Frame]>),
+    Native(Vec<usize>),
+}
+
+impl<D: Device> CachingAllocator<D> {
+    /// The snapshot a listener starts from, and the number of the first entry not in its
+    /// trace. Unlike [`CachingAllocator::snapshot`] it records no `snapshot` entry.
+    pub(crate) fn live_state(&self) -> (Snapshot, u64) {
+        let (raw, next_seq) = {
+            let mut st = self.state.lock();
+            let raw = snapshot::collect_quietly(&mut st, false);
+            (raw, st.history.recorded())
+        };
+        (snapshot::build(raw, self.device_index), next_seq)
+    }
+
+    /// Up to `max` entries from number `seq` on. The lock is held for the copy only
+    /// (O(recorded − seq) slot reads, O(max) copies); stacks are symbolised after it.
+    pub(crate) fn live_tail(&self, seq: u64, max: usize, sent: &HashSet<RawStackId>) -> Tail {
+        let mut entries = Vec::new();
+        let mut raw_stacks: Vec<(RawStackId, RawStack)> = Vec::new();
+        let (first_seq, manual_epoch_us) = {
+            let st = self.state.lock();
+            let first = st.history.entries_since(seq, max, &mut entries);
+            let mut seen = HashSet::new();
+            for e in &entries {
+                let id = e.stack;
+                if id == NO_STACK || sent.contains(&id) || !seen.insert(id) {
+                    continue;
+                }
+                let raw = match st.given_stacks.get(id) {
+                    Some(frames) => RawStack::Given(frames.clone()),
+                    None => RawStack::Native(st.stacks.get(id).to_vec()),
+                };
+                raw_stacks.push((id, raw));
+            }
+            (first, st.manual_epoch_us)
+        };
+        let new_stacks = raw_stacks
+            .into_iter()
+            .map(|(id, raw)| {
+                let frames = match raw {
+                    RawStack::Given(frames) => frames.to_vec(),
+                    RawStack::Native(ips) => symbolize(&ips),
+                };
+                (id, frames)
+            })
+            .collect();
+        Tail {
+            first_seq,
+            entries,
+            new_stacks,
+            manual_epoch_us,
+        }
+    }
+}

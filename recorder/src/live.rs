@@ -1,0 +1,469 @@
+//! Publishing the history while it is recorded (issue 26): [`CachingAllocator::serve_live`]
+//! listens on a unix socket or a loopback TCP port and sends each listener the allocator's
+//! state at connect, then the trace entries as they are recorded, in the protocol of
+//! [`memsnap_format::live`] (length-prefixed msgpack, frames and stacks sent once per
+//! connection).
+//!
+//! ## The allocator never waits for a listener
+//!
+//! Nothing is added to the allocation path: entries go into the history ring as they always
+//! do, and each listener has a thread of its own that takes the device lock only to copy the
+//! entries it has not sent yet (at most [`MAX_BATCH`] at a time) and the raw stacks they use,
+//! then releases it, symbolises, encodes and writes. No lock is held across a socket write.
+//! A listener that reads slowly only slows its own thread; when the ring (bounded by
+//! `max_entries`) overwrote entries it had not sent, it gets a `Dropped` message with their
+//! number and resumes at the oldest entry the ring still holds. With no listener the cost is
+//! nothing at all; with one, one lock acquisition per poll ([`POLL`]) or per batch.
+//!
+//! ## Safety of the endpoint
+//!
+//! A unix socket is created with mode 0600 and, by default ([`LiveAddr::parse`] of `"1"`), in
+//! a private directory (mode 0700) under `$XDG_RUNTIME_DIR` or `/tmp` named after the pid.
+//! TCP binds loopback addresses only. Listeners never send anything; what they write is
+//! ignored, and a listener that goes away ends its thread (writes use `MSG_NOSIGNAL`, so it
+//! gives an error, never a `SIGPIPE` to the host process).
+
+use std::collections::{HashMap, HashSet};
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Deref;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use memsnap_format::live::{self, EntryBatch, LiveEntry, Message, PROTOCOL_VERSION};
+use memsnap_format::{Frame, PyInt};
+use parking_lot::Mutex;
+
+use crate::allocator::CachingAllocator;
+use crate::device::Device;
+use crate::stacks::{RawStackId, NO_STACK};
+
+/// Most entries copied out of the ring per lock acquisition (and sent in one frame, about
+/// 30 bytes each: well under [`live::MAX_FRAME_BYTES`]).
+pub const MAX_BATCH: usize = 1 << 16;
+
+/// How long a listener's thread sleeps when it has sent everything.
+pub const POLL: Duration = Duration::from_millis(5);
+
+/// Where to listen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LiveAddr {
+    /// A unix socket at this path; `private_dir` is the directory memsnap made for it (and
+    /// removes with it).
+    Unix {
+        path: PathBuf,
+        private_dir: Option<PathBuf>,
+    },
+    /// A loopback TCP address (port 0 picks a free one).
+    Tcp(SocketAddr),
+}
+
+/// Why the live endpoint could not be started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    #[error("live address {addr:?}: {what} (expected unix:/path.sock, tcp:127.0.0.1:PORT or 1)")]
+    Address { addr: String, what: String },
+    #[error("live endpoint {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LiveAddr {
+    /// Parses `unix:/path.sock`, `tcp:127.0.0.1:PORT` (loopback only) or `1` (a unix socket
+    /// `live.sock` in a new private directory `memsnap-live-<pid>` under `$XDG_RUNTIME_DIR`,
+    /// else `/tmp`).
+    pub fn parse(addr: &str) -> Result<Self, ServeError> {
+        let bad = |what: &str| ServeError::Address {
+            addr: addr.to_owned(),
+            what: what.to_owned(),
+        };
+        if addr == "1" {
+            let base = std::env::var_os("XDG_RUNTIME_DIR")
+                .map(PathBuf::from)
+                .filter(|p| p.is_dir())
+                .unwrap_or_else(|| PathBuf::from("/tmp"));
+            let dir = base.join(format!("memsnap-live-{}", std::process::id()));
+            return Ok(LiveAddr::Unix {
+                path: dir.join("live.sock"),
+                private_dir: Some(dir),
+            });
+        }
+        if let Some(path) = addr.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(bad("empty socket path"));
+            }
+            return Ok(LiveAddr::Unix {
+                path: PathBuf::from(path),
+                private_dir: None,
+            });
+        }
+        if let Some(tcp) = addr.strip_prefix("tcp:") {
+            let sa: SocketAddr = tcp.parse().map_err(|_| bad("not an IP address and port"))?;
+            if !sa.ip().is_loopback() {
+                return Err(bad("only loopback addresses are served"));
+            }
+            return Ok(LiveAddr::Tcp(sa));
+        }
+        Err(bad("unknown scheme"))
+    }
+}
+
+enum AnyListener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+enum AnyStream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl AnyStream {
+    fn set_write_timeout(&self, t: Duration) -> std::io::Result<()> {
+        match self {
+            AnyStream::Unix(s) => s.set_write_timeout(Some(t)),
+            AnyStream::Tcp(s) => s.set_write_timeout(Some(t)),
+        }
+    }
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        match self {
+            AnyStream::Unix(s) => s.set_nonblocking(on),
+            AnyStream::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+    /// Writes with `MSG_NOSIGNAL`: a listener that went away must give `EPIPE`, not the
+    /// `SIGPIPE` that kills a host process that did not ignore it (a C or C++ program using
+    /// the C ABI library; Rust and Python programs ignore it already). The one `unsafe` call
+    /// of this module.
+    #[allow(unsafe_code)]
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            AnyStream::Unix(s) => s.as_raw_fd(),
+            AnyStream::Tcp(s) => s.as_raw_fd(),
+        };
+        // SAFETY: `fd` is the open socket this stream owns for the whole call, and the
+        // pointer and length are those of a live slice that `send` only reads.
+        let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+/// Counters of a live endpoint (all listeners together).
+#[derive(Debug, Default)]
+pub struct LiveCounters {
+    /// Listeners accepted.
+    pub connections: AtomicU64,
+    /// Entries sent (in a state's trace or in batches).
+    pub entries_sent: AtomicU64,
+    /// Entries reported dropped to slow listeners.
+    pub entries_dropped: AtomicU64,
+}
+
+/// A running live endpoint; dropping it stops accepting, ends every listener's thread
+/// (within about 100 ms) and removes the socket (and the private directory memsnap made).
+pub struct LiveServer {
+    addr: LiveAddr,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    counters: Arc<LiveCounters>,
+}
+
+impl LiveServer {
+    /// The address served (with the port chosen when port 0 was asked).
+    pub fn addr(&self) -> &LiveAddr {
+        &self.addr
+    }
+
+    /// The address as `memsnap watch` takes it (`unix:/path` or `tcp:127.0.0.1:PORT`).
+    pub fn url(&self) -> String {
+        match &self.addr {
+            LiveAddr::Unix { path, .. } => format!("unix:{}", path.display()),
+            LiveAddr::Tcp(sa) => format!("tcp:{sa}"),
+        }
+    }
+
+    pub fn counters(&self) -> &LiveCounters {
+        &self.counters
+    }
+}
+
+impl Drop for LiveServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            let _ = t.join();
+        }
+        if let LiveAddr::Unix { path, private_dir } = &self.addr {
+            let _ = std::fs::remove_file(path);
+            if let Some(dir) = private_dir {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+}
+
+impl<D: Device> CachingAllocator<D> {
+    /// Publishes this allocator's history at `addr` (see [`LiveAddr::parse`]) until the
+    /// returned server is dropped. History must be on for entries to flow.
+    pub fn serve_live(self: &Arc<Self>, addr: &str) -> Result<LiveServer, ServeError> {
+        serve(self.clone(), LiveAddr::parse(addr)?)
+    }
+}
+
+/// [`CachingAllocator::serve_live`] for any owner of the allocator (an `Arc`, or a
+/// `&'static` one from a `OnceLock`).
+pub fn serve<A, D>(alloc: A, addr: LiveAddr) -> Result<LiveServer, ServeError>
+where
+    A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
+    D: Device,
+{
+    let io = |what: String| move |source| ServeError::Io { what, source };
+    let (listener, addr) = match addr {
+        LiveAddr::Unix { path, private_dir } => {
+            if let Some(dir) = &private_dir {
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(io(format!("creating {}", dir.display())))?;
+            }
+            // The socket is made 0600 right after the bind; in the default private
+            // directory (0700) nobody else can reach it even in between.
+            let bound = UnixListener::bind(&path);
+            let l = bound.map_err(io(format!("binding {}", path.display())))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(io(format!("chmod {}", path.display())))?;
+            (AnyListener::Unix(l), LiveAddr::Unix { path, private_dir })
+        }
+        LiveAddr::Tcp(sa) => {
+            let l = TcpListener::bind(sa).map_err(io(format!("binding {sa}")))?;
+            let local = l.local_addr().map_err(io("local address".into()))?;
+            (AnyListener::Tcp(l), LiveAddr::Tcp(local))
+        }
+    };
+    match &listener {
+        AnyListener::Unix(l) => l.set_nonblocking(true),
+        AnyListener::Tcp(l) => l.set_nonblocking(true),
+    }
+    .map_err(io("set_nonblocking".into()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+    let counters: Arc<LiveCounters> = Arc::default();
+    let accept = {
+        let (stop, threads, counters) = (stop.clone(), threads.clone(), counters.clone());
+        std::thread::Builder::new()
+            .name("memsnap-live".into())
+            .spawn(move || accept_loop(alloc, listener, stop, threads, counters))
+            .map_err(io("starting its thread".into()))?
+    };
+    Ok(LiveServer {
+        addr,
+        stop,
+        accept: Some(accept),
+        threads,
+        counters,
+    })
+}
+
+fn accept_loop<A, D>(
+    alloc: A,
+    listener: AnyListener,
+    stop: Arc<AtomicBool>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    counters: Arc<LiveCounters>,
+) where
+    A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
+    D: Device,
+{
+    while !stop.load(Ordering::Relaxed) {
+        let accepted = match &listener {
+            AnyListener::Unix(l) => l.accept().map(|(s, _)| AnyStream::Unix(s)),
+            AnyListener::Tcp(l) => l.accept().map(|(s, _)| AnyStream::Tcp(s)),
+        };
+        match accepted {
+            Ok(stream) => {
+                counters.connections.fetch_add(1, Ordering::Relaxed);
+                let (alloc, stop, counters) = (alloc.clone(), stop.clone(), counters.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("memsnap-live-listener".into())
+                    .spawn(move || {
+                        // A listener's failure (it went away) ends its thread only.
+                        let _ = Listener::new(stream, stop, counters).run(&*alloc);
+                    });
+                if let Ok(handle) = spawned {
+                    let mut threads = threads.lock();
+                    threads.retain(|t| !t.is_finished());
+                    threads.push(handle);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(POLL * 4),
+            Err(_) => std::thread::sleep(POLL * 4),
+        }
+    }
+}
+
+/// One listener's connection: what it has been sent.
+struct Listener {
+    stream: AnyStream,
+    stop: Arc<AtomicBool>,
+    counters: Arc<LiveCounters>,
+    /// Raw stack → wire id.
+    stacks: HashMap<RawStackId, u32>,
+    stacks_sent: HashSet<RawStackId>,
+    /// Frame → wire id (frames with extra keys are not shared: they are rare, and `Value`
+    /// has no `Hash`).
+    frames: HashMap<(String, String, PyInt), u32>,
+    frames_sent: u32,
+    buf: Vec<u8>,
+}
+
+impl Listener {
+    fn new(stream: AnyStream, stop: Arc<AtomicBool>, counters: Arc<LiveCounters>) -> Self {
+        Listener {
+            stream,
+            stop,
+            counters,
+            stacks: HashMap::new(),
+            stacks_sent: HashSet::new(),
+            frames: HashMap::new(),
+            frames_sent: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    fn run<D: Device>(mut self, alloc: &CachingAllocator<D>) -> std::io::Result<()> {
+        self.stream.set_nonblocking(false)?;
+        // Writes wake up now and then to see whether the server is being dropped.
+        self.stream.set_write_timeout(Duration::from_millis(100))?;
+        self.send(&Message::Hello {
+            protocol: PROTOCOL_VERSION,
+            producer: concat!("memsnap-recorder ", env!("CARGO_PKG_VERSION")).to_owned(),
+            device: alloc.device_index(),
+        })?;
+        let (state, mut seq) = alloc.live_state();
+        let in_state = state
+            .traces()
+            .get(usize::try_from(alloc.device_index()).unwrap_or(0))
+            .map_or(0, Vec::len) as u64;
+        let bytes = memsnap_format::msgpack::to_vec(&state).map_err(std::io::Error::other)?;
+        drop(state);
+        self.send(&Message::State {
+            snapshot: live::Bytes(bytes),
+            next_seq: seq,
+        })?;
+        self.counters
+            .entries_sent
+            .fetch_add(in_state, Ordering::Relaxed);
+        while !self.stop.load(Ordering::Relaxed) {
+            let tail = alloc.live_tail(seq, MAX_BATCH, &self.stacks_sent);
+            if tail.first_seq > seq {
+                let missed = tail.first_seq - seq;
+                self.counters
+                    .entries_dropped
+                    .fetch_add(missed, Ordering::Relaxed);
+                self.send(&Message::Dropped {
+                    missed,
+                    resume_seq: tail.first_seq,
+                })?;
+                seq = tail.first_seq;
+            }
+            if tail.entries.is_empty() {
+                std::thread::sleep(POLL);
+                continue;
+            }
+            let mut batch = EntryBatch {
+                first_seq: seq,
+                ..Default::default()
+            };
+            for (raw, frames) in &tail.new_stacks {
+                let wire: Vec<u32> = frames
+                    .iter()
+                    .map(|f| self.frame_id(f, &mut batch))
+                    .collect();
+                let id = (self.stacks.len()) as u32;
+                self.stacks.insert(*raw, id);
+                self.stacks_sent.insert(*raw);
+                batch.stacks.push(wire);
+            }
+            batch.entries = tail
+                .entries
+                .iter()
+                .map(|e| LiveEntry {
+                    action: live::action_tag(e.action).unwrap_or(0),
+                    addr: e.addr,
+                    size: e.size,
+                    stream: e.stream,
+                    time_us: tail.time_us(e.time_ns),
+                    stack: (e.stack != NO_STACK)
+                        .then(|| self.stacks.get(&e.stack).copied())
+                        .flatten(),
+                })
+                .collect();
+            let n = batch.entries.len() as u64;
+            self.send(&Message::Entries(batch))?;
+            self.counters.entries_sent.fetch_add(n, Ordering::Relaxed);
+            seq += n;
+        }
+        Ok(())
+    }
+
+    fn frame_id(&mut self, frame: &Frame, batch: &mut EntryBatch) -> u32 {
+        let key = (
+            frame.name.clone(),
+            frame.filename.clone(),
+            frame.line.clone(),
+        );
+        if frame.extra.is_empty() {
+            if let Some(&id) = self.frames.get(&key) {
+                return id;
+            }
+        }
+        let id = self.frames_sent;
+        self.frames_sent += 1;
+        batch.frames.push(frame.clone());
+        if frame.extra.is_empty() {
+            self.frames.insert(key, id);
+        }
+        id
+    }
+
+    /// Writes one message; a write that times out is retried until the server stops.
+    fn send(&mut self, message: &Message) -> std::io::Result<()> {
+        self.buf.clear();
+        live::encode(message, &mut self.buf).map_err(std::io::Error::other)?;
+        let mut at = 0;
+        while at < self.buf.len() {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(ErrorKind::Interrupted.into());
+            }
+            match self.stream.write(&self.buf[at..]) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => at += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}

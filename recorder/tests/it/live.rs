@@ -1,0 +1,201 @@
+//! The live endpoint (`serve_live`): what listeners receive while the allocator records.
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use memsnap_format::live::{Applied, FrameReader, LiveSnapshot};
+use memsnap_format::{compare, Frame, Snapshot};
+use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice, StackMode, Stream};
+
+/// A raw client: reads frames and rebuilds the snapshot.
+struct Client {
+    stream: UnixStream,
+    reader: FrameReader,
+    live: LiveSnapshot,
+    dropped_markers: usize,
+}
+
+impl Client {
+    fn connect(url: &str) -> Client {
+        let path = url.strip_prefix("unix:").expect("a unix address");
+        let stream = UnixStream::connect(path).expect("connect");
+        // A bug shows as a failed read, not a test that hangs.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Client {
+            stream,
+            reader: FrameReader::new(),
+            live: LiveSnapshot::new(),
+            dropped_markers: 0,
+        }
+    }
+
+    /// Reads until entry `seq` (exclusive) has been received or reported dropped.
+    fn read_until(&mut self, seq: u64) {
+        let mut buf = vec![0; 1 << 16];
+        while self.live.snapshot().is_none() || self.live.next_seq() < seq {
+            match self.reader.next_message().expect("a well-formed stream") {
+                Some(m) => {
+                    if let Applied::Dropped { .. } = self.live.apply(m).expect("applies") {
+                        self.dropped_markers += 1;
+                    }
+                }
+                None => {
+                    let n = self
+                        .stream
+                        .read(&mut buf)
+                        .expect("the recorder keeps sending");
+                    assert!(n > 0, "the recorder closed the connection");
+                    self.reader.push(&buf[..n]);
+                }
+            }
+        }
+    }
+}
+
+fn recorder(max_entries: usize) -> Arc<CachingAllocator<HostDevice>> {
+    let alloc = Arc::new(CachingAllocator::new(HostDevice::new(1 << 30)));
+    alloc.record_memory_history(HistoryOptions {
+        max_entries,
+        stacks: StackMode::None,
+        ..HistoryOptions::default()
+    });
+    alloc
+}
+
+/// A few steps of a training-like pattern: parameters kept, activations made and freed,
+/// each call site with its own given stack.
+fn train(alloc: &CachingAllocator<HostDevice>, steps: usize, per_step: usize) {
+    let stack = |name: &str| {
+        alloc
+            .register_stack(&[
+                Frame::new(name, "model.py", 10),
+                Frame::new("train", "train.py", 3),
+            ])
+            .unwrap()
+    };
+    let (fwd, bwd, opt) = (stack("forward"), stack("backward"), stack("step"));
+    let mut kept = Vec::new();
+    for step in 0..steps {
+        let mut acts = Vec::new();
+        for i in 0..per_step {
+            let size = 4096 * (1 + (i % 7) as u64);
+            acts.push(alloc.malloc_with_stack(size, Stream::DEFAULT, fwd).unwrap());
+        }
+        for p in acts.drain(..) {
+            alloc.free_with_stack(p, bwd).unwrap();
+        }
+        // A leak of one block per step: memory that drifts.
+        kept.push(
+            alloc
+                .malloc_with_stack(1 << 20, Stream::DEFAULT, opt)
+                .unwrap(),
+        );
+        if step % 2 == 1 {
+            let _ = alloc.malloc(512, Stream::DEFAULT).map(|p| alloc.free(p));
+        }
+    }
+}
+
+/// The snapshot without its segments (a listener's segments are those at connect).
+fn without_segments(mut s: Snapshot) -> Snapshot {
+    s.segments.clear();
+    s
+}
+
+#[test]
+fn two_listeners_receive_every_entry_and_rebuild_the_recorders_own_trace() {
+    let alloc = recorder(usize::MAX);
+    train(&alloc, 2, 10);
+    let server = alloc.serve_live("unix:/nonexistent-dir/x.sock");
+    assert!(
+        server.is_err(),
+        "an unbindable path is an error, not a panic"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("live.sock").display());
+    let server = alloc.serve_live(&url).unwrap();
+    let mode = std::fs::metadata(dir.path().join("live.sock"))
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .unwrap();
+    assert_eq!(mode, 0o600);
+
+    let mut a = Client::connect(&server.url());
+    let mut b = Client::connect(&server.url());
+    // Entries recorded before, during and after the connections.
+    train(&alloc, 6, 50);
+    let recorded = alloc.recorded_entries();
+    a.read_until(recorded);
+    b.read_until(recorded);
+    let dump = alloc.snapshot();
+    for c in [a, b] {
+        assert_eq!(c.live.next_seq(), recorded);
+        assert_eq!(c.live.missed(), 0);
+        assert_eq!(c.live.trace().len() as u64, recorded);
+        let rebuilt = c.live.into_snapshot().unwrap();
+        assert_eq!(
+            compare::diff(&without_segments(rebuilt), &without_segments(dump.clone())),
+            None
+        );
+    }
+    assert_eq!(server.counters().connections.load(Ordering::Relaxed), 2);
+}
+
+use std::sync::atomic::Ordering;
+
+#[test]
+fn a_listener_that_reconnects_gets_the_state_again() {
+    let alloc = recorder(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut first = Client::connect(&server.url());
+    train(&alloc, 2, 5);
+    first.read_until(alloc.recorded_entries());
+    drop(first);
+    train(&alloc, 2, 5);
+    let mut second = Client::connect(&server.url());
+    let recorded = alloc.recorded_entries();
+    second.read_until(recorded);
+    assert_eq!(second.live.trace().len() as u64, recorded);
+    // Dropping the server removes the socket.
+    let path = dir.path().join("s");
+    drop(server);
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_stalled_listener_does_not_hold_the_allocator_and_gets_the_dropped_marker() {
+    // A small ring: a listener that does not read falls out of it.
+    let alloc = recorder(4096);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut stalled = Client::connect(&server.url());
+    stalled.read_until(0);
+    // Far more than the socket buffers hold while the listener reads nothing: the
+    // allocator's calls all return (a listener that blocked them would hang this test).
+    train(&alloc, 200, 200);
+    let recorded = alloc.recorded_entries();
+    assert!(recorded > 80_000);
+    stalled.read_until(recorded);
+    assert!(stalled.dropped_markers >= 1);
+    assert!(stalled.live.missed() > 0);
+    // Every entry was received or reported missed, and the newest ones are the ring's.
+    let received = stalled.live.trace().len() as u64;
+    assert_eq!(received + stalled.live.missed(), recorded);
+    let dump = alloc.snapshot();
+    let ring = &dump.traces()[0];
+    let got = stalled.live.trace();
+    let tail = ring.len().min(got.len()).min(1000);
+    let (ours, theirs) = (&got[got.len() - tail..], &ring[ring.len() - tail..]);
+    for (x, y) in ours.iter().zip(theirs) {
+        assert_eq!((x.action, x.addr, x.size), (y.action, y.addr, y.size));
+    }
+    assert!(server.counters().entries_dropped.load(Ordering::Relaxed) > 0);
+}
