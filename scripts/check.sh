@@ -37,10 +37,32 @@ GPU_FEATURES=memsnap-recorder/cuda,memsnap-recorder/hip,memsnap-recorder-ffi/cud
 TEST_SET=(--workspace --exclude memsnap-python --features "$GPU_FEATURES" --lib --bins --tests --locked)
 timed cargo build --profile test "${TEST_SET[@]}"
 export MEMSNAP_RECORDER_LIB_DIR="${CARGO_TARGET_DIR:-$PWD/target}/debug"
+
+# The Python package (a fresh virtualenv, the wheel, pytest) needs only the programs and the
+# recorder library built above; it runs beside the Rust tests, which leave a core idle much of
+# the time (they spawn programs, read files, wait on sockets). maturin builds the extension in
+# a target folder of its own: its feature resolution for memsnap-python alone differs from the
+# workspace's, so it compiles its crates anew in any folder, and apart it never waits on the
+# folder `cargo test` holds. Its output is printed when it ends.
+PYTHON_LOG="$(mktemp)"
+python_started=$SECONDS
+MEMSNAP_CHECK_BUILT=1 MEMSNAP_WHEEL_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/python-wheel" \
+  bash scripts/check_python.sh >"$PYTHON_LOG" 2>&1 &
+python_pid=$!
+# A failing Rust test ends this script at once: the Python checks go with it.
+trap 'kill "$python_pid" 2>/dev/null || true' EXIT
+
 timed cargo test "${TEST_SET[@]}"
 timed cargo test --workspace --exclude memsnap-python --features "$GPU_FEATURES" --doc --locked
 
-echo "== python package"
-# The wheel (test profile, reusing the build above), a fresh virtualenv, pytest.
-MEMSNAP_CHECK_BUILT=1 timed bash scripts/check_python.sh
+echo "== python package (started beside the Rust tests)"
+python_status=0
+wait "$python_pid" || python_status=$?
+cat "$PYTHON_LOG"
+rm -f "$PYTHON_LOG"
+echo "   ($((SECONDS - python_started)) s from its start: bash scripts/check_python.sh)"
+if [ "$python_status" -ne 0 ]; then
+  echo "== the Python package's checks failed (exit $python_status)"
+  exit "$python_status"
+fi
 echo "== all checks passed in $SECONDS s"

@@ -13,6 +13,9 @@ PYTEST_VERSION=8.3.4
 NUMPY_VERSION=2.2.6
 PYTHON="${PYTHON:-python3}"
 TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+# Where maturin builds the extension: the same folder unless told (scripts/check.sh gives it a
+# folder of its own so that it can build while `cargo test` runs in the other).
+WHEEL_TARGET_DIR="${MEMSNAP_WHEEL_TARGET_DIR:-$TARGET_DIR}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 started=$SECONDS
@@ -51,7 +54,7 @@ step "virtualenv"
   "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" "numpy==$NUMPY_VERSION"
 
 step "wheel (dev profile)"
-"$WORK/venv/bin/maturin" build --quiet --profile dev --manifest-path python/Cargo.toml \
+CARGO_TARGET_DIR="$WHEEL_TARGET_DIR" "$WORK/venv/bin/maturin" build --quiet --profile dev --manifest-path python/Cargo.toml \
   --out "$WORK/dist" --locked
 "$WORK/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \
   "$WORK"/dist/memsnap-*.whl
