@@ -50,24 +50,18 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The largest frame body accepted (and written: a writer splits its batches below it).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
 
-/// Trace actions by their wire tag (the index in this table).
-pub const ACTIONS: [Action; 11] = [
-    Action::Alloc,
-    Action::FreeRequested,
-    Action::FreeCompleted,
-    Action::SegmentAlloc,
-    Action::SegmentFree,
-    Action::SegmentMap,
-    Action::SegmentUnmap,
-    Action::Snapshot,
-    Action::Oom,
-    Action::Annotate,
-    Action::Free,
-];
-
-/// The wire tag of `action`, `None` for [`Action::Other`] (a recorder never makes one).
+/// The wire tag of `action`: its index in [`Action::ALL`]; `None` for [`Action::Other`] (a
+/// recorder never makes one).
 pub fn action_tag(action: Action) -> Option<u8> {
-    ACTIONS.iter().position(|&a| a == action).map(|i| i as u8)
+    (action != Action::Other).then_some(action as u8)
+}
+
+/// The action of a wire tag, `None` for a tag no action has (or [`Action::Other`]'s).
+fn tag_action(tag: u8) -> Option<Action> {
+    Action::ALL
+        .get(usize::from(tag))
+        .copied()
+        .filter(|&a| a != Action::Other)
 }
 
 /// One message of the protocol (see the module docs for the order).
@@ -135,7 +129,7 @@ pub struct EntryBatch {
 /// A trace entry as the recorder makes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveEntry {
-    /// An index into [`ACTIONS`].
+    /// The action's wire tag ([`action_tag`]).
     pub action: u8,
     /// The address, or for `oom` the device's free bytes (`device_free`).
     pub addr: u64,
@@ -419,7 +413,7 @@ impl LiveSnapshot {
         }
         let stacks_after = self.stacks.len() + batch.stacks.len();
         for (i, e) in batch.entries.iter().enumerate() {
-            if e.action as usize >= ACTIONS.len() {
+            if tag_action(e.action).is_none() {
                 return Err(self.protocol(format!(
                     "entry {} has unknown action tag {}",
                     batch.first_seq + i as u64,
@@ -476,7 +470,7 @@ fn make_entry(
     no_metadata: crate::intern::StrId,
     snap: &Snapshot,
 ) -> TraceEntry {
-    let action = ACTIONS[e.action as usize];
+    let action = tag_action(e.action).unwrap_or(Action::Other);
     let mut entry = TraceEntry::new(action, e.addr, e.size, e.stream);
     entry.set_time_us(Some(e.time_us));
     entry.set_compile_context(Some(na), &snap.strings);

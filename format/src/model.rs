@@ -626,6 +626,24 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action in declaration order, so that `Action::ALL[a as usize] == a`: that index is
+    /// an action's tag in the recorder's ring slots and in the live protocol (`crate::live`),
+    /// one table for both.
+    pub const ALL: [Action; 12] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Snapshot,
+        Action::Oom,
+        Action::Annotate,
+        Action::Free,
+        Action::Other,
+    ];
+
     /// Parses a known action name; `None` for names to keep as [`Action::Other`].
     pub fn from_name(name: &str) -> Option<Action> {
         Some(match name {
@@ -850,6 +868,13 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_action_sits_at_its_own_tag() {
+        for (tag, &action) in Action::ALL.iter().enumerate() {
+            assert_eq!(action as usize, tag, "{action:?}");
+        }
+    }
 
     #[test]
     fn segments_from_another_snapshot_keep_their_stacks() {

@@ -131,26 +131,11 @@ fn anchor() -> (Instant, i64) {
 /// Bits of [`Slot::time_action`] holding the action.
 const ACTION_BITS: u32 = 4;
 const ACTION_MASK: u64 = (1 << ACTION_BITS) - 1;
-/// The action tag of a slot that holds two entries: `free_requested` then `free_completed`,
+/// A slot's action tag is the action's index in [`Action::ALL`] (its discriminant), or this:
+/// the tag of a slot that holds two entries: `free_requested` then `free_completed`,
 /// equal but for the action (a block freed at once). One slot instead of two saves a third
 /// of the ring traffic of an alloc+free pair.
-const FREE_PAIR_TAG: u64 = ACTIONS.len() as u64;
-/// Every action in tag order: a slot's tag is the action's discriminant (the recorder emits
-/// the first nine; the rest are only read from files, but one enum serves both).
-const ACTIONS: [Action; 12] = [
-    Action::Alloc,
-    Action::FreeRequested,
-    Action::FreeCompleted,
-    Action::SegmentAlloc,
-    Action::SegmentFree,
-    Action::SegmentMap,
-    Action::SegmentUnmap,
-    Action::Snapshot,
-    Action::Oom,
-    Action::Annotate,
-    Action::Free,
-    Action::Other,
-];
+const FREE_PAIR_TAG: u64 = Action::ALL.len() as u64;
 
 /// One or two [`RawEntry`]s as the ring stores them: 32 bytes (two per cache line) instead of
 /// 40 or 80, since the ring is written at every event and is usually far larger than the
@@ -201,7 +186,7 @@ impl Slot {
             time_ns: self.time_action >> ACTION_BITS,
             stack: self.stack,
         };
-        let (first, second) = match ACTIONS.get(tag as usize) {
+        let (first, second) = match Action::ALL.get(tag as usize) {
             Some(&action) => (entry(action), None),
             None => (
                 entry(Action::FreeRequested),
@@ -636,7 +621,7 @@ mod tests {
         let mut h = History::default();
         h.configure(all(100));
         let mut pushed = Vec::new();
-        for (i, &action) in ACTIONS.iter().enumerate() {
+        for (i, &action) in Action::ALL.iter().enumerate() {
             assert_eq!(action as usize, i);
             let e = RawEntry {
                 action,
