@@ -86,7 +86,7 @@ pub use sites::{GroupBy, SiteKey};
 pub use steps::{
     Drift, Slope, StackEvidence, Step, StepAnalysis, StepMethod, StepOptions, StepSource,
 };
-pub use summary::{summarize, DeviceSummary, Summary, SummaryOptions};
+pub use summary::{summarize, summarize_owned, DeviceSummary, Summary, SummaryOptions};
 pub use timeline::{DeviceTimeline, LiveGroup, Peak, SegmentUsage, SiteStats, SizeOrdered};
 
 #[cfg(test)]

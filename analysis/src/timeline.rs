@@ -197,6 +197,45 @@ impl DeviceTimeline {
         Self::build_inner(snapshot, device, true)
     }
 
+    /// [`DeviceTimeline::build`] for a caller done with the parts of the snapshot it reads
+    /// (`memsnap summary`): the device's trace entries are dropped once the replay and the
+    /// time axis have read them, and the annotations (when `annotations_too`: no device
+    /// built later needs them) once the named ranges are made, so neither is held beside
+    /// the curves, and the annotations not beside the replay. The parts are built one after
+    /// the other (the curves after the entries are gone), not side by side. The same
+    /// timeline as [`DeviceTimeline::build`], O(n log n) as it.
+    pub fn build_releasing(
+        snapshot: &mut Snapshot,
+        device: i64,
+        annotations_too: bool,
+    ) -> Result<DeviceTimeline> {
+        let time = TimeAxis::build(snapshot, device);
+        let ranges = named_ranges(snapshot, device, &time);
+        if annotations_too {
+            snapshot.external_annotations = None;
+        }
+        let replay = Replay::build(snapshot, device)?;
+        let (evidence, python_only) = crate::phases::allocation_evidence(snapshot, &replay);
+        let trace = usize::try_from(device)
+            .ok()
+            .and_then(|d| snapshot.device_traces.as_mut()?.get_mut(d));
+        if let Some(trace) = trace {
+            *trace = Vec::new();
+        }
+        let curves = Curves::build(&replay);
+        Ok(DeviceTimeline {
+            replay,
+            curves,
+            time,
+            ranges,
+            evidence: StackEvidence {
+                evidence,
+                python_only,
+            },
+            drawing: OnceLock::new(),
+        })
+    }
+
     fn build_inner(snapshot: &Snapshot, device: i64, drawing: bool) -> Result<DeviceTimeline> {
         let replay = Replay::build(snapshot, device)?;
         // The curves, the size order and the rest only read the replay: built side by side.

@@ -123,7 +123,8 @@ pub fn summarize_file(
         top_sites: top,
         group_by: GroupBy::Frame,
     };
-    memsnap_analysis::summarize(&snapshot, &options)
+    // The file's snapshot is not needed after: its entries go as soon as they are replayed.
+    memsnap_analysis::summarize_owned(snapshot, &options)
         .with_context(|| format!("cannot analyse {}", path.display()))
 }
 

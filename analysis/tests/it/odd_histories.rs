@@ -2,15 +2,20 @@
 //! after what broke.
 
 use memsnap_analysis::{
-    summarize, CurveKind, DeviceTimeline, GroupBy, Instant, LayoutRequest, Lifetime, Origin,
-    StepOptions, SummaryOptions,
+    summarize, summarize_owned, CurveKind, DeviceTimeline, GroupBy, Instant, LayoutRequest,
+    Lifetime, Origin, StepOptions, SummaryOptions,
 };
 use memsnap_format::{Action, Block, BlockState, Segment, Snapshot, TraceEntry};
 
 use crate::util::snapshot_of;
 
 fn exercise(snapshot: &Snapshot) {
-    summarize(snapshot, &SummaryOptions::default()).expect("summary");
+    let summary = summarize(snapshot, &SummaryOptions::default()).expect("summary");
+    let owned = summarize_owned(snapshot.clone(), &SummaryOptions::default()).expect("summary");
+    assert_eq!(
+        owned, summary,
+        "dropping the entries after the build changed the summary"
+    );
     for device in DeviceTimeline::devices(snapshot) {
         let t = DeviceTimeline::build(snapshot, device).expect("timeline");
         let _ = t.steps(&StepOptions::default());
@@ -357,4 +362,26 @@ fn categories_summed_in_place_equal_the_exact_sums_also_past_u64() {
         let found_back = analysis.categories_at(t.replay(), &descending);
         assert!(found_back.iter().eq(found.iter().rev()));
     }
+}
+
+/// `memsnap summary` drops each device's entries once its timeline is built, and the
+/// annotations after the last device: a run of several devices whose steps come from the
+/// annotations (no stacks) gets the same summary as when the snapshot is kept whole.
+#[test]
+fn a_summary_that_drops_the_entries_after_the_build_is_the_same_summary() {
+    let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun {
+        devices: 3,
+        steps: 5,
+        frameless: true,
+        annotations_per_step: 2,
+        ..Default::default()
+    });
+    let summary = summarize(&snapshot, &SummaryOptions::default()).unwrap();
+    assert_eq!(summary.devices.len(), 3);
+    assert!(
+        summary.devices.iter().all(|d| d.steps.len() == 5),
+        "{summary:?}"
+    );
+    let owned = summarize_owned(snapshot, &SummaryOptions::default()).unwrap();
+    assert_eq!(owned, summary);
 }

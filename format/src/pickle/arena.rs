@@ -166,10 +166,11 @@ impl Arena {
         }
     }
 
-    /// Whether list `id` is the entries `0..len` in order, none of them shared, told from its
-    /// chunks alone (the usual trace list: one chunk of entries). `false` means only that
-    /// the chunks do not show it; [`Arena::items`] may.
-    pub fn is_entry_run(&self, id: u32) -> bool {
+    /// Whether list `id` is the entries `start..start + len` in order, none of them shared,
+    /// told from its chunks alone (the usual trace list: one chunk of entries from 0; a
+    /// multi-device trace's lists, each the run after the previous device's). `false` means
+    /// only that the chunks do not show it; [`Arena::items`] may.
+    pub fn is_entry_run(&self, id: u32, start: u32) -> bool {
         if !self.shared_entries.is_empty() {
             return false;
         }
@@ -177,7 +178,7 @@ impl Arena {
         if node.kind != Kind::List {
             return false;
         }
-        let (mut chunk, mut next) = (node.first, 0u32);
+        let (mut chunk, mut next) = (node.first, start);
         while chunk != NONE {
             let c = self.chunks[chunk as usize];
             if !c.entries || c.start != next {

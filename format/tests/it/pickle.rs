@@ -266,3 +266,29 @@ fn progress_is_reported_and_can_cancel() {
     let cancelled = pickle::read_with(&bytes, &mut |_, _| false);
     assert!(matches!(cancelled, Err(FormatError::Cancelled)));
 }
+
+/// A multi-device trace is split into the devices' vectors from the one packed vector the
+/// reader fills (each device's run copied out from the last one back, the first keeping the
+/// vector): every entry lands on its own device, in order, empty devices included, as the
+/// generic path (item by item) reads it.
+#[test]
+fn a_multi_device_trace_split_from_the_packed_entries_keeps_each_devices_entries() {
+    let lens = [5usize, 0, 3, 1, 0, 7];
+    let mut snap = Snapshot::new(lens.len());
+    let traces = snap.device_traces.as_mut().unwrap();
+    for (device, &len) in lens.iter().enumerate() {
+        for i in 0..len {
+            let addr = ((device as u64) << 32) + 512 * i as u64;
+            traces[device].push(TraceEntry::new(Action::Alloc, addr, 512 + i as u64, 0));
+        }
+    }
+    let bytes = pickle::to_vec(&snap);
+    let fast = pickle::read(&bytes).unwrap();
+    let (generic, _) = pickle::read_with_fast_path(&bytes, false).unwrap();
+    assert_eq!(fast.traces(), snap.traces());
+    assert_eq!(generic.traces(), snap.traces());
+    for (device, trace) in fast.traces().iter().enumerate() {
+        assert_eq!(trace.len(), lens[device]);
+        assert!(trace.iter().all(|e| e.addr >> 32 == device as u64));
+    }
+}
