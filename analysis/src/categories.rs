@@ -135,32 +135,6 @@ pub(crate) fn categorize(
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The galloping search answers as a binary search over every phase, from any start it
-    /// is allowed (every phase before it starting at or before the event).
-    #[test]
-    fn phases_starting_by_equals_a_binary_search_from_every_allowed_start() {
-        let phases: Vec<PhaseSpan> = [0u32, 3, 3, 7, 20, 21, 50, 51, 52, 90]
-            .iter()
-            .map(|&s| (None, PhaseKind::Forward, s, s))
-            .collect();
-        for event in 0..100u32 {
-            let want = phases.partition_point(|p| p.2 <= event);
-            for from in 0..=want {
-                assert_eq!(
-                    phases_starting_by(&phases, from, event),
-                    want,
-                    "{event} {from}"
-                );
-            }
-        }
-        assert_eq!(phases_starting_by(&[], 0, 5), 0);
-    }
-}
-
 /// Bytes live after each of `events` (ascending) by category, active lifetime. O(m log q + q)
 /// for `m` allocations and `q` events.
 ///
@@ -245,4 +219,30 @@ fn bytes_at_saturating(
             CategoryBytes(live.map(|v| u64::try_from(v.max(0)).unwrap_or(u64::MAX)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The galloping search answers as a binary search over every phase, from any start it
+    /// is allowed (every phase before it starting at or before the event).
+    #[test]
+    fn phases_starting_by_equals_a_binary_search_from_every_allowed_start() {
+        let phases: Vec<PhaseSpan> = [0u32, 3, 3, 7, 20, 21, 50, 51, 52, 90]
+            .iter()
+            .map(|&s| (None, PhaseKind::Forward, s, s))
+            .collect();
+        for event in 0..100u32 {
+            let want = phases.partition_point(|p| p.2 <= event);
+            for from in 0..=want {
+                assert_eq!(
+                    phases_starting_by(&phases, from, event),
+                    want,
+                    "{event} {from}"
+                );
+            }
+        }
+        assert_eq!(phases_starting_by(&[], 0, 5), 0);
+    }
 }
