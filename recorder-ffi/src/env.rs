@@ -132,6 +132,12 @@ pub struct EnvConfig {
     pub alloc_conf: Option<String>,
     /// Whether Python frames are read only when the allocating thread already holds the GIL.
     pub python_gil: PythonGil,
+    /// `MEMSNAP_LIVE`: where each allocator publishes its history as it records (the
+    /// address as `memsnap watch` takes it: `1`, `unix:/path.sock`, `tcp:127.0.0.1:PORT`).
+    /// Kept as text: an address that does not parse or bind is said on stderr when the
+    /// allocator is created and the run goes on without live publishing, never an error that
+    /// would fail the allocations.
+    pub live: Option<String>,
 }
 
 /// How Python frames are read when the allocating thread does not hold the GIL
@@ -169,6 +175,7 @@ impl Default for EnvConfig {
             dump_on_sigusr1: false,
             alloc_conf: None,
             python_gil: PythonGil::Acquire,
+            live: None,
         }
     }
 }
@@ -245,6 +252,10 @@ impl EnvConfig {
                 parse_python_gil,
             )?;
         }
+        // `0`/`off`/`false` say "no", as for the other switches.
+        config.live = get("MEMSNAP_LIVE")
+            .map(|v| v.trim().to_owned())
+            .filter(|v| parse_bool(v) != Some(false));
         Ok(config)
     }
 }
@@ -363,6 +374,24 @@ mod tests {
         assert!(config(&[("MEMSNAP_STACKS", "cpp++")]).is_err());
         assert!(config(&[("MEMSNAP_DEVICE_MEMORY", "lots")]).is_err());
         assert!(config(&[("MEMSNAP_DUMP_ON_SIGUSR1", "maybe")]).is_err());
+    }
+
+    #[test]
+    fn live_addresses_are_kept_as_given_and_off_values_mean_no_live() {
+        assert_eq!(config(&[]).unwrap().live, None);
+        for (value, live) in [
+            ("1", Some("1")),
+            (" unix:/run/x.sock ", Some("unix:/run/x.sock")),
+            ("tcp:127.0.0.1:7000", Some("tcp:127.0.0.1:7000")),
+            // Checked when the allocator is created (a warning, not an error here).
+            ("tcp:8.8.8.8:1", Some("tcp:8.8.8.8:1")),
+            ("0", None),
+            ("off", None),
+            ("", None),
+        ] {
+            let c = config(&[("MEMSNAP_LIVE", value)]).unwrap();
+            assert_eq!(c.live.as_deref(), live, "MEMSNAP_LIVE={value:?}");
+        }
     }
 
     #[test]

@@ -115,6 +115,49 @@ impl LiveAddr {
         }
         Err(bad("unknown scheme"))
     }
+
+    /// The address of device `device`'s endpoint when one address names all of a process's
+    /// (`MEMSNAP_LIVE` in a process that uses several devices; the protocol carries one
+    /// device per connection): device 0 gets this address, device `d` gets a socket
+    /// `<path>.d`, a private directory `memsnap-live-<pid>-<d>` for the default, or TCP port
+    /// `PORT + d` (port 0 stays 0: a free port for each). `None` when the port would overflow.
+    pub fn for_device(&self, device: usize) -> Option<LiveAddr> {
+        if device == 0 {
+            return Some(self.clone());
+        }
+        match self {
+            LiveAddr::Unix {
+                path,
+                private_dir: Some(dir),
+            } => {
+                let mut name = dir.file_name()?.to_owned();
+                name.push(format!("-{device}"));
+                let dir = dir.with_file_name(name);
+                Some(LiveAddr::Unix {
+                    path: dir.join(path.file_name()?),
+                    private_dir: Some(dir),
+                })
+            }
+            LiveAddr::Unix {
+                path,
+                private_dir: None,
+            } => {
+                let mut name = path.clone().into_os_string();
+                name.push(format!(".{device}"));
+                Some(LiveAddr::Unix {
+                    path: PathBuf::from(name),
+                    private_dir: None,
+                })
+            }
+            LiveAddr::Tcp(sa) => {
+                let mut sa = *sa;
+                if sa.port() != 0 {
+                    sa.set_port(u16::try_from(usize::from(sa.port()) + device).ok()?);
+                }
+                Some(LiveAddr::Tcp(sa))
+            }
+        }
+    }
 }
 
 enum AnyListener {

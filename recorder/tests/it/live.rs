@@ -199,3 +199,37 @@ fn a_stalled_listener_does_not_hold_the_allocator_and_gets_the_dropped_marker() 
     }
     assert!(server.counters().entries_dropped.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn each_device_of_one_address_gets_an_endpoint_of_its_own() {
+    use memsnap_recorder::LiveAddr;
+    use std::path::PathBuf;
+    let unix = LiveAddr::parse("unix:/run/train.sock").unwrap();
+    assert_eq!(unix.for_device(0), Some(unix.clone()));
+    assert_eq!(
+        unix.for_device(3),
+        Some(LiveAddr::Unix {
+            path: PathBuf::from("/run/train.sock.3"),
+            private_dir: None
+        })
+    );
+    let LiveAddr::Unix {
+        path,
+        private_dir: Some(dir),
+    } = LiveAddr::parse("1").unwrap().for_device(2).unwrap()
+    else {
+        panic!("the default is a private directory");
+    };
+    let name = format!("memsnap-live-{}-2", std::process::id());
+    assert_eq!(dir.file_name().unwrap().to_str(), Some(name.as_str()));
+    assert_eq!(path, dir.join("live.sock"));
+    let tcp = LiveAddr::parse("tcp:127.0.0.1:7000").unwrap();
+    assert_eq!(
+        tcp.for_device(2),
+        Some(LiveAddr::parse("tcp:127.0.0.1:7002").unwrap())
+    );
+    let any_port = LiveAddr::parse("tcp:127.0.0.1:0").unwrap();
+    assert_eq!(any_port.for_device(5), Some(any_port.clone()));
+    let last = LiveAddr::parse("tcp:127.0.0.1:65535").unwrap();
+    assert_eq!(last.for_device(1), None, "the port would overflow");
+}
