@@ -14,6 +14,10 @@
 //! `max_entries`) overwrote entries it had not sent, it gets a `Dropped` message with their
 //! number and resumes at the oldest entry the ring still holds. With no listener the cost is
 //! nothing at all; with one, one lock acquisition per poll ([`POLL`]) or per batch.
+//! Annotations recorded since the last poll are copied under the same lock and sent first,
+//! as an `Annotations` message. Entry and annotation numbers never restart (a
+//! `clear_history` continues them), so a clear shows as entries `Dropped`, never as a
+//! listener that stops receiving.
 //!
 //! ## Safety of the endpoint
 //!
@@ -35,7 +39,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use memsnap_format::live::{self, EntryBatch, LiveEntry, Message, PROTOCOL_VERSION};
+use memsnap_format::live::{
+    self, EntryBatch, LiveAnnotation, LiveEntry, Message, PROTOCOL_VERSION,
+};
 use memsnap_format::{Frame, PyInt};
 use parking_lot::Mutex;
 
@@ -400,7 +406,7 @@ impl Listener {
             producer: concat!("memsnap-recorder ", env!("CARGO_PKG_VERSION")).to_owned(),
             device: alloc.device_index(),
         })?;
-        let (state, mut seq) = alloc.live_state();
+        let (state, mut seq, mut annotation_seq) = alloc.live_state();
         let in_state = state
             .traces()
             .get(usize::try_from(alloc.device_index()).unwrap_or(0))
@@ -415,7 +421,23 @@ impl Listener {
             .entries_sent
             .fetch_add(in_state, Ordering::Relaxed);
         while !self.stop.load(Ordering::Relaxed) {
-            let tail = alloc.live_tail(seq, MAX_BATCH, &self.stacks_sent);
+            let tail = alloc.live_tail(seq, annotation_seq, MAX_BATCH, &self.stacks_sent);
+            if !tail.annotations.is_empty() || tail.first_annotation_seq > annotation_seq {
+                let missed = tail.first_annotation_seq - annotation_seq;
+                let annotations = tail
+                    .annotations
+                    .iter()
+                    .map(|a| LiveAnnotation {
+                        time_us: tail.time_us(a.time_ns),
+                        metadata: a.metadata.clone(),
+                    })
+                    .collect::<Vec<_>>();
+                annotation_seq = tail.first_annotation_seq + annotations.len() as u64;
+                self.send(&Message::Annotations {
+                    missed,
+                    annotations,
+                })?;
+            }
             if tail.first_seq > seq {
                 let missed = tail.first_seq - seq;
                 self.counters

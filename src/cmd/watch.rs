@@ -150,7 +150,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 None => {}
             }
         }
-        if let Some(crossed) = watch.analyse(&live, ended)? {
+        if let Some(crossed) = watch.analyse(&mut live, ended)? {
             break Some(crossed);
         }
         if ended {
@@ -176,10 +176,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
 impl Watch {
     /// Finds the steps when it is time and prints the newly finished ones; returns the limit
     /// a step crossed, if one did.
-    fn analyse(&mut self, live: &LiveSnapshot, ended: bool) -> Result<Option<String>> {
-        let Some(snapshot) = live.snapshot() else {
+    fn analyse(&mut self, live: &mut LiveSnapshot, ended: bool) -> Result<Option<String>> {
+        if !live.has_state() {
             return Ok(None);
-        };
+        }
         let len = live.trace().len();
         // An analysis is O(n log n) over everything received; waiting four times as long as
         // the last one took keeps it under a fifth of the watch's time on a long run.
@@ -191,6 +191,10 @@ impl Watch {
         }
         self.analysed_len = len;
         let started = Instant::now();
+        // Writes the segments the entries changed (O(blocks)), only when analysing.
+        let Some(snapshot) = live.snapshot() else {
+            return Ok(None);
+        };
         let options = SummaryOptions {
             steps: StepOptions::default(),
             top_sites: 0,

@@ -233,3 +233,209 @@ fn each_device_of_one_address_gets_an_endpoint_of_its_own() {
     let last = LiveAddr::parse("tcp:127.0.0.1:65535").unwrap();
     assert_eq!(last.for_device(1), None, "the port would overflow");
 }
+
+fn history(max_entries: usize, clear_history: bool) -> HistoryOptions {
+    HistoryOptions {
+        max_entries,
+        stacks: StackMode::None,
+        clear_history,
+        ..HistoryOptions::default()
+    }
+}
+
+/// Regression: `clear_history` restarted the entry numbers, so a listener connected before
+/// it received nothing until the new count passed its own, then silently missed the entries
+/// in between (and history off then on did the same).
+#[test]
+fn entries_recorded_after_a_clear_or_history_off_reach_a_connected_listener() {
+    let alloc = recorder(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    train(&alloc, 3, 20);
+    client.read_until(alloc.live_entries());
+    let before = client.live.trace().len();
+
+    alloc.record_memory_history(history(usize::MAX, true));
+    assert_eq!(
+        alloc.recorded_entries(),
+        0,
+        "the recorder's own count restarts"
+    );
+    train(&alloc, 1, 4);
+    client.read_until(alloc.live_entries());
+    // Everything recorded since the clear arrived, after what was received before it.
+    let dump = alloc.snapshot();
+    let since_clear = &dump.traces()[0];
+    let got = client.live.trace();
+    assert_eq!(got.len(), before + since_clear.len());
+    for (x, y) in got[before..].iter().zip(since_clear.iter()) {
+        assert_eq!((x.action, x.addr, x.size), (y.action, y.addr, y.size));
+    }
+    // The dump's own `snapshot` entry, so that nothing is left unsent when history goes off
+    // (entries discarded before they were sent are reported as `Dropped`).
+    client.read_until(alloc.live_entries());
+
+    alloc.record_memory_history(HistoryOptions {
+        enabled: memsnap_recorder::HistoryMode::Off,
+        ..history(usize::MAX, false)
+    });
+    let _ = alloc.malloc(4096, Stream::DEFAULT).map(|p| alloc.free(p));
+    alloc.record_memory_history(history(usize::MAX, false));
+    let kept = client.live.trace().len();
+    train(&alloc, 1, 4);
+    let recorded_again = alloc.recorded_entries();
+    client.read_until(alloc.live_entries());
+    assert_eq!(
+        client.live.trace().len() as u64,
+        kept as u64 + recorded_again
+    );
+    assert_eq!(client.live.missed(), 0);
+}
+
+#[test]
+fn annotations_recorded_after_connect_reach_the_listener_and_its_snapshot() {
+    let alloc = recorder(usize::MAX);
+    alloc.record_annotation(&[("stage", "START"), ("name", "ProfilerStep#0")]);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    for step in 1..4 {
+        let name = format!("ProfilerStep#{step}");
+        alloc.record_annotation(&[("stage", "START"), ("name", &name)]);
+        train(&alloc, 1, 5);
+        alloc.record_annotation(&[("stage", "END"), ("name", &name)]);
+    }
+    // An entry after the last annotation: it is sent with or after it.
+    let _ = alloc.malloc(512, Stream::DEFAULT).map(|p| alloc.free(p));
+    client.read_until(alloc.live_entries());
+    let dump = alloc.snapshot();
+    let ours = dump.external_annotations.clone().unwrap();
+    assert_eq!(ours.len(), 7);
+    let rebuilt = client.live.into_snapshot().unwrap();
+    assert_eq!(rebuilt.external_annotations, Some(ours));
+}
+
+/// The annotation ring keeps `max_entries`: a listener that was not sent the ones it
+/// overwrote is told how many it missed.
+#[test]
+fn annotations_overwritten_before_they_were_sent_are_counted_as_missed() {
+    let alloc = recorder(8);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    client.read_until(0);
+    // The listener's thread copies at most the ring's 8 per poll (every 5 ms when idle):
+    // most of 10,000 annotations recorded in a loop are overwritten before it looks.
+    for i in 0..10_000 {
+        alloc.record_annotation(&[("name", &i.to_string())]);
+    }
+    let _ = alloc.malloc(512, Stream::DEFAULT).map(|p| alloc.free(p));
+    client.read_until(alloc.live_entries());
+    let got = client
+        .live
+        .snapshot()
+        .unwrap()
+        .external_annotations
+        .as_ref()
+        .map_or(0, Vec::len) as u64;
+    assert!(client.live.missed_annotations() > 0);
+    assert_eq!(got + client.live.missed_annotations(), 10_000);
+}
+
+/// What must agree between the recorder's segments and a listener's: the segment list, the
+/// size sums of its blocks, and each block's place and state (and, for allocated blocks, the
+/// request). Sizes here are multiples of 512 that the allocator splits exactly.
+fn segment_shape(snapshot: &Snapshot) -> Vec<(u64, u64, Option<bool>, Vec<String>)> {
+    snapshot
+        .segments
+        .iter()
+        .map(|s| {
+            let blocks = s
+                .block_addresses()
+                .map(|(addr, b)| {
+                    let requested = if b.state == memsnap_format::BlockState::ActiveAllocated {
+                        b.requested_size
+                    } else {
+                        None
+                    };
+                    format!("{addr:#x}+{} {:?} {requested:?}", b.size, b.state)
+                })
+                .collect();
+            (s.address, s.total_size, s.is_expandable, blocks)
+        })
+        .collect()
+}
+
+/// Regression: a listener's segments were those at connect, so a block allocated before it
+/// connected and freed after stayed `active_allocated` (a replay of the saved snapshot
+/// counted it live for the whole window), and segments released or made after connect were
+/// still there or missing.
+#[test]
+fn segments_made_freed_and_split_after_connect_stay_the_recorders() {
+    use memsnap_recorder::SimulatedDevice;
+    const MIB: u64 = 1 << 20;
+    for conf in ["", "expandable_segments:True"] {
+        let alloc =
+            Arc::new(CachingAllocator::with_conf(SimulatedDevice::new(1 << 34), conf).unwrap());
+        alloc.record_memory_history(history(usize::MAX, false));
+        let s = Stream::DEFAULT;
+        let a = alloc.malloc(4 * MIB, s).unwrap();
+        let b = alloc.malloc(8 * MIB, s).unwrap();
+        let small: Vec<u64> = (0..4).map(|_| alloc.malloc(4096, s).unwrap()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let server = alloc
+            .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+            .unwrap();
+        let mut client = Client::connect(&server.url());
+        client.read_until(alloc.live_entries());
+
+        alloc.free(a).unwrap();
+        alloc.free(small[1]).unwrap();
+        let big = alloc.malloc(40 * MIB, s).unwrap();
+        alloc.free(b).unwrap();
+        alloc.empty_cache().unwrap();
+        let c = alloc.malloc(2 * MIB, s).unwrap();
+        let d = alloc.malloc(1536, s).unwrap();
+        alloc.free(big).unwrap();
+        alloc.empty_cache().unwrap();
+        let e = alloc.malloc(6 * MIB, s).unwrap();
+        client.read_until(alloc.live_entries());
+
+        let dump = alloc.snapshot();
+        let mut rebuilt = client.live.into_snapshot().unwrap();
+        assert_eq!(
+            segment_shape(&rebuilt),
+            segment_shape(&dump),
+            "conf {conf:?}"
+        );
+        let sums = |snap: &Snapshot| -> Vec<_> {
+            snap.segments
+                .iter()
+                .map(|s| (s.allocated_size, s.active_size, s.requested_size))
+                .collect()
+        };
+        assert_eq!(sums(&rebuilt), sums(&dump), "conf {conf:?}");
+        assert_eq!(memsnap_format::validate(&rebuilt), vec![], "conf {conf:?}");
+        // The freed block is no longer an allocation of the final segments.
+        let allocated: Vec<u64> = rebuilt
+            .segments
+            .iter()
+            .flat_map(|s| s.block_addresses())
+            .filter(|(_, b)| b.state == memsnap_format::BlockState::ActiveAllocated)
+            .map(|(addr, _)| addr)
+            .collect();
+        assert!(
+            !allocated.contains(&a) || [c, d, e].contains(&a),
+            "conf {conf:?}"
+        );
+        rebuilt.segments.clear();
+        drop(server);
+    }
+}
