@@ -34,7 +34,18 @@
 //!    `external_annotations`), appended there, and `missed`, the number the recorder's
 //!    annotation ring overwrote or cleared before they were sent.
 //!
-//! Versions: 1 had no `Annotations`; 2 added it. A reader of version 1 meets a version-2
+//! ## A listener's token (version 2)
+//!
+//! A recorder may be started with a token (required for a non-loopback TCP address). A
+//! listener of version 2 writes one frame right after it connects, [`Message::Token`] with
+//! the token it was given (empty when none); the recorder sends `Hello` first in any case,
+//! then, when it has a token, reads that frame (at most [`MAX_TOKEN_FRAME_BYTES`], within a
+//! few seconds), compares it in constant time and, when it is missing or wrong, sends
+//! [`Message::Refused`] with the reason and closes instead of sending `State`. A recorder
+//! without a token never reads what listeners write. The token travels in clear: it keeps
+//! other users of a network out, it does not encrypt (tunnel over ssh where that matters).
+//!
+//! Versions: 1 had no `Annotations`, `Token` or `Refused`; 2 added them. A reader of version 1 meets a version-2
 //! `Hello` first and stops with "unsupported live protocol version 2", never misreading the
 //! messages after it.
 //!
@@ -61,6 +72,9 @@ pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest frame body accepted (and written: a writer splits its batches below it).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
+
+/// The largest frame a recorder reads from a listener (its [`Message::Token`]).
+pub const MAX_TOKEN_FRAME_BYTES: u32 = 4096;
 
 /// The wire tag of `action`: its index in [`Action::ALL`]; `None` for [`Action::Other`] (a
 /// recorder never makes one).
@@ -100,6 +114,15 @@ pub enum Message {
         /// Annotations the recorder's ring lost before they were sent.
         missed: u64,
         annotations: Vec<LiveAnnotation>,
+    },
+    /// The one frame a listener writes, first (version 2): its token, empty when it has
+    /// none.
+    Token {
+        token: String,
+    },
+    /// The recorder refuses this listener (a missing or wrong token) and closes (version 2).
+    Refused {
+        reason: String,
     },
 }
 
@@ -181,6 +204,8 @@ pub enum LiveError {
     Version { version: u32 },
     #[error("the state snapshot does not read: {0}")]
     State(#[from] crate::error::FormatError),
+    #[error("the recorder refused this listener: {reason}")]
+    Refused { reason: String },
 }
 
 /// Encodes `message` as one frame (length prefix and body), appended to `out`.
@@ -400,6 +425,9 @@ impl LiveSnapshot {
     }
 
     fn apply_inner(&mut self, message: Message) -> Result<Applied, LiveError> {
+        if let Message::Refused { reason } = message {
+            return Err(LiveError::Refused { reason });
+        }
         if !self.hello && !matches!(message, Message::Hello { .. }) {
             return Err(self.protocol("the first message must be Hello"));
         }
@@ -480,6 +508,10 @@ impl LiveSnapshot {
                 self.missed_annotations = self.missed_annotations.saturating_add(missed);
                 Ok(Applied::Annotations { count, missed })
             }
+            Message::Token { .. } => {
+                Err(self.protocol("a Token (listeners send it, recorders do not)"))
+            }
+            Message::Refused { reason } => Err(LiveError::Refused { reason }),
         }
     }
 
@@ -582,4 +614,16 @@ fn make_entry(
         rare.no_addr = true;
     }
     entry
+}
+
+/// Whether `given` is `expected`, in time that depends on `expected`'s length only (not on
+/// where the two differ, nor on `given`'s length): a listener's token against the
+/// recorder's.
+pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = given.len() ^ expected.len();
+    for (i, &e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!e);
+        diff |= usize::from(std::hint::black_box(g ^ e));
+    }
+    std::hint::black_box(diff) == 0
 }

@@ -395,8 +395,9 @@ def serve_live(address=True, device=0):
     memsnap's live protocol; returns the address (``"unix:/..."`` or ``"tcp:127.0.0.1:PORT"``).
 
     ``address`` is ``True`` (or ``"1"``: a unix socket, mode 0600, in a private directory named
-    after the pid), ``"unix:/path.sock"`` or ``"tcp:127.0.0.1:PORT"`` (loopback only; port 0
-    picks a free one). The endpoint lives until the process exits; the allocator never waits
+    after the pid), ``"unix:/path.sock"`` or ``"tcp:127.0.0.1:PORT"`` (port 0 picks a free
+    one; a non-loopback address such as ``"tcp:0.0.0.0:PORT"`` needs ``$MEMSNAP_LIVE_TOKEN``,
+    16 bytes or more, set before the recorder starts, and ``memsnap watch --token``). The endpoint lives until the process exits; the allocator never waits
     for a listener. Asking again for a device already published (here or by
     ``$MEMSNAP_LIVE``) returns its address when ``address`` is ``True`` or that address, and
     raises :class:`MemsnapError` otherwise. Works without PyTorch (the recorder's host or

@@ -34,6 +34,8 @@
  *                        1 is a private socket named after the pid; device d > 0 gets
  *                        path.d / port + d. A failure to listen is printed on stderr and the
  *                        run goes on without it. 0 or off: none.
+ *   MEMSNAP_LIVE_TOKEN   token (16+ bytes) each live listener must send first (memsnap watch
+ *                        --token); required for a non-loopback address (tcp:0.0.0.0:PORT)
  *
  * Zero-code use with PyTorch: see recorder-ffi/python/memsnap_torch.py.
  * Linking a C program against the static library (Linux):

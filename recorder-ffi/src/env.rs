@@ -138,6 +138,9 @@ pub struct EnvConfig {
     /// allocator is created and the run goes on without live publishing, never an error that
     /// would fail the allocations.
     pub live: Option<String>,
+    /// `MEMSNAP_LIVE_TOKEN`: the token every live listener must send first; with it, a
+    /// non-loopback TCP address may be served (`tcp:0.0.0.0:PORT`).
+    pub live_token: Option<String>,
 }
 
 /// How Python frames are read when the allocating thread does not hold the GIL
@@ -176,6 +179,7 @@ impl Default for EnvConfig {
             alloc_conf: None,
             python_gil: PythonGil::Acquire,
             live: None,
+            live_token: None,
         }
     }
 }
@@ -256,6 +260,8 @@ impl EnvConfig {
         config.live = get("MEMSNAP_LIVE")
             .map(|v| v.trim().to_owned())
             .filter(|v| parse_bool(v) != Some(false));
+        // Not trimmed: a token is taken as given.
+        config.live_token = get("MEMSNAP_LIVE_TOKEN");
         Ok(config)
     }
 }
@@ -392,6 +398,8 @@ mod tests {
             let c = config(&[("MEMSNAP_LIVE", value)]).unwrap();
             assert_eq!(c.live.as_deref(), live, "MEMSNAP_LIVE={value:?}");
         }
+        let c = config(&[("MEMSNAP_LIVE_TOKEN", "s3cret-s3cret-s3cret")]).unwrap();
+        assert_eq!(c.live_token.as_deref(), Some("s3cret-s3cret-s3cret"));
     }
 
     #[test]

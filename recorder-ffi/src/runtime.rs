@@ -13,7 +13,7 @@ use std::sync::{Once, OnceLock};
 use memsnap_format::{Frame, Snapshot};
 use parking_lot::Mutex;
 use recorder::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
-use recorder::live::{serve, LiveAddr, LiveServer};
+use recorder::live::{serve_with_token, LiveAddr, LiveServer, ServeError};
 use recorder::snapshot::merge_device_snapshots;
 use recorder::{AllocatorConfig, CachingAllocator, Error, Stream};
 
@@ -192,10 +192,16 @@ impl Runtime {
             .get()
             .and_then(|rt| rt.devices.get(index)?.get()?.as_ref().ok())
             .ok_or_else(|| FfiError::invalid(format!("device {index} has no allocator")))?;
-        let server = serve(allocator, addr).map_err(|e| FfiError {
-            code: crate::error::MEMSNAP_ERR_IO,
-            message: e.to_string(),
-        })?;
+        let server =
+            serve_with_token(allocator, addr, self.config.live_token.clone()).map_err(|e| {
+                FfiError {
+                    code: match e {
+                        ServeError::Address { .. } => crate::error::MEMSNAP_ERR_INVALID_ARGUMENT,
+                        _ => crate::error::MEMSNAP_ERR_IO,
+                    },
+                    message: e.to_string(),
+                }
+            })?;
         let url = server.url();
         eprintln!("memsnap: live at {url} (device {index}; memsnap watch {url})");
         live.push((index, server));

@@ -69,7 +69,9 @@ fn apply_all(bytes: &[u8]) -> Result<LiveSnapshot, LiveError> {
 fn a_stream_split_anywhere_rebuilds_the_same_trace() {
     let bytes = stream(&[hello(), state(), batch()]);
     if let Some(dir) = std::env::var_os("MEMSNAP_LIVE_FUZZ_SEEDS") {
-        std::fs::write(std::path::Path::new(&dir).join("valid"), &bytes).unwrap();
+        let dir = std::path::Path::new(&dir);
+        std::fs::write(dir.join("valid"), &bytes).unwrap();
+        std::fs::write(dir.join("segments"), stream(&segment_stream())).unwrap();
     }
     let live = apply_all(&bytes).unwrap();
     assert_eq!(live.next_seq(), 7);
@@ -79,6 +81,59 @@ fn a_stream_split_anywhere_rebuilds_the_same_trace() {
     let stack = snap.stacks.get(trace[0].frames.unwrap());
     assert_eq!(stack.len(), 2);
     assert_eq!(trace[1].frames, None);
+}
+
+/// Segments made, split, freed, mapped and unmapped after the state, and annotations: what
+/// the listener's segment model and annotation list take in.
+fn segment_stream() -> Vec<Message> {
+    use memsnap_format::live::action_tag;
+    use memsnap_format::Action::*;
+    const MIB: u64 = 1 << 20;
+    let entries = [
+        (SegmentAlloc, 0, 2 * MIB),
+        (Alloc, 0, 4096),
+        (Alloc, 4096, 1000),
+        (FreeRequested, 0, 4096),
+        (FreeCompleted, 0, 4096),
+        (SegmentMap, 64 * MIB, 4 * MIB),
+        (SegmentMap, 68 * MIB, 4 * MIB),
+        (Alloc, 64 * MIB, 3 * MIB),
+        (SegmentUnmap, 69 * MIB, 2 * MIB),
+        (FreeCompleted, 4096, 1000),
+        (SegmentFree, 0, 2 * MIB),
+    ]
+    .map(|(action, addr, size)| LiveEntry {
+        action: action_tag(action).unwrap(),
+        addr,
+        size,
+        ..entry(None)
+    });
+    vec![
+        hello(),
+        state(),
+        Message::Entries(EntryBatch {
+            first_seq: 5,
+            entries: entries.to_vec(),
+            ..Default::default()
+        }),
+        annotations(&["ProfilerStep#1"]),
+    ]
+}
+
+#[test]
+fn segments_follow_the_entries_after_the_state() {
+    let mut live = apply_all(&stream(&segment_stream())).unwrap();
+    let snap = live.snapshot().unwrap();
+    assert_eq!(memsnap_format::validate(snap), vec![]);
+    let shape: Vec<(u64, u64, usize)> = snap
+        .segments
+        .iter()
+        .map(|s| (s.address, s.total_size, s.blocks.len()))
+        .collect();
+    const MIB: u64 = 1 << 20;
+    // The 2 MiB segment was freed; the expandable range [64, 72) MiB lost [69, 71) MiB.
+    assert_eq!(shape, [(64 * MIB, 5 * MIB, 2), (71 * MIB, MIB, 1)]);
+    assert_eq!(snap.segments[0].allocated_size, Some(3 * MIB));
 }
 
 #[test]
@@ -265,5 +320,34 @@ proptest! {
         let mut bytes = stream(&[hello(), state(), batch(), annotations(&["step"])]);
         bytes.extend_from_slice(&tail);
         let _ = apply_all(&bytes);
+    }
+}
+
+#[test]
+fn a_refusal_is_an_error_with_the_recorders_reason_and_a_token_from_a_recorder_is_refused() {
+    let refused = Message::Refused {
+        reason: "wrong token".into(),
+    };
+    let err = apply_all(&stream(&[hello(), refused])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the recorder refused this listener: wrong token"
+    );
+    let token = Message::Token { token: "x".into() };
+    let err = apply_all(&stream(&[hello(), state(), token])).unwrap_err();
+    assert!(err.to_string().contains("listeners send it"), "{err}");
+}
+
+#[test]
+fn tokens_match_only_when_equal() {
+    use memsnap_format::live::token_matches;
+    assert!(token_matches(b"0123456789abcdef", b"0123456789abcdef"));
+    for other in [
+        &b"0123456789abcdeF"[..],
+        b"0123456789abcde",
+        b"0123456789abcdef0",
+        b"",
+    ] {
+        assert!(!token_matches(other, b"0123456789abcdef"), "{other:?}");
     }
 }

@@ -68,6 +68,7 @@ impl Run {
             .env("MEMSNAP_BACKEND", "simulated")
             .env_remove("MEMSNAP_DUMP")
             .env_remove("MEMSNAP_LIVE")
+            .env_remove("MEMSNAP_LIVE_TOKEN")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -205,10 +206,11 @@ fn an_endpoint_that_cannot_listen_is_reported_and_the_run_goes_on() {
     if !have_program("python3", "the MEMSNAP_LIVE failure test") {
         return;
     }
+    // The last: any address, but without MEMSNAP_LIVE_TOKEN.
     for address in [
         "unix:/nonexistent-memsnap-dir/x.sock",
-        "tcp:8.8.8.8:9",
         "bogus",
+        "tcp:0.0.0.0:0",
     ] {
         let mut run = Run::start(
             "-",
@@ -225,6 +227,26 @@ fn an_endpoint_that_cannot_listen_is_reported_and_the_run_goes_on() {
         );
         assert!(!stderr.contains("live at"), "{stderr}");
     }
+}
+
+#[test]
+fn a_token_lets_memsnap_live_listen_on_every_interface() {
+    if !have_program("python3", "the MEMSNAP_LIVE_TOKEN test") {
+        return;
+    }
+    let mut run = Run::start(
+        "-",
+        &[
+            ("MEMSNAP_LIVE", "tcp:0.0.0.0:0"),
+            ("MEMSNAP_LIVE_TOKEN", "0123456789abcdef"),
+            ("MEMSNAP_HISTORY", "all"),
+        ],
+    );
+    assert_eq!(run.line(), "ready");
+    run.go_on();
+    assert_eq!(run.line(), "done");
+    let stderr = run.finish();
+    assert!(stderr.contains("memsnap: live at tcp:0.0.0.0:"), "{stderr}");
 }
 
 #[test]

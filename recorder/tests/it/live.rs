@@ -439,3 +439,142 @@ fn segments_made_freed_and_split_after_connect_stay_the_recorders() {
         drop(server);
     }
 }
+
+/// Connects over TCP, sends `token` (the listener's first frame) and applies what comes
+/// until the state arrived or the stream ended; the error, if the stream was refused.
+fn tcp_listener_with_token(
+    port: u16,
+    token: &str,
+) -> Result<LiveSnapshot, memsnap_format::live::LiveError> {
+    use memsnap_format::live::{encode, Message};
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut frame = Vec::new();
+    encode(
+        &Message::Token {
+            token: token.to_owned(),
+        },
+        &mut frame,
+    )
+    .unwrap();
+    stream.write_all(&frame).unwrap();
+    let (mut reader, mut live) = (FrameReader::new(), LiveSnapshot::new());
+    let mut buf = vec![0; 1 << 16];
+    while !live.has_state() {
+        match reader.next_message()? {
+            Some(m) => {
+                live.apply(m)?;
+            }
+            None => {
+                let n = stream.read(&mut buf).expect("the recorder answers");
+                assert!(n > 0, "closed without a word");
+                reader.push(&buf[..n]);
+            }
+        }
+    }
+    Ok(live)
+}
+
+#[test]
+fn a_non_loopback_address_is_served_only_with_a_token_of_16_bytes_or_more() {
+    let alloc = recorder(usize::MAX);
+    let err = alloc.serve_live("tcp:0.0.0.0:0").err().expect("refused");
+    assert!(err.to_string().contains("only with a token"), "{err}");
+    let err = alloc
+        .serve_live_with_token("tcp:0.0.0.0:0", "short")
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("at least 16"), "{err}");
+    let server = alloc
+        .serve_live_with_token("tcp:0.0.0.0:0", "0123456789abcdef")
+        .unwrap();
+    let memsnap_recorder::LiveAddr::Tcp(sa) = server.addr() else {
+        panic!("a TCP endpoint");
+    };
+    assert!(sa.ip().is_unspecified() && sa.port() != 0);
+    train(&alloc, 1, 3);
+    let live = tcp_listener_with_token(sa.port(), "0123456789abcdef").unwrap();
+    assert!(!live.trace().is_empty());
+}
+
+#[test]
+fn a_listener_without_the_right_token_is_refused_before_any_state() {
+    let alloc = recorder(usize::MAX);
+    let token = "a-token-of-enough-bytes";
+    let server = alloc
+        .serve_live_with_token("tcp:127.0.0.1:0", token)
+        .unwrap();
+    let memsnap_recorder::LiveAddr::Tcp(sa) = server.addr() else {
+        panic!("a TCP endpoint");
+    };
+    train(&alloc, 1, 3);
+    for (given, reason) in [
+        ("a-token-of-enough-byteZ", "wrong token"),
+        ("a-token", "wrong token"),
+        ("", "needs a token"),
+    ] {
+        let err = tcp_listener_with_token(sa.port(), given).expect_err("refused");
+        assert!(
+            matches!(&err, memsnap_format::live::LiveError::Refused { reason: r } if r.contains(reason)),
+            "{given:?}: {err}"
+        );
+    }
+    assert_eq!(server.counters().refused.load(Ordering::Relaxed), 3);
+    assert!(tcp_listener_with_token(sa.port(), token).is_ok());
+}
+
+#[test]
+fn connections_over_the_listener_limit_are_closed_at_once() {
+    use memsnap_recorder::live::MAX_LISTENERS;
+    let alloc = recorder(usize::MAX);
+    let server = alloc
+        .serve_live_with_token("tcp:127.0.0.1:0", "a-token-of-enough-bytes")
+        .unwrap();
+    let memsnap_recorder::LiveAddr::Tcp(sa) = *server.addr() else {
+        panic!("a TCP endpoint");
+    };
+    // Listeners that never send their token: each holds a thread while it is waited for.
+    let mut silent = Vec::new();
+    for _ in 0..MAX_LISTENERS {
+        let mut s = std::net::TcpStream::connect(sa).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        // Its Hello arrives: it was accepted and has its thread.
+        let mut head = [0u8; 4];
+        s.read_exact(&mut head).unwrap();
+        silent.push(s);
+    }
+    let mut over = std::net::TcpStream::connect(sa).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(over.read(&mut buf).unwrap(), 0, "closed without a Hello");
+    assert_eq!(server.counters().refused.load(Ordering::Relaxed), 1);
+    drop(server);
+}
+
+/// Regression: `memsnap watch` writes its token frame to every recorder (empty when it has
+/// none); a recorder without a token never read it, and closing a socket with unread bytes
+/// reset the connection: the watch got "Connection reset by peer" instead of the end.
+#[test]
+fn a_listener_that_wrote_to_a_recorder_without_a_token_gets_the_end_not_a_reset() {
+    use memsnap_format::live::{encode, Message};
+    use std::io::Write;
+    let alloc = recorder(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    let mut frame = Vec::new();
+    encode(&Message::Token { token: "".into() }, &mut frame).unwrap();
+    client.stream.write_all(&frame).unwrap();
+    train(&alloc, 1, 3);
+    client.read_until(alloc.live_entries());
+    drop(server);
+    let mut rest = Vec::new();
+    let end = client.stream.read_to_end(&mut rest);
+    assert!(end.is_ok(), "{end:?}");
+}
