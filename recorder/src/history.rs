@@ -520,6 +520,8 @@ impl History {
             self.capacity,
         );
         self.recorded -= trace.len() as u64;
+        // Live numbers go on from where they were.
+        self.live_base += trace.len() as u64;
         trace
     }
 
@@ -620,8 +622,7 @@ impl History {
         let first = seq.clamp(oldest, self.annotations_recorded);
         out.extend(
             self.annotations
-                .iter()
-                .skip((first - oldest) as usize)
+                .range((first - oldest) as usize..)
                 .take(max)
                 .cloned(),
         );
@@ -676,6 +677,54 @@ mod tests {
             max_entries,
             ..HistoryOptions::without_stacks()
         }
+    }
+
+    #[test]
+    fn live_numbers_go_on_across_a_clear_history_off_and_a_taken_trace() {
+        let mut h = History::default();
+        h.configure(all(4));
+        for i in 0..6 {
+            h.push(entry(i));
+        }
+        assert_eq!(h.live_recorded(), 6);
+        h.configure(HistoryOptions {
+            clear_history: true,
+            ..all(4)
+        });
+        assert_eq!((h.recorded(), h.live_recorded()), (0, 6));
+        h.push(entry(6));
+        // A listener that was sent 3 of the cleared entries gets the oldest one held (6).
+        let mut out = Vec::new();
+        assert_eq!(h.entries_since(3, 10, &mut out), 6);
+        assert_eq!(out.iter().map(|e| e.addr).collect::<Vec<_>>(), [6]);
+        h.configure(HistoryOptions {
+            enabled: HistoryMode::Off,
+            ..all(4)
+        });
+        h.configure(all(4));
+        assert_eq!(h.live_recorded(), 7);
+        h.push(entry(7));
+        let _ = h.take_trace();
+        assert_eq!(h.live_recorded(), 8);
+    }
+
+    #[test]
+    fn annotations_are_numbered_and_those_overwritten_are_skipped() {
+        let mut h = History::default();
+        h.configure(all(2));
+        for i in 0..5 {
+            h.annotate(RawAnnotation {
+                metadata: vec![("i".into(), i.to_string())],
+                time_ns: i,
+            });
+        }
+        let mut out = Vec::new();
+        // Annotations 1 and 2 were overwritten: the ring holds 3 and 4.
+        assert_eq!(h.annotations_since(1, 10, &mut out), 3);
+        assert_eq!(out.iter().map(|a| a.time_ns).collect::<Vec<_>>(), [3, 4]);
+        out.clear();
+        assert_eq!(h.annotations_since(5, 10, &mut out), 5);
+        assert!(out.is_empty());
     }
 
     #[test]
