@@ -45,20 +45,21 @@
 //! without a token never reads what listeners write. The token travels in clear: it keeps
 //! other users of a network out, it does not encrypt (tunnel over ssh where that matters).
 //!
-//! Versions: 1 had no `Annotations`, `Token` or `Refused`; 2 added them. A reader of version 1 meets a version-2
-//! `Hello` first and stops with "unsupported live protocol version 2", never misreading the
-//! messages after it.
+//! Versions: 1 had no `Annotations`, `Token` or `Refused`; 2 added them. A reader of
+//! version 1 meets a version-2 `Hello` first and stops with "unsupported live protocol
+//! version 2", never misreading the messages after it.
 //!
 //! ## What a reader refuses
 //!
 //! [`FrameReader`] and [`LiveSnapshot`] treat the stream as untrusted input, like a file:
 //! a frame longer than [`MAX_FRAME_BYTES`] (before reading its body), a body that is not
 //! one whole message, a first message that is not `Hello`, an unknown protocol version, a
-//! second `Hello` or `State`, entries or annotations before `State`, a batch whose `first_seq` is not the
-//! next expected entry, an unknown action tag, a stack naming a frame that was not sent, an
-//! entry naming a stack that was not sent, and a `Dropped` that does not move forward. Each
-//! is a [`LiveError`] saying what was wrong; nothing panics, and memory is bounded by the
-//! frame size plus what the messages add to the snapshot.
+//! second `Hello` or `State`, entries or annotations before `State`, a `Token` (listeners
+//! send it), a batch whose `first_seq` is not the next expected entry, an unknown action
+//! tag, a stack naming a frame that was not sent, an entry naming a stack that was not
+//! sent, and a `Dropped` that does not move forward; a `Refused` ends the stream with the
+//! recorder's reason. Each is a [`LiveError`] saying what was wrong; nothing panics, and
+//! memory is bounded by the frame size plus what the messages add to the snapshot.
 
 use serde::{Deserialize, Serialize};
 

@@ -17,8 +17,8 @@
  * Environment (read once, at first use):
  *   MEMSNAP_BACKEND      cuda | hip | host | simulated        (default: cuda)
  *   MEMSNAP_DEVICE_MEMORY  bytes per simulated/host device, e.g. 80GiB (default 80GiB)
- *   MEMSNAP_HISTORY      off | state | all                    (default: all if MEMSNAP_DUMP is
- *                                                              set, else off)
+ *   MEMSNAP_HISTORY      off | state | all                    (default: all if MEMSNAP_DUMP or
+ *                                                              MEMSNAP_LIVE is set, else off)
  *   MEMSNAP_CONTEXT      never | state | alloc | all          (default: all)
  *   MEMSNAP_MAX_ENTRIES  ring-buffer size per device          (default: 1000000)
  *   MEMSNAP_STACKS       none | native | python | all         (default: native; python and all

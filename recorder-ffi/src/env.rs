@@ -211,10 +211,15 @@ impl EnvConfig {
             )?;
         }
         config.dump_path = get("MEMSNAP_DUMP").map(PathBuf::from);
-        // Asking for a dump file without naming a history mode means "record everything".
+        // `0`/`off`/`false` say "no", as for the other switches.
+        config.live = get("MEMSNAP_LIVE")
+            .map(|v| v.trim().to_owned())
+            .filter(|v| parse_bool(v) != Some(false));
+        // Asking for a dump file or a live endpoint without naming a history mode means
+        // "record everything" (either is empty without history).
         config.history = match get("MEMSNAP_HISTORY") {
             Some(v) => parse_with("MEMSNAP_HISTORY", &v, HISTORY_EXPECTED, parse_history_mode)?,
-            None if config.dump_path.is_some() => HistoryMode::All,
+            None if config.dump_path.is_some() || config.live.is_some() => HistoryMode::All,
             None => HistoryMode::Off,
         };
         if let Some(v) = get("MEMSNAP_CONTEXT") {
@@ -256,10 +261,6 @@ impl EnvConfig {
                 parse_python_gil,
             )?;
         }
-        // `0`/`off`/`false` say "no", as for the other switches.
-        config.live = get("MEMSNAP_LIVE")
-            .map(|v| v.trim().to_owned())
-            .filter(|v| parse_bool(v) != Some(false));
         // Not trimmed: a token is taken as given.
         config.live_token = get("MEMSNAP_LIVE_TOKEN");
         Ok(config)
@@ -398,6 +399,17 @@ mod tests {
             let c = config(&[("MEMSNAP_LIVE", value)]).unwrap();
             assert_eq!(c.live.as_deref(), live, "MEMSNAP_LIVE={value:?}");
         }
+        // Publishing needs a history: on unless MEMSNAP_HISTORY says otherwise.
+        assert_eq!(
+            config(&[("MEMSNAP_LIVE", "1")]).unwrap().history,
+            HistoryMode::All
+        );
+        let c = config(&[("MEMSNAP_LIVE", "1"), ("MEMSNAP_HISTORY", "state")]).unwrap();
+        assert_eq!(c.history, HistoryMode::State);
+        assert_eq!(
+            config(&[("MEMSNAP_LIVE", "off")]).unwrap().history,
+            HistoryMode::Off
+        );
         let c = config(&[("MEMSNAP_LIVE_TOKEN", "s3cret-s3cret-s3cret")]).unwrap();
         assert_eq!(c.live_token.as_deref(), Some("s3cret-s3cret-s3cret"));
     }

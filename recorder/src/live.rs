@@ -68,6 +68,10 @@ pub const MAX_LISTENERS: usize = 64;
 /// How long a listener has to send its token, when the endpoint has one.
 pub const TOKEN_WAIT: Duration = Duration::from_secs(5);
 
+/// What a listener without a token is told by an endpoint that has one.
+const NEEDS_TOKEN: &str =
+    "this recorder needs a token (memsnap watch --token, or MEMSNAP_LIVE_TOKEN)";
+
 /// The shortest token accepted: a token is what keeps a network out of the endpoint.
 pub const MIN_TOKEN_LEN: usize = 16;
 
@@ -633,7 +637,7 @@ impl Listener {
                         if live::token_matches(token.as_bytes(), expected.as_bytes()) {
                             Ok(())
                         } else if token.is_empty() {
-                            Err("this recorder needs a token (memsnap watch --token, or MEMSNAP_LIVE_TOKEN)")
+                            Err(NEEDS_TOKEN)
                         } else {
                             Err("wrong token")
                         },

@@ -190,7 +190,8 @@ fn memsnap_live_alone_publishes_the_run_and_removes_its_socket_at_exit() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("live.sock");
     let url = format!("unix:{}", socket.display());
-    let mut run = Run::start("-", &[("MEMSNAP_LIVE", &url), ("MEMSNAP_HISTORY", "all")]);
+    // No MEMSNAP_HISTORY: MEMSNAP_LIVE turns the history on.
+    let mut run = Run::start("-", &[("MEMSNAP_LIVE", &url)]);
     watch_the_run(&mut run, &url);
     let stderr = run.finish();
     assert_eq!(
