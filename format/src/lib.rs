@@ -46,6 +46,7 @@ pub mod intern;
 pub mod io;
 pub mod json;
 pub mod live;
+mod live_segments;
 pub mod model;
 pub mod msgpack;
 pub mod pickle;

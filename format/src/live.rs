@@ -26,29 +26,56 @@
 //! 4. [`Message::Dropped`] when the listener fell so far behind that the recorder's ring
 //!    overwrote entries it had not sent yet: `missed` entries are gone and the next batch
 //!    starts at `resume_seq`. The recorder never waits for a listener; this is what a slow one
-//!    gets instead.
+//!    gets instead. Entries cleared from the recorder's history (`clear_history`) before they
+//!    were sent are reported the same way; entry numbers never restart, and a clear is not
+//!    replayed: the listener keeps what it received.
+//! 5. [`Message::Annotations`] (since version 2): `record_function`-style annotations
+//!    recorded since the last ones sent (those at connect are in the state's
+//!    `external_annotations`), appended there, and `missed`, the number the recorder's
+//!    annotation ring overwrote or cleared before they were sent.
+//!
+//! ## A listener's token (version 2)
+//!
+//! A recorder may be started with a token (required for a non-loopback TCP address). A
+//! listener of version 2 writes one frame right after it connects, [`Message::Token`] with
+//! the token it was given (empty when none); the recorder sends `Hello` first in any case,
+//! then, when it has a token, reads that frame (at most [`MAX_TOKEN_FRAME_BYTES`], within a
+//! few seconds), compares it in constant time and, when it is missing or wrong, sends
+//! [`Message::Refused`] with the reason and closes instead of sending `State`. A recorder
+//! without a token never reads what listeners write. The token travels in clear: it keeps
+//! other users of a network out, it does not encrypt (tunnel over ssh where that matters).
+//!
+//! Versions: 1 had no `Annotations`, `Token` or `Refused`; 2 added them. A reader of
+//! version 1 meets a version-2 `Hello` first and stops with "unsupported live protocol
+//! version 2", never misreading the messages after it.
 //!
 //! ## What a reader refuses
 //!
 //! [`FrameReader`] and [`LiveSnapshot`] treat the stream as untrusted input, like a file:
 //! a frame longer than [`MAX_FRAME_BYTES`] (before reading its body), a body that is not
 //! one whole message, a first message that is not `Hello`, an unknown protocol version, a
-//! second `Hello` or `State`, entries before `State`, a batch whose `first_seq` is not the
-//! next expected entry, an unknown action tag, a stack naming a frame that was not sent, an
-//! entry naming a stack that was not sent, and a `Dropped` that does not move forward. Each
-//! is a [`LiveError`] saying what was wrong; nothing panics, and memory is bounded by the
-//! frame size plus what the messages add to the snapshot.
+//! second `Hello` or `State`, entries or annotations before `State`, a `Token` (listeners
+//! send it), a batch whose `first_seq` is not the next expected entry, an unknown action
+//! tag, a stack naming a frame that was not sent, an entry naming a stack that was not
+//! sent, and a `Dropped` that does not move forward; a `Refused` ends the stream with the
+//! recorder's reason. Each is a [`LiveError`] saying what was wrong; nothing panics, and
+//! memory is bounded by the frame size plus what the messages add to the snapshot.
 
 use serde::{Deserialize, Serialize};
 
 use crate::intern::{Frame, StackId};
-use crate::model::{Action, Snapshot, TraceEntry};
+use crate::live_segments::{Change, SegmentModel};
+use crate::model::{Action, Annotation, Snapshot, TraceEntry};
+use crate::Value;
 
-/// The version this code writes and reads.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The version this code writes and reads (2: [`Message::Annotations`]).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest frame body accepted (and written: a writer splits its batches below it).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
+
+/// The largest frame a recorder reads from a listener (its [`Message::Token`]).
+pub const MAX_TOKEN_FRAME_BYTES: u32 = 4096;
 
 /// The wire tag of `action`: its index in [`Action::ALL`]; `None` for [`Action::Other`] (a
 /// recorder never makes one).
@@ -83,6 +110,30 @@ pub enum Message {
         missed: u64,
         resume_seq: u64,
     },
+    /// Annotations recorded since the last ones sent (version 2).
+    Annotations {
+        /// Annotations the recorder's ring lost before they were sent.
+        missed: u64,
+        annotations: Vec<LiveAnnotation>,
+    },
+    /// The one frame a listener writes, first (version 2): its token, empty when it has
+    /// none.
+    Token {
+        token: String,
+    },
+    /// The recorder refuses this listener (a missing or wrong token) and closes (version 2).
+    Refused {
+        reason: String,
+    },
+}
+
+/// A `record_function`-style annotation as the recorder makes it (the snapshot's
+/// [`crate::model::Annotation`], its values strings, on the connection's device).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveAnnotation {
+    pub time_us: i64,
+    /// Key and value pairs (`stage`, `name`, ...) in the order given.
+    pub metadata: Vec<(String, String)>,
 }
 
 /// Bytes written as a msgpack `bin` (serde would write a `Vec<u8>` as an array of ints).
@@ -154,6 +205,8 @@ pub enum LiveError {
     Version { version: u32 },
     #[error("the state snapshot does not read: {0}")]
     State(#[from] crate::error::FormatError),
+    #[error("the recorder refused this listener: {reason}")]
+    Refused { reason: String },
 }
 
 /// Encodes `message` as one frame (length prefix and body), appended to `out`.
@@ -262,14 +315,21 @@ pub enum Applied {
     Dropped {
         missed: u64,
     },
+    Annotations {
+        count: usize,
+        missed: u64,
+    },
 }
 
 /// A listener's snapshot, rebuilt from the messages: the state at connect, then every entry
 /// appended to the device's trace as it arrives (entries are made exactly as the recorder's
 /// own snapshot makes them, so the trace equals the recorder's dump entry for entry).
 ///
-/// Segments and blocks are those of the state at connect: the entries that follow are in
-/// the trace, but the segment list is not replayed forward.
+/// The segments are kept in step with the entries (see `live_segments`): segments made,
+/// released, mapped and unmapped after connect, and block states, are the recorder's; the
+/// sizes of blocks allocated after connect are their requests rounded to 512 bytes. (They
+/// used to stay those at connect, which made a block freed after connect count as live for
+/// the whole window in a replay of the snapshot.)
 #[derive(Debug, Default)]
 pub struct LiveSnapshot {
     snapshot: Option<Snapshot>,
@@ -279,7 +339,13 @@ pub struct LiveSnapshot {
     frames: Vec<Frame>,
     stacks: Vec<StackId>,
     missed: u64,
+    missed_annotations: u64,
     frame_no: u64,
+    /// The device's segments, changed by each entry (`None` before the state, or when the
+    /// state's segments were not well formed: then they stay those at connect).
+    segments: Option<SegmentModel>,
+    /// Entries changed `segments` since they were last written to the snapshot.
+    segments_stale: bool,
 }
 
 impl LiveSnapshot {
@@ -287,14 +353,32 @@ impl LiveSnapshot {
         Self::default()
     }
 
-    /// The snapshot so far (`None` before the state arrived).
-    pub fn snapshot(&self) -> Option<&Snapshot> {
+    /// The snapshot so far (`None` before the state arrived). Writes the segments when
+    /// entries changed them since the last call: O(blocks) then, nothing otherwise.
+    pub fn snapshot(&mut self) -> Option<&Snapshot> {
+        self.write_segments();
         self.snapshot.as_ref()
     }
 
     /// The snapshot so far, taken out.
-    pub fn into_snapshot(self) -> Option<Snapshot> {
+    pub fn into_snapshot(mut self) -> Option<Snapshot> {
+        self.write_segments();
         self.snapshot
+    }
+
+    /// Whether the state arrived (the snapshot exists), without writing the segments.
+    pub fn has_state(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
+    fn write_segments(&mut self) {
+        if !self.segments_stale {
+            return;
+        }
+        if let (Some(model), Some(snap)) = (&self.segments, self.snapshot.as_mut()) {
+            model.write(&mut snap.segments);
+        }
+        self.segments_stale = false;
     }
 
     /// The device whose trace grows.
@@ -311,6 +395,11 @@ impl LiveSnapshot {
     /// Entries reported dropped by the recorder for this listener.
     pub fn missed(&self) -> u64 {
         self.missed
+    }
+
+    /// Annotations reported lost by the recorder for this listener.
+    pub fn missed_annotations(&self) -> u64 {
+        self.missed_annotations
     }
 
     /// The trace of the device (empty before the state).
@@ -337,6 +426,9 @@ impl LiveSnapshot {
     }
 
     fn apply_inner(&mut self, message: Message) -> Result<Applied, LiveError> {
+        if let Message::Refused { reason } = message {
+            return Err(LiveError::Refused { reason });
+        }
         if !self.hello && !matches!(message, Message::Hello { .. }) {
             return Err(self.protocol("the first message must be Hello"));
         }
@@ -368,6 +460,9 @@ impl LiveSnapshot {
                     traces.resize_with(device + 1, Vec::new);
                 }
                 let entries = traces[device].len();
+                let empty = snapshot.intern_stack(std::iter::empty());
+                self.segments = SegmentModel::new(&mut snapshot.segments, self.device, empty);
+                self.segments_stale = self.segments.is_some();
                 self.next_seq = next_seq;
                 self.snapshot = Some(snapshot);
                 Ok(Applied::State { entries })
@@ -387,6 +482,37 @@ impl LiveSnapshot {
                 self.next_seq = resume_seq;
                 Ok(Applied::Dropped { missed })
             }
+            Message::Annotations {
+                missed,
+                annotations,
+            } => {
+                let device = self.device;
+                let Some(snap) = self.snapshot.as_mut() else {
+                    return Err(self.protocol("Annotations before State"));
+                };
+                let count = annotations.len();
+                snap.external_annotations
+                    .get_or_insert_with(Vec::new)
+                    .extend(annotations.into_iter().map(|a| {
+                        Annotation {
+                            metadata: a
+                                .metadata
+                                .into_iter()
+                                .map(|(k, v)| (k, Value::Str(v)))
+                                .collect(),
+                            device,
+                            time_us: a.time_us,
+                            extra: Vec::new(),
+                            exact: Default::default(),
+                        }
+                    }));
+                self.missed_annotations = self.missed_annotations.saturating_add(missed);
+                Ok(Applied::Annotations { count, missed })
+            }
+            Message::Token { .. } => {
+                Err(self.protocol("a Token (listeners send it, recorders do not)"))
+            }
+            Message::Refused { reason } => Err(LiveError::Refused { reason }),
         }
     }
 
@@ -441,13 +567,19 @@ impl LiveSnapshot {
         let device = self.device as usize;
         let mut made = Vec::with_capacity(count);
         for e in &batch.entries {
-            made.push(make_entry(
-                e,
-                e.stack.map(|s| self.stacks[s as usize]),
-                na,
-                no_metadata,
-                snap,
-            ));
+            let stack = e.stack.map(|s| self.stacks[s as usize]);
+            let entry = make_entry(e, stack, na, no_metadata, snap);
+            if let Some(model) = self.segments.as_mut() {
+                model.apply(Change {
+                    action: entry.action,
+                    addr: e.addr,
+                    size: e.size,
+                    stream: e.stream,
+                    frames: stack,
+                });
+                self.segments_stale = true;
+            }
+            made.push(entry);
         }
         if let Some(trace) = snap
             .device_traces
@@ -483,4 +615,16 @@ fn make_entry(
         rare.no_addr = true;
     }
     entry
+}
+
+/// Whether `given` is `expected`, in time that depends on `expected`'s length only (not on
+/// where the two differ, nor on `given`'s length): a listener's token against the
+/// recorder's.
+pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = given.len() ^ expected.len();
+    for (i, &e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!e);
+        diff |= usize::from(std::hint::black_box(g ^ e));
+    }
+    std::hint::black_box(diff) == 0
 }

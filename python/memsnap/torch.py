@@ -68,6 +68,8 @@ __all__ = [
     "max_memory_allocated",
     "memory_reserved",
     "empty_cache",
+    "serve_live",
+    "live_address",
 ]
 
 LIBRARY_NAME = {"win32": "memsnap_recorder.dll", "darwin": "libmemsnap_recorder.dylib"}.get(
@@ -135,6 +137,8 @@ def load_library(path=None):
         "memsnap_set_memory_fraction": (c_int, [ctypes.c_double, c_int]),
         "memsnap_record_stream": (c_int, [c_void_p, c_void_p]),
         "memsnap_stats_json": (c_int, [c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "memsnap_serve_live": (c_int, [c_int, c_char_p]),
+        "memsnap_live_address": (c_int, [c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
         "memsnap_last_error": (c_char_p, []),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -260,7 +264,15 @@ def _oom_shim(torch, lib):
     return _oom_shim_path or None
 
 
-def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all", library=None, raise_oom=True):
+def enable(
+    max_entries=1_000_000,
+    stacks="all",
+    dump_on_oom=None,
+    context="all",
+    library=None,
+    raise_oom=True,
+    live=None,
+):
     """Makes memsnap PyTorch's CUDA allocator and starts recording the history.
 
     Call it before anything allocates CUDA memory (``change_current_allocator`` refuses
@@ -268,8 +280,10 @@ def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all",
     "none"; ``dump_on_oom`` is a path written when an allocation runs out of memory.
     The backend is ``$MEMSNAP_BACKEND`` (default cuda; hip on ROCm builds of PyTorch).
     ``raise_oom`` puts the C++ shim in front (see the module's docs) so that running out of
-    memory raises ``torch.OutOfMemoryError``. Calling it again changes the recording settings
-    only.
+    memory raises ``torch.OutOfMemoryError``. ``live`` publishes device 0's history while it
+    records (see :func:`serve_live`: ``True`` for a private socket, or an address); the
+    address is printed on stderr and returned by :func:`live_address`. Calling it again
+    changes the recording settings only.
     """
     global _allocator
     torch = _import_torch()
@@ -298,6 +312,8 @@ def enable(max_entries=1_000_000, stacks="all", dump_on_oom=None, context="all",
         _allocator = allocator
     record_history("all", context=context, stacks=stacks, max_entries=max_entries)
     set_oom_dump_path(dump_on_oom)
+    if live:
+        serve_live(live)
     return _allocator
 
 
@@ -371,3 +387,40 @@ def max_memory_allocated(device=0):
 def memory_reserved(device=0):
     """Bytes reserved from the device now (``reserved_bytes.all.current``)."""
     return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def serve_live(address=True, device=0):
+    """Publishes ``device``'s history while it records, for ``memsnap watch ADDRESS`` (a line
+    per finished step, ``--max-peak``/``--max-drift`` alerts, ``--save``) or any listener of
+    memsnap's live protocol; returns the address (``"unix:/..."`` or ``"tcp:127.0.0.1:PORT"``).
+
+    ``address`` is ``True`` (or ``"1"``: a unix socket, mode 0600, in a private directory named
+    after the pid), ``"unix:/path.sock"`` or ``"tcp:127.0.0.1:PORT"`` (port 0 picks a free
+    one; a non-loopback address such as ``"tcp:0.0.0.0:PORT"`` needs ``$MEMSNAP_LIVE_TOKEN``,
+    16 bytes or more, set before the recorder starts, and ``memsnap watch --token``). The endpoint lives until the process exits; the allocator never waits
+    for a listener. Asking again for a device already published (here or by
+    ``$MEMSNAP_LIVE``) returns its address when ``address`` is ``True`` or that address, and
+    raises :class:`MemsnapError` otherwise. Works without PyTorch (the recorder's host or
+    simulated backend) as well as under :func:`enable`.
+    """
+    lib = load_library()
+    spec = "1" if address is True else os.fspath(address)
+    current = live_address(device)
+    if current is not None:
+        if address is True or spec == current:
+            return current
+        raise MemsnapError(f"device {device} is already published at {current}")
+    _check(lib.memsnap_serve_live(device, _encode(spec)))
+    return live_address(device)
+
+
+def live_address(device=0):
+    """The address ``device``'s history is published at (:func:`serve_live`,
+    ``enable(live=...)`` or ``$MEMSNAP_LIVE``), or None."""
+    lib = load_library()
+    needed = ctypes.c_size_t(0)
+    if lib.memsnap_live_address(device, None, 0, ctypes.byref(needed)) != 0 and needed.value == 0:
+        return None
+    buffer = ctypes.create_string_buffer(needed.value + 1)
+    _check(lib.memsnap_live_address(device, buffer, len(buffer), ctypes.byref(needed)))
+    return buffer.value.decode("utf-8")

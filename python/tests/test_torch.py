@@ -64,3 +64,45 @@ def test_recording_through_the_shipped_library(tmp_path):
     assert [e["size"] for e in allocs] == [4 << 20] * 3
     names = {f["name"] for e in allocs for f in e["frames"]}
     assert "allocate_activations" in names
+
+
+def test_serve_live_publishes_the_history_without_torch(tmp_path):
+    """serve_live() through the shipped library: the address comes back, a listener gets the
+    protocol's Hello and State frames (length-prefixed msgpack), and live_address() says it."""
+    socket_path = tmp_path / "run.sock"
+    script = textwrap.dedent(
+        f"""
+        import socket, struct
+        import memsnap.torch
+        lib = memsnap.torch.load_library()
+        assert memsnap.torch.live_address() is None
+        url = memsnap.torch.serve_live("unix:{socket_path}")
+        assert url == "unix:{socket_path}", url
+        assert memsnap.torch.live_address() == url
+        assert memsnap.torch.serve_live(True) == url
+        memsnap.torch.record_history("all", context="all", stacks="none", max_entries=1000)
+        assert lib.memsnap_alloc(1 << 20, 0, None)
+        listener = socket.socket(socket.AF_UNIX)
+        listener.settimeout(30)
+        listener.connect("{socket_path}")
+        def frame():
+            head = b""
+            while len(head) < 4:
+                head += listener.recv(4 - len(head))
+            (length,) = struct.unpack("<I", head)
+            body = b""
+            while len(body) < length:
+                body += listener.recv(length - len(body))
+            return body
+        assert b"Hello" in frame()
+        assert b"State" in frame()
+        print("ok")
+        """
+    )
+    env = dict(os.environ, MEMSNAP_BACKEND="simulated")
+    env.pop("MEMSNAP_LIVE", None)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+    assert f"memsnap: live at unix:{socket_path}" in run.stderr
+    assert not socket_path.exists(), "the socket is removed at exit"

@@ -17,8 +17,8 @@
  * Environment (read once, at first use):
  *   MEMSNAP_BACKEND      cuda | hip | host | simulated        (default: cuda)
  *   MEMSNAP_DEVICE_MEMORY  bytes per simulated/host device, e.g. 80GiB (default 80GiB)
- *   MEMSNAP_HISTORY      off | state | all                    (default: all if MEMSNAP_DUMP is
- *                                                              set, else off)
+ *   MEMSNAP_HISTORY      off | state | all                    (default: all if MEMSNAP_DUMP or
+ *                                                              MEMSNAP_LIVE is set, else off)
  *   MEMSNAP_CONTEXT      never | state | alloc | all          (default: all)
  *   MEMSNAP_MAX_ENTRIES  ring-buffer size per device          (default: 1000000)
  *   MEMSNAP_STACKS       none | native | python | all         (default: native; python and all
@@ -28,6 +28,14 @@
  *   MEMSNAP_DUMP_ON_SIGUSR1=1  also write MEMSNAP_DUMP when the process gets SIGUSR1
  *   MEMSNAP_ALLOC_CONF   allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
  *                        (falls back to PYTORCH_CUDA_ALLOC_CONF when unset)
+ *   MEMSNAP_LIVE         1 | unix:/path.sock | tcp:127.0.0.1:PORT: publish each device's history
+ *                        while it records (`memsnap watch ADDR`), from the moment its allocator
+ *                        is created; the address is printed on stderr ("memsnap: live at ...").
+ *                        1 is a private socket named after the pid; device d > 0 gets
+ *                        path.d / port + d. A failure to listen is printed on stderr and the
+ *                        run goes on without it. 0 or off: none.
+ *   MEMSNAP_LIVE_TOKEN   token (16+ bytes) each live listener must send first (memsnap watch
+ *                        --token); required for a non-loopback address (tcp:0.0.0.0:PORT)
  *
  * Zero-code use with PyTorch: see recorder-ffi/python/memsnap_torch.py.
  * Linking a C program against the static library (Linux):
@@ -156,6 +164,23 @@ int memsnap_get_stats(int device, memsnap_stats *out);
  * the length. Returns MEMSNAP_ERR_INVALID_ARGUMENT when the buffer is too small.
  */
 int memsnap_stats_json(int device, char *buf, size_t capacity, size_t *needed);
+
+/**
+ * Starts publishing `device`'s history at `addr` (NULL or "1": a private unix socket named
+ * after the pid; "unix:/path.sock"; "tcp:127.0.0.1:PORT", loopback only, port 0 picks one) for
+ * `memsnap watch` and other listeners, until the process exits. Creates the device's allocator
+ * if needed and prints the address on stderr. History must be on for entries to flow. Fails
+ * (MEMSNAP_ERR_INVALID_ARGUMENT) for a bad address or a device already published,
+ * (MEMSNAP_ERR_IO) when the socket cannot be made; the allocator is unaffected either way.
+ */
+int memsnap_serve_live(int device, const char *addr);
+
+/**
+ * The address `device`'s history is published at ("unix:/..." or "tcp:127.0.0.1:PORT", as
+ * `memsnap watch` takes it), with memsnap_stats_json's buffer convention. Returns
+ * MEMSNAP_ERR_INVALID_ARGUMENT when the device is not published (*needed is then 0).
+ */
+int memsnap_live_address(int device, char *buf, size_t capacity, size_t *needed);
 
 /**
  * The message of the last failure on this thread ("" if none). The string stays valid until

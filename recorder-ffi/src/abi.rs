@@ -11,6 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use recorder::history::{ContextMode, HistoryMode, HistoryOptions};
+use recorder::live::LiveAddr;
 use recorder::{DeviceStats, StatType, Stream};
 
 use crate::env::{self, BackendKind, StackSelection};
@@ -371,23 +372,86 @@ pub unsafe extern "C" fn memsnap_stats_json(
 ) -> c_int {
     status(|| {
         let json = stats_json(&runtime()?.device(device)?.stats());
-        if !needed.is_null() {
-            // SAFETY: non-NULL and writable (caller contract).
-            unsafe { needed.write(json.len()) };
-        }
-        if buf.is_null() || capacity <= json.len() {
+        // SAFETY: caller contract (forwarded).
+        unsafe { write_text(&json, "the statistics", buf, capacity, needed) }
+    })
+}
+
+/// Writes `text` and a NUL into `buf` and its length into `*needed` (the convention of
+/// `memsnap_stats_json`): an error naming `what` when `buf` is NULL or too small.
+///
+/// # Safety
+/// `buf` is NULL or has `capacity` writable bytes; `needed` is NULL or writable.
+unsafe fn write_text(
+    text: &str,
+    what: &str,
+    buf: *mut c_char,
+    capacity: usize,
+    needed: *mut usize,
+) -> FfiResult<()> {
+    if !needed.is_null() {
+        // SAFETY: non-NULL and writable (caller contract).
+        unsafe { needed.write(text.len()) };
+    }
+    if buf.is_null() || capacity <= text.len() {
+        return Err(FfiError::invalid(format!(
+            "the buffer holds {capacity} bytes; {what} need {} (with the final NUL)",
+            text.len() + 1
+        )));
+    }
+    // SAFETY: `buf` has `capacity > text.len()` writable bytes (caller contract), so the
+    // text and its NUL fit; the regions cannot overlap (`text` is ours).
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        buf.add(text.len()).write(0);
+    }
+    Ok(())
+}
+
+/// A device index argument of the live functions.
+fn device_index(device: c_int) -> FfiResult<usize> {
+    usize::try_from(device)
+        .map_err(|_| FfiError::invalid(format!("device {device} is out of range")))
+}
+
+/// # Safety
+/// `addr` is NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn memsnap_serve_live(device: c_int, addr: *const c_char) -> c_int {
+    status(|| {
+        // SAFETY: caller contract.
+        let spec = unsafe { opt_str_arg(addr, "addr") }?.unwrap_or("1");
+        let addr = LiveAddr::parse(spec).map_err(|e| FfiError::invalid(e.to_string()))?;
+        let rt = runtime()?;
+        // Creates the allocator (and, under MEMSNAP_LIVE, its endpoint: then this call is
+        // refused as a second one for the device).
+        rt.device(device)?;
+        rt.serve_live(device_index(device)?, addr).map(|_| ())
+    })
+}
+
+/// # Safety
+/// `buf` is NULL or has `capacity` writable bytes; `needed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memsnap_live_address(
+    device: c_int,
+    buf: *mut c_char,
+    capacity: usize,
+    needed: *mut usize,
+) -> c_int {
+    status(|| {
+        let url = runtime()?.live_url(device_index(device)?);
+        let Some(url) = url else {
+            if !needed.is_null() {
+                // SAFETY: non-NULL and writable (caller contract).
+                unsafe { needed.write(0) };
+            }
             return Err(FfiError::invalid(format!(
-                "the buffer holds {capacity} bytes; the statistics need {} (with the final NUL)",
-                json.len() + 1
+                "device {device} is not published (memsnap_serve_live or MEMSNAP_LIVE)"
             )));
-        }
-        // SAFETY: `buf` has `capacity > json.len()` writable bytes (caller contract), so the
-        // text and its NUL fit; the regions cannot overlap (`json` is ours).
-        unsafe {
-            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
-            buf.add(json.len()).write(0);
-        }
-        Ok(())
+        };
+        // SAFETY: caller contract (forwarded).
+        unsafe { write_text(&url, "the address", buf, capacity, needed) }
     })
 }
 

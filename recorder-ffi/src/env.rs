@@ -132,6 +132,15 @@ pub struct EnvConfig {
     pub alloc_conf: Option<String>,
     /// Whether Python frames are read only when the allocating thread already holds the GIL.
     pub python_gil: PythonGil,
+    /// `MEMSNAP_LIVE`: where each allocator publishes its history as it records (the
+    /// address as `memsnap watch` takes it: `1`, `unix:/path.sock`, `tcp:127.0.0.1:PORT`).
+    /// Kept as text: an address that does not parse or bind is said on stderr when the
+    /// allocator is created and the run goes on without live publishing, never an error that
+    /// would fail the allocations.
+    pub live: Option<String>,
+    /// `MEMSNAP_LIVE_TOKEN`: the token every live listener must send first; with it, a
+    /// non-loopback TCP address may be served (`tcp:0.0.0.0:PORT`).
+    pub live_token: Option<String>,
 }
 
 /// How Python frames are read when the allocating thread does not hold the GIL
@@ -169,6 +178,8 @@ impl Default for EnvConfig {
             dump_on_sigusr1: false,
             alloc_conf: None,
             python_gil: PythonGil::Acquire,
+            live: None,
+            live_token: None,
         }
     }
 }
@@ -200,10 +211,15 @@ impl EnvConfig {
             )?;
         }
         config.dump_path = get("MEMSNAP_DUMP").map(PathBuf::from);
-        // Asking for a dump file without naming a history mode means "record everything".
+        // `0`/`off`/`false` say "no", as for the other switches.
+        config.live = get("MEMSNAP_LIVE")
+            .map(|v| v.trim().to_owned())
+            .filter(|v| parse_bool(v) != Some(false));
+        // Asking for a dump file or a live endpoint without naming a history mode means
+        // "record everything" (either is empty without history).
         config.history = match get("MEMSNAP_HISTORY") {
             Some(v) => parse_with("MEMSNAP_HISTORY", &v, HISTORY_EXPECTED, parse_history_mode)?,
-            None if config.dump_path.is_some() => HistoryMode::All,
+            None if config.dump_path.is_some() || config.live.is_some() => HistoryMode::All,
             None => HistoryMode::Off,
         };
         if let Some(v) = get("MEMSNAP_CONTEXT") {
@@ -245,6 +261,8 @@ impl EnvConfig {
                 parse_python_gil,
             )?;
         }
+        // Not trimmed: a token is taken as given.
+        config.live_token = get("MEMSNAP_LIVE_TOKEN");
         Ok(config)
     }
 }
@@ -363,6 +381,37 @@ mod tests {
         assert!(config(&[("MEMSNAP_STACKS", "cpp++")]).is_err());
         assert!(config(&[("MEMSNAP_DEVICE_MEMORY", "lots")]).is_err());
         assert!(config(&[("MEMSNAP_DUMP_ON_SIGUSR1", "maybe")]).is_err());
+    }
+
+    #[test]
+    fn live_addresses_are_kept_as_given_and_off_values_mean_no_live() {
+        assert_eq!(config(&[]).unwrap().live, None);
+        for (value, live) in [
+            ("1", Some("1")),
+            (" unix:/run/x.sock ", Some("unix:/run/x.sock")),
+            ("tcp:127.0.0.1:7000", Some("tcp:127.0.0.1:7000")),
+            // Checked when the allocator is created (a warning, not an error here).
+            ("tcp:8.8.8.8:1", Some("tcp:8.8.8.8:1")),
+            ("0", None),
+            ("off", None),
+            ("", None),
+        ] {
+            let c = config(&[("MEMSNAP_LIVE", value)]).unwrap();
+            assert_eq!(c.live.as_deref(), live, "MEMSNAP_LIVE={value:?}");
+        }
+        // Publishing needs a history: on unless MEMSNAP_HISTORY says otherwise.
+        assert_eq!(
+            config(&[("MEMSNAP_LIVE", "1")]).unwrap().history,
+            HistoryMode::All
+        );
+        let c = config(&[("MEMSNAP_LIVE", "1"), ("MEMSNAP_HISTORY", "state")]).unwrap();
+        assert_eq!(c.history, HistoryMode::State);
+        assert_eq!(
+            config(&[("MEMSNAP_LIVE", "off")]).unwrap().history,
+            HistoryMode::Off
+        );
+        let c = config(&[("MEMSNAP_LIVE_TOKEN", "s3cret-s3cret-s3cret")]).unwrap();
+        assert_eq!(c.live_token.as_deref(), Some("s3cret-s3cret-s3cret"));
     }
 
     #[test]

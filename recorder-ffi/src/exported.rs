@@ -5,7 +5,7 @@
 //! each of them use it without `runtime` having to reach back up into `abi`.
 
 /// The names of the exported functions (what memsnap.h declares).
-pub const EXPORTED: [&str; 17] = [
+pub const EXPORTED: [&str; 19] = [
     "memsnap_alloc",
     "memsnap_alloc_checked",
     "memsnap_free",
@@ -22,6 +22,8 @@ pub const EXPORTED: [&str; 17] = [
     "memsnap_record_stream",
     "memsnap_get_stats",
     "memsnap_stats_json",
+    "memsnap_serve_live",
+    "memsnap_live_address",
     "memsnap_last_error",
 ];
 

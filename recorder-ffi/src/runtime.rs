@@ -1,6 +1,7 @@
 //! The process-wide state behind the C ABI: a [`CachingAllocator`] per device (created on
-//! first use from the environment, see [`crate::env`]), the Python-stack log, and the dumps
-//! (on request, at exit, on out-of-memory and on `SIGUSR1`).
+//! first use from the environment, see [`crate::env`]), the Python-stack log, the dumps
+//! (on request, at exit, on out-of-memory and on `SIGUSR1`), and the live endpoints
+//! (`MEMSNAP_LIVE`, `memsnap_serve_live`).
 #![allow(unsafe_code)]
 
 use std::ffi::c_int;
@@ -12,6 +13,7 @@ use std::sync::{Once, OnceLock};
 use memsnap_format::{Frame, Snapshot};
 use parking_lot::Mutex;
 use recorder::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
+use recorder::live::{serve_with_token, LiveAddr, LiveServer, ServeError};
 use recorder::snapshot::merge_device_snapshots;
 use recorder::{AllocatorConfig, CachingAllocator, Error, Stream};
 
@@ -46,6 +48,9 @@ pub struct Runtime {
     python_log: Mutex<PythonStacks>,
     /// Written on out-of-memory (`MEMSNAP_DUMP`, then `memsnap_set_oom_dump_path`).
     pub oom_dump_path: Mutex<Option<PathBuf>>,
+    /// The live endpoints, by device index (at most one per device). Dropped at exit, which
+    /// removes their sockets.
+    live: Mutex<Vec<(usize, LiveServer)>>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -90,6 +95,7 @@ pub fn init_runtime(backend: Option<BackendKind>) -> FfiResult<&'static Runtime>
         python_context: AtomicU8::new(ContextMode::Never as u8),
         python_log: Mutex::new(PythonStacks::new(config.max_entries)),
         oom_dump_path: Mutex::new(config.dump_path.clone()),
+        live: Mutex::new(Vec::new()),
         config,
     };
     let rt = RUNTIME.get_or_init(|| rt);
@@ -132,11 +138,84 @@ impl Runtime {
             .ok_or_else(|| {
                 FfiError::invalid(format!("device {device} is out of range 0..{MAX_DEVICES}"))
             })?;
-        let slot = self.devices[index].get_or_init(|| self.open_device(index));
+        let mut created = false;
+        let slot = self.devices[index].get_or_init(|| {
+            created = true;
+            self.open_device(index)
+        });
+        if created && slot.is_ok() {
+            // Once per device, off the allocation path: the first call made it.
+            self.serve_live_from_env(index);
+        }
         slot.as_ref().map_err(|message| FfiError {
             code: MEMSNAP_ERR_BACKEND,
             message: message.clone(),
         })
+    }
+
+    /// `MEMSNAP_LIVE`: starts device `index`'s endpoint and says where on stderr, or says
+    /// why it could not; the allocator works the same either way.
+    fn serve_live_from_env(&self, index: usize) {
+        let Some(spec) = self.config.live.as_deref() else {
+            return;
+        };
+        let addr = LiveAddr::parse(spec)
+            .map_err(|e| e.to_string())
+            .and_then(|a| {
+                a.for_device(index)
+                    .ok_or_else(|| format!("no address for device {index} (the port overflows)"))
+            });
+        let result = addr.and_then(|addr| {
+            self.serve_live(index, addr)
+                .map_err(|e| e.message)
+                .map(|_| ())
+        });
+        if let Err(message) = result {
+            eprintln!(
+                "memsnap: MEMSNAP_LIVE={spec}: {message}; recording goes on without live publishing"
+            );
+        }
+    }
+
+    /// Starts publishing device `index`'s history at `addr` (the device's allocator must
+    /// exist) and prints the address once on stderr; returns it as `memsnap watch` takes it.
+    /// An error when the device is served already or the endpoint cannot be made.
+    pub fn serve_live(&self, index: usize, addr: LiveAddr) -> FfiResult<String> {
+        let mut live = self.live.lock();
+        if let Some((_, server)) = live.iter().find(|(d, _)| *d == index) {
+            return Err(FfiError::invalid(format!(
+                "device {index} is already published at {}",
+                server.url()
+            )));
+        }
+        let allocator = RUNTIME
+            .get()
+            .and_then(|rt| rt.devices.get(index)?.get()?.as_ref().ok())
+            .ok_or_else(|| FfiError::invalid(format!("device {index} has no allocator")))?;
+        let server =
+            serve_with_token(allocator, addr, self.config.live_token.clone()).map_err(|e| {
+                FfiError {
+                    code: match e {
+                        ServeError::Address { .. } => crate::error::MEMSNAP_ERR_INVALID_ARGUMENT,
+                        _ => crate::error::MEMSNAP_ERR_IO,
+                    },
+                    message: e.to_string(),
+                }
+            })?;
+        let url = server.url();
+        eprintln!("memsnap: live at {url} (device {index}; memsnap watch {url})");
+        live.push((index, server));
+        register_live_cleanup();
+        Ok(url)
+    }
+
+    /// The address device `index`'s history is published at, if it is.
+    pub fn live_url(&self, index: usize) -> Option<String> {
+        self.live
+            .lock()
+            .iter()
+            .find(|(d, _)| *d == index)
+            .map(|(_, server)| server.url())
     }
 
     fn open_device(&self, index: usize) -> Result<CachingAllocator<AnyDevice>, String> {
@@ -313,6 +392,28 @@ fn register_exit_dump() {
         // SAFETY: `dump_at_exit` is an `extern "C" fn()` that never unwinds.
         if unsafe { libc::atexit(dump_at_exit) } != 0 {
             eprintln!("memsnap: cannot register the exit-time dump");
+        }
+    });
+}
+
+/// Removes the live endpoints' sockets at exit (dropping a server stops its threads within
+/// about 100 ms and removes its socket and private directory).
+fn register_live_cleanup() {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: `close_live_at_exit` is an `extern "C" fn()` that never unwinds.
+        if unsafe { libc::atexit(close_live_at_exit) } != 0 {
+            eprintln!("memsnap: cannot register the exit-time removal of the live socket");
+        }
+    });
+}
+
+extern "C" fn close_live_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(rt) = RUNTIME.get() {
+            // Taken out first: the servers are dropped without the lock held.
+            let servers = std::mem::take(&mut *rt.live.lock());
+            drop(servers);
         }
     });
 }

@@ -278,6 +278,14 @@ pub(crate) struct History {
     /// The newest annotations, oldest first: a second ring of the same capacity, as PyTorch
     /// keeps them (annotations are not trace entries and are not counted as dropped).
     annotations: std::collections::VecDeque<RawAnnotation>,
+    /// Entries recorded before the last `clear_history` or history off: a live listener's
+    /// entry numbers are `live_base + recorded` and never restart (with them restarting, a
+    /// listener connected before a clear received nothing until the new count passed its
+    /// own, then silently missed the entries in between).
+    live_base: u64,
+    /// Annotations recorded since this history was made (never restarts): a live
+    /// listener's annotation numbers.
+    annotations_recorded: u64,
 }
 
 impl Default for History {
@@ -293,6 +301,8 @@ impl Default for History {
             on: false,
             keep_stacks: false,
             annotations: std::collections::VecDeque::new(),
+            live_base: 0,
+            annotations_recorded: 0,
         }
     }
 }
@@ -305,7 +315,13 @@ impl History {
 
     pub fn configure(&mut self, options: HistoryOptions) {
         if options.enabled == HistoryMode::Off {
-            *self = History::default();
+            let (live_base, annotations_recorded) =
+                (self.live_recorded(), self.annotations_recorded);
+            *self = History {
+                live_base,
+                annotations_recorded,
+                ..History::default()
+            };
             return;
         }
         let capacity = match options.enabled {
@@ -313,6 +329,7 @@ impl History {
             _ => options.max_entries.max(1),
         };
         let mut kept = if options.clear_history {
+            self.live_base += self.recorded;
             self.recorded = 0;
             self.streams.clear();
             self.last_stream = None;
@@ -503,6 +520,8 @@ impl History {
             self.capacity,
         );
         self.recorded -= trace.len() as u64;
+        // Live numbers go on from where they were.
+        self.live_base += trace.len() as u64;
         trace
     }
 
@@ -515,6 +534,14 @@ impl History {
     /// O(recorded − seq) slot reads (a walk back from the newest slot: slots hold one or two
     /// entries) plus O(max) copies.
     pub(crate) fn entries_since(&self, seq: u64, max: usize, out: &mut Vec<RawEntry>) -> u64 {
+        // Live numbers to this history's (those before the last clear are gone: a `seq`
+        // among them gets the oldest entry held, and the listener a `Dropped`).
+        let local = seq.saturating_sub(self.live_base);
+        self.live_base + self.entries_since_local(local, max, out)
+    }
+
+    /// [`History::entries_since`] in this history's numbers (from the last clear).
+    fn entries_since_local(&self, seq: u64, max: usize, out: &mut Vec<RawEntry>) -> u64 {
         let want = self.recorded.saturating_sub(seq);
         let n = self.entries.len();
         if max == 0 {
@@ -569,6 +596,39 @@ impl History {
         self.recorded
     }
 
+    /// The number the next entry will have for a live listener: entries recorded since this
+    /// history was made, across `clear_history` and history off (unlike [`History::recorded`],
+    /// it never restarts).
+    pub fn live_recorded(&self) -> u64 {
+        self.live_base + self.recorded
+    }
+
+    /// Annotations recorded since this history was made (never restarts).
+    pub fn annotations_recorded(&self) -> u64 {
+        self.annotations_recorded
+    }
+
+    /// The annotations numbered `seq..` (an annotation's number is its position among all
+    /// annotations recorded), at most `max`, appended to `out`; returns the number of the
+    /// first one given, past `seq` when the ring no longer holds those (overwritten or
+    /// cleared before a listener was sent them). O(max).
+    pub(crate) fn annotations_since(
+        &self,
+        seq: u64,
+        max: usize,
+        out: &mut Vec<RawAnnotation>,
+    ) -> u64 {
+        let oldest = self.annotations_recorded - self.annotations.len() as u64;
+        let first = seq.clamp(oldest, self.annotations_recorded);
+        out.extend(
+            self.annotations
+                .range((first - oldest) as usize..)
+                .take(max)
+                .cloned(),
+        );
+        first
+    }
+
     /// Entries dropped since recording began: overwritten, not stored for lack of host
     /// memory, or cut by a smaller capacity.
     pub fn dropped(&self) -> u64 {
@@ -585,6 +645,9 @@ impl History {
         }
         if self.annotations.try_reserve(1).is_ok() {
             self.annotations.push_back(annotation);
+            // Counted when kept, so that the ring's annotations are numbered
+            // `annotations_recorded - len..`.
+            self.annotations_recorded += 1;
         }
     }
 
@@ -614,6 +677,54 @@ mod tests {
             max_entries,
             ..HistoryOptions::without_stacks()
         }
+    }
+
+    #[test]
+    fn live_numbers_go_on_across_a_clear_history_off_and_a_taken_trace() {
+        let mut h = History::default();
+        h.configure(all(4));
+        for i in 0..6 {
+            h.push(entry(i));
+        }
+        assert_eq!(h.live_recorded(), 6);
+        h.configure(HistoryOptions {
+            clear_history: true,
+            ..all(4)
+        });
+        assert_eq!((h.recorded(), h.live_recorded()), (0, 6));
+        h.push(entry(6));
+        // A listener that was sent 3 of the cleared entries gets the oldest one held (6).
+        let mut out = Vec::new();
+        assert_eq!(h.entries_since(3, 10, &mut out), 6);
+        assert_eq!(out.iter().map(|e| e.addr).collect::<Vec<_>>(), [6]);
+        h.configure(HistoryOptions {
+            enabled: HistoryMode::Off,
+            ..all(4)
+        });
+        h.configure(all(4));
+        assert_eq!(h.live_recorded(), 7);
+        h.push(entry(7));
+        let _ = h.take_trace();
+        assert_eq!(h.live_recorded(), 8);
+    }
+
+    #[test]
+    fn annotations_are_numbered_and_those_overwritten_are_skipped() {
+        let mut h = History::default();
+        h.configure(all(2));
+        for i in 0..5 {
+            h.annotate(RawAnnotation {
+                metadata: vec![("i".into(), i.to_string())],
+                time_ns: i,
+            });
+        }
+        let mut out = Vec::new();
+        // Annotations 1 and 2 were overwritten: the ring holds 3 and 4.
+        assert_eq!(h.annotations_since(1, 10, &mut out), 3);
+        assert_eq!(out.iter().map(|a| a.time_ns).collect::<Vec<_>>(), [3, 4]);
+        out.clear();
+        assert_eq!(h.annotations_since(5, 10, &mut out), 5);
+        assert!(out.is_empty());
     }
 
     #[test]

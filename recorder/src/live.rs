@@ -14,14 +14,22 @@
 //! `max_entries`) overwrote entries it had not sent, it gets a `Dropped` message with their
 //! number and resumes at the oldest entry the ring still holds. With no listener the cost is
 //! nothing at all; with one, one lock acquisition per poll ([`POLL`]) or per batch.
+//! Annotations recorded since the last poll are copied under the same lock and sent first,
+//! as an `Annotations` message. Entry and annotation numbers never restart (a
+//! `clear_history` continues them), so a clear shows as entries `Dropped`, never as a
+//! listener that stops receiving.
 //!
 //! ## Safety of the endpoint
 //!
 //! A unix socket is created with mode 0600 and, by default ([`LiveAddr::parse`] of `"1"`), in
 //! a private directory (mode 0700) under `$XDG_RUNTIME_DIR` or `/tmp` named after the pid.
-//! TCP binds loopback addresses only. Listeners never send anything; what they write is
-//! ignored, and a listener that goes away ends its thread (writes use `MSG_NOSIGNAL`, so it
-//! gives an error, never a `SIGPIPE` to the host process).
+//! TCP binds loopback addresses only, unless the endpoint has a token ([`serve_with_token`],
+//! `MEMSNAP_LIVE_TOKEN` in the C ABI library): then any address may be bound, and each
+//! listener must send the token first (the protocol's `Token` frame, compared in constant
+//! time; a missing or wrong one gets `Refused` and the connection closed before any state).
+//! Without a token, what listeners write is never read. A listener that goes away ends its
+//! thread (writes use `MSG_NOSIGNAL`, so it gives an error, never a `SIGPIPE` to the host
+//! process).
 
 use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
@@ -33,9 +41,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use memsnap_format::live::{self, EntryBatch, LiveEntry, Message, PROTOCOL_VERSION};
+use memsnap_format::live::{
+    self, EntryBatch, FrameReader, LiveAnnotation, LiveEntry, Message, MAX_TOKEN_FRAME_BYTES,
+    PROTOCOL_VERSION,
+};
 use memsnap_format::{Frame, PyInt};
 use parking_lot::Mutex;
 
@@ -50,6 +61,20 @@ pub const MAX_BATCH: usize = 1 << 16;
 /// How long a listener's thread sleeps when it has sent everything.
 pub const POLL: Duration = Duration::from_millis(5);
 
+/// Most listeners served at once (their threads); a connection over it is closed at once
+/// and counted in [`LiveCounters::refused`].
+pub const MAX_LISTENERS: usize = 64;
+
+/// How long a listener has to send its token, when the endpoint has one.
+pub const TOKEN_WAIT: Duration = Duration::from_secs(5);
+
+/// What a listener without a token is told by an endpoint that has one.
+const NEEDS_TOKEN: &str =
+    "this recorder needs a token (memsnap watch --token, or MEMSNAP_LIVE_TOKEN)";
+
+/// The shortest token accepted: a token is what keeps a network out of the endpoint.
+pub const MIN_TOKEN_LEN: usize = 16;
+
 /// Where to listen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LiveAddr {
@@ -59,7 +84,7 @@ pub enum LiveAddr {
         path: PathBuf,
         private_dir: Option<PathBuf>,
     },
-    /// A loopback TCP address (port 0 picks a free one).
+    /// A TCP address (port 0 picks a free one); not loopback only with a token.
     Tcp(SocketAddr),
 }
 
@@ -78,9 +103,9 @@ pub enum ServeError {
 }
 
 impl LiveAddr {
-    /// Parses `unix:/path.sock`, `tcp:127.0.0.1:PORT` (loopback only) or `1` (a unix socket
-    /// `live.sock` in a new private directory `memsnap-live-<pid>` under `$XDG_RUNTIME_DIR`,
-    /// else `/tmp`).
+    /// Parses `unix:/path.sock`, `tcp:IP:PORT` or `1` (a unix socket `live.sock` in a new
+    /// private directory `memsnap-live-<pid>` under `$XDG_RUNTIME_DIR`, else `/tmp`). A TCP
+    /// address that is not loopback is served only with a token ([`serve_with_token`]).
     pub fn parse(addr: &str) -> Result<Self, ServeError> {
         let bad = |what: &str| ServeError::Address {
             addr: addr.to_owned(),
@@ -108,12 +133,60 @@ impl LiveAddr {
         }
         if let Some(tcp) = addr.strip_prefix("tcp:") {
             let sa: SocketAddr = tcp.parse().map_err(|_| bad("not an IP address and port"))?;
-            if !sa.ip().is_loopback() {
-                return Err(bad("only loopback addresses are served"));
-            }
             return Ok(LiveAddr::Tcp(sa));
         }
         Err(bad("unknown scheme"))
+    }
+
+    /// The address as `memsnap watch` takes it (`unix:/path` or `tcp:IP:PORT`).
+    pub fn url(&self) -> String {
+        match self {
+            LiveAddr::Unix { path, .. } => format!("unix:{}", path.display()),
+            LiveAddr::Tcp(sa) => format!("tcp:{sa}"),
+        }
+    }
+
+    /// The address of device `device`'s endpoint when one address names all of a process's
+    /// (`MEMSNAP_LIVE` in a process that uses several devices; the protocol carries one
+    /// device per connection): device 0 gets this address, device `d` gets a socket
+    /// `<path>.d`, a private directory `memsnap-live-<pid>-<d>` for the default, or TCP port
+    /// `PORT + d` (port 0 stays 0: a free port for each). `None` when the port would overflow.
+    pub fn for_device(&self, device: usize) -> Option<LiveAddr> {
+        if device == 0 {
+            return Some(self.clone());
+        }
+        match self {
+            LiveAddr::Unix {
+                path,
+                private_dir: Some(dir),
+            } => {
+                let mut name = dir.file_name()?.to_owned();
+                name.push(format!("-{device}"));
+                let dir = dir.with_file_name(name);
+                Some(LiveAddr::Unix {
+                    path: dir.join(path.file_name()?),
+                    private_dir: Some(dir),
+                })
+            }
+            LiveAddr::Unix {
+                path,
+                private_dir: None,
+            } => {
+                let mut name = path.clone().into_os_string();
+                name.push(format!(".{device}"));
+                Some(LiveAddr::Unix {
+                    path: PathBuf::from(name),
+                    private_dir: None,
+                })
+            }
+            LiveAddr::Tcp(sa) => {
+                let mut sa = *sa;
+                if sa.port() != 0 {
+                    sa.set_port(u16::try_from(usize::from(sa.port()) + device).ok()?);
+                }
+                Some(LiveAddr::Tcp(sa))
+            }
+        }
     }
 }
 
@@ -132,6 +205,19 @@ impl AnyStream {
         match self {
             AnyStream::Unix(s) => s.set_write_timeout(Some(t)),
             AnyStream::Tcp(s) => s.set_write_timeout(Some(t)),
+        }
+    }
+    fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        match self {
+            AnyStream::Unix(s) => s.set_read_timeout(Some(t)),
+            AnyStream::Tcp(s) => s.set_read_timeout(Some(t)),
+        }
+    }
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::Read;
+        match self {
+            AnyStream::Unix(s) => s.read(buf),
+            AnyStream::Tcp(s) => s.read(buf),
         }
     }
     fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
@@ -171,6 +257,8 @@ pub struct LiveCounters {
     pub entries_sent: AtomicU64,
     /// Entries reported dropped to slow listeners.
     pub entries_dropped: AtomicU64,
+    /// Listeners refused: a missing or wrong token, or [`MAX_LISTENERS`] served already.
+    pub refused: AtomicU64,
 }
 
 /// A running live endpoint; dropping it stops accepting, ends every listener's thread
@@ -191,10 +279,7 @@ impl LiveServer {
 
     /// The address as `memsnap watch` takes it (`unix:/path` or `tcp:127.0.0.1:PORT`).
     pub fn url(&self) -> String {
-        match &self.addr {
-            LiveAddr::Unix { path, .. } => format!("unix:{}", path.display()),
-            LiveAddr::Tcp(sa) => format!("tcp:{sa}"),
-        }
+        self.addr.url()
     }
 
     pub fn counters(&self) -> &LiveCounters {
@@ -226,15 +311,62 @@ impl<D: Device> CachingAllocator<D> {
     pub fn serve_live(self: &Arc<Self>, addr: &str) -> Result<LiveServer, ServeError> {
         serve(self.clone(), LiveAddr::parse(addr)?)
     }
+
+    /// [`CachingAllocator::serve_live`] where each listener must send `token` first (see
+    /// [`serve_with_token`]); any TCP address may then be bound.
+    pub fn serve_live_with_token(
+        self: &Arc<Self>,
+        addr: &str,
+        token: &str,
+    ) -> Result<LiveServer, ServeError> {
+        serve_with_token(self.clone(), LiveAddr::parse(addr)?, Some(token.to_owned()))
+    }
 }
 
 /// [`CachingAllocator::serve_live`] for any owner of the allocator (an `Arc`, or a
-/// `&'static` one from a `OnceLock`).
+/// `&'static` one from a `OnceLock`). Loopback TCP addresses only.
 pub fn serve<A, D>(alloc: A, addr: LiveAddr) -> Result<LiveServer, ServeError>
 where
     A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
     D: Device,
 {
+    serve_with_token(alloc, addr, None)
+}
+
+/// [`serve`], with a token each listener must send first (at least [`MIN_TOKEN_LEN`]
+/// bytes; compared in constant time; a listener without it gets `Refused`). A TCP address
+/// that is not loopback is refused without a token: the token is the explicit opt-in to
+/// publishing the history to a network.
+pub fn serve_with_token<A, D>(
+    alloc: A,
+    addr: LiveAddr,
+    token: Option<String>,
+) -> Result<LiveServer, ServeError>
+where
+    A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
+    D: Device,
+{
+    if let LiveAddr::Tcp(sa) = &addr {
+        if token.is_none() && !sa.ip().is_loopback() {
+            return Err(ServeError::Address {
+                addr: addr.url(),
+                what: "a non-loopback address is served only with a token (MEMSNAP_LIVE_TOKEN)"
+                    .into(),
+            });
+        }
+    }
+    if let Some(t) = &token {
+        if t.len() < MIN_TOKEN_LEN {
+            return Err(ServeError::Address {
+                addr: addr.url(),
+                what: format!(
+                    "the token has {} bytes; at least {MIN_TOKEN_LEN} are needed",
+                    t.len()
+                ),
+            });
+        }
+    }
+    let token: Option<Arc<str>> = token.map(Arc::from);
     let io = |what: String| move |source| ServeError::Io { what, source };
     let (listener, addr) = match addr {
         LiveAddr::Unix { path, private_dir } => {
@@ -270,7 +402,7 @@ where
         let (stop, threads, counters) = (stop.clone(), threads.clone(), counters.clone());
         std::thread::Builder::new()
             .name("memsnap-live".into())
-            .spawn(move || accept_loop(alloc, listener, stop, threads, counters))
+            .spawn(move || accept_loop(alloc, listener, stop, threads, counters, token))
             .map_err(io("starting its thread".into()))?
     };
     Ok(LiveServer {
@@ -288,6 +420,7 @@ fn accept_loop<A, D>(
     stop: Arc<AtomicBool>,
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
     counters: Arc<LiveCounters>,
+    token: Option<Arc<str>>,
 ) where
     A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
     D: Device,
@@ -300,12 +433,25 @@ fn accept_loop<A, D>(
         match accepted {
             Ok(stream) => {
                 counters.connections.fetch_add(1, Ordering::Relaxed);
+                {
+                    // A bound on the threads: an endpoint open to a network could otherwise
+                    // be made to start one per connection attempt (each waits for a token
+                    // up to TOKEN_WAIT). Over it, the connection is closed at once.
+                    let mut threads = threads.lock();
+                    threads.retain(|t| !t.is_finished());
+                    if threads.len() >= MAX_LISTENERS {
+                        counters.refused.fetch_add(1, Ordering::Relaxed);
+                        drop(stream);
+                        continue;
+                    }
+                }
                 let (alloc, stop, counters) = (alloc.clone(), stop.clone(), counters.clone());
+                let token = token.clone();
                 let spawned = std::thread::Builder::new()
                     .name("memsnap-live-listener".into())
                     .spawn(move || {
                         // A listener's failure (it went away) ends its thread only.
-                        let _ = Listener::new(stream, stop, counters).run(&*alloc);
+                        let _ = Listener::new(stream, stop, counters).run(&*alloc, token);
                     });
                 if let Ok(handle) = spawned {
                     let mut threads = threads.lock();
@@ -348,16 +494,30 @@ impl Listener {
         }
     }
 
-    fn run<D: Device>(mut self, alloc: &CachingAllocator<D>) -> std::io::Result<()> {
+    fn run<D: Device>(
+        mut self,
+        alloc: &CachingAllocator<D>,
+        token: Option<Arc<str>>,
+    ) -> std::io::Result<()> {
         self.stream.set_nonblocking(false)?;
         // Writes wake up now and then to see whether the server is being dropped.
         self.stream.set_write_timeout(Duration::from_millis(100))?;
+        // Hello first in any case: a reader of another version stops there, naming it.
         self.send(&Message::Hello {
             protocol: PROTOCOL_VERSION,
             producer: concat!("memsnap-recorder ", env!("CARGO_PKG_VERSION")).to_owned(),
             device: alloc.device_index(),
         })?;
-        let (state, mut seq) = alloc.live_state();
+        if let Some(expected) = token {
+            if let Err(reason) = self.read_token(&expected)? {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                self.send(&Message::Refused {
+                    reason: reason.to_owned(),
+                })?;
+                return Ok(());
+            }
+        }
+        let (state, mut seq, mut annotation_seq) = alloc.live_state();
         let in_state = state
             .traces()
             .get(usize::try_from(alloc.device_index()).unwrap_or(0))
@@ -372,7 +532,23 @@ impl Listener {
             .entries_sent
             .fetch_add(in_state, Ordering::Relaxed);
         while !self.stop.load(Ordering::Relaxed) {
-            let tail = alloc.live_tail(seq, MAX_BATCH, &self.stacks_sent);
+            let tail = alloc.live_tail(seq, annotation_seq, MAX_BATCH, &self.stacks_sent);
+            if !tail.annotations.is_empty() || tail.first_annotation_seq > annotation_seq {
+                let missed = tail.first_annotation_seq - annotation_seq;
+                let annotations = tail
+                    .annotations
+                    .iter()
+                    .map(|a| LiveAnnotation {
+                        time_us: tail.time_us(a.time_ns),
+                        metadata: a.metadata.clone(),
+                    })
+                    .collect::<Vec<_>>();
+                annotation_seq = tail.first_annotation_seq + annotations.len() as u64;
+                self.send(&Message::Annotations {
+                    missed,
+                    annotations,
+                })?;
+            }
             if tail.first_seq > seq {
                 let missed = tail.first_seq - seq;
                 self.counters
@@ -385,6 +561,7 @@ impl Listener {
                 seq = tail.first_seq;
             }
             if tail.entries.is_empty() {
+                self.drain();
                 std::thread::sleep(POLL);
                 continue;
             }
@@ -421,7 +598,81 @@ impl Listener {
             self.counters.entries_sent.fetch_add(n, Ordering::Relaxed);
             seq += n;
         }
+        self.drain();
         Ok(())
+    }
+
+    /// Reads and discards what the listener wrote (its `Token` frame, at most 64 KiB per
+    /// call), without waiting: a socket closed with unread bytes resets the connection, and
+    /// the listener would get an error instead of the end of the stream (and over TCP could
+    /// lose what it had not read yet).
+    fn drain(&mut self) {
+        if self.stream.set_nonblocking(true).is_err() {
+            return;
+        }
+        let mut buf = [0u8; 4096];
+        for _ in 0..16 {
+            match self.stream.read(&mut buf) {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
+        let _ = self.stream.set_nonblocking(false);
+    }
+
+    /// Reads the listener's `Token` frame (at most [`MAX_TOKEN_FRAME_BYTES`], within
+    /// [`TOKEN_WAIT`]) and compares it with `expected` in constant time; `Err` with the
+    /// reason the listener is told when it is missing or wrong. Before the token matched,
+    /// nothing of the history is sent, and at most 4 KiB are read.
+    fn read_token(&mut self, expected: &str) -> std::io::Result<Result<(), &'static str>> {
+        self.stream.set_read_timeout(Duration::from_millis(100))?;
+        let deadline = Instant::now() + TOKEN_WAIT;
+        let mut reader = FrameReader::new();
+        let mut buf = [0u8; 512];
+        let mut read = 0usize;
+        loop {
+            match reader.next_message() {
+                Ok(Some(Message::Token { token })) => {
+                    return Ok(
+                        if live::token_matches(token.as_bytes(), expected.as_bytes()) {
+                            Ok(())
+                        } else if token.is_empty() {
+                            Err(NEEDS_TOKEN)
+                        } else {
+                            Err("wrong token")
+                        },
+                    );
+                }
+                Ok(Some(_)) | Err(_) => {
+                    return Ok(Err("the first frame of a listener must be its Token"))
+                }
+                Ok(None) => {}
+            }
+            if read > MAX_TOKEN_FRAME_BYTES as usize + 4 {
+                return Ok(Err("the token frame is too long"));
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(ErrorKind::Interrupted.into());
+            }
+            if Instant::now() >= deadline {
+                return Ok(Err(
+                    "no token was sent in time (memsnap watch --token, or MEMSNAP_LIVE_TOKEN)",
+                ));
+            }
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    read += n;
+                    reader.push(&buf[..n]);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn frame_id(&mut self, frame: &Frame, batch: &mut EntryBatch) -> u32 {

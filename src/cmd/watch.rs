@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use memsnap_analysis::summary::{DeviceSummary, SummaryOptions};
 use memsnap_analysis::{GroupBy, PhaseKind, Step, StepOptions};
-use memsnap_format::live::{Applied, FrameReader, LiveSnapshot};
+use memsnap_format::live::{Applied, FrameReader, LiveSnapshot, Message};
 
 use crate::cmd::common::format_size;
 
@@ -35,10 +35,10 @@ use crate::cmd::common::format_size;
 /// runs), 2 on an error (a refused stream says what was wrong).
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  MEMSNAP_LIVE=unix:/tmp/run.sock python train.py &\n  memsnap watch unix:/tmp/run.sock\n  memsnap watch tcp:127.0.0.1:7077 --max-peak 20GiB --max-drift 2\n  memsnap watch unix:/tmp/run.sock --json --save run.msgpack"
+    after_help = "Examples:\n  MEMSNAP_LIVE=unix:/tmp/run.sock python train.py &\n  memsnap watch unix:/tmp/run.sock\n  memsnap watch tcp:127.0.0.1:7077 --max-peak 20GiB --max-drift 2\n  memsnap watch unix:/tmp/run.sock --json --save run.msgpack\n  MEMSNAP_LIVE=tcp:0.0.0.0:7077 MEMSNAP_LIVE_TOKEN=$T python train.py   # on gpu-host\n  memsnap watch tcp:gpu-host:7077 --token $T"
 )]
 pub struct Args {
-    /// `unix:/path.sock`, `tcp:127.0.0.1:PORT`, or a socket path.
+    /// `unix:/path.sock`, `tcp:HOST:PORT`, or a socket path.
     pub addr: String,
     /// Print one JSON object per step instead of text.
     #[arg(long)]
@@ -55,6 +55,11 @@ pub struct Args {
     /// Least time between two step analyses, in milliseconds.
     #[arg(long, default_value_t = 500, value_name = "MS")]
     pub every: u64,
+    /// The recorder's token, when it has one (`MEMSNAP_LIVE_TOKEN` of the recorded process;
+    /// needed for a recorder listening on a non-loopback address). Defaults to the
+    /// `MEMSNAP_LIVE_TOKEN` variable of this shell.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
 }
 
 fn parse_size(text: &str) -> std::result::Result<u64, String> {
@@ -82,6 +87,24 @@ impl Conn {
             Conn::Tcp(s) => s.set_read_timeout(timeout)?,
         }
         Ok(conn)
+    }
+
+    /// Sends the listener's one frame, its token (empty when none): a recorder with a token
+    /// reads it, one without never does (protocol version 2).
+    fn send_token(&mut self, token: &str) -> Result<()> {
+        use std::io::Write;
+        let mut frame = Vec::new();
+        memsnap_format::live::encode(
+            &Message::Token {
+                token: token.to_owned(),
+            },
+            &mut frame,
+        )?;
+        match self {
+            Conn::Unix(s) => s.write_all(&frame),
+            Conn::Tcp(s) => s.write_all(&frame),
+        }
+        .context("sending the token to the recorder")
     }
 
     /// Bytes read; `None` when nothing came within the timeout; `Some(0)` at the end.
@@ -122,6 +145,12 @@ struct Watch {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let mut conn = Conn::open(&args.addr)?;
+    let token = args
+        .token
+        .clone()
+        .or_else(|| std::env::var("MEMSNAP_LIVE_TOKEN").ok())
+        .unwrap_or_default();
+    conn.send_token(&token)?;
     let mut reader = FrameReader::new();
     let mut live = LiveSnapshot::new();
     let mut watch = Watch {
@@ -150,7 +179,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 None => {}
             }
         }
-        if let Some(crossed) = watch.analyse(&live, ended)? {
+        if let Some(crossed) = watch.analyse(&mut live, ended)? {
             break Some(crossed);
         }
         if ended {
@@ -176,10 +205,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
 impl Watch {
     /// Finds the steps when it is time and prints the newly finished ones; returns the limit
     /// a step crossed, if one did.
-    fn analyse(&mut self, live: &LiveSnapshot, ended: bool) -> Result<Option<String>> {
-        let Some(snapshot) = live.snapshot() else {
+    fn analyse(&mut self, live: &mut LiveSnapshot, ended: bool) -> Result<Option<String>> {
+        if !live.has_state() {
             return Ok(None);
-        };
+        }
         let len = live.trace().len();
         // An analysis is O(n log n) over everything received; waiting four times as long as
         // the last one took keeps it under a fifth of the watch's time on a long run.
@@ -191,6 +220,10 @@ impl Watch {
         }
         self.analysed_len = len;
         let started = Instant::now();
+        // Writes the segments the entries changed (O(blocks)), only when analysing.
+        let Some(snapshot) = live.snapshot() else {
+            return Ok(None);
+        };
         let options = SummaryOptions {
             steps: StepOptions::default(),
             top_sites: 0,

@@ -67,6 +67,7 @@ fn watch(url: &str, extra: &[&str]) -> std::process::Child {
         .arg(url)
         .args(["--every", "0"])
         .args(extra)
+        .env_remove("MEMSNAP_LIVE_TOKEN")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -136,7 +137,8 @@ fn watch_reports_every_step_and_saves_what_it_received() {
     // The saved snapshot's trace is the recorder's.
     let (mut received, _) = memsnap_format::read_path(&saved).unwrap();
     let mut dump = alloc.snapshot();
-    // A listener's segments are those at connect (none here); the trace must be equal.
+    // The trace must be equal. (The listener's segments follow the entries, with blocks
+    // sized by their requests: the recorder's tests compare them.)
     received.segments.clear();
     dump.segments.clear();
     assert_eq!(memsnap_format::compare::diff(&received, &dump), None);
@@ -167,4 +169,45 @@ fn watch_max_peak_exits_1_at_the_first_step_above_it_while_the_run_goes_on() {
         .all(|l| !l.contains("LIMIT")));
     assert!(last.contains("peak   52.2 MiB"), "{stdout}");
     assert!(lines.len() <= 4, "{stdout}");
+}
+
+#[test]
+fn watch_sends_its_token_and_a_recorder_with_one_refuses_a_watch_without_it() {
+    let alloc = recorder();
+    let token = "a-token-of-enough-bytes";
+    let server = alloc
+        .serve_live_with_token("tcp:127.0.0.1:0", token)
+        .unwrap();
+    train(&alloc, 2);
+    let url = server.url();
+    let (code, _, stderr) = wait(watch(&url, &[]));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("the recorder refused this listener: this recorder needs a token"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = wait(watch(&url, &["--token", "not-the-token-at-all"]));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("wrong token"), "{stderr}");
+    // The right token: the watch follows the run until the recorder ends the stream.
+    let child = watch(&url, &["--json", "--token", token]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server
+        .counters()
+        .connections
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 3
+        || server
+            .counters()
+            .entries_sent
+            .load(std::sync::atomic::Ordering::Relaxed)
+            < alloc.recorded_entries()
+    {
+        assert!(Instant::now() < deadline, "the watch got no entries");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(server);
+    let (code, stdout, stderr) = wait(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stdout.is_empty(), "{stderr}");
 }

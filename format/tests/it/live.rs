@@ -2,8 +2,8 @@
 //! it refuses.
 
 use memsnap_format::live::{
-    encode, Applied, Bytes, EntryBatch, FrameReader, LiveEntry, LiveError, LiveSnapshot, Message,
-    MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    encode, Applied, Bytes, EntryBatch, FrameReader, LiveAnnotation, LiveEntry, LiveError,
+    LiveSnapshot, Message, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use memsnap_format::{msgpack, Frame, Snapshot};
 use proptest::prelude::*;
@@ -69,16 +69,71 @@ fn apply_all(bytes: &[u8]) -> Result<LiveSnapshot, LiveError> {
 fn a_stream_split_anywhere_rebuilds_the_same_trace() {
     let bytes = stream(&[hello(), state(), batch()]);
     if let Some(dir) = std::env::var_os("MEMSNAP_LIVE_FUZZ_SEEDS") {
-        std::fs::write(std::path::Path::new(&dir).join("valid"), &bytes).unwrap();
+        let dir = std::path::Path::new(&dir);
+        std::fs::write(dir.join("valid"), &bytes).unwrap();
+        std::fs::write(dir.join("segments"), stream(&segment_stream())).unwrap();
     }
     let live = apply_all(&bytes).unwrap();
     assert_eq!(live.next_seq(), 7);
-    let trace = live.trace();
+    let snap = live.into_snapshot().unwrap();
+    let trace = &snap.traces()[0];
     assert_eq!(trace.len(), 2);
-    let snap = live.snapshot().unwrap();
     let stack = snap.stacks.get(trace[0].frames.unwrap());
     assert_eq!(stack.len(), 2);
     assert_eq!(trace[1].frames, None);
+}
+
+/// Segments made, split, freed, mapped and unmapped after the state, and annotations: what
+/// the listener's segment model and annotation list take in.
+fn segment_stream() -> Vec<Message> {
+    use memsnap_format::live::action_tag;
+    use memsnap_format::Action::*;
+    const MIB: u64 = 1 << 20;
+    let entries = [
+        (SegmentAlloc, 0, 2 * MIB),
+        (Alloc, 0, 4096),
+        (Alloc, 4096, 1000),
+        (FreeRequested, 0, 4096),
+        (FreeCompleted, 0, 4096),
+        (SegmentMap, 64 * MIB, 4 * MIB),
+        (SegmentMap, 68 * MIB, 4 * MIB),
+        (Alloc, 64 * MIB, 3 * MIB),
+        (SegmentUnmap, 69 * MIB, 2 * MIB),
+        (FreeCompleted, 4096, 1000),
+        (SegmentFree, 0, 2 * MIB),
+    ]
+    .map(|(action, addr, size)| LiveEntry {
+        action: action_tag(action).unwrap(),
+        addr,
+        size,
+        ..entry(None)
+    });
+    vec![
+        hello(),
+        state(),
+        Message::Entries(EntryBatch {
+            first_seq: 5,
+            entries: entries.to_vec(),
+            ..Default::default()
+        }),
+        annotations(&["ProfilerStep#1"]),
+    ]
+}
+
+#[test]
+fn segments_follow_the_entries_after_the_state() {
+    let mut live = apply_all(&stream(&segment_stream())).unwrap();
+    let snap = live.snapshot().unwrap();
+    assert_eq!(memsnap_format::validate(snap), vec![]);
+    let shape: Vec<(u64, u64, usize)> = snap
+        .segments
+        .iter()
+        .map(|s| (s.address, s.total_size, s.blocks.len()))
+        .collect();
+    const MIB: u64 = 1 << 20;
+    // The 2 MiB segment was freed; the expandable range [64, 72) MiB lost [69, 71) MiB.
+    assert_eq!(shape, [(64 * MIB, 5 * MIB, 2), (71 * MIB, MIB, 1)]);
+    assert_eq!(snap.segments[0].allocated_size, Some(3 * MIB));
 }
 
 #[test]
@@ -160,6 +215,89 @@ fn malformed_and_out_of_order_messages_are_refused_with_what_was_wrong() {
     ));
 }
 
+fn annotations(names: &[&str]) -> Message {
+    Message::Annotations {
+        missed: 0,
+        annotations: names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| LiveAnnotation {
+                time_us: 10 + i as i64,
+                metadata: vec![
+                    ("stage".into(), "START".into()),
+                    ("name".into(), (*name).into()),
+                ],
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn annotations_are_appended_to_the_snapshots_external_annotations() {
+    let mut live = apply_all(&stream(&[
+        hello(),
+        state(),
+        annotations(&["ProfilerStep#1"]),
+    ]))
+    .unwrap();
+    let lost = Message::Annotations {
+        missed: 4,
+        annotations: vec![],
+    };
+    assert_eq!(
+        live.apply(lost).unwrap(),
+        Applied::Annotations {
+            count: 0,
+            missed: 4
+        }
+    );
+    live.apply(annotations(&["ProfilerStep#2", "forward"]))
+        .unwrap();
+    assert_eq!(live.missed_annotations(), 4);
+    let snap = live.snapshot().unwrap();
+    let got: Vec<(Option<&str>, Option<&str>, i64, i64)> = snap
+        .external_annotations
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|a| (a.stage(), a.name(), a.time_us, a.device))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some("START"), Some("ProfilerStep#1"), 10, 0),
+            (Some("START"), Some("ProfilerStep#2"), 10, 0),
+            (Some("START"), Some("forward"), 11, 0),
+        ]
+    );
+    // Written and read back as a file, they are the snapshot's (what `watch --save` keeps).
+    let again = msgpack::read(&msgpack::to_vec(snap).unwrap()).unwrap();
+    assert_eq!(again.external_annotations, snap.external_annotations);
+}
+
+/// A reader of version 1 (before `Annotations`) meets a version-2 `Hello` first and stops
+/// there with the versions named; this reader does the same for version 1.
+#[test]
+fn a_reader_of_another_version_stops_at_hello_with_both_versions_named() {
+    assert_eq!(PROTOCOL_VERSION, 2);
+    let old = Message::Hello {
+        protocol: 1,
+        producer: "memsnap-recorder 0.1.0".into(),
+        device: 0,
+    };
+    let err = apply_all(&stream(&[old, state(), batch()])).unwrap_err();
+    assert!(matches!(err, LiveError::Version { version: 1 }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "unsupported live protocol version 1 (this reader knows 2)"
+    );
+    let refused = apply_all(&stream(&[hello(), annotations(&["x"])])).unwrap_err();
+    assert!(
+        refused.to_string().contains("Annotations before State"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn a_dropped_marker_moves_the_next_expected_entry() {
     let dropped = Message::Dropped {
@@ -179,8 +317,37 @@ proptest! {
     fn any_bytes_after_a_valid_start_give_an_answer_not_a_panic(
         tail in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
-        let mut bytes = stream(&[hello(), state(), batch()]);
+        let mut bytes = stream(&[hello(), state(), batch(), annotations(&["step"])]);
         bytes.extend_from_slice(&tail);
         let _ = apply_all(&bytes);
+    }
+}
+
+#[test]
+fn a_refusal_is_an_error_with_the_recorders_reason_and_a_token_from_a_recorder_is_refused() {
+    let refused = Message::Refused {
+        reason: "wrong token".into(),
+    };
+    let err = apply_all(&stream(&[hello(), refused])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the recorder refused this listener: wrong token"
+    );
+    let token = Message::Token { token: "x".into() };
+    let err = apply_all(&stream(&[hello(), state(), token])).unwrap_err();
+    assert!(err.to_string().contains("listeners send it"), "{err}");
+}
+
+#[test]
+fn tokens_match_only_when_equal() {
+    use memsnap_format::live::token_matches;
+    assert!(token_matches(b"0123456789abcdef", b"0123456789abcdef"));
+    for other in [
+        &b"0123456789abcdeF"[..],
+        b"0123456789abcde",
+        b"0123456789abcdef0",
+        b"",
+    ] {
+        assert!(!token_matches(other, b"0123456789abcdef"), "{other:?}");
     }
 }

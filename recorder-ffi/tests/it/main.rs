@@ -12,6 +12,7 @@
 //! [`LIB_DIR_VARIABLE`]).
 
 mod c_program;
+mod live;
 mod never_panics;
 mod python;
 

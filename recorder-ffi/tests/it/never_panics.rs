@@ -31,6 +31,8 @@ struct Abi {
     record_stream: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
     get_stats: unsafe extern "C" fn(c_int, *mut Stats) -> c_int,
     stats_json: unsafe extern "C" fn(c_int, *mut c_char, usize, *mut usize) -> c_int,
+    serve_live: unsafe extern "C" fn(c_int, *const c_char) -> c_int,
+    live_address: unsafe extern "C" fn(c_int, *mut c_char, usize, *mut usize) -> c_int,
     last_error: unsafe extern "C" fn() -> *const c_char,
 }
 
@@ -56,6 +58,8 @@ fn abi() -> &'static Abi {
                 record_stream: symbol(handle, c"memsnap_record_stream"),
                 get_stats: symbol(handle, c"memsnap_get_stats"),
                 stats_json: symbol(handle, c"memsnap_stats_json"),
+                serve_live: symbol(handle, c"memsnap_serve_live"),
+                live_address: symbol(handle, c"memsnap_live_address"),
                 last_error: symbol(handle, c"memsnap_last_error"),
             }
         }
@@ -200,6 +204,38 @@ fn bad_input_gives_status_codes_and_messages() {
         assert!(
             json.contains("\"num_ooms\":1"),
             "the 1 << 60 request counted: {json}"
+        );
+
+        // Live endpoints: bad addresses and devices, an address asked before any exists.
+        let mut needed = 7usize;
+        assert_eq!(
+            (abi.live_address)(0, std::ptr::null_mut(), 0, &mut needed),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(needed, 0, "no address: nothing needed");
+        assert!(last_error().contains("not published"), "{}", last_error());
+        for bad in [c"tcp:8.8.8.8:80", c"bogus", c"unix:"] {
+            assert_eq!(
+                (abi.serve_live)(0, bad.as_ptr()),
+                MEMSNAP_ERR_INVALID_ARGUMENT
+            );
+            assert!(last_error().contains("live address"), "{}", last_error());
+        }
+        assert_eq!(
+            (abi.serve_live)(0, c"unix:/nonexistent-dir/x/live.sock".as_ptr()),
+            MEMSNAP_ERR_IO
+        );
+        assert_eq!(
+            (abi.serve_live)(-1, c"tcp:127.0.0.1:0".as_ptr()),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            (abi.serve_live)(0, not_utf8.as_ptr().cast::<c_char>()),
+            MEMSNAP_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            (abi.live_address)(-3, std::ptr::null_mut(), 0, std::ptr::null_mut()),
+            MEMSNAP_ERR_INVALID_ARGUMENT
         );
 
         // A working call still works after all that.

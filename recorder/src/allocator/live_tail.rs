@@ -9,7 +9,7 @@ use memsnap_format::{Frame, Snapshot};
 use super::snapshot;
 use super::CachingAllocator;
 use crate::device::Device;
-use crate::history::RawEntry;
+use crate::history::{RawAnnotation, RawEntry};
 use crate::stacks::{symbolize, RawStackId, NO_STACK};
 
 /// Entries taken from the ring for a listener.
@@ -19,6 +19,9 @@ pub(crate) struct Tail {
     pub entries: Vec<RawEntry>,
     /// Stacks of `entries` the listener has not had, symbolised (outside the lock).
     pub new_stacks: Vec<(RawStackId, Vec<Frame>)>,
+    /// The number of `annotations[0]` (greater than asked when the ring dropped some).
+    pub first_annotation_seq: u64,
+    pub annotations: Vec<RawAnnotation>,
     /// Converts an entry's clock reading to microseconds since the Unix epoch.
     pub manual_epoch_us: Option<i64>,
 }
@@ -38,25 +41,45 @@ enum RawStack {
 }
 
 impl<D: Device> CachingAllocator<D> {
-    /// The snapshot a listener starts from, and the number of the first entry not in its
-    /// trace. Unlike [`CachingAllocator::snapshot`] it records no `snapshot` entry.
-    pub(crate) fn live_state(&self) -> (Snapshot, u64) {
-        let (raw, next_seq) = {
+    /// The snapshot a listener starts from, the number of the first entry not in its trace
+    /// and of the first annotation not in its `external_annotations`. Unlike
+    /// [`CachingAllocator::snapshot`] it records no `snapshot` entry.
+    pub(crate) fn live_state(&self) -> (Snapshot, u64, u64) {
+        let (raw, next_seq, next_annotation) = {
             let mut st = self.state.lock();
             let raw = snapshot::collect_quietly(&mut st, false);
-            (raw, st.history.recorded())
+            (
+                raw,
+                st.history.live_recorded(),
+                st.history.annotations_recorded(),
+            )
         };
-        (snapshot::build(raw, self.device_index), next_seq)
+        (
+            snapshot::build(raw, self.device_index),
+            next_seq,
+            next_annotation,
+        )
     }
 
-    /// Up to `max` entries from number `seq` on. The lock is held for the copy only
-    /// (O(recorded − seq) slot reads, O(max) copies); stacks are symbolised after it.
-    pub(crate) fn live_tail(&self, seq: u64, max: usize, sent: &HashSet<RawStackId>) -> Tail {
+    /// Up to `max` entries from number `seq` on, and up to `max` annotations from number
+    /// `annotation_seq` on. The lock is held for the copy only (O(recorded − seq) slot
+    /// reads, O(max) copies); stacks are symbolised after it.
+    pub(crate) fn live_tail(
+        &self,
+        seq: u64,
+        annotation_seq: u64,
+        max: usize,
+        sent: &HashSet<RawStackId>,
+    ) -> Tail {
         let mut entries = Vec::new();
+        let mut annotations = Vec::new();
         let mut raw_stacks: Vec<(RawStackId, RawStack)> = Vec::new();
-        let (first_seq, manual_epoch_us) = {
+        let (first_seq, first_annotation_seq, manual_epoch_us) = {
             let st = self.state.lock();
             let first = st.history.entries_since(seq, max, &mut entries);
+            let first_annotation =
+                st.history
+                    .annotations_since(annotation_seq, max, &mut annotations);
             let mut seen = HashSet::new();
             for e in &entries {
                 let id = e.stack;
@@ -69,7 +92,7 @@ impl<D: Device> CachingAllocator<D> {
                 };
                 raw_stacks.push((id, raw));
             }
-            (first, st.manual_epoch_us)
+            (first, first_annotation, st.manual_epoch_us)
         };
         let new_stacks = raw_stacks
             .into_iter()
@@ -85,6 +108,8 @@ impl<D: Device> CachingAllocator<D> {
             first_seq,
             entries,
             new_stacks,
+            first_annotation_seq,
+            annotations,
             manual_epoch_us,
         }
     }

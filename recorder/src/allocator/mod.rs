@@ -286,6 +286,13 @@ impl<D: Device> CachingAllocator<D> {
         self.state.lock().history.recorded()
     }
 
+    /// The number the next trace entry will have for a live listener (see
+    /// [`CachingAllocator::serve_live`]): like [`CachingAllocator::recorded_entries`], but it
+    /// never restarts, also across `clear_history` and history off.
+    pub fn live_entries(&self) -> u64 {
+        self.state.lock().history.live_recorded()
+    }
+
     /// `Tensor.record_stream`: the block is also used on `stream`, so its memory is reused
     /// only after the work queued on `stream` when it is freed has completed. Pointers this
     /// allocator does not hold are ignored, as in PyTorch.

@@ -199,3 +199,382 @@ fn a_stalled_listener_does_not_hold_the_allocator_and_gets_the_dropped_marker() 
     }
     assert!(server.counters().entries_dropped.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn each_device_of_one_address_gets_an_endpoint_of_its_own() {
+    use memsnap_recorder::LiveAddr;
+    use std::path::PathBuf;
+    let unix = LiveAddr::parse("unix:/run/train.sock").unwrap();
+    assert_eq!(unix.for_device(0), Some(unix.clone()));
+    assert_eq!(
+        unix.for_device(3),
+        Some(LiveAddr::Unix {
+            path: PathBuf::from("/run/train.sock.3"),
+            private_dir: None
+        })
+    );
+    let LiveAddr::Unix {
+        path,
+        private_dir: Some(dir),
+    } = LiveAddr::parse("1").unwrap().for_device(2).unwrap()
+    else {
+        panic!("the default is a private directory");
+    };
+    let name = format!("memsnap-live-{}-2", std::process::id());
+    assert_eq!(dir.file_name().unwrap().to_str(), Some(name.as_str()));
+    assert_eq!(path, dir.join("live.sock"));
+    let tcp = LiveAddr::parse("tcp:127.0.0.1:7000").unwrap();
+    assert_eq!(
+        tcp.for_device(2),
+        Some(LiveAddr::parse("tcp:127.0.0.1:7002").unwrap())
+    );
+    let any_port = LiveAddr::parse("tcp:127.0.0.1:0").unwrap();
+    assert_eq!(any_port.for_device(5), Some(any_port.clone()));
+    let last = LiveAddr::parse("tcp:127.0.0.1:65535").unwrap();
+    assert_eq!(last.for_device(1), None, "the port would overflow");
+}
+
+fn history(max_entries: usize, clear_history: bool) -> HistoryOptions {
+    HistoryOptions {
+        max_entries,
+        stacks: StackMode::None,
+        clear_history,
+        ..HistoryOptions::default()
+    }
+}
+
+/// Regression: `clear_history` restarted the entry numbers, so a listener connected before
+/// it received nothing until the new count passed its own, then silently missed the entries
+/// in between (and history off then on did the same).
+#[test]
+fn entries_recorded_after_a_clear_or_history_off_reach_a_connected_listener() {
+    let alloc = recorder(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    train(&alloc, 3, 20);
+    client.read_until(alloc.live_entries());
+    let before = client.live.trace().len();
+
+    alloc.record_memory_history(history(usize::MAX, true));
+    assert_eq!(
+        alloc.recorded_entries(),
+        0,
+        "the recorder's own count restarts"
+    );
+    train(&alloc, 1, 4);
+    client.read_until(alloc.live_entries());
+    // Everything recorded since the clear arrived, after what was received before it.
+    let dump = alloc.snapshot();
+    let since_clear = &dump.traces()[0];
+    let got = client.live.trace();
+    assert_eq!(got.len(), before + since_clear.len());
+    for (x, y) in got[before..].iter().zip(since_clear.iter()) {
+        assert_eq!((x.action, x.addr, x.size), (y.action, y.addr, y.size));
+    }
+    // The dump's own `snapshot` entry, so that nothing is left unsent when history goes off
+    // (entries discarded before they were sent are reported as `Dropped`).
+    client.read_until(alloc.live_entries());
+
+    alloc.record_memory_history(HistoryOptions {
+        enabled: memsnap_recorder::HistoryMode::Off,
+        ..history(usize::MAX, false)
+    });
+    let _ = alloc.malloc(4096, Stream::DEFAULT).map(|p| alloc.free(p));
+    alloc.record_memory_history(history(usize::MAX, false));
+    let kept = client.live.trace().len();
+    train(&alloc, 1, 4);
+    let recorded_again = alloc.recorded_entries();
+    client.read_until(alloc.live_entries());
+    assert_eq!(
+        client.live.trace().len() as u64,
+        kept as u64 + recorded_again
+    );
+    assert_eq!(client.live.missed(), 0);
+}
+
+#[test]
+fn annotations_recorded_after_connect_reach_the_listener_and_its_snapshot() {
+    let alloc = recorder(usize::MAX);
+    alloc.record_annotation(&[("stage", "START"), ("name", "ProfilerStep#0")]);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    for step in 1..4 {
+        let name = format!("ProfilerStep#{step}");
+        alloc.record_annotation(&[("stage", "START"), ("name", &name)]);
+        train(&alloc, 1, 5);
+        alloc.record_annotation(&[("stage", "END"), ("name", &name)]);
+    }
+    // An entry after the last annotation: it is sent with or after it.
+    let _ = alloc.malloc(512, Stream::DEFAULT).map(|p| alloc.free(p));
+    client.read_until(alloc.live_entries());
+    let dump = alloc.snapshot();
+    let ours = dump.external_annotations.clone().unwrap();
+    assert_eq!(ours.len(), 7);
+    let rebuilt = client.live.into_snapshot().unwrap();
+    assert_eq!(rebuilt.external_annotations, Some(ours));
+}
+
+/// The annotation ring keeps `max_entries`: a listener that was not sent the ones it
+/// overwrote is told how many it missed.
+#[test]
+fn annotations_overwritten_before_they_were_sent_are_counted_as_missed() {
+    let alloc = recorder(8);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    client.read_until(0);
+    // The listener's thread copies at most the ring's 8 per poll (every 5 ms when idle):
+    // most of 10,000 annotations recorded in a loop are overwritten before it looks.
+    for i in 0..10_000 {
+        alloc.record_annotation(&[("name", &i.to_string())]);
+    }
+    let _ = alloc.malloc(512, Stream::DEFAULT).map(|p| alloc.free(p));
+    client.read_until(alloc.live_entries());
+    let got = client
+        .live
+        .snapshot()
+        .unwrap()
+        .external_annotations
+        .as_ref()
+        .map_or(0, Vec::len) as u64;
+    assert!(client.live.missed_annotations() > 0);
+    assert_eq!(got + client.live.missed_annotations(), 10_000);
+}
+
+/// What must agree between the recorder's segments and a listener's: the segment list, the
+/// size sums of its blocks, and each block's place and state (and, for allocated blocks, the
+/// request). Sizes here are multiples of 512 that the allocator splits exactly.
+fn segment_shape(snapshot: &Snapshot) -> Vec<(u64, u64, Option<bool>, Vec<String>)> {
+    snapshot
+        .segments
+        .iter()
+        .map(|s| {
+            let blocks = s
+                .block_addresses()
+                .map(|(addr, b)| {
+                    let requested = if b.state == memsnap_format::BlockState::ActiveAllocated {
+                        b.requested_size
+                    } else {
+                        None
+                    };
+                    format!("{addr:#x}+{} {:?} {requested:?}", b.size, b.state)
+                })
+                .collect();
+            (s.address, s.total_size, s.is_expandable, blocks)
+        })
+        .collect()
+}
+
+/// Regression: a listener's segments were those at connect, so a block allocated before it
+/// connected and freed after stayed `active_allocated` (a replay of the saved snapshot
+/// counted it live for the whole window), and segments released or made after connect were
+/// still there or missing.
+#[test]
+fn segments_made_freed_and_split_after_connect_stay_the_recorders() {
+    use memsnap_recorder::SimulatedDevice;
+    const MIB: u64 = 1 << 20;
+    for conf in ["", "expandable_segments:True"] {
+        let alloc =
+            Arc::new(CachingAllocator::with_conf(SimulatedDevice::new(1 << 34), conf).unwrap());
+        alloc.record_memory_history(history(usize::MAX, false));
+        let s = Stream::DEFAULT;
+        let a = alloc.malloc(4 * MIB, s).unwrap();
+        let b = alloc.malloc(8 * MIB, s).unwrap();
+        let small: Vec<u64> = (0..4).map(|_| alloc.malloc(4096, s).unwrap()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let server = alloc
+            .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+            .unwrap();
+        let mut client = Client::connect(&server.url());
+        client.read_until(alloc.live_entries());
+
+        alloc.free(a).unwrap();
+        alloc.free(small[1]).unwrap();
+        let big = alloc.malloc(40 * MIB, s).unwrap();
+        alloc.free(b).unwrap();
+        alloc.empty_cache().unwrap();
+        let c = alloc.malloc(2 * MIB, s).unwrap();
+        let d = alloc.malloc(1536, s).unwrap();
+        alloc.free(big).unwrap();
+        alloc.empty_cache().unwrap();
+        let e = alloc.malloc(6 * MIB, s).unwrap();
+        client.read_until(alloc.live_entries());
+
+        let dump = alloc.snapshot();
+        let mut rebuilt = client.live.into_snapshot().unwrap();
+        assert_eq!(
+            segment_shape(&rebuilt),
+            segment_shape(&dump),
+            "conf {conf:?}"
+        );
+        let sums = |snap: &Snapshot| -> Vec<_> {
+            snap.segments
+                .iter()
+                .map(|s| (s.allocated_size, s.active_size, s.requested_size))
+                .collect()
+        };
+        assert_eq!(sums(&rebuilt), sums(&dump), "conf {conf:?}");
+        assert_eq!(memsnap_format::validate(&rebuilt), vec![], "conf {conf:?}");
+        // The freed block is no longer an allocation of the final segments.
+        let allocated: Vec<u64> = rebuilt
+            .segments
+            .iter()
+            .flat_map(|s| s.block_addresses())
+            .filter(|(_, b)| b.state == memsnap_format::BlockState::ActiveAllocated)
+            .map(|(addr, _)| addr)
+            .collect();
+        assert!(
+            !allocated.contains(&a) || [c, d, e].contains(&a),
+            "conf {conf:?}"
+        );
+        rebuilt.segments.clear();
+        drop(server);
+    }
+}
+
+/// Connects over TCP, sends `token` (the listener's first frame) and applies what comes
+/// until the state arrived or the stream ended; the error, if the stream was refused.
+fn tcp_listener_with_token(
+    port: u16,
+    token: &str,
+) -> Result<LiveSnapshot, memsnap_format::live::LiveError> {
+    use memsnap_format::live::{encode, Message};
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut frame = Vec::new();
+    encode(
+        &Message::Token {
+            token: token.to_owned(),
+        },
+        &mut frame,
+    )
+    .unwrap();
+    stream.write_all(&frame).unwrap();
+    let (mut reader, mut live) = (FrameReader::new(), LiveSnapshot::new());
+    let mut buf = vec![0; 1 << 16];
+    while !live.has_state() {
+        match reader.next_message()? {
+            Some(m) => {
+                live.apply(m)?;
+            }
+            None => {
+                let n = stream.read(&mut buf).expect("the recorder answers");
+                assert!(n > 0, "closed without a word");
+                reader.push(&buf[..n]);
+            }
+        }
+    }
+    Ok(live)
+}
+
+#[test]
+fn a_non_loopback_address_is_served_only_with_a_token_of_16_bytes_or_more() {
+    let alloc = recorder(usize::MAX);
+    let err = alloc.serve_live("tcp:0.0.0.0:0").err().expect("refused");
+    assert!(err.to_string().contains("only with a token"), "{err}");
+    let err = alloc
+        .serve_live_with_token("tcp:0.0.0.0:0", "short")
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("at least 16"), "{err}");
+    let server = alloc
+        .serve_live_with_token("tcp:0.0.0.0:0", "0123456789abcdef")
+        .unwrap();
+    let memsnap_recorder::LiveAddr::Tcp(sa) = server.addr() else {
+        panic!("a TCP endpoint");
+    };
+    assert!(sa.ip().is_unspecified() && sa.port() != 0);
+    train(&alloc, 1, 3);
+    let live = tcp_listener_with_token(sa.port(), "0123456789abcdef").unwrap();
+    assert!(!live.trace().is_empty());
+}
+
+#[test]
+fn a_listener_without_the_right_token_is_refused_before_any_state() {
+    let alloc = recorder(usize::MAX);
+    let token = "a-token-of-enough-bytes";
+    let server = alloc
+        .serve_live_with_token("tcp:127.0.0.1:0", token)
+        .unwrap();
+    let memsnap_recorder::LiveAddr::Tcp(sa) = server.addr() else {
+        panic!("a TCP endpoint");
+    };
+    train(&alloc, 1, 3);
+    for (given, reason) in [
+        ("a-token-of-enough-byteZ", "wrong token"),
+        ("a-token", "wrong token"),
+        ("", "needs a token"),
+    ] {
+        let err = tcp_listener_with_token(sa.port(), given).expect_err("refused");
+        assert!(
+            matches!(&err, memsnap_format::live::LiveError::Refused { reason: r } if r.contains(reason)),
+            "{given:?}: {err}"
+        );
+    }
+    assert_eq!(server.counters().refused.load(Ordering::Relaxed), 3);
+    assert!(tcp_listener_with_token(sa.port(), token).is_ok());
+}
+
+#[test]
+fn connections_over_the_listener_limit_are_closed_at_once() {
+    use memsnap_recorder::live::MAX_LISTENERS;
+    let alloc = recorder(usize::MAX);
+    let server = alloc
+        .serve_live_with_token("tcp:127.0.0.1:0", "a-token-of-enough-bytes")
+        .unwrap();
+    let memsnap_recorder::LiveAddr::Tcp(sa) = *server.addr() else {
+        panic!("a TCP endpoint");
+    };
+    // Listeners that never send their token: each holds a thread while it is waited for.
+    let mut silent = Vec::new();
+    for _ in 0..MAX_LISTENERS {
+        let mut s = std::net::TcpStream::connect(sa).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        // Its Hello arrives: it was accepted and has its thread.
+        let mut head = [0u8; 4];
+        s.read_exact(&mut head).unwrap();
+        silent.push(s);
+    }
+    let mut over = std::net::TcpStream::connect(sa).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(over.read(&mut buf).unwrap(), 0, "closed without a Hello");
+    assert_eq!(server.counters().refused.load(Ordering::Relaxed), 1);
+    drop(server);
+}
+
+/// Regression: `memsnap watch` writes its token frame to every recorder (empty when it has
+/// none); a recorder without a token never read it, and closing a socket with unread bytes
+/// reset the connection: the watch got "Connection reset by peer" instead of the end.
+#[test]
+fn a_listener_that_wrote_to_a_recorder_without_a_token_gets_the_end_not_a_reset() {
+    use memsnap_format::live::{encode, Message};
+    use std::io::Write;
+    let alloc = recorder(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    let mut frame = Vec::new();
+    encode(&Message::Token { token: "".into() }, &mut frame).unwrap();
+    client.stream.write_all(&frame).unwrap();
+    train(&alloc, 1, 3);
+    client.read_until(alloc.live_entries());
+    drop(server);
+    let mut rest = Vec::new();
+    let end = client.stream.read_to_end(&mut rest);
+    assert!(end.is_ok(), "{end:?}");
+}
