@@ -23,6 +23,12 @@ struct Args {
     #[arg(long)]
     demo: bool,
 
+    /// Attach to a live recording (`unix:/path.sock`, `tcp:127.0.0.1:PORT` or a socket path;
+    /// a program records one with `MEMSNAP_LIVE` or `serve_live`): the timeline grows as
+    /// the program runs. Repeat it to attach to several.
+    #[arg(long, value_name = "ADDR")]
+    attach: Vec<String>,
+
     /// Measure instead of opening a window: generate snapshots (see `--bench-entries`) or
     /// load each FILE, then time the analysis the picture needs, the first frame, and the
     /// timeline layout and tessellation of N frames while zooming and panning, and print the
@@ -41,8 +47,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.bench_frames {
         Some(frames) => run_bench(&args, frames),
-        None => memsnap_viewer::run_native(args.files, args.demo)
-            .map_err(|e| anyhow::anyhow!("cannot start the viewer: {e}")),
+        None => start(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,6 +56,19 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn start(args: Args) -> anyhow::Result<()> {
+    let attach = args
+        .attach
+        .iter()
+        .map(|a| {
+            memsnap_viewer::live::Address::parse(a)
+                .map_err(|e| anyhow::anyhow!("--attach {a}: {e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    memsnap_viewer::run_native(args.files, args.demo, attach)
+        .map_err(|e| anyhow::anyhow!("cannot start the viewer: {e}"))
 }
 
 fn run_bench(args: &Args, frames: usize) -> anyhow::Result<()> {
