@@ -515,7 +515,7 @@ impl ViewerApp {
                 });
                 if ui
                     .button("Attach…")
-                    .on_hover_text("Follow a recording while it runs (a program serving its history with MEMSNAP_LIVE or serve_live)")
+                    .on_hover_text("Follow a recording while it runs (a program serving its history with CachingAllocator::serve_live)")
                     .clicked()
                 {
                     self.attach_dialog.open();

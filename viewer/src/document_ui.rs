@@ -99,7 +99,7 @@ impl OpenDocument {
             self.states = doc.devices.iter().map(DeviceState::new).collect();
             self.device_index = doc.default_device;
         }
-        self.doc = doc;
+        crate::live::retire(std::mem::replace(&mut self.doc, doc));
     }
 
     /// Takes what the live session has: a newer document (unless paused), a finished save.

@@ -58,10 +58,11 @@ pub fn live_bar_ui(ui: &mut egui::Ui, model: &LiveBarModel<'_>, state: &mut Live
                 );
         }
         ui.separator();
+        // Shown after a disconnect too: a view paused then shows the last document on resume.
+        ui.toggle_value(&mut state.paused, "Pause").on_hover_text(
+            "Freeze the view; the stream is still received, and resuming shows the newest",
+        );
         if model.receiving {
-            ui.toggle_value(&mut state.paused, "Pause").on_hover_text(
-                "Freeze the view; the stream is still received, and resuming shows the newest",
-            );
             if ui
                 .button("Detach")
                 .on_hover_text("Stop receiving; everything received stays")
@@ -126,7 +127,9 @@ pub fn attach_dialog_ui(ui: &mut egui::Ui, state: &mut AttachState) -> Option<Ad
         .resizable(false)
         .anchor(egui::Align2::CENTER_CENTER, egui::Vec2::ZERO)
         .show(&ctx, |ui| {
-            ui.label("Recordings serving their history (MEMSNAP_LIVE=1, serve_live(\"1\")):");
+            ui.label(
+                "Recordings serving their history at the default address (serve_live(\"1\")):",
+            );
             if state.found.is_empty() {
                 ui.label(RichText::new("none found").weak());
             }
