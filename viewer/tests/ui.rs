@@ -1311,3 +1311,38 @@ fn attaching_shows_the_timeline_grow_pauses_and_says_when_disconnected() {
     h.run_steps(4);
     h.snapshot("live_disconnected");
 }
+
+#[test]
+fn the_attach_dialog_says_what_is_wrong_with_an_address_and_attaches_to_a_typed_one() {
+    let alloc = live_recorder();
+    record_steps(&alloc, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("typed.sock").display());
+    let server = alloc.serve_live(&url).unwrap();
+    let mut h = harness(Settings::default());
+    h.get_by_label("File").click();
+    h.run_steps(2);
+    h.get_by_label("Attach…").click();
+    h.run_steps(2);
+    assert!(h.state().attach_dialog.open);
+    h.get_by_label_contains("Recordings serving their history");
+    let field = h.get_by_role(Role::TextInput);
+    field.focus();
+    field.type_text("tcp:");
+    h.run_steps(2);
+    h.get_by_label("Attach to address").click();
+    h.run_steps(2);
+    h.get_by_label_contains("tcp: needs HOST:PORT");
+    assert!(h.state().attaching.is_empty() && h.state().documents.is_empty());
+
+    h.state_mut().attach_dialog.address = url.clone();
+    h.run_steps(2);
+    h.get_by_label("Attach to address").click();
+    step_until(&mut h, "the attached document", |app| {
+        app.documents.len() == 1
+    });
+    assert!(!h.state().attach_dialog.open, "the dialog closes");
+    h.get_by_role_and_label(Role::Button, "live typed.sock");
+    assert_eq!(live_entries_shown(h.state()), alloc.recorded_entries());
+    drop(server);
+}
