@@ -184,6 +184,8 @@ pub struct Shared {
     document: Mutex<Option<Document>>,
     /// The view is paused: the receiver keeps reading but builds no documents.
     paused: AtomicBool,
+    /// The session was dropped (its document closed): no last document is built.
+    closed: AtomicBool,
 }
 
 impl Shared {
@@ -703,7 +705,8 @@ impl LiveSession {
 
 impl Drop for LiveSession {
     fn drop(&mut self) {
-        // Closing the document ends its connection.
+        // Closing the document ends its connection, and nobody will look at a last document.
+        self.shared.closed.store(true, Ordering::Relaxed);
         self.detach();
     }
 }
@@ -955,6 +958,12 @@ impl Receiver {
     ) -> Ended {
         // A rebuild still running is of fewer entries than the last one's: not waited for.
         self.rebuild = None;
+        if shared.closed.load(Ordering::Relaxed) {
+            return Ended {
+                reason,
+                received: None,
+            };
+        }
         let received = match merge(self.base.as_ref(), &self.live, self.state_first_seq) {
             Some(snapshot) if self.live.snapshot().is_some() => {
                 let entries = self.live_entries_of(&snapshot);
@@ -1241,6 +1250,46 @@ mod tests {
             .unwrap()
             .to_string()
             .starts_with("cannot connect to /nonexistent/x.sock"));
+    }
+
+    #[test]
+    fn a_stream_refused_after_its_state_keeps_what_was_received() {
+        use memsnap_format::live::{encode, Bytes, Message, PROTOCOL_VERSION};
+        let alloc = recorder(usize::MAX);
+        record(&alloc, 4);
+        let state = alloc.snapshot();
+        let entries = trace_len(&state);
+        let mut bytes = Vec::new();
+        for message in [
+            Message::Hello {
+                protocol: PROTOCOL_VERSION,
+                producer: "a test".into(),
+                device: 0,
+            },
+            Message::State {
+                snapshot: Bytes(memsnap_format::msgpack::to_vec(&state).unwrap()),
+                next_seq: entries,
+            },
+        ] {
+            encode(&message, &mut bytes).unwrap();
+        }
+        // Then a frame that is not a message.
+        bytes.extend_from_slice(&[3, 0, 0, 0, 0xc1, 0xc1, 0xc1]);
+        let dir = tempfile::tempdir().unwrap();
+        let (address, server) = fake_server(dir.path(), bytes);
+        let mut session = LiveSession::start(5, address, None);
+        session.wait();
+        let reason = session.ended().expect("ended").to_string();
+        assert!(reason.contains("malformed message in frame 2"), "{reason}");
+        let kept = session.latest_snapshot().expect("the state received stays");
+        assert_eq!(trace_len(&kept), entries);
+        assert_eq!(
+            session.status_line(),
+            format!("disconnected: {reason}; {entries} entries received")
+        );
+        assert!(session.take_document().is_some(), "its document is built");
+        drop(session);
+        server.join().unwrap();
     }
 
     #[test]
