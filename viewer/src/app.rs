@@ -11,6 +11,8 @@ use crate::document::Document;
 use crate::document_ui::OpenDocument;
 use crate::export;
 use crate::job::JobError;
+use crate::live::{Address, LiveSession};
+use crate::live_ui::{self, AttachState};
 use crate::loader::{LoadError, LoadJob, Source};
 use crate::settings::{Settings, STORAGE_KEY};
 use crate::shortcuts::{self, Command};
@@ -96,8 +98,14 @@ pub struct ViewerApp {
     /// The two documents the diff view compares (indices into `documents`).
     pub diff_pair: (usize, usize),
     pub ranks: crate::ranks_ui::RanksState,
+    /// Live recordings attached to whose first document is not built yet.
+    pub attaching: Vec<LiveSession>,
+    /// The File → Attach… dialog.
+    pub attach_dialog: AttachState,
     /// Sources waiting for the first frame (they need the egui context to wake the UI).
     pending: Vec<Source>,
+    /// Addresses to attach to, waiting for the first frame likewise.
+    pending_attach: Vec<Address>,
     next_id: u64,
     screenshot: Option<(PathBuf, mpsc::Receiver<Arc<ColorImage>>)>,
     /// Applied theme, to notice when the setting changes.
@@ -122,7 +130,10 @@ impl ViewerApp {
             show_help: false,
             diff_pair: (0, 1),
             ranks: Default::default(),
+            attaching: Vec::new(),
+            attach_dialog: AttachState::default(),
             pending: Vec::new(),
+            pending_attach: Vec::new(),
             next_id: 1,
             screenshot: None,
             applied_theme: None,
@@ -147,6 +158,12 @@ impl ViewerApp {
         self.pending.push(source);
     }
 
+    /// Attaches to a live recording; the receiver starts on the next frame, in the
+    /// background, and its document opens when the recorder's state has arrived.
+    pub fn attach(&mut self, address: Address) {
+        self.pending_attach.push(address);
+    }
+
     /// The document shown, if any file is open.
     pub fn active_document(&self) -> Option<&OpenDocument> {
         self.documents.get(self.active)
@@ -160,6 +177,8 @@ impl ViewerApp {
     pub fn is_loading(&self) -> bool {
         !self.pending.is_empty()
             || !self.jobs.is_empty()
+            || !self.pending_attach.is_empty()
+            || !self.attaching.is_empty()
             || self.documents.iter().any(|d| !d.doc.profiles_ready())
     }
 
@@ -176,6 +195,12 @@ impl ViewerApp {
     }
 
     fn start_pending(&mut self, ctx: Option<&egui::Context>) {
+        for address in std::mem::take(&mut self.pending_attach) {
+            let id = self.next_id;
+            self.next_id += 1;
+            self.attaching
+                .push(LiveSession::start(id, address, ctx.cloned()));
+        }
         for source in std::mem::take(&mut self.pending) {
             let id = self.next_id;
             self.next_id += 1;
@@ -197,6 +222,49 @@ impl ViewerApp {
                 i += 1;
             }
         }
+    }
+
+    /// Opens the first document of each live session that has one, drops the sessions that
+    /// ended before any (with a notice), and updates the live documents.
+    fn poll_live(&mut self) {
+        let mut i = 0;
+        while i < self.attaching.len() {
+            let session = &mut self.attaching[i];
+            session.poll();
+            if let Some(document) = session.take_document() {
+                let session = self.attaching.remove(i);
+                self.documents.push(OpenDocument::live(document, session));
+                self.active = self.documents.len() - 1;
+                if self.documents.len() >= 2 {
+                    self.diff_pair = (self.documents.len() - 2, self.documents.len() - 1);
+                }
+            } else if !session.is_receiving() {
+                let session = self.attaching.remove(i);
+                let reason = session
+                    .ended()
+                    .map_or_else(String::new, ToString::to_string);
+                self.notices.push(Notice {
+                    is_error: true,
+                    text: format!("cannot attach to {}: {reason}", session.address.url()),
+                });
+            } else {
+                i += 1;
+            }
+        }
+        for document in &mut self.documents {
+            if let Some((is_error, text)) = document.poll_live() {
+                self.notices.push(Notice { is_error, text });
+            }
+        }
+    }
+
+    /// Whether a live recording is being received.
+    pub fn is_receiving(&self) -> bool {
+        !self.attaching.is_empty()
+            || self
+                .documents
+                .iter()
+                .any(|d| d.live.as_ref().is_some_and(LiveSession::is_receiving))
     }
 
     fn accept(&mut self, result: Result<Document, JobError<LoadError>>) {
@@ -245,6 +313,7 @@ impl ViewerApp {
         self.apply_theme(&ctx);
         self.start_pending(Some(&ctx));
         self.poll_jobs();
+        self.poll_live();
         for document in &mut self.documents {
             document.doc.poll();
         }
@@ -256,14 +325,27 @@ impl ViewerApp {
 
         egui::Panel::top("menu_bar").show(ui, |ui| self.menu_bar_ui(ui));
         egui::Panel::top("file_bar").show(ui, |ui| self.file_bar_ui(ui));
-        if !self.jobs.is_empty() || !self.notices.is_empty() {
+        if let Some(document) = self
+            .documents
+            .get_mut(self.active)
+            .filter(|d| d.live.is_some())
+        {
+            egui::Panel::top("live_bar").show(ui, |ui| document.live_bar_ui(ui));
+        }
+        if !self.jobs.is_empty() || !self.notices.is_empty() || !self.attaching.is_empty() {
             egui::Panel::bottom("status").show(ui, |ui| self.status_ui(ui));
         }
         egui::CentralPanel::default().show(ui, |ui| self.main_ui(ui));
 
         crate::help::help_overlay_ui(ui, &mut self.show_help);
+        if let Some(address) = live_ui::attach_dialog_ui(ui, &mut self.attach_dialog) {
+            self.attach(address);
+        }
         file_drop_overlay_ui(&ctx);
-        if !self.jobs.is_empty() || self.documents.iter().any(|d| !d.doc.steps_ready()) {
+        if !self.jobs.is_empty()
+            || self.is_receiving()
+            || self.documents.iter().any(|d| !d.doc.steps_ready())
+        {
             // Progress bars move, and the steps arrive after the first picture, without input
             // events.
             ctx.request_repaint_after(std::time::Duration::from_millis(100));
@@ -431,6 +513,13 @@ impl ViewerApp {
                         }
                     }
                 });
+                if ui
+                    .button("Attach…")
+                    .on_hover_text("Follow a recording while it runs (a program serving its history with CachingAllocator::serve_live)")
+                    .clicked()
+                {
+                    self.attach_dialog.open();
+                }
                 ui.separator();
                 if ui
                     .add_enabled(
@@ -545,7 +634,7 @@ impl ViewerApp {
             if let Some(i) = close {
                 self.close(i);
             }
-            if self.documents.is_empty() && self.jobs.is_empty() {
+            if self.documents.is_empty() && self.jobs.is_empty() && self.attaching.is_empty() {
                 ui.label("No file open");
             }
         });
@@ -576,6 +665,19 @@ impl ViewerApp {
             if let Some(job) = self.jobs.iter().find(|j| j.id == id) {
                 job.cancel();
             }
+        }
+        for session in &self.attaching {
+            ui.horizontal(|ui| {
+                ui.add(egui::Spinner::new());
+                ui.label(session.status_line());
+                if ui
+                    .button("Cancel")
+                    .on_hover_text("Stop attaching to this recording")
+                    .clicked()
+                {
+                    session.detach();
+                }
+            });
         }
         let mut dismiss = None;
         for (i, notice) in self.notices.iter().enumerate() {
@@ -610,7 +712,7 @@ impl ViewerApp {
                 Some((name, preview, fraction)) => {
                     loading_preview_ui(ui, name, &preview, fraction);
                 }
-                None => welcome_ui(ui, self.jobs.is_empty()),
+                None => welcome_ui(ui, self.jobs.is_empty() && self.attaching.is_empty()),
             }
             return;
         }

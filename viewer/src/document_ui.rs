@@ -8,6 +8,8 @@ use crate::advise_ui::{self, AdviseModel, AdviseState};
 use crate::allocator_ui::{self, AllocatorModel, AllocatorState};
 use crate::document::{DeviceModel, Document, Shown, TimelineModel};
 use crate::instant_ui::{self, InstantState};
+use crate::live::LiveSession;
+use crate::live_ui::{self, LiveAction, LiveBarModel, LiveBarState};
 use crate::shortcuts::Command;
 use crate::steps_ui::{self, StepsState};
 use crate::timeline::{self, TimelineState};
@@ -46,6 +48,9 @@ pub struct OpenDocument {
     pub device_index: usize,
     /// One per device, in the model's order.
     pub states: Vec<DeviceState>,
+    /// The recording this document follows, when it was attached to rather than opened.
+    pub live: Option<LiveSession>,
+    pub live_bar: LiveBarState,
 }
 
 impl OpenDocument {
@@ -55,6 +60,95 @@ impl OpenDocument {
             device_index: doc.default_device,
             states: doc.devices.iter().map(DeviceState::new).collect(),
             doc,
+            live: None,
+            live_bar: LiveBarState::default(),
+        }
+    }
+
+    /// Shows the first document of a live session, which then keeps it up to date.
+    pub fn live(doc: Document, session: LiveSession) -> Self {
+        let mut open = OpenDocument::new(doc);
+        open.live = Some(session);
+        open
+    }
+
+    /// Shows `doc`, a rebuild of the same recording with more entries: each device keeps its
+    /// panels' state (size filter, zoom, pin, colours, selected step) when the devices are
+    /// the same, and the timeline follows the new range.
+    pub fn replace_document(&mut self, doc: Document) {
+        let same_devices = doc.devices.len() == self.doc.devices.len()
+            && doc
+                .devices
+                .iter()
+                .zip(&self.doc.devices)
+                .all(|(a, b)| a.device == b.device);
+        if same_devices {
+            for (state, model) in self.states.iter_mut().zip(&doc.devices) {
+                state.timeline.follow(&model.timeline);
+                let allocations = model.timeline.replay().allocations.len();
+                if state
+                    .selection
+                    .pinned
+                    .is_some_and(|id| id.0 as usize >= allocations)
+                {
+                    state.selection.pinned = None;
+                }
+                state.selection.hovered = None;
+            }
+        } else {
+            self.states = doc.devices.iter().map(DeviceState::new).collect();
+            self.device_index = doc.default_device;
+        }
+        crate::live::retire(std::mem::replace(&mut self.doc, doc));
+    }
+
+    /// Takes what the live session has: a newer document (unless paused), a finished save.
+    /// Returns a message for the status area (is it an error, its text).
+    pub fn poll_live(&mut self) -> Option<(bool, String)> {
+        let session = self.live.as_mut()?;
+        session.poll();
+        session.set_paused(self.live_bar.paused);
+        let document = session.take_document();
+        let saved = session.poll_save();
+        if let Some(document) = document {
+            self.replace_document(document);
+        }
+        saved.map(|result| match result {
+            Ok((path, entries)) => (
+                false,
+                format!("Saved {entries} entries to {}", path.display()),
+            ),
+            Err(e) => (true, e),
+        })
+    }
+
+    /// The live bar (when the document is live), acting on what the user asked.
+    pub fn live_bar_ui(&mut self, ui: &mut egui::Ui) {
+        let Some(session) = &mut self.live else {
+            return;
+        };
+        let status_line = session.status_line();
+        let dropped_line = session.dropped_line();
+        let model = LiveBarModel {
+            status_line: &status_line,
+            dropped_line: dropped_line.as_deref(),
+            receiving: session.is_receiving(),
+            can_save: session.latest_snapshot().is_some(),
+            saving: session.is_saving(),
+        };
+        live_ui::live_bar_ui(ui, &model, &mut self.live_bar);
+        session.set_paused(self.live_bar.paused);
+        match self.live_bar.action.take() {
+            Some(LiveAction::Save) => {
+                session.save(live_ui::default_save_path(&self.doc.name));
+            }
+            Some(LiveAction::Detach) => session.detach(),
+            Some(LiveAction::Reattach) => {
+                self.live_bar.paused = false;
+                session.set_paused(false);
+                session.reattach();
+            }
+            None => {}
         }
     }
 

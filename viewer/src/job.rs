@@ -1,5 +1,7 @@
 //! Background work: the one way the viewer runs anything off the UI thread (loading a file,
-//! finding the steps and profiles, simulating the allocator).
+//! finding the steps and profiles, simulating the allocator, receiving a live recording and
+//! rebuilding its document: see [`crate::live`], whose receiver is a job that lasts as long
+//! as its connection).
 //!
 //! A [`Job`] is a piece of work on its own named thread. The work and the UI share a
 //! [`Progress`]: the work reports a stage and how far it is, and reads the cancel flag the UI

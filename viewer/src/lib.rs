@@ -13,6 +13,9 @@
 //! * [`app`]: files, loading, messages and the frame layout.
 //! * [`job`]: the one way work runs in the background (progress, cancel, panics as errors).
 //! * [`loader`]: reading and decoding a file in a job.
+//! * [`live`]: attaching to a live recording: the receiver, its bounded rebuilds into a
+//!   [`document::Document`], pause, save, reattach ([`live_ui`]: its bar and the Attach
+//!   dialog).
 //! * [`document`]: one open file's model: its snapshot and analysis, free of UI.
 //! * [`document_ui`]: how an open file is shown: the device chosen, each panel's state, the
 //!   pages that lay the panels out.
@@ -34,6 +37,8 @@ pub mod export;
 pub mod help;
 pub mod instant_ui;
 pub mod job;
+pub mod live;
+pub mod live_ui;
 pub mod loader;
 pub mod palette;
 pub mod ranks_ui;
@@ -48,9 +53,13 @@ use std::path::PathBuf;
 
 pub use app::ViewerApp;
 
-/// Opens the viewer window on `files` (and the demo run with `demo`) and returns when it is
-/// closed.
-pub fn run_native(files: Vec<PathBuf>, demo: bool) -> Result<(), eframe::Error> {
+/// Opens the viewer window on `files` (and the demo run with `demo`), attached to the live
+/// recordings at `attach`, and returns when it is closed.
+pub fn run_native(
+    files: Vec<PathBuf>,
+    demo: bool,
+    attach: Vec<live::Address>,
+) -> Result<(), eframe::Error> {
     let options = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
             .with_title("memsnap viewer")
@@ -66,6 +75,9 @@ pub fn run_native(files: Vec<PathBuf>, demo: bool) -> Result<(), eframe::Error> 
             let mut app = ViewerApp::from_creation_context(cc, files);
             if demo {
                 app.open(loader::Source::Demo);
+            }
+            for address in attach {
+                app.attach(address);
             }
             Ok(Box::new(app))
         }),

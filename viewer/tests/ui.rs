@@ -1162,3 +1162,187 @@ fn advising_a_file_without_a_trace_shows_the_advisors_error() {
     assert!(advise_state(&h).error.is_some());
     h.get_by_label(&format!("Error: {expected}"));
 }
+
+/// A host allocator recording its history (what a program serving it live records).
+fn live_recorder() -> Arc<memsnap_recorder::CachingAllocator<memsnap_recorder::HostDevice>> {
+    let alloc = Arc::new(memsnap_recorder::CachingAllocator::new(
+        memsnap_recorder::HostDevice::new(1 << 30),
+    ));
+    alloc.record_memory_history(memsnap_recorder::HistoryOptions {
+        max_entries: usize::MAX,
+        stacks: memsnap_recorder::StackMode::None,
+        ..memsnap_recorder::HistoryOptions::default()
+    });
+    // A manual clock: the durations and rates in the picture are the same in every run.
+    alloc.use_manual_clock(1_700_000_000_000_000);
+    alloc
+}
+
+/// `steps` training steps: activations made in the forward pass and freed in the backward
+/// pass (which makes a gradient buffer for each), and 1 MiB kept by the optimizer each step (a leak), each with its own stack.
+fn record_steps(
+    alloc: &memsnap_recorder::CachingAllocator<memsnap_recorder::HostDevice>,
+    steps: usize,
+) {
+    use memsnap_format::Frame;
+    use memsnap_recorder::Stream;
+    let stack = |name: &str, line| {
+        alloc
+            .register_stack(&[
+                Frame::new(name, "model.py", line),
+                Frame::new("train", "train.py", 3),
+            ])
+            .unwrap()
+    };
+    let (fwd, bwd, opt) = (
+        stack("forward", 10),
+        stack("backward", 20),
+        stack("optimizer_step", 30),
+    );
+    let tick = || alloc.advance_clock(Duration::from_micros(250));
+    for _ in 0..steps {
+        let acts: Vec<u64> = (0..12u64)
+            .map(|i| {
+                tick();
+                alloc
+                    .malloc_with_stack((1 + i % 4) << 20, Stream::DEFAULT, fwd)
+                    .unwrap()
+            })
+            .collect();
+        for p in acts.into_iter().rev() {
+            tick();
+            let grad = alloc
+                .malloc_with_stack(512 << 10, Stream::DEFAULT, bwd)
+                .unwrap();
+            alloc.free_with_stack(p, bwd).unwrap();
+            alloc.free_with_stack(grad, bwd).unwrap();
+        }
+        tick();
+        alloc
+            .malloc_with_stack(1 << 20, Stream::DEFAULT, opt)
+            .unwrap();
+    }
+}
+
+/// Steps frames until `done` holds (a deadline turns a hang into a failure).
+fn step_until(h: &mut Harness<'_, ViewerApp>, what: &str, done: impl Fn(&ViewerApp) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    h.step();
+    while !done(h.state()) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+        h.step();
+    }
+}
+
+fn live_entries_shown(app: &ViewerApp) -> u64 {
+    app.documents
+        .first()
+        .map_or(0, |d| d.doc.snapshot.entry_count() as u64)
+}
+
+fn live_entries_received(app: &ViewerApp) -> u64 {
+    app.documents
+        .first()
+        .and_then(|d| d.live.as_ref())
+        .map_or(0, |l| l.status().entries)
+}
+
+#[test]
+fn attaching_shows_the_timeline_grow_pauses_and_says_when_disconnected() {
+    let alloc = live_recorder();
+    record_steps(&alloc, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("run.sock").display());
+    let server = alloc.serve_live(&url).unwrap();
+    let mut h = harness(Settings::default());
+    h.state_mut()
+        .attach(memsnap_viewer::live::Address::parse(&url).unwrap());
+    step_until(&mut h, "the live document", |app| app.documents.len() == 1);
+    h.get_by_role_and_label(Role::Button, "live run.sock");
+    h.get_by_label_contains("Active memory timeline");
+    h.get_by_label_contains("entries received from unix:");
+
+    // The program goes on: the timeline grows to every entry recorded.
+    let first = live_entries_shown(h.state());
+    record_steps(&alloc, 6);
+    let recorded = alloc.recorded_entries();
+    assert!(recorded > first);
+    step_until(&mut h, "the timeline to grow", |app| {
+        live_entries_shown(app) == recorded
+    });
+
+    // Paused, the view stays while the stream is still received.
+    h.get_by_label("Pause").click();
+    h.run_steps(2);
+    assert!(h.state().documents[0].live_bar.paused);
+    let frozen = live_entries_shown(h.state());
+    record_steps(&alloc, 3);
+    let recorded = alloc.recorded_entries();
+    step_until(&mut h, "the entries received while paused", |app| {
+        live_entries_received(app) == recorded
+    });
+    h.run_steps(4);
+    assert_eq!(live_entries_shown(h.state()), frozen);
+    h.get_by_label_contains(&format!("(paused: showing {frozen} entries)"));
+    // Resuming jumps to the newest.
+    h.get_by_label("Pause").click();
+    step_until(&mut h, "the view to resume", |app| {
+        live_entries_shown(app) == recorded
+    });
+
+    // The program stops serving: everything received stays, and the bar says so.
+    drop(server);
+    step_until(&mut h, "the disconnect", |app| !app.is_receiving());
+    h.run_steps(2);
+    assert_eq!(live_entries_shown(h.state()), recorded);
+    h.get_by_label_contains(&format!(
+        "disconnected: the recorder closed the connection; {recorded} entries received"
+    ));
+    h.get_by_role_and_label(Role::Button, "Reattach");
+    step_until(&mut h, "the steps", |app| {
+        app.documents[0].doc.steps_ready()
+    });
+    h.get_by_label_contains("Training steps: ");
+    // Coloured by phase: a site's colour follows its frame's id, and the recorder's state
+    // interns the frames in an order that differs from run to run.
+    h.state_mut().documents[0].states[0].timeline.color_mode = ColourBy::Phase;
+    h.remove_cursor();
+    h.run_steps(4);
+    h.snapshot("live_disconnected");
+}
+
+#[test]
+fn the_attach_dialog_says_what_is_wrong_with_an_address_and_attaches_to_a_typed_one() {
+    let alloc = live_recorder();
+    record_steps(&alloc, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("typed.sock").display());
+    let server = alloc.serve_live(&url).unwrap();
+    let mut h = harness(Settings::default());
+    h.get_by_label("File").click();
+    h.run_steps(2);
+    h.get_by_label("Attach…").click();
+    h.run_steps(2);
+    assert!(h.state().attach_dialog.open);
+    h.get_by_label_contains("Recordings serving their history");
+    let field = h.get_by_role(Role::TextInput);
+    field.focus();
+    field.type_text("tcp:");
+    h.run_steps(2);
+    h.get_by_label("Attach to address").click();
+    h.run_steps(2);
+    h.get_by_label_contains("tcp: needs HOST:PORT");
+    assert!(h.state().attaching.is_empty() && h.state().documents.is_empty());
+
+    h.state_mut().attach_dialog.address = url.clone();
+    h.run_steps(2);
+    h.get_by_label("Attach to address").click();
+    step_until(&mut h, "the attached document", |app| {
+        app.documents.len() == 1
+    });
+    assert!(!h.state().attach_dialog.open, "the dialog closes");
+    h.get_by_role_and_label(Role::Button, "live typed.sock");
+    assert_eq!(live_entries_shown(h.state()), alloc.recorded_entries());
+    drop(server);
+}

@@ -107,6 +107,27 @@ impl TimelineState {
         }
     }
 
+    /// Follows a timeline that grew (a live document rebuilt with more entries): the
+    /// recorded range becomes the new one; a view showing everything keeps showing
+    /// everything, a zoomed view keeps its range; the cached layouts, bands and search are
+    /// made again. The size filter, colours and other choices stay. O(1).
+    pub fn follow(&mut self, timeline: &DeviceTimeline) {
+        if self.axis == Axis::Time && !has_time_axis(timeline) {
+            self.axis = Axis::Event;
+        }
+        let zoomed = self.window.is_zoomed();
+        let (start, end) = (self.window.start, self.window.end);
+        self.window = full_window(timeline, self.axis);
+        if zoomed {
+            self.window.show_range(start, end);
+        }
+        self.layout = None;
+        self.overview = None;
+        self.band_cache = None;
+        self.search_match = None;
+        self.drawn_window = None;
+    }
+
     /// Switches between the event and the wall-time axis, keeping the visible range.
     pub fn set_axis(&mut self, timeline: &DeviceTimeline, axis: Axis) {
         if axis == self.axis || (axis == Axis::Time && !has_time_axis(timeline)) {

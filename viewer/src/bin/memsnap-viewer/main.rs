@@ -2,6 +2,7 @@
 //! `memsnap-viewer --bench-frames N`: measures it instead ([`bench`]).
 
 mod bench;
+mod bench_attach;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +24,12 @@ struct Args {
     #[arg(long)]
     demo: bool,
 
+    /// Attach to a live recording (`unix:/path.sock`, `tcp:127.0.0.1:PORT` or a socket path;
+    /// a program serves one with `CachingAllocator::serve_live`): the timeline grows as
+    /// the program runs. Repeat it to attach to several.
+    #[arg(long, value_name = "ADDR")]
+    attach: Vec<String>,
+
     /// Measure instead of opening a window: generate snapshots (see `--bench-entries`) or
     /// load each FILE, then time the analysis the picture needs, the first frame, and the
     /// timeline layout and tessellation of N frames while zooming and panning, and print the
@@ -30,6 +37,17 @@ struct Args {
     /// Run it under `/usr/bin/time -v` for the peak memory, one size at a time.
     #[arg(long, value_name = "N")]
     bench_frames: Option<usize>,
+
+    /// Measure attaching instead of opening a window: record N entries in this process on
+    /// the host backend, serving them live, while a live session attached to them is polled
+    /// as the window polls it; print the updates per second, each rebuild's duration and
+    /// the peak memory.
+    #[arg(long, value_name = "N")]
+    bench_attach: Option<u64>,
+
+    /// How long the `--bench-attach` recording takes (its entries at an even pace).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    bench_attach_seconds: f64,
 
     /// Trace entries of the generated snapshots for `--bench-frames`, one run each
     /// (comma-separated). The 10M run needs about 2 GB of memory.
@@ -39,10 +57,11 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let result = match args.bench_frames {
-        Some(frames) => run_bench(&args, frames),
-        None => memsnap_viewer::run_native(args.files, args.demo)
-            .map_err(|e| anyhow::anyhow!("cannot start the viewer: {e}")),
+    let result = match (args.bench_frames, args.bench_attach) {
+        (Some(frames), _) => run_bench(&args, frames),
+        (None, Some(entries)) => bench_attach::bench_attach(entries, args.bench_attach_seconds)
+            .map(|report| print!("{report}")),
+        (None, None) => start(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,6 +70,19 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn start(args: Args) -> anyhow::Result<()> {
+    let attach = args
+        .attach
+        .iter()
+        .map(|a| {
+            memsnap_viewer::live::Address::parse(a)
+                .map_err(|e| anyhow::anyhow!("--attach {a}: {e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    memsnap_viewer::run_native(args.files, args.demo, attach)
+        .map_err(|e| anyhow::anyhow!("cannot start the viewer: {e}"))
 }
 
 fn run_bench(args: &Args, frames: usize) -> anyhow::Result<()> {

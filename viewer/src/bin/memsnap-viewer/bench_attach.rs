@@ -1,0 +1,211 @@
+//! `memsnap-viewer --bench-attach N`: measures attaching to a live recording without a window.
+//!
+//! A host-backend allocator in this process records N trace entries (training-like steps:
+//! activations made and freed, one block kept per step) at an even pace over
+//! `--bench-attach-seconds`, serving its history on a unix socket (`serve_live`). A
+//! [`LiveSession`] attached to it is polled as the window polls it, 60 times a second (taking
+//! each new document and polling its steps). Printed: the rate the entries arrived, the
+//! status updates and documents the UI got per second while they arrived, each rebuild's
+//! duration and size, the longest UI poll, and how long after the last entry the UI showed
+//! everything.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use memsnap_format::Frame;
+use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice, StackMode, Stream};
+use memsnap_viewer::document::Document;
+use memsnap_viewer::live::{Address, LiveSession};
+
+/// Entries one step records: 20 activations made (`alloc`) and freed (`free_requested`,
+/// `free_completed`), one block kept (a few `segment_alloc`s besides).
+const ENTRIES_PER_STEP: u64 = 61;
+
+fn record_step(alloc: &CachingAllocator<HostDevice>, stacks: &[memsnap_recorder::GivenStack; 3]) {
+    let acts: Vec<u64> = (0..20u64)
+        .filter_map(|i| {
+            alloc
+                .malloc_with_stack(4096 * (1 + i % 7), Stream::DEFAULT, stacks[0])
+                .ok()
+        })
+        .collect();
+    for p in acts {
+        let _ = alloc.free_with_stack(p, stacks[1]);
+    }
+    // A few KiB kept per step: over a million entries about 100 MB, like a slow leak.
+    let _ = alloc.malloc_with_stack(4096, Stream::DEFAULT, stacks[2]);
+}
+
+/// Runs the benchmark and returns its report.
+pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
+    let alloc = Arc::new(CachingAllocator::new(HostDevice::new(64 << 30)));
+    alloc.record_memory_history(HistoryOptions {
+        max_entries: usize::MAX,
+        stacks: StackMode::None,
+        ..HistoryOptions::default()
+    });
+    let stack = |name: &str| {
+        alloc
+            .register_stack(&[
+                Frame::new(name, "model.py", 10),
+                Frame::new("train", "train.py", 3),
+            ])
+            .ok_or_else(|| anyhow::anyhow!("cannot register a stack"))
+    };
+    let stacks = [
+        stack("forward")?,
+        stack("backward")?,
+        stack("optimizer_step")?,
+    ];
+    let path =
+        std::env::temp_dir().join(format!("memsnap-bench-attach-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let server = alloc
+        .serve_live(&format!("unix:{}", path.display()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut session = LiveSession::start(1, Address::Unix(path.clone()), None);
+
+    // The program: N entries at an even pace.
+    let steps = entries.div_ceil(ENTRIES_PER_STEP);
+    let recording_done = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let recorder = {
+        let (alloc, done) = (alloc.clone(), recording_done.clone());
+        std::thread::spawn(move || {
+            let per_step = Duration::from_secs_f64(seconds / steps as f64);
+            for step in 0..steps {
+                record_step(&alloc, &stacks);
+                let due = per_step * (step as u32 + 1);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+            started.elapsed()
+        })
+    };
+
+    // The UI: 60 polls a second.
+    let frame = Duration::from_micros(16_667);
+    let mut shown: Option<Document> = None;
+    let mut documents = Vec::new();
+    let mut longest_poll = Duration::ZERO;
+    let mut rebuilds: Vec<(u64, u64, Duration)> = Vec::new();
+    let mut recorded_at_end = None;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds * 4.0 + 120.0);
+    let mut updates_during_recording = 0;
+    let all_shown_at = loop {
+        let tick = Instant::now();
+        session.poll();
+        if let Some(document) = session.take_document() {
+            documents.push((started.elapsed(), document.snapshot.entry_count()));
+            // As the window does (`OpenDocument::replace_document`).
+            if let Some(old) = shown.replace(document) {
+                memsnap_viewer::live::retire(old);
+            }
+        }
+        if let Some(document) = &mut shown {
+            document.poll();
+        }
+        longest_poll = longest_poll.max(tick.elapsed());
+        let status = session.status();
+        if status.rebuilds != rebuilds.last().map_or(0, |r: &(u64, u64, Duration)| r.0) {
+            rebuilds.push((
+                status.rebuilds,
+                status.rebuilt_entries,
+                status.last_rebuild.unwrap_or_default(),
+            ));
+        }
+        if recorded_at_end.is_none() && recording_done.load(Ordering::Relaxed) {
+            recorded_at_end = Some((alloc.recorded_entries(), started.elapsed()));
+            updates_during_recording = status.updates;
+        }
+        if let Some((recorded, _)) = recorded_at_end {
+            if session.shown_entries() == recorded {
+                break started.elapsed();
+            }
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the UI did not get every entry in time: {:?}",
+                session.status()
+            );
+        }
+        std::thread::sleep(frame.saturating_sub(tick.elapsed()));
+    };
+    let recording_took = recorder
+        .join()
+        .map_err(|_| anyhow::anyhow!("the recording thread panicked"))?;
+    let status = session.status();
+    drop(server);
+    session.wait();
+    let (recorded, _) = recorded_at_end.unwrap_or_default();
+
+    let mut out = String::new();
+    let secs = recording_took.as_secs_f64();
+    writeln!(
+        out,
+        "recorded {recorded} entries in {secs:.2} s ({:.0} entries/s), served on {}",
+        recorded as f64 / secs,
+        path.display()
+    )?;
+    writeln!(
+        out,
+        "received {} entries, {} dropped, {} frames, {:.1} MB",
+        status.entries,
+        status.dropped,
+        status.frames,
+        status.bytes as f64 / 1e6
+    )?;
+    writeln!(
+        out,
+        "status updates while recording: {updates_during_recording} in {secs:.2} s ({:.1}/s)",
+        updates_during_recording as f64 / secs
+    )?;
+    let during = documents
+        .iter()
+        .filter(|(at, _)| *at <= recording_took)
+        .count();
+    writeln!(
+        out,
+        "documents shown while recording: {during} ({:.1}/s); {} in all",
+        during as f64 / secs,
+        documents.len()
+    )?;
+    let shown_list: Vec<String> = documents
+        .iter()
+        .map(|(at, n)| format!("{:.2}s:{n}", at.as_secs_f64()))
+        .collect();
+    writeln!(out, "documents (time: entries): {}", shown_list.join(" "))?;
+    writeln!(
+        out,
+        "rebuilds: {}, the last of {} entries took {:.1} ms (merge + Document::prepare)",
+        status.rebuilds,
+        status.rebuilt_entries,
+        status.last_rebuild.unwrap_or_default().as_secs_f64() * 1e3
+    )?;
+    let each: Vec<String> = rebuilds
+        .iter()
+        .map(|(_, n, took)| format!("{n}:{:.0}ms", took.as_secs_f64() * 1e3))
+        .collect();
+    writeln!(out, "rebuilds seen (entries: duration): {}", each.join(" "))?;
+    writeln!(
+        out,
+        "every entry shown {:.0} ms after the recording ended; longest UI poll {:.2} ms",
+        all_shown_at.saturating_sub(recording_took).as_secs_f64() * 1e3,
+        longest_poll.as_secs_f64() * 1e3
+    )?;
+    if let Some(peak) = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(str::to_owned)
+        })
+    {
+        writeln!(out, "peak RSS ({peak})")?;
+    }
+    Ok(out)
+}
