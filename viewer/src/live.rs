@@ -292,7 +292,8 @@ pub fn default_socket_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The sockets `memsnap-live-<pid>/live.sock` under `bases`, the running ones first, then by
+/// The sockets `memsnap-live-<pid>/live.sock` (and `memsnap-live-<pid>-<device>/live.sock`)
+/// under `bases`, the running ones first, then by
 /// pid. O(entries of the directories); unreadable directories are skipped.
 pub fn find_sockets(bases: &[PathBuf]) -> Vec<FoundSocket> {
     let mut found = Vec::new();
@@ -305,7 +306,14 @@ pub fn find_sockets(bases: &[PathBuf]) -> Vec<FoundSocket> {
             let Some(pid) = name
                 .to_str()
                 .and_then(|n| n.strip_prefix("memsnap-live-"))
-                .and_then(|p| p.parse::<u32>().ok())
+                // `<pid>`, or `<pid>-<device>` for a device after the first (the C ABI
+                // library's `MEMSNAP_LIVE=1` serves each device: `LiveAddr::for_device`).
+                .and_then(|p| {
+                    p.split_once('-')
+                        .map_or(p, |(pid, _)| pid)
+                        .parse::<u32>()
+                        .ok()
+                })
             else {
                 continue;
             };
@@ -384,9 +392,10 @@ impl Conn {
 /// once). O(n) for n entries received, plus O(frames) of the new stacks.
 pub fn merge(
     base: Option<&Received>,
-    live: &LiveSnapshot,
+    live: &mut LiveSnapshot,
     state_first_seq: u64,
 ) -> Option<Snapshot> {
+    let device = usize::try_from(live.device()).unwrap_or(0);
     let current = live.snapshot();
     let Some(base) = base else {
         return current.cloned();
@@ -396,11 +405,27 @@ pub fn merge(
         return Some(out);
     };
     let skip = base.next_seq.saturating_sub(state_first_seq);
-    let trace = live.trace();
+    let trace = current.traces().get(device).map_or(&[][..], Vec::as_slice);
     let new = &trace[usize::try_from(skip).unwrap_or(usize::MAX).min(trace.len())..];
     out.segments.clear();
     out.add_segments_from(current, current.segments.iter().cloned());
-    let device = usize::try_from(live.device()).unwrap_or(0);
+    // A new connection's state repeats the annotations the recorder still holds: only those
+    // after the last one received are new (annotations come in time order; one at the same
+    // microsecond as the last received is taken as a repeat).
+    if let Some(annotations) = current.external_annotations.as_ref() {
+        let last = out
+            .external_annotations
+            .as_ref()
+            .and_then(|a| a.last())
+            .map(|a| a.time_us);
+        let fresh = annotations
+            .iter()
+            .filter(|a| last.is_none_or(|t| a.time_us > t))
+            .cloned();
+        out.external_annotations
+            .get_or_insert_with(Vec::new)
+            .extend(fresh);
+    }
     let made = reinterned(&mut out, current, new);
     let traces = out.device_traces.get_or_insert_with(Vec::new);
     if traces.len() <= device {
@@ -878,7 +903,9 @@ impl Receiver {
                     status.has_state = true;
                 }
                 Applied::Dropped { missed } => status.dropped += missed,
-                Applied::Hello | Applied::Entries { .. } => {}
+                // The annotations are in the snapshot; those the recorder lost are not
+                // entries, so they are not counted as dropped ones.
+                Applied::Hello | Applied::Entries { .. } | Applied::Annotations { .. } => {}
             }
         }
         Ok(())
@@ -915,7 +942,7 @@ impl Receiver {
 
     /// Merges what was received and prepares its document in a job of its own.
     fn start_rebuild(&mut self, now: Instant) {
-        let Some(snapshot) = merge(self.base.as_ref(), &self.live, self.state_first_seq) else {
+        let Some(snapshot) = merge(self.base.as_ref(), &mut self.live, self.state_first_seq) else {
             return;
         };
         let entries = self.live_entries_of(&snapshot);
@@ -964,7 +991,7 @@ impl Receiver {
                 received: None,
             };
         }
-        let received = match merge(self.base.as_ref(), &self.live, self.state_first_seq) {
+        let received = match merge(self.base.as_ref(), &mut self.live, self.state_first_seq) {
             Some(snapshot) if self.live.snapshot().is_some() => {
                 let entries = self.live_entries_of(&snapshot);
                 let started = Instant::now();
@@ -1300,17 +1327,30 @@ mod tests {
             .join(format!("memsnap-live-{}", std::process::id()));
         std::fs::create_dir(&ours).unwrap();
         let _listener = std::os::unix::net::UnixListener::bind(ours.join("live.sock")).unwrap();
+        // The second device's endpoint of the same process.
+        let second = base
+            .path()
+            .join(format!("memsnap-live-{}-1", std::process::id()));
+        std::fs::create_dir(&second).unwrap();
+        let _second = std::os::unix::net::UnixListener::bind(second.join("live.sock")).unwrap();
         // Not recorders' directories: skipped.
         std::fs::create_dir(base.path().join("memsnap-live-x")).unwrap();
         std::fs::create_dir(base.path().join("memsnap-live-12")).unwrap();
         let found = find_sockets(&[base.path().to_owned(), base.path().join("missing")]);
         assert_eq!(
             found,
-            vec![FoundSocket {
-                path: ours.join("live.sock"),
-                pid: std::process::id(),
-                running: true,
-            }]
+            vec![
+                FoundSocket {
+                    path: ours.join("live.sock"),
+                    pid: std::process::id(),
+                    running: true,
+                },
+                FoundSocket {
+                    path: second.join("live.sock"),
+                    pid: std::process::id(),
+                    running: true,
+                },
+            ]
         );
     }
 
