@@ -235,6 +235,9 @@ pub struct Edited {
     /// predicted curve is drawn on the recorded axis through it
     /// ([`crate::PredictedCurve`]).
     pub origin: Vec<u32>,
+    /// The allocations (indices into the analysis' allocations) made in the checkpointed
+    /// calls, in every step: what the checkpointing frees early and makes again.
+    pub checkpointed: Vec<u32>,
     pub recompute: Recompute,
 }
 
@@ -246,6 +249,7 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
     let mut before: HashMap<u32, Vec<Op>> = HashMap::new();
     let mut after: HashMap<u32, Vec<Op>> = HashMap::new();
     let mut recompute = Recompute::default();
+    let mut checkpointed_allocations: Vec<u32> = Vec::new();
     let passes = an.passes();
     // The pass (forward start to backward end) holding an event: passes are in event order
     // and do not overlap, so a binary search.
@@ -288,6 +292,7 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
                     .min()
                     .unwrap_or(bs);
                 if checkpointed {
+                    checkpointed_allocations.extend(&call.members);
                     after
                         .entry(call.end)
                         .or_default()
@@ -418,6 +423,7 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
     Edited {
         trace: out.out,
         origin: out.origin,
+        checkpointed: checkpointed_allocations,
         recompute,
     }
 }

@@ -174,6 +174,10 @@ pub struct PredictedCurve {
     /// The prediction's peaks ([`Prediction`]'s).
     pub allocated_peak_bytes: u64,
     pub reserved_peak_bytes: u64,
+    /// The recorded alloc events of the allocations the fixes' checkpointing frees early and
+    /// makes again (those made in the checkpointed calls), sorted; empty without
+    /// checkpointing. What a picture marks as the modules the fix touches.
+    pub checkpointed_events: Vec<u32>,
 }
 
 impl PredictedCurve {
@@ -232,9 +236,12 @@ pub fn predicted_curve(
     let advisor = Advisor::new(target, Some(device))?;
     let mut curve = advisor.predicted_curve(fixes, budget)?;
     if let Some(origin) = completion_origin {
-        for e in &mut curve.events {
-            *e = origin.get(*e as usize).copied().unwrap_or(*e);
-        }
+        let recorded = |e: &mut u32| *e = origin.get(*e as usize).copied().unwrap_or(*e);
+        curve.events.iter_mut().for_each(recorded);
+        // The completion's rest stands at the `oom` entry: no recorded allocation there.
+        let oom = origin.last().copied().unwrap_or(0);
+        curve.checkpointed_events.iter_mut().for_each(recorded);
+        curve.checkpointed_events.retain(|&e| e < oom);
     }
     Ok(curve)
 }
@@ -390,13 +397,25 @@ impl<'a> Advisor<'a> {
     /// was made for: one point per replayed entry of the edited trace, at the entry it stands
     /// for ([`edit::Edited::origin`]). O(n + m) edit plus one replay, and O(n) for the points.
     pub fn predicted_curve(&self, fixes: &[Fix], budget: Option<u64>) -> Result<PredictedCurve> {
-        let (prediction, report, origin) = self.replay_fixes(fixes, budget)?;
-        let events: Vec<u32> = match origin {
-            Some(origin) => origin
-                .into_iter()
-                .take(report.allocated_curve.len())
-                .collect(),
-            None => (0..report.allocated_curve.len() as u32).collect(),
+        let (prediction, report, edited) = self.replay_fixes(fixes, budget)?;
+        let (events, checkpointed_events): (Vec<u32>, Vec<u32>) = match edited {
+            Some(edited) => {
+                let allocations = &self.timeline.replay().allocations;
+                let mut checkpointed: Vec<u32> = edited
+                    .checkpointed
+                    .iter()
+                    .filter_map(|&a| allocations.get(a as usize)?.alloc_event())
+                    .collect();
+                checkpointed.sort_unstable();
+                checkpointed.dedup();
+                let events = edited
+                    .origin
+                    .into_iter()
+                    .take(report.allocated_curve.len())
+                    .collect();
+                (events, checkpointed)
+            }
+            None => ((0..report.allocated_curve.len() as u32).collect(), Vec::new()),
         };
         let mut allocated = report.allocated_curve;
         let mut reserved = report.reserved_curve;
@@ -408,16 +427,17 @@ impl<'a> Advisor<'a> {
             reserved,
             allocated_peak_bytes: prediction.allocated_peak_bytes,
             reserved_peak_bytes: prediction.reserved_peak_bytes,
+            checkpointed_events,
         })
     }
 
-    /// The prediction, the replay's report and, when the trace was edited, the recorded entry
-    /// each edited entry stands for.
+    /// The prediction, the replay's report and, when the trace was edited, the edit (the
+    /// recorded entry each edited entry stands for, the checkpointed allocations).
     fn replay_fixes(
         &self,
         fixes: &[Fix],
         budget: Option<u64>,
-    ) -> Result<(Prediction, memsnap_simulate::DeviceReport, Option<Vec<u32>>)> {
+    ) -> Result<(Prediction, memsnap_simulate::DeviceReport, Option<edit::Edited>)> {
         let mut edit = Edit::none();
         let mut conf = String::new();
         for fix in fixes {
@@ -438,11 +458,12 @@ impl<'a> Advisor<'a> {
         let trace = &self.snapshot.traces()[self.device as usize];
         let replay = self.timeline.replay();
         let analysed = edit::Analysed::new(self.snapshot, trace, replay, &self.steps, &self.chains);
-        let (edited, origin, recompute) = if edit == Edit::none() {
+        let (edited, edit_out, recompute) = if edit == Edit::none() {
             (None, None, edit::Recompute::default())
         } else {
-            let e = edit::edit_trace(self.snapshot, &analysed, &edit);
-            (Some(e.trace), Some(e.origin), e.recompute)
+            let mut e = edit::edit_trace(self.snapshot, &analysed, &edit);
+            let recompute = e.recompute;
+            (Some(std::mem::take(&mut e.trace)), Some(e), recompute)
         };
         let config = if conf.is_empty() {
             None
@@ -496,7 +517,7 @@ impl<'a> Advisor<'a> {
             },
             reserved_curve: report.reserved_curve.clone(),
         };
-        Ok((prediction, report, origin))
+        Ok((prediction, report, edit_out))
     }
 
     /// The single fixes tried: checkpointing of the top module nodes, micro-batches, 8-bit

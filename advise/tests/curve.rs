@@ -78,6 +78,15 @@ fn every_fix_s_mapped_curve_peaks_at_its_predicted_peak() {
                 "{}",
                 p.description
             );
+            // What it checkpoints: recorded allocations, made in the module's calls.
+            assert!(!curve.checkpointed_events.is_empty(), "{}", p.description);
+            let trace = &snapshot.traces()[0];
+            assert!(curve
+                .checkpointed_events
+                .iter()
+                .all(|&e| trace[e as usize].action == Action::Alloc));
+        } else if !p.fixes.iter().any(|f| matches!(f, Fix::Checkpoint { .. })) {
+            assert!(curve.checkpointed_events.is_empty(), "{}", p.description);
         }
     }
     assert!(checkpoints >= 1);

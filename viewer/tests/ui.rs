@@ -1063,6 +1063,74 @@ fn advise_ranks_fixes_for_a_typed_budget_with_the_advisors_peaks() {
     );
 }
 
+/// Steps frames until the selected fix's overlay replay is done.
+fn run_until_overlaid(h: &mut Harness<'_, ViewerApp>) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    h.step();
+    while advise_state(h).overlay_is_running() {
+        assert!(Instant::now() < deadline, "the overlay did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+        h.step();
+    }
+    h.run_steps(3);
+}
+
+#[test]
+fn selecting_a_fix_draws_its_predicted_run_on_the_timeline_and_deselecting_removes_it() {
+    let (snapshot, _) = generate(&advisable_run());
+    let direct =
+        memsnap_advise::advise(&snapshot, &memsnap_advise::Options::default()).expect("advice");
+    let (i, fix) = direct
+        .predictions
+        .iter()
+        .enumerate()
+        .find(|(_, p)| matches!(p.fixes[..], [memsnap_advise::Fix::Checkpoint { .. }]))
+        .expect("a checkpointing fix");
+    let legend = format!("predicted: {}", fix.description);
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
+    assert!(h.query_by_label(&legend).is_none());
+    open_advise_from_the_view_menu(&mut h);
+    h.get_by_role_and_label(Role::Button, "Run").click();
+    run_until_advised(&mut h);
+    h.get_by_label(&fix.description).click();
+    run_until_overlaid(&mut h);
+    assert_eq!(advise_state(&h).selected, Some(i));
+    let overlay = advise_state(&h).overlay().expect("replayed").clone();
+    // Its curve on the recorded axis peaks where the prediction says.
+    assert_eq!(
+        overlay.max_in(0, overlay.len()),
+        Some((fix.allocated_peak_bytes, fix.reserved_peak_bytes))
+    );
+    assert!(
+        overlay.touched_count > 0,
+        "the checkpointed module's allocations"
+    );
+    h.get_by_label_contains("The Timeline draws the predicted run");
+
+    // On the timeline: the legend names the fix, and marks what it checkpoints.
+    h.state_mut().view = MainView::Timeline;
+    h.run_steps(3);
+    h.get_by_label(&legend);
+    h.get_by_label("checkpointed by the fix");
+    assert!(timeline_state(&h).predicted.is_some());
+
+    // Deselecting the fix (a second click) removes both.
+    h.state_mut().view = MainView::Advise;
+    h.run_steps(3);
+    // The list's entry (the details repeat the description as a label).
+    h.get_by_role_and_label(Role::Button, &fix.description)
+        .click();
+    h.run_steps(3);
+    assert_eq!(advise_state(&h).selected, None);
+    assert!(advise_state(&h).overlay().is_none());
+    h.state_mut().view = MainView::Timeline;
+    h.run_steps(3);
+    assert!(h.query_by_label(&legend).is_none());
+    assert!(h.query_by_label("checkpointed by the fix").is_none());
+    assert!(timeline_state(&h).predicted.is_none());
+}
+
 #[test]
 fn an_oom_run_is_advised_on_the_devices_memory_by_default() {
     const DEVICE: u64 = 1 << 30;
