@@ -624,6 +624,16 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
     .collect();
     let by_phase = band_colours(&h);
     assert!(phase_colours.is_subset(&by_phase), "{by_phase:?}");
+    // Then module colouring: each band the colour of its module path, grey outside every
+    // module (the optimizer's and the parameters' allocations).
+    h.key_press(egui::Key::C);
+    h.run();
+    assert_eq!(timeline_state(&h).color_mode, ColourBy::Module);
+    h.get_by_label("allocations (colour = module path)");
+    let by_module = band_colours(&h);
+    assert!(by_module.contains(&palette::NO_SITE), "{by_module:?}");
+    assert!(by_module.len() >= 3, "{by_module:?}");
+    assert_ne!(by_module, by_site);
     h.key_press(egui::Key::C);
     h.run();
     assert_eq!(timeline_state(&h).color_mode, ColourBy::Site);
@@ -631,7 +641,7 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
     // The help lists the shortcut.
     h.key_press(egui::Key::F1);
     h.run();
-    h.get_by_label_contains("Colour bands by user-code site, category or phase");
+    h.get_by_label_contains("Colour bands by user-code site, category, phase or module");
 }
 
 fn timeline_state<'h>(
@@ -1129,6 +1139,46 @@ fn selecting_a_fix_draws_its_predicted_run_on_the_timeline_and_deselecting_remov
     assert!(h.query_by_label(&legend).is_none());
     assert!(h.query_by_label("checkpointed by the fix").is_none());
     assert!(timeline_state(&h).predicted.is_none());
+}
+
+#[test]
+fn the_instant_page_shows_the_live_set_as_a_module_tree() {
+    let (snapshot, _) = generate(&advisable_run());
+    let timeline = memsnap_analysis::DeviceTimeline::build(&snapshot, 0).expect("timeline");
+    let peak = timeline.resolve(memsnap_analysis::Instant::Peak);
+    let tree = memsnap_analysis::modules::module_tree_at(
+        &snapshot,
+        &timeline,
+        peak,
+        memsnap_analysis::Lifetime::Active,
+        0,
+    );
+    let row = |n: &memsnap_analysis::modules::ModuleNode| {
+        format!(
+            "{}  {}  (",
+            memsnap_viewer::units::format_size(n.bytes),
+            n.label
+        )
+    };
+    let blocks = tree
+        .iter()
+        .find(|n| n.label == "model.py:212")
+        .expect("the model's loop over its blocks");
+    let inner = &blocks.children[0];
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
+    h.state_mut().view = MainView::Instant;
+    h.run();
+    h.get_by_label("module tree").click();
+    h.run();
+    // Largest first; the calls inside a module show once it is expanded.
+    for n in &tree {
+        h.get_by_label_contains(&row(n));
+    }
+    assert!(h.query_by_label_contains(&row(inner)).is_none());
+    h.get_by_label_contains(&row(blocks)).click();
+    h.run();
+    h.get_by_label_contains(&row(inner));
 }
 
 #[test]
