@@ -415,7 +415,10 @@ impl<'a> Advisor<'a> {
                     .collect();
                 (events, checkpointed)
             }
-            None => ((0..report.allocated_curve.len() as u32).collect(), Vec::new()),
+            None => (
+                (0..report.allocated_curve.len() as u32).collect(),
+                Vec::new(),
+            ),
         };
         let mut allocated = report.allocated_curve;
         let mut reserved = report.reserved_curve;
@@ -437,7 +440,11 @@ impl<'a> Advisor<'a> {
         &self,
         fixes: &[Fix],
         budget: Option<u64>,
-    ) -> Result<(Prediction, memsnap_simulate::DeviceReport, Option<edit::Edited>)> {
+    ) -> Result<(
+        Prediction,
+        memsnap_simulate::DeviceReport,
+        Option<edit::Edited>,
+    )> {
         let mut edit = Edit::none();
         let mut conf = String::new();
         for fix in fixes {
