@@ -77,22 +77,40 @@ pub(super) fn reserved_shown(model: &TimelineModel<'_>, state: &TimelineState) -
     state.show_reserved && model.timeline.replay().reserved_known()
 }
 
-/// The y scale: what is visible (fit y) or the whole run's peak, with a little headroom.
+/// The y scale: what is visible (fit y) or the whole run's peak, with a little headroom; a
+/// selected fix's predicted run included, so its line is never cut off at the top.
 fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f64 {
+    let show_reserved = reserved_shown(model, state);
+    let predicted =
+        |(allocated, reserved): (u64, u64)| allocated.max(if show_reserved { reserved } else { 0 });
     let y_top = if state.fit_y {
-        let reserved = if reserved_shown(model, state) {
+        let reserved = if show_reserved {
             scene::reserved_max(model.timeline, layout)
         } else {
             0
         };
-        layout.y_max.max(reserved)
+        let in_view = state.predicted.as_ref().and_then(|p| {
+            let event = |x: f64| scene::axis_to_event(model.timeline, state.axis, x).max(0.0);
+            let lo = event(state.window.start).floor() as usize;
+            let hi = (event(state.window.end).ceil() as usize).max(lo + 1);
+            p.max_in(lo.min(p.len().saturating_sub(1)), hi.min(p.len()))
+        });
+        layout.y_max.max(reserved).max(in_view.map_or(0, predicted))
     } else {
         let curves = model.timeline.curves();
-        curves.active.max().0.max(if reserved_shown(model, state) {
-            curves.reserved.max().0
-        } else {
-            0
-        })
+        let whole = state.predicted.as_ref().map_or(0, |p| {
+            predicted((p.allocated_peak_bytes, p.reserved_peak_bytes))
+        });
+        curves
+            .active
+            .max()
+            .0
+            .max(if show_reserved {
+                curves.reserved.max().0
+            } else {
+                0
+            })
+            .max(whole)
     };
     (y_top as f64 * 1.05).max(1.0)
 }
@@ -394,6 +412,45 @@ fn text_ui(painter: &Painter, text: &Text) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_predicted_run_above_the_recorded_one_raises_the_y_scale() {
+        use memsnap_analysis::DeviceTimeline;
+        let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun {
+            steps: 2,
+            ..Default::default()
+        });
+        let timeline = DeviceTimeline::build(&snapshot, 0).expect("timeline");
+        let steps = timeline.steps(&Default::default());
+        let sites = memsnap_plot::sites::StackSites::new(&snapshot);
+        let model = TimelineModel {
+            snapshot: &snapshot,
+            timeline: &timeline,
+            steps: &steps,
+            sites: &sites,
+        };
+        let mut state = TimelineState::new(&timeline);
+        let layout = timeline
+            .layout(&LayoutRequest::whole(&timeline, 400))
+            .expect("layout");
+        let recorded = y_max(&model, &state, &layout);
+        let n = timeline.replay().trace_len as usize;
+        let high = recorded as u64 * 3;
+        let curve = memsnap_advise::PredictedCurve {
+            events: vec![n as u32 / 2],
+            allocated: vec![high],
+            reserved: vec![high],
+            allocated_peak_bytes: high,
+            reserved_peak_bytes: high,
+            checkpointed_events: Vec::new(),
+        };
+        state.predicted = Some(Arc::new(PredictedOverlay::new(&curve, "x", n, &[])));
+        assert!(y_max(&model, &state, &layout) >= high as f64);
+        state.fit_y = false;
+        assert!(y_max(&model, &state, &layout) >= high as f64);
+        state.predicted = None;
+        assert!(y_max(&model, &state, &layout) < high as f64);
+    }
 
     #[test]
     fn a_rect_between_pixel_centres_covers_none_and_is_left_out() {
