@@ -146,6 +146,10 @@ pub(super) fn timeline_scene_ui(
         steps_ready: !model.steps.categories.is_empty(),
     };
     if state.band_cache.as_ref().is_none_or(|c| c.key != key) {
+        if state.color_mode == ColourBy::Module {
+            // Once per file, the first time bands are coloured by module.
+            model.sites.find_modules(model.snapshot);
+        }
         let style = BandStyle {
             colour_by: state.color_mode,
             dark: theme.dark,
