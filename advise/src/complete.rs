@@ -49,6 +49,16 @@ pub fn complete(
     snapshot: &Snapshot,
     device: i64,
 ) -> memsnap_analysis::Result<Option<(Snapshot, Completion)>> {
+    Ok(complete_mapped(snapshot, device)?.map(|(s, c, _)| (s, c)))
+}
+
+/// [`complete`], with the recorded entry each entry of the completed trace stands for: a kept
+/// recorded entry its own index, an entry of the model step's rest the `oom` entry (where the
+/// recording stops, the only place on the recorded axis the rest of the step can be drawn).
+pub fn complete_mapped(
+    snapshot: &Snapshot,
+    device: i64,
+) -> memsnap_analysis::Result<Option<(Snapshot, Completion, Vec<u32>)>> {
     let Some(trace) = usize::try_from(device)
         .ok()
         .and_then(|d| snapshot.traces().get(d))
@@ -159,6 +169,7 @@ pub fn complete(
         .device_free()
         .map(|free| free.saturating_add(reserved_at_oom));
     let mut completed: Vec<TraceEntry> = Vec::with_capacity(kept);
+    let mut origin: Vec<u32> = Vec::with_capacity(kept);
     let mut reserved = 0u64;
     let mut i = 0;
     while i < kept {
@@ -172,10 +183,11 @@ pub fn complete(
                     .get(run_end)
                     .is_some_and(|n| grows(n.action) && reserved.saturating_add(n.size) > cap)
             });
-            for e in &trace[i..run_end] {
+            for (j, e) in trace.iter().enumerate().take(run_end).skip(i) {
                 reserved = reserved.saturating_sub(e.size);
                 if !retry {
                     completed.push(e.clone());
+                    origin.push(j as u32);
                 }
             }
             i = run_end;
@@ -185,6 +197,7 @@ pub fn complete(
             reserved = reserved.saturating_add(e.size);
         }
         completed.push(e.clone());
+        origin.push(i as u32);
         i += 1;
     }
     let recorded_part = completed.len();
@@ -215,6 +228,7 @@ pub fn complete(
                 entry.set_time_us(Some(t.saturating_add(shift)));
             }
             completed.push(entry);
+            origin.push(oom as u32);
         }
     }
     let entries_added = completed.len() - recorded_part;
@@ -230,5 +244,6 @@ pub fn complete(
             model_step: model,
             entries_added,
         },
+        origin,
     )))
 }

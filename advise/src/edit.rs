@@ -223,17 +223,33 @@ pub struct Recompute {
     pub forward_bytes: u64,
 }
 
-/// The edited trace of the device, and the recomputation's size.
-pub fn edit_trace(
-    snapshot: &Snapshot,
-    an: &Analysed<'_>,
-    edit: &Edit,
-) -> (Vec<TraceEntry>, Recompute) {
+/// An edited trace, with the recorded entry each of its entries stands for.
+#[derive(Clone, Debug, Default)]
+pub struct Edited {
+    pub trace: Vec<TraceEntry>,
+    /// For each entry of `trace`, the index of the recorded entry it stands for: a recorded
+    /// entry (resized, or repeated in every micro-batch) its own index; an allocation made
+    /// again by checkpointing's recomputation, or freed right after its call, the recorded
+    /// entry at whose place it is inserted. Non-decreasing, except across the micro-batches of
+    /// a step, whose copies each run over the step's forward and backward again. The
+    /// predicted curve is drawn on the recorded axis through it
+    /// ([`crate::PredictedCurve`]).
+    pub origin: Vec<u32>,
+    /// The allocations (indices into the analysis' allocations) made in the checkpointed
+    /// calls, in every step: what the checkpointing frees early and makes again.
+    pub checkpointed: Vec<u32>,
+    pub recompute: Recompute,
+}
+
+/// The edited trace of the device, the recorded entry each of its entries stands for, and the
+/// recomputation's size.
+pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited {
     let n = an.trace.len();
     let allocations = &an.replay.allocations;
     let mut before: HashMap<u32, Vec<Op>> = HashMap::new();
     let mut after: HashMap<u32, Vec<Op>> = HashMap::new();
     let mut recompute = Recompute::default();
+    let mut checkpointed_allocations: Vec<u32> = Vec::new();
     let passes = an.passes();
     // The pass (forward start to backward end) holding an event: passes are in event order
     // and do not overlap, so a binary search.
@@ -276,6 +292,7 @@ pub fn edit_trace(
                     .min()
                     .unwrap_or(bs);
                 if checkpointed {
+                    checkpointed_allocations.extend(&call.members);
                     after
                         .entry(call.end)
                         .or_default()
@@ -370,6 +387,8 @@ pub fn edit_trace(
         keys: allocations.iter().map(|a| a.addr).collect(),
         next_key: fresh_base(snapshot, an.trace),
         out: Vec::with_capacity(n),
+        origin: Vec::with_capacity(n),
+        anchor: 0,
         per_micro_batch: &per_micro_batch,
     };
     let mut i = 0;
@@ -387,19 +406,26 @@ pub fn edit_trace(
                     .position(|&(e, _)| e > be)
                     .map_or(ops.len(), |p| i + p);
                 for copy in 0..k {
-                    for &(_, op) in &ops[i..j] {
+                    for &(e, op) in &ops[i..j] {
+                        out.anchor = e;
                         out.emit(op, copy, &size_of, true);
                     }
                 }
                 i = j;
             }
             None => {
+                out.anchor = anchor;
                 out.emit(ops[i].1, 0, &size_of, k > 1);
                 i += 1;
             }
         }
     }
-    (out.out, recompute)
+    Edited {
+        trace: out.out,
+        origin: out.origin,
+        checkpointed: checkpointed_allocations,
+        recompute,
+    }
 }
 
 /// Addresses above every recorded one, for allocations the edit makes again.
@@ -422,10 +448,24 @@ struct Emitter<'a, 'b> {
     keys: Vec<u64>,
     next_key: u64,
     out: Vec<TraceEntry>,
+    /// The recorded entry each of `out` stands for.
+    origin: Vec<u32>,
+    /// The recorded entry the operation being emitted stands at.
+    anchor: u32,
     per_micro_batch: &'b [bool],
 }
 
 impl Emitter<'_, '_> {
+    fn push(&mut self, entry: TraceEntry) {
+        self.out.push(entry);
+        self.origin.push(self.anchor);
+    }
+
+    fn push_entry(&mut self, a: u32, action: Action, size: u64) {
+        let entry = self.entry(a, action, size);
+        self.push(entry);
+    }
+
     fn fresh(&mut self) -> u64 {
         let k = self.next_key;
         self.next_key = self.next_key.saturating_add(512);
@@ -460,7 +500,8 @@ impl Emitter<'_, '_> {
     ) {
         match op {
             Op::Orig(e) => {
-                let entry = &self.trace[e as usize];
+                let trace = self.trace;
+                let entry = &trace[e as usize];
                 let Some(a) = self.alloc_of_event[e as usize].filter(|_| {
                     matches!(
                         entry.action,
@@ -471,7 +512,7 @@ impl Emitter<'_, '_> {
                     )
                 }) else {
                     if copy == 0 {
-                        self.out.push(entry.clone());
+                        self.push(entry.clone());
                     }
                     return;
                 };
@@ -487,14 +528,14 @@ impl Emitter<'_, '_> {
                         if copy > 0 {
                             self.keys[a as usize] = self.fresh();
                         }
-                        self.out.push(self.entry(a, Action::Alloc, size));
+                        self.push_entry(a, Action::Alloc, size);
                     }
                     Action::FreeRequested if repeated => {
-                        self.out.push(self.entry(a, Action::FreeRequested, size));
-                        self.out.push(self.entry(a, Action::FreeCompleted, size));
+                        self.push_entry(a, Action::FreeRequested, size);
+                        self.push_entry(a, Action::FreeCompleted, size);
                     }
                     Action::FreeCompleted if repeated => {}
-                    action => self.out.push(self.entry(a, action, size)),
+                    action => self.push_entry(a, action, size),
                 }
             }
             Op::Alloc(a) => {
@@ -505,7 +546,7 @@ impl Emitter<'_, '_> {
                     return;
                 };
                 self.keys[a as usize] = self.fresh();
-                self.out.push(self.entry(a, Action::Alloc, size));
+                self.push_entry(a, Action::Alloc, size);
             }
             Op::FreeNow(a) => {
                 if copy > 0 && !(in_micro_batches && self.per_micro_batch[a as usize]) {
@@ -514,8 +555,8 @@ impl Emitter<'_, '_> {
                 let Some(size) = size_of(a) else {
                     return;
                 };
-                self.out.push(self.entry(a, Action::FreeRequested, size));
-                self.out.push(self.entry(a, Action::FreeCompleted, size));
+                self.push_entry(a, Action::FreeRequested, size);
+                self.push_entry(a, Action::FreeCompleted, size);
             }
         }
     }

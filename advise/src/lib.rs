@@ -154,6 +154,98 @@ pub struct Prediction {
     pub reserved_curve: Vec<u64>,
 }
 
+/// A prediction's allocated and reserved curves on the **recorded** trace's event axis, for
+/// drawing over the recorded timeline. The predicted run is a replay of an edited trace whose
+/// entries differ from the recorded ones (checkpointing frees activations early and makes them
+/// again, micro-batches repeat each step's forward and backward, an offloaded optimizer state
+/// leaves entries out, a completed OOM run adds the rest of a step), so each replayed entry is
+/// placed at the recorded entry it stands for ([`edit::Edited::origin`]; the completion's rest
+/// at the `oom` entry). Several points can stand at one event (a recomputation, the copies of
+/// a micro-batched step), so the curve is a set of points, not a function of the event.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PredictedCurve {
+    /// The recorded event each point stands at, one point per replayed entry of the edited
+    /// trace in replay order.
+    pub events: Vec<u32>,
+    /// Allocated bytes after each point (blocks as the allocator rounds them).
+    pub allocated: Vec<u64>,
+    /// Reserved bytes after each point.
+    pub reserved: Vec<u64>,
+    /// The prediction's peaks ([`Prediction`]'s).
+    pub allocated_peak_bytes: u64,
+    pub reserved_peak_bytes: u64,
+    /// The recorded alloc events of the allocations the fixes' checkpointing frees early and
+    /// makes again (those made in the checkpointed calls), sorted; empty without
+    /// checkpointing. What a picture marks as the modules the fix touches.
+    pub checkpointed_events: Vec<u32>,
+}
+
+impl PredictedCurve {
+    /// For each of the recorded trace's `events` events, the highest allocated and reserved
+    /// bytes of the points that stand at it; an event no point stands at (an entry the edit
+    /// left out, or past the end of a replay that ran out of memory) keeps the values of the
+    /// event before it (0 before the first point). Points past `events` are dropped.
+    ///
+    /// O(p + n) in the points and the events.
+    pub fn per_event_max(&self, events: usize) -> (Vec<u64>, Vec<u64>) {
+        let mut allocated: Vec<Option<u64>> = vec![None; events];
+        let mut reserved: Vec<Option<u64>> = vec![None; events];
+        for (k, &e) in self.events.iter().enumerate() {
+            let e = e as usize;
+            if e >= events {
+                continue;
+            }
+            let a = &mut allocated[e];
+            *a = Some(a.unwrap_or(0).max(self.allocated[k]));
+            let r = &mut reserved[e];
+            *r = Some(r.unwrap_or(0).max(self.reserved[k]));
+        }
+        let fill = |values: Vec<Option<u64>>| -> Vec<u64> {
+            let mut last = 0;
+            values
+                .into_iter()
+                .map(|v| {
+                    last = v.unwrap_or(last);
+                    last
+                })
+                .collect()
+        };
+        (fill(allocated), fill(reserved))
+    }
+}
+
+/// A prediction's curves on the recorded axis of `device` in `snapshot` (see
+/// [`PredictedCurve`]): the run completed first when it ran out of memory, as [`advise`] does,
+/// then `fixes` replayed as [`Advisor::predict`] replays them under `budget`, so the curves'
+/// peaks are the prediction's. `fixes` are those of a [`Prediction`] of [`advise`] for the
+/// same snapshot and device (a checkpointed module is named by its frames).
+///
+/// O(analysis) once (the completion's and the advisor's), one edit O(n + m), one or two
+/// replays, and O(n) for the points.
+pub fn predicted_curve(
+    snapshot: &Snapshot,
+    device: i64,
+    fixes: &[Fix],
+    budget: Option<u64>,
+) -> Result<PredictedCurve> {
+    let completed = complete::complete_mapped(snapshot, device)?;
+    let (target, completion_origin) = match &completed {
+        Some((s, _, origin)) => (s, Some(origin)),
+        None => (snapshot, None),
+    };
+    let advisor = Advisor::new(target, Some(device))?;
+    let mut curve = advisor.predicted_curve(fixes, budget)?;
+    if let Some(origin) = completion_origin {
+        let recorded = |e: &mut u32| *e = origin.get(*e as usize).copied().unwrap_or(*e);
+        curve.events.iter_mut().for_each(recorded);
+        // The completion's rest stands at the `oom` entry: no recorded allocation there.
+        let oom = origin.last().copied().unwrap_or(0);
+        curve.checkpointed_events.iter_mut().for_each(recorded);
+        curve.checkpointed_events.retain(|&e| e < oom);
+    }
+    Ok(curve)
+}
+
 /// A module node and its activations live at the allocated peak.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModuleBytes {
@@ -298,6 +390,61 @@ impl<'a> Advisor<'a> {
 
     /// Replays the run with `fixes` applied. O(n + m) edit plus one replay.
     pub fn predict(&self, fixes: &[Fix], budget: Option<u64>) -> Result<Prediction> {
+        Ok(self.replay_fixes(fixes, budget)?.0)
+    }
+
+    /// The curves of [`Advisor::predict`]'s replay on the event axis of the trace the advisor
+    /// was made for: one point per replayed entry of the edited trace, at the entry it stands
+    /// for ([`edit::Edited::origin`]). O(n + m) edit plus one replay, and O(n) for the points.
+    pub fn predicted_curve(&self, fixes: &[Fix], budget: Option<u64>) -> Result<PredictedCurve> {
+        let (prediction, report, edited) = self.replay_fixes(fixes, budget)?;
+        let (events, checkpointed_events): (Vec<u32>, Vec<u32>) = match edited {
+            Some(edited) => {
+                let allocations = &self.timeline.replay().allocations;
+                let mut checkpointed: Vec<u32> = edited
+                    .checkpointed
+                    .iter()
+                    .filter_map(|&a| allocations.get(a as usize)?.alloc_event())
+                    .collect();
+                checkpointed.sort_unstable();
+                checkpointed.dedup();
+                let events = edited
+                    .origin
+                    .into_iter()
+                    .take(report.allocated_curve.len())
+                    .collect();
+                (events, checkpointed)
+            }
+            None => (
+                (0..report.allocated_curve.len() as u32).collect(),
+                Vec::new(),
+            ),
+        };
+        let mut allocated = report.allocated_curve;
+        let mut reserved = report.reserved_curve;
+        allocated.truncate(events.len());
+        reserved.truncate(events.len());
+        Ok(PredictedCurve {
+            events,
+            allocated,
+            reserved,
+            allocated_peak_bytes: prediction.allocated_peak_bytes,
+            reserved_peak_bytes: prediction.reserved_peak_bytes,
+            checkpointed_events,
+        })
+    }
+
+    /// The prediction, the replay's report and, when the trace was edited, the edit (the
+    /// recorded entry each edited entry stands for, the checkpointed allocations).
+    fn replay_fixes(
+        &self,
+        fixes: &[Fix],
+        budget: Option<u64>,
+    ) -> Result<(
+        Prediction,
+        memsnap_simulate::DeviceReport,
+        Option<edit::Edited>,
+    )> {
         let mut edit = Edit::none();
         let mut conf = String::new();
         for fix in fixes {
@@ -318,11 +465,12 @@ impl<'a> Advisor<'a> {
         let trace = &self.snapshot.traces()[self.device as usize];
         let replay = self.timeline.replay();
         let analysed = edit::Analysed::new(self.snapshot, trace, replay, &self.steps, &self.chains);
-        let (edited, recompute) = if edit == Edit::none() {
-            (None, edit::Recompute::default())
+        let (edited, edit_out, recompute) = if edit == Edit::none() {
+            (None, None, edit::Recompute::default())
         } else {
-            let (t, r) = edit::edit_trace(self.snapshot, &analysed, &edit);
-            (Some(t), r)
+            let mut e = edit::edit_trace(self.snapshot, &analysed, &edit);
+            let recompute = e.recompute;
+            (Some(std::mem::take(&mut e.trace)), Some(e), recompute)
         };
         let config = if conf.is_empty() {
             None
@@ -362,7 +510,7 @@ impl<'a> Advisor<'a> {
             report = replay(None)?;
         }
         let out_of_memory = report.oom.is_some();
-        Ok(Prediction {
+        let prediction = Prediction {
             description: describe(fixes),
             fixes: fixes.to_vec(),
             allocated_peak_bytes: report.allocated_peak_bytes,
@@ -374,8 +522,9 @@ impl<'a> Advisor<'a> {
             } else {
                 recompute.bytes as f64 / recompute.forward_bytes as f64
             },
-            reserved_curve: report.reserved_curve,
-        })
+            reserved_curve: report.reserved_curve.clone(),
+        };
+        Ok((prediction, report, edit_out))
     }
 
     /// The single fixes tried: checkpointing of the top module nodes, micro-batches, 8-bit

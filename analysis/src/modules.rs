@@ -80,6 +80,130 @@ pub fn modules_at(
     out
 }
 
+/// One node of the module tree at an instant: a module path (a chain prefix, see the module
+/// docs) and what is live under it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModuleNode {
+    /// The frame this node adds to its parent's path: the line the module's code was at
+    /// (`None` for the root of what is outside every module).
+    pub frame: Option<FrameId>,
+    /// `file:line` of `frame` ([`NO_MODULE`] for the root outside every module).
+    pub label: String,
+    /// [`chain_label`] of the whole path.
+    pub path: String,
+    /// Bytes live under the path (its own and its children's).
+    pub bytes: u64,
+    /// Bytes of the allocations whose path ends here.
+    pub own_bytes: u64,
+    /// Allocations live under the path.
+    pub count: u64,
+    /// The calls inside it, largest first.
+    pub children: Vec<ModuleNode>,
+}
+
+/// Deepest module path the tree keeps: the calls nested deeper count as the node at this depth
+/// (real models nest a few dozen; a file with thousands must not exhaust the stack).
+pub const MAX_TREE_DEPTH: usize = 64;
+
+/// The allocations live at `event` (`lifetime`; those smaller than `min_size` left out) as a
+/// tree of module paths: a root per outermost module call (and one, [`NO_MODULE`], for what
+/// is outside every module), each node's children the calls inside it, largest first (ties by
+/// label), at most [`MAX_TREE_DEPTH`] deep. A node's `bytes` is its own plus its children's.
+///
+/// O(m + g·d + k log k): the live set (see [`DeviceTimeline::live_at`]), one hash lookup per
+/// member (each stack's chain found once), each of the g distinct paths walked once down its d
+/// frames, the k nodes sorted.
+pub fn module_tree_at(
+    snapshot: &Snapshot,
+    timeline: &DeviceTimeline,
+    event: u32,
+    lifetime: Lifetime,
+    min_size: u64,
+) -> Vec<ModuleNode> {
+    let replay = timeline.replay();
+    let mut keyer = ModuleKeyer::new(snapshot);
+    let mut paths: HashMap<Arc<[FrameId]>, (u64, u64)> = HashMap::default();
+    for id in replay.live_at(event, lifetime) {
+        let a = &replay.allocations[id.0 as usize];
+        if a.size < min_size {
+            continue;
+        }
+        let g = paths.entry(keyer.chain(a.stack)).or_default();
+        g.0 = g.0.saturating_add(a.size);
+        g.1 += 1;
+    }
+    // An arena of nodes (0: a virtual root), each with its children by frame.
+    struct Slot {
+        frame: Option<FrameId>,
+        bytes: u64,
+        own_bytes: u64,
+        count: u64,
+        children: HashMap<Option<FrameId>, usize>,
+    }
+    let slot = |frame| Slot {
+        frame,
+        bytes: 0,
+        own_bytes: 0,
+        count: 0,
+        children: HashMap::default(),
+    };
+    let mut arena = vec![slot(None)];
+    for (chain, (bytes, count)) in &paths {
+        // The empty path is the root of what is outside every module.
+        let steps: Vec<Option<FrameId>> = if chain.is_empty() {
+            vec![None]
+        } else {
+            chain
+                .iter()
+                .take(MAX_TREE_DEPTH)
+                .map(|&f| Some(f))
+                .collect()
+        };
+        let mut at = 0;
+        for frame in steps {
+            let next = match arena[at].children.get(&frame) {
+                Some(&i) => i,
+                None => {
+                    arena.push(slot(frame));
+                    let i = arena.len() - 1;
+                    arena[at].children.insert(frame, i);
+                    i
+                }
+            };
+            at = next;
+            arena[at].bytes = arena[at].bytes.saturating_add(*bytes);
+            arena[at].count += count;
+        }
+        arena[at].own_bytes = arena[at].own_bytes.saturating_add(*bytes);
+    }
+    fn build(snapshot: &Snapshot, arena: &[Slot], i: usize, parent: &[FrameId]) -> Vec<ModuleNode> {
+        let mut out: Vec<ModuleNode> = arena[i]
+            .children
+            .values()
+            .map(|&c| {
+                let s = &arena[c];
+                let mut path = parent.to_vec();
+                path.extend(s.frame);
+                ModuleNode {
+                    frame: s.frame,
+                    label: match s.frame {
+                        Some(f) => chain_label(snapshot, &[f]),
+                        None => NO_MODULE.to_owned(),
+                    },
+                    path: chain_label(snapshot, &path),
+                    bytes: s.bytes,
+                    own_bytes: s.own_bytes,
+                    count: s.count,
+                    children: build(snapshot, arena, c, &path),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.label.cmp(&b.label)));
+        out
+    }
+    build(snapshot, &arena, 0, &[])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +254,79 @@ mod tests {
             chain_label(&s, &chain),
             "model.py:245 > model.py:300 > attention.py:77"
         );
+    }
+
+    #[test]
+    fn the_module_tree_at_an_instant_adds_up_and_lists_the_largest_first() {
+        let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun {
+            steps: 2,
+            layers: 3,
+            activations_per_layer: 3,
+            ordered_forward_stacks: true,
+            ..Default::default()
+        });
+        let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+        let peak = timeline.peak(crate::CurveKind::Active).event;
+        let replay = timeline.replay();
+        let live: u64 = replay
+            .live_at(peak, Lifetime::Active)
+            .iter()
+            .map(|id| replay.allocations[id.0 as usize].size)
+            .sum();
+        let tree = module_tree_at(&snapshot, &timeline, peak, Lifetime::Active, 0);
+        assert_eq!(tree.iter().map(|n| n.bytes).sum::<u64>(), live);
+        // The parameters and the optimizer are outside every module; the model's loop over
+        // its blocks is a root with the blocks' lines inside.
+        assert!(tree
+            .iter()
+            .any(|n| n.label == NO_MODULE && n.frame.is_none()));
+        let blocks = tree
+            .iter()
+            .find(|n| n.label == "model.py:212")
+            .expect("the model's loop");
+        assert!(!blocks.children.is_empty());
+        assert!(blocks.children[0].path.starts_with("model.py:212 > "));
+        fn check(nodes: &[ModuleNode]) {
+            assert!(nodes.windows(2).all(|w| w[0].bytes >= w[1].bytes));
+            for n in nodes {
+                let children: u64 = n.children.iter().map(|c| c.bytes).sum();
+                assert_eq!(n.bytes, n.own_bytes + children, "{}", n.path);
+                assert!(n.count >= n.children.iter().map(|c| c.count).sum::<u64>());
+                check(&n.children);
+            }
+        }
+        check(&tree);
+        // The size filter leaves the small ones out.
+        let big = module_tree_at(&snapshot, &timeline, peak, Lifetime::Active, 1 << 20);
+        assert!(big.iter().map(|n| n.bytes).sum::<u64>() < live);
+        // Before anything is allocated, nothing is live.
+        assert!(module_tree_at(&snapshot, &timeline, 0, Lifetime::Active, 0)
+            .iter()
+            .all(|n| n.bytes <= live));
+    }
+
+    #[test]
+    fn a_module_tree_deeper_than_its_limit_is_cut_there() {
+        let mut frames = vec![Frame::new("c10::malloc", "??", 0)];
+        for depth in 0..(MAX_TREE_DEPTH as u32 + 40) {
+            frames.push(Frame::new("forward", "/p/deep.py", 1000 - depth));
+            frames.push(Frame::new("_call_impl", MODULE, 1790));
+        }
+        let (mut s, stack) = snapshot_with(frames);
+        let mut entry =
+            memsnap_format::TraceEntry::new(memsnap_format::Action::Alloc, 0x1000, 512, 0);
+        entry.frames = Some(stack);
+        s.device_traces.as_mut().unwrap()[0].push(entry);
+        let timeline = DeviceTimeline::build(&s, 0).unwrap();
+        let tree = module_tree_at(&s, &timeline, 0, Lifetime::Active, 0);
+        let mut depth = 0;
+        let mut level = &tree;
+        while let Some(n) = level.first() {
+            assert_eq!(n.bytes, 512);
+            depth += 1;
+            level = &n.children;
+        }
+        assert_eq!(depth, MAX_TREE_DEPTH);
     }
 
     #[test]

@@ -125,6 +125,9 @@ pub fn render_scene(snapshot: &Snapshot, options: &PlotOptions) -> Result<Scene,
     let timeline = DeviceTimeline::build(snapshot, device)?;
     let steps = timeline.steps(&StepOptions::default());
     let sites = StackSites::new(snapshot);
+    if options.colour_by == ColourBy::Module {
+        sites.find_modules(snapshot);
+    }
     let model = SceneModel {
         timeline: &timeline,
         steps: &steps,

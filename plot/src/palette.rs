@@ -55,16 +55,25 @@ pub enum ColourBy {
     Category,
     /// The kind of phase (set-up, forward, backward, optimizer) it was allocated in.
     Phase,
+    /// The module path that made it (`memsnap_analysis::modules`: the user `forward`s that
+    /// `nn.Module.__call__` entered, outermost first): one path, one colour.
+    Module,
 }
 
 impl ColourBy {
-    pub const ALL: [ColourBy; 3] = [ColourBy::Site, ColourBy::Category, ColourBy::Phase];
+    pub const ALL: [ColourBy; 4] = [
+        ColourBy::Site,
+        ColourBy::Category,
+        ColourBy::Phase,
+        ColourBy::Module,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
             ColourBy::Site => "site",
             ColourBy::Category => "category",
             ColourBy::Phase => "phase",
+            ColourBy::Module => "module",
         }
     }
 
@@ -73,6 +82,7 @@ impl ColourBy {
             ColourBy::Site => "Colour each allocation by the user-code site that made it (same site, same colour)",
             ColourBy::Category => "Colour each allocation by what it is for: parameter, optimizer state, gradient, activation, temporary",
             ColourBy::Phase => "Colour each allocation by the phase it was allocated in: set-up, forward, backward, optimizer",
+            ColourBy::Module => "Colour each allocation by the module path that made it (the forwards nn.Module calls entered, by file:line; same path, same colour; grey outside every module)",
         }
     }
 
@@ -81,7 +91,8 @@ impl ColourBy {
         match self {
             ColourBy::Site => ColourBy::Category,
             ColourBy::Category => ColourBy::Phase,
-            ColourBy::Phase => ColourBy::Site,
+            ColourBy::Phase => ColourBy::Module,
+            ColourBy::Module => ColourBy::Site,
         }
     }
 }
@@ -122,6 +133,18 @@ pub fn site_colour(site: Option<FrameId>) -> Colour {
     match site {
         Some(id) => {
             let h = (id.index() as u64 ^ 0x9e37_79b9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            STACK_COLOURS[((h >> 32) % STACK_COLOURS.len() as u64) as usize]
+        }
+        None => NO_SITE,
+    }
+}
+
+/// The colour of allocations made under a module path ([`crate::sites::StackSites::module`]:
+/// a hash of the path's frames), [`NO_SITE`] outside every module.
+pub fn module_colour(module: Option<u64>) -> Colour {
+    match module {
+        Some(key) => {
+            let h = (key ^ 0x9e37_79b9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             STACK_COLOURS[((h >> 32) % STACK_COLOURS.len() as u64) as usize]
         }
         None => NO_SITE,
@@ -275,16 +298,25 @@ mod tests {
     }
 
     #[test]
-    fn colour_modes_cycle_through_all_three() {
+    fn colour_modes_cycle_through_all_of_them() {
         let mut mode = ColourBy::default();
         assert_eq!(mode, ColourBy::Site);
         let mut seen = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..ColourBy::ALL.len() {
             seen.push(mode);
             mode = mode.next();
         }
         assert_eq!(mode, ColourBy::Site);
         assert_eq!(seen, ColourBy::ALL);
+    }
+
+    #[test]
+    fn module_paths_get_colours_and_no_module_is_grey() {
+        assert_eq!(module_colour(None), NO_SITE);
+        let colours: std::collections::HashSet<Colour> =
+            (1..40u64).map(|k| module_colour(Some(k))).collect();
+        assert!(colours.len() > 10, "keys spread over the palette");
+        assert!(!colours.contains(&NO_SITE));
     }
 
     #[test]

@@ -291,6 +291,7 @@ pub fn band_colour(
             .map_or(palette::NO_SITE, |(_, phase)| {
                 palette::phase_colour(phase.kind)
             }),
+        ColourBy::Module => palette::module_colour(model.sites.module(allocation.stack)),
     }
 }
 
@@ -924,6 +925,11 @@ pub fn legend(model: &SceneModel<'_>, style: &LegendStyle) -> Vec<LegendEntry> {
                 ));
             }
         }
+        ColourBy::Module => out.push(entry(
+            palette::SITE_SWATCH,
+            "allocations (colour = module path)".into(),
+            "Each band is one allocation; one colour per module path (the forwards nn.Module calls entered, outermost first, by file:line), grey outside every module",
+        )),
         ColourBy::Phase => {
             if kinds.is_empty() {
                 out.push(entry(

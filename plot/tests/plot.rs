@@ -161,7 +161,7 @@ fn phases_are_shaded_and_their_slopes_drawn() {
 
 /// `ColourBy::Category` paints each band with its allocation's category colour.
 #[test]
-fn bands_take_their_category_or_phase_colour() {
+fn bands_take_their_category_phase_or_module_colour() {
     let snapshot = run();
     let by_category = render_svg(
         &snapshot,
@@ -216,6 +216,35 @@ fn bands_take_their_category_or_phase_colour() {
     .collect();
     want.sort();
     assert_eq!(band_fills(&by_phase), want);
+
+    // By module: each band its module path's colour (found for the picture), grey outside
+    // every module, the same colours as the sites' module keys give.
+    let by_module = render_svg(
+        &snapshot,
+        &PlotOptions {
+            colour_by: ColourBy::Module,
+            ..PlotOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(by_module.contains(">allocations (colour = module path)</text>"));
+    let sites = memsnap_plot::sites::StackSites::new(&snapshot);
+    sites.find_modules(&snapshot);
+    let mut want: Vec<String> = (0..snapshot.stacks.len())
+        .map(|i| {
+            let stack = memsnap_format::StackId::from_index(i);
+            memsnap_plot::palette::module_colour(sites.module(Some(stack))).to_string()
+        })
+        .collect();
+    want.sort();
+    want.dedup();
+    let fills = band_fills(&by_module);
+    assert!(fills.len() >= 3, "{fills:?}");
+    assert!(fills.contains(&memsnap_plot::palette::NO_SITE.to_string()));
+    assert!(
+        fills.iter().all(|f| want.contains(f)),
+        "{fills:?} of {want:?}"
+    );
 }
 
 /// The viewer's overlay thins steps to two per half-point column; what it drops must be

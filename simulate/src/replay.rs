@@ -159,6 +159,10 @@ pub struct DeviceReport {
     /// than the recorded `segment_alloc` that precedes the request. Not in the JSON output.
     #[serde(skip)]
     pub reserved_curve: Vec<u64>,
+    /// Allocated bytes (the blocks handed out, as the allocator rounds them) after each
+    /// replayed event, like `reserved_curve`. Not in the JSON output.
+    #[serde(skip)]
+    pub allocated_curve: Vec<u64>,
     /// Reserved bytes after each event as the file records them (`events` long).
     #[serde(skip)]
     pub recorded_reserved_curve: Vec<u64>,
@@ -335,6 +339,7 @@ fn replay_device(
         recorded,
         fidelity: Fidelity::default(),
         reserved_curve: Vec::with_capacity(trace.len()),
+        allocated_curve: Vec::with_capacity(trace.len()),
         recorded_reserved_curve,
         start_segments: start.segments.len() + start.reservations.len(),
         start_reserved_bytes: start.reserved_bytes,
@@ -443,6 +448,8 @@ impl Driver<'_> {
             // Events folded into this step (a free's completion, a release run) share its value.
             let curve = &mut self.report.reserved_curve;
             curve.resize(curve.len().max(event + 1), reserved);
+            let curve = &mut self.report.allocated_curve;
+            curve.resize(curve.len().max(event + 1), allocated);
         }
     }
 
@@ -640,8 +647,10 @@ impl Driver<'_> {
         }
         self.report.events_replayed = trace.len();
         self.report.fragmentation_bytes = self.fragmentation_at_peak;
-        let reserved = self.alloc.stats().reserved_bytes();
+        let stats = self.alloc.stats();
+        let (reserved, allocated) = (stats.reserved_bytes(), stats.allocated_bytes());
         self.report.reserved_curve.resize(trace.len(), reserved);
+        self.report.allocated_curve.resize(trace.len(), allocated);
         Ok(())
     }
 

@@ -356,6 +356,11 @@ fn the_reserved_curves_follow_every_event() {
     assert_eq!(d.reserved_curve.len(), n);
     assert_eq!(d.recorded_reserved_curve.len(), n);
     assert_eq!(d.reserved_curve.iter().max(), Some(&d.reserved_peak_bytes));
+    assert_eq!(d.allocated_curve.len(), n);
+    assert_eq!(
+        d.allocated_curve.iter().max(),
+        Some(&d.allocated_peak_bytes)
+    );
     assert_eq!(
         d.recorded_reserved_curve.iter().max(),
         Some(&d.recorded.reserved_peak_bytes)

@@ -47,7 +47,8 @@ pub struct Args {
     #[arg(long)]
     pub no_steps: bool,
     /// Band colours: `site` (the user's code that allocated it), `category` (parameter,
-    /// optimizer state, gradient, activation, temporary) or `phase` (that allocated it).
+    /// optimizer state, gradient, activation, temporary), `phase` (that allocated it) or
+    /// `module` (the module path that made it).
     #[arg(long, value_enum, default_value_t = Colouring::Site, alias = "color-by")]
     pub colour_by: Colouring,
     /// Dark background.
@@ -61,6 +62,7 @@ pub enum Colouring {
     Site,
     Category,
     Phase,
+    Module,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -89,6 +91,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Colouring::Site => ColourBy::Site,
             Colouring::Category => ColourBy::Category,
             Colouring::Phase => ColourBy::Phase,
+            Colouring::Module => ColourBy::Module,
         },
         dark: args.dark,
         ..PlotOptions::default()

@@ -43,6 +43,22 @@ fn plot_writes_png_and_svg() {
         text.contains("smaller than 1.0 MiB"),
         "the residual band is in the legend"
     );
+
+    let out = memsnap(&[
+        "plot",
+        input.to_str().unwrap(),
+        "-o",
+        svg.to_str().unwrap(),
+        "--colour-by",
+        "module",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("allocations (colour = module path)"));
 }
 
 #[test]

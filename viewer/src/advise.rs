@@ -3,7 +3,9 @@
 //! background job), and the words and numbers the view shows for each fix, as
 //! `memsnap advise` prints them.
 
-use memsnap_advise::{Advice, Fix, Prediction};
+use memsnap_advise::{Advice, Fix, PredictedCurve, Prediction};
+use memsnap_analysis::curve::RangeMinMax;
+use memsnap_analysis::AllocId;
 use memsnap_format::{Action, Snapshot};
 
 /// Why advice could not be given.
@@ -98,6 +100,102 @@ pub fn modules_touched(p: &Prediction) -> Vec<&str> {
         .collect()
 }
 
+/// A fix's predicted run, ready to be drawn over the recorded timeline: its allocated and
+/// reserved curves on the recorded event axis ([`memsnap_advise::predicted_curve`]: each entry
+/// of the edited trace at the recorded entry it stands for), as the highest value per
+/// recorded event with min/max tables for any range of them, and which recorded allocations
+/// the fix's checkpointing frees early and makes again (the modules it touches).
+pub struct PredictedOverlay {
+    /// `predicted: <the fix in words>`, the legend's entry.
+    pub label: String,
+    pub allocated_peak_bytes: u64,
+    pub reserved_peak_bytes: u64,
+    /// Highest predicted bytes per recorded event (`PredictedCurve::per_event_max`).
+    allocated: Vec<u64>,
+    reserved: Vec<u64>,
+    allocated_table: RangeMinMax,
+    reserved_table: RangeMinMax,
+    /// Per allocation of the recorded replay ([`AllocId`] order): made in a checkpointed call.
+    touched: Vec<bool>,
+    /// How many allocations are `touched`.
+    pub touched_count: usize,
+}
+
+impl PredictedOverlay {
+    /// The overlay of `curve` over a recorded trace of `events` entries whose allocations
+    /// were made at `alloc_events` (in [`AllocId`] order; `None`: before the window).
+    ///
+    /// O(p + n + m log c) in the curve's points, the events, the allocations and the
+    /// checkpointed ones.
+    pub fn new(
+        curve: &PredictedCurve,
+        description: &str,
+        events: usize,
+        alloc_events: &[Option<u32>],
+    ) -> Self {
+        let (allocated, reserved) = curve.per_event_max(events);
+        let touched: Vec<bool> = alloc_events
+            .iter()
+            .map(|e| e.is_some_and(|e| curve.checkpointed_events.binary_search(&e).is_ok()))
+            .collect();
+        PredictedOverlay {
+            label: format!("predicted: {description}"),
+            allocated_peak_bytes: curve.allocated_peak_bytes,
+            reserved_peak_bytes: curve.reserved_peak_bytes,
+            allocated_table: RangeMinMax::build(&allocated),
+            reserved_table: RangeMinMax::build(&reserved),
+            allocated,
+            reserved,
+            touched_count: touched.iter().filter(|&&t| t).count(),
+            touched,
+        }
+    }
+
+    /// The highest predicted (allocated, reserved) bytes over the recorded events `lo..hi`;
+    /// `None` for an empty range. O(1) plus at most two partial blocks of 256 events, so a
+    /// frame's line costs O(columns), whatever the zoom.
+    pub fn max_in(&self, lo: usize, hi: usize) -> Option<(u64, u64)> {
+        let allocated = self.allocated_table.query(&self.allocated, lo, hi)?.1;
+        let reserved = self.reserved_table.query(&self.reserved, lo, hi)?.1;
+        Some((allocated, reserved))
+    }
+
+    /// Recorded events covered.
+    pub fn len(&self) -> usize {
+        self.allocated.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.allocated.is_empty()
+    }
+
+    /// Whether the fix's checkpointing frees the allocation early and makes it again.
+    pub fn touches(&self, id: AllocId) -> bool {
+        self.touched.get(id.0 as usize).copied().unwrap_or(false)
+    }
+}
+
+/// The predicted run of `prediction` (one of the advice's for `device`, given under `budget`)
+/// as an overlay of the recorded timeline (in a background job): the completion, one
+/// analysis, one edit and one or two replays ([`memsnap_advise::predicted_curve`]), then
+/// [`PredictedOverlay::new`].
+pub fn predict_overlay(
+    snapshot: &Snapshot,
+    device: i64,
+    prediction: &Prediction,
+    budget: Option<u64>,
+    events: usize,
+    alloc_events: &[Option<u32>],
+) -> Result<PredictedOverlay, AdviseError> {
+    let curve = memsnap_advise::predicted_curve(snapshot, device, &prediction.fixes, budget)?;
+    Ok(PredictedOverlay::new(
+        &curve,
+        &prediction.description,
+        events,
+        alloc_events,
+    ))
+}
+
 /// The note on a run that ran out of memory and was completed, as `memsnap advise` prints it.
 pub fn completion_note(advice: &Advice) -> Option<String> {
     advice.completion.as_ref().map(|c| {
@@ -124,6 +222,57 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_overlay_of_a_fix_peaks_at_its_prediction_and_marks_what_it_checkpoints() {
+        let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun {
+            steps: 2,
+            layers: 3,
+            activations_per_layer: 3,
+            ordered_forward_stacks: true,
+            ..Default::default()
+        });
+        let timeline = memsnap_analysis::DeviceTimeline::build(&snapshot, 0).unwrap();
+        let replay = timeline.replay();
+        let alloc_events: Vec<Option<u32>> =
+            replay.allocations.iter().map(|a| a.alloc_event()).collect();
+        let advice = run(&snapshot, 0, None).unwrap();
+        let n = replay.trace_len as usize;
+        let checkpoint = advice
+            .predictions
+            .iter()
+            .find(|p| matches!(p.fixes[..], [Fix::Checkpoint { .. }]))
+            .expect("a checkpointing fix");
+        let overlay = predict_overlay(&snapshot, 0, checkpoint, None, n, &alloc_events).unwrap();
+        assert_eq!(overlay.len(), n);
+        assert_eq!(
+            overlay.label,
+            format!("predicted: {}", checkpoint.description)
+        );
+        assert_eq!(
+            overlay.max_in(0, n),
+            Some((
+                checkpoint.allocated_peak_bytes,
+                checkpoint.reserved_peak_bytes
+            ))
+        );
+        assert_eq!(overlay.max_in(5, 5), None);
+        // The checkpointed allocations: some, all of them activations' or transients' made in
+        // a forward, none of the parameters made before the first step.
+        assert!(overlay.touched_count > 0);
+        assert!(!overlay.touches(AllocId(0)), "a parameter");
+        let micro = advice
+            .predictions
+            .iter()
+            .find(|p| matches!(p.fixes[..], [Fix::MicroBatches { .. }]))
+            .expect("a micro-batch fix");
+        let overlay = predict_overlay(&snapshot, 0, micro, None, n, &alloc_events).unwrap();
+        assert_eq!(overlay.touched_count, 0, "micro-batches touch no module");
+        assert_eq!(
+            overlay.max_in(0, n).map(|m| m.0),
+            Some(micro.allocated_peak_bytes)
+        );
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! ranked list as `memsnap advise` prints it, and the details of the fix selected: its
 //! predicted peaks against the recorded ones and the modules it touches.
 //!
-//! The predicted runs are replays of edited traces, on their own event axes (a fix adds,
-//! removes and repeats events), so no predicted curve is drawn over the recorded timeline.
+//! Selecting a fix replays it once more in a background job for the timeline: its predicted
+//! curves on the recorded axis and the allocations it checkpoints
+//! ([`advise::PredictedOverlay`]), which the timeline draws over the recorded bands while the
+//! fix stays selected.
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use egui::RichText;
 use memsnap_advise::{Advice, Prediction};
 use memsnap_format::Snapshot;
 
-use crate::advise::{self, AdviseError};
+use crate::advise::{self, AdviseError, PredictedOverlay};
 use crate::job::{Job, JobError};
 use crate::palette;
 use crate::units::format_size;
@@ -23,6 +25,8 @@ use crate::units::format_size;
 pub struct AdviseModel<'a> {
     pub snapshot: &'a Arc<Snapshot>,
     pub device: i64,
+    /// The recorded timeline of the device (the overlay's axis and allocations).
+    pub timeline: &'a memsnap_analysis::DeviceTimeline,
     /// Reserved bytes before the recorded window (the analysis' replay), for the device
     /// memory an OOM entry implies.
     pub reserved_before_window: u64,
@@ -41,6 +45,11 @@ pub struct AdviseState {
     /// Why the last run gave no advice.
     pub error: Option<JobError<AdviseError>>,
     job: Option<Job<Advice, AdviseError>>,
+    /// The selected fix's predicted run over the recorded timeline, once replayed.
+    overlay: Option<Arc<PredictedOverlay>>,
+    /// Why the selected fix's overlay could not be made.
+    pub overlay_error: Option<JobError<AdviseError>>,
+    overlay_job: Option<Job<PredictedOverlay, AdviseError>>,
 }
 
 impl AdviseState {
@@ -49,10 +58,24 @@ impl AdviseState {
         self.job.is_some()
     }
 
+    /// Whether the selected fix's overlay is being replayed.
+    pub fn overlay_is_running(&self) -> bool {
+        self.overlay_job.is_some()
+    }
+
+    /// The selected fix's predicted run, for the timeline (`None` without a selection, or
+    /// while it is replayed).
+    pub fn overlay(&self) -> Option<&Arc<PredictedOverlay>> {
+        self.overlay.as_ref()
+    }
+
     /// Blocks until the running work is done (tests).
     pub fn finish(&mut self) {
         if let Some(job) = self.job.take() {
             self.accept(job.wait());
+        }
+        if let Some(job) = self.overlay_job.take() {
+            self.accept_overlay(job.wait());
         }
     }
 
@@ -61,9 +84,22 @@ impl AdviseState {
             Ok(advice) => {
                 self.advice = Some(advice);
                 self.selected = None;
+                self.overlay = None;
+                self.overlay_job = None;
+                self.overlay_error = None;
                 self.error = None;
             }
             Err(e) => self.error = Some(e),
+        }
+    }
+
+    fn accept_overlay(&mut self, result: Result<PredictedOverlay, JobError<AdviseError>>) {
+        match result {
+            Ok(overlay) => {
+                self.overlay = Some(Arc::new(overlay));
+                self.overlay_error = None;
+            }
+            Err(e) => self.overlay_error = Some(e),
         }
     }
 
@@ -72,6 +108,54 @@ impl AdviseState {
             self.job = None;
             self.accept(result);
         }
+        self.poll_overlay();
+    }
+
+    /// Picks up the selected fix's overlay when its replay is done (the timeline page calls
+    /// it too: the fix stays selected while the Advise view is not shown).
+    pub fn poll_overlay(&mut self) {
+        if let Some(result) = self.overlay_job.as_ref().and_then(Job::poll) {
+            self.overlay_job = None;
+            self.accept_overlay(result);
+        }
+    }
+
+    /// Selects the advice's fix `i` (`None`: none) and replays it for the timeline's overlay
+    /// in the background; a deselection removes the overlay. A replay still going for an
+    /// earlier selection is left to finish and its result dropped.
+    pub fn select(&mut self, i: Option<usize>, model: &AdviseModel<'_>, ctx: &egui::Context) {
+        self.selected = i;
+        self.overlay = None;
+        self.overlay_job = None;
+        self.overlay_error = None;
+        let Some(advice) = &self.advice else {
+            return;
+        };
+        let Some(prediction) = i.and_then(|i| advice.predictions.get(i)).cloned() else {
+            return;
+        };
+        let snapshot = model.snapshot.clone();
+        let device = model.device;
+        let budget = advice.budget_bytes;
+        let replay = model.timeline.replay();
+        let events = replay.trace_len as usize;
+        let alloc_events: Vec<Option<u32>> =
+            replay.allocations.iter().map(|a| a.alloc_event()).collect();
+        self.overlay_job = Some(Job::spawn(
+            "the predicted run",
+            Some(ctx.clone()),
+            move |progress| {
+                progress.set("replaying the fix for the timeline", 0, 0);
+                advise::predict_overlay(
+                    &snapshot,
+                    device,
+                    &prediction,
+                    budget,
+                    events,
+                    &alloc_events,
+                )
+            },
+        ));
     }
 
     /// Starts ranking the fixes under the field's budget (a run still going is left to finish
@@ -125,7 +209,7 @@ pub fn advise_ui(ui: &mut egui::Ui, model: &AdviseModel<'_>, state: &mut AdviseS
     if let Some(e) = &state.error {
         ui.label(RichText::new(format!("Error: {e}")).color(ui.visuals().error_fg_color));
     }
-    if state.is_running() {
+    if state.is_running() || state.overlay_is_running() {
         ui.ctx()
             .request_repaint_after(std::time::Duration::from_millis(100));
     }
@@ -136,20 +220,35 @@ pub fn advise_ui(ui: &mut egui::Ui, model: &AdviseModel<'_>, state: &mut AdviseS
         return;
     };
     if let Some(i) = state.selected.filter(|&i| i < advice.predictions.len()) {
+        let overlay = OverlayStatus {
+            ready: state.overlay.is_some(),
+            running: state.overlay_job.is_some(),
+            error: state.overlay_error.as_ref(),
+        };
         egui::Panel::right("advise_details")
             .resizable(true)
             .default_size(380.0)
             .show(ui, |ui| {
-                egui::ScrollArea::vertical().show(ui, |ui| details_ui(ui, advice, i));
+                egui::ScrollArea::vertical().show(ui, |ui| details_ui(ui, advice, i, &overlay));
             });
     }
+    let mut clicked = None;
     egui::CentralPanel::default().show(ui, |ui| {
         egui::ScrollArea::vertical().show(ui, |ui| {
-            if let Some(click) = advice_ui(ui, advice, state.selected) {
-                state.selected = (state.selected != Some(click)).then_some(click);
-            }
+            clicked = advice_ui(ui, advice, state.selected);
         });
     });
+    if let Some(click) = clicked {
+        let selection = (state.selected != Some(click)).then_some(click);
+        state.select(selection, model, ui.ctx());
+    }
+}
+
+/// Where the selected fix's overlay of the timeline is.
+struct OverlayStatus<'a> {
+    ready: bool,
+    running: bool,
+    error: Option<&'a JobError<AdviseError>>,
 }
 
 fn controls_ui(ui: &mut egui::Ui, model: &AdviseModel<'_>, state: &mut AdviseState) {
@@ -314,7 +413,7 @@ fn change(predicted: u64, recorded: u64) -> String {
 }
 
 /// The selected fix: what it changes, its peaks against the baseline, the modules it touches.
-fn details_ui(ui: &mut egui::Ui, advice: &Advice, i: usize) {
+fn details_ui(ui: &mut egui::Ui, advice: &Advice, i: usize, overlay: &OverlayStatus<'_>) {
     let p = &advice.predictions[i];
     let b = &advice.baseline;
     ui.heading(format!("Fix {}", i + 1));
@@ -365,10 +464,21 @@ fn details_ui(ui: &mut egui::Ui, advice: &Advice, i: usize) {
         }
     }
     ui.add_space(6.0);
-    ui.label(
-        RichText::new(
-            "The prediction replays the edited trace, whose events differ from the recording's, so it is not drawn on the recorded timeline.",
-        )
-        .weak(),
-    );
+    if let Some(e) = overlay.error {
+        ui.label(
+            RichText::new(format!("No timeline overlay: {e}")).color(ui.visuals().error_fg_color),
+        );
+    } else if overlay.running {
+        ui.horizontal(|ui| {
+            ui.spinner();
+            ui.label("Replaying the fix for the timeline…");
+        });
+    } else if overlay.ready {
+        ui.label(
+            RichText::new(
+                "The Timeline draws the predicted run over the recorded one (each edited entry at the recorded entry it stands for) and tints the allocations the fix checkpoints, while this fix is selected.",
+            )
+            .weak(),
+        );
+    }
 }

@@ -218,6 +218,13 @@ impl OpenDocument {
             steps: model.steps(),
             sites: &self.doc.sites,
         };
+        // The fix selected in the Advise view, drawn over the recorded run.
+        state.advise.poll_overlay();
+        state.timeline.predicted = state.advise.overlay().cloned();
+        if state.advise.overlay_is_running() {
+            ui.ctx()
+                .request_repaint_after(std::time::Duration::from_millis(100));
+        }
         timeline::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
         if model.steps_ready() {
             steps_ui::drift_banner_ui(ui, model.steps());
@@ -361,6 +368,7 @@ impl OpenDocument {
         let model = AdviseModel {
             snapshot: &self.doc.snapshot,
             device: device.device,
+            timeline: &device.timeline,
             reserved_before_window: device.timeline.replay().reserved_before_window,
         };
         advise_ui::advise_ui(ui, &model, &mut self.states[i].advise);

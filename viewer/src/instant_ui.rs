@@ -1,5 +1,6 @@
 //! "At an instant": the live set at the cursor (or the peak) grouped by stack, frame or file,
-//! as a table and a flame graph; and the segments with their blocks and fragmentation.
+//! as a table and a flame graph, or by module path as a collapsible tree; and the segments
+//! with their blocks and fragmentation.
 
 use egui::{Color32, Pos2, Rect, Sense, Stroke};
 use egui_extras::{Column, TableBuilder};
@@ -11,6 +12,7 @@ use memsnap_plot::sites::StackSites;
 use crate::palette;
 use crate::units::{format_duration_us, format_size};
 use memsnap_analysis::live::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
+use memsnap_analysis::modules::{module_tree_at, ModuleNode};
 
 /// What the page reads.
 pub struct InstantModel<'a> {
@@ -28,6 +30,8 @@ pub enum LiveSetTab {
     #[default]
     Table,
     FlameGraph,
+    /// The live set by module path, as a collapsible tree.
+    Modules,
 }
 
 /// The page's state, with the derived data cached for the instant it was computed at.
@@ -46,6 +50,8 @@ struct InstantCache {
     flame_depth: usize,
     segments: Vec<SegmentBlocks>,
     usage: Vec<SegmentUsage>,
+    /// The module tree, found the first time the tab shows it at this instant.
+    modules: Option<Vec<ModuleNode>>,
 }
 
 impl InstantState {
@@ -74,7 +80,19 @@ impl InstantState {
                 ),
                 segments: segment_blocks(model.timeline, at),
                 usage: model.timeline.fragmentation(at),
+                modules: None,
             });
+        }
+        if self.tab == LiveSetTab::Modules {
+            if let Some(cache) = self.cache.as_mut().filter(|c| c.modules.is_none()) {
+                cache.modules = Some(module_tree_at(
+                    model.snapshot,
+                    model.timeline,
+                    event,
+                    Lifetime::Active,
+                    model.min_size,
+                ));
+            }
         }
         self.cache.as_ref().expect("filled above")
     }
@@ -128,6 +146,10 @@ pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut Insta
             .on_hover_text(
                 "The live set as a flame graph: outermost frame at the top, width = bytes",
             );
+        ui.selectable_value(&mut state.tab, LiveSetTab::Modules, "module tree")
+            .on_hover_text(
+                "The live set by module path (the forwards nn.Module calls entered, by file:line), largest first; expand a module for the calls inside it",
+            );
     });
     let _ = (group_by_before, tab_before);
     let tab = state.tab;
@@ -155,6 +177,12 @@ pub fn instant_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, state: &mut Insta
             LiveSetTab::Table => live_table_ui(ui, model, &data.groups, total),
             LiveSetTab::FlameGraph => {
                 flame_graph_ui(ui, model.snapshot, &data.flame, data.flame_depth)
+            }
+            LiveSetTab::Modules => {
+                let nodes = data.modules.as_deref().unwrap_or_default();
+                egui::ScrollArea::vertical()
+                    .id_salt("module_tree")
+                    .show(ui, |ui| module_tree_ui(ui, nodes, total));
             }
         }
     });
@@ -219,6 +247,56 @@ fn live_table_ui(ui: &mut egui::Ui, model: &InstantModel<'_>, groups: &[LiveGrou
                 });
             });
         });
+}
+
+/// Rows drawn for one level of the module tree; the rest are summed in one line.
+const MODULE_ROWS: usize = 50;
+
+/// The module tree: one collapsible row per module path (bytes, share of the live bytes,
+/// allocations), its calls inside it, largest first. Only expanded nodes are drawn.
+fn module_tree_ui(ui: &mut egui::Ui, nodes: &[ModuleNode], total: u64) {
+    if nodes.is_empty() {
+        ui.label("Nothing live at this instant.");
+        return;
+    }
+    for node in nodes.iter().take(MODULE_ROWS) {
+        let text = format!(
+            "{}  {}  ({:.1}%, {} allocations)",
+            format_size(node.bytes),
+            node.label,
+            node.bytes as f64 * 100.0 / total.max(1) as f64,
+            node.count
+        );
+        if node.children.is_empty() {
+            ui.horizontal(|ui| {
+                ui.add_space(ui.spacing().indent);
+                ui.monospace(text).on_hover_text(&node.path);
+            });
+        } else {
+            egui::CollapsingHeader::new(egui::RichText::new(text).monospace())
+                .id_salt(&node.path)
+                .show(ui, |ui| {
+                    if node.own_bytes > 0 {
+                        ui.weak(format!(
+                            "{} made in {} itself",
+                            format_size(node.own_bytes),
+                            node.label
+                        ));
+                    }
+                    module_tree_ui(ui, &node.children, total);
+                })
+                .header_response
+                .on_hover_text(&node.path);
+        }
+    }
+    if nodes.len() > MODULE_ROWS {
+        let rest: u64 = nodes[MODULE_ROWS..].iter().map(|n| n.bytes).sum();
+        ui.weak(format!(
+            "{} more, {}",
+            nodes.len() - MODULE_ROWS,
+            format_size(rest)
+        ));
+    }
 }
 
 /// An icicle-style flame graph: the root on top, children below, width proportional to bytes.

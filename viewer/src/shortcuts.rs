@@ -108,7 +108,7 @@ pub const COMMANDS: &[(Command, &[KeyboardShortcut], &str)] = &[
     (
         Command::CycleColorMode,
         &[key(Key::C)],
-        "Colour bands by user-code site, category or phase (cycles)",
+        "Colour bands by user-code site, category, phase or module (cycles)",
     ),
 ];
 

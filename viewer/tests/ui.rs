@@ -624,6 +624,16 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
     .collect();
     let by_phase = band_colours(&h);
     assert!(phase_colours.is_subset(&by_phase), "{by_phase:?}");
+    // Then module colouring: each band the colour of its module path, grey outside every
+    // module (the optimizer's and the parameters' allocations).
+    h.key_press(egui::Key::C);
+    h.run();
+    assert_eq!(timeline_state(&h).color_mode, ColourBy::Module);
+    h.get_by_label("allocations (colour = module path)");
+    let by_module = band_colours(&h);
+    assert!(by_module.contains(&palette::NO_SITE), "{by_module:?}");
+    assert!(by_module.len() >= 3, "{by_module:?}");
+    assert_ne!(by_module, by_site);
     h.key_press(egui::Key::C);
     h.run();
     assert_eq!(timeline_state(&h).color_mode, ColourBy::Site);
@@ -631,7 +641,7 @@ fn the_colour_toggle_and_its_shortcut_recolour_the_bands() {
     // The help lists the shortcut.
     h.key_press(egui::Key::F1);
     h.run();
-    h.get_by_label_contains("Colour bands by user-code site, category or phase");
+    h.get_by_label_contains("Colour bands by user-code site, category, phase or module");
 }
 
 fn timeline_state<'h>(
@@ -1061,6 +1071,114 @@ fn advise_ranks_fixes_for_a_typed_budget_with_the_advisors_peaks() {
             .count(),
         2
     );
+}
+
+/// Steps frames until the selected fix's overlay replay is done.
+fn run_until_overlaid(h: &mut Harness<'_, ViewerApp>) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    h.step();
+    while advise_state(h).overlay_is_running() {
+        assert!(Instant::now() < deadline, "the overlay did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+        h.step();
+    }
+    h.run_steps(3);
+}
+
+#[test]
+fn selecting_a_fix_draws_its_predicted_run_on_the_timeline_and_deselecting_removes_it() {
+    let (snapshot, _) = generate(&advisable_run());
+    let direct =
+        memsnap_advise::advise(&snapshot, &memsnap_advise::Options::default()).expect("advice");
+    let (i, fix) = direct
+        .predictions
+        .iter()
+        .enumerate()
+        .find(|(_, p)| matches!(p.fixes[..], [memsnap_advise::Fix::Checkpoint { .. }]))
+        .expect("a checkpointing fix");
+    let legend = format!("predicted: {}", fix.description);
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
+    assert!(h.query_by_label(&legend).is_none());
+    open_advise_from_the_view_menu(&mut h);
+    h.get_by_role_and_label(Role::Button, "Run").click();
+    run_until_advised(&mut h);
+    h.get_by_label(&fix.description).click();
+    run_until_overlaid(&mut h);
+    assert_eq!(advise_state(&h).selected, Some(i));
+    let overlay = advise_state(&h).overlay().expect("replayed").clone();
+    // Its curve on the recorded axis peaks where the prediction says.
+    assert_eq!(
+        overlay.max_in(0, overlay.len()),
+        Some((fix.allocated_peak_bytes, fix.reserved_peak_bytes))
+    );
+    assert!(
+        overlay.touched_count > 0,
+        "the checkpointed module's allocations"
+    );
+    h.get_by_label_contains("The Timeline draws the predicted run");
+
+    // On the timeline: the legend names the fix, and marks what it checkpoints.
+    h.state_mut().view = MainView::Timeline;
+    h.run_steps(3);
+    h.get_by_label(&legend);
+    h.get_by_label("checkpointed by the fix");
+    assert!(timeline_state(&h).predicted.is_some());
+
+    // Deselecting the fix (a second click) removes both.
+    h.state_mut().view = MainView::Advise;
+    h.run_steps(3);
+    // The list's entry (the details repeat the description as a label).
+    h.get_by_role_and_label(Role::Button, &fix.description)
+        .click();
+    h.run_steps(3);
+    assert_eq!(advise_state(&h).selected, None);
+    assert!(advise_state(&h).overlay().is_none());
+    h.state_mut().view = MainView::Timeline;
+    h.run_steps(3);
+    assert!(h.query_by_label(&legend).is_none());
+    assert!(h.query_by_label("checkpointed by the fix").is_none());
+    assert!(timeline_state(&h).predicted.is_none());
+}
+
+#[test]
+fn the_instant_page_shows_the_live_set_as_a_module_tree() {
+    let (snapshot, _) = generate(&advisable_run());
+    let timeline = memsnap_analysis::DeviceTimeline::build(&snapshot, 0).expect("timeline");
+    let peak = timeline.resolve(memsnap_analysis::Instant::Peak);
+    let tree = memsnap_analysis::modules::module_tree_at(
+        &snapshot,
+        &timeline,
+        peak,
+        memsnap_analysis::Lifetime::Active,
+        0,
+    );
+    let row = |n: &memsnap_analysis::modules::ModuleNode| {
+        format!(
+            "{}  {}  (",
+            memsnap_viewer::units::format_size(n.bytes),
+            n.label
+        )
+    };
+    let blocks = tree
+        .iter()
+        .find(|n| n.label == "model.py:212")
+        .expect("the model's loop over its blocks");
+    let inner = &blocks.children[0];
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
+    h.state_mut().view = MainView::Instant;
+    h.run();
+    h.get_by_label("module tree").click();
+    h.run();
+    // Largest first; the calls inside a module show once it is expanded.
+    for n in &tree {
+        h.get_by_label_contains(&row(n));
+    }
+    assert!(h.query_by_label_contains(&row(inner)).is_none());
+    h.get_by_label_contains(&row(blocks)).click();
+    h.run();
+    h.get_by_label_contains(&row(inner));
 }
 
 #[test]

@@ -28,5 +28,33 @@ pub fn legend_ui(ui: &mut egui::Ui, model: &TimelineModel<'_>, state: &TimelineS
             ui.label(entry.label).on_hover_text(entry.tooltip);
             ui.add_space(8.0);
         }
+        if let Some(predicted) = &state.predicted {
+            // The swatch and its words on one line.
+            ui.horizontal(|ui| {
+            let (rect, _) = ui.allocate_exact_size(egui::vec2(16.0, 12.0), Sense::hover());
+            ui.painter().hline(
+                rect.x_range(),
+                rect.center().y,
+                egui::Stroke::new(2.0, super::paint::PREDICTED),
+            );
+            ui.label(&predicted.label).on_hover_text(format!(
+                "The fix selected in the Advise view, replayed: the edited trace's entries drawn at the recorded entries they stand for, the highest value per pixel column (allocated solid, reserved dashed; blocks as the allocator rounds them). Predicted peaks: allocated {}, reserved {}",
+                crate::units::format_size(predicted.allocated_peak_bytes),
+                crate::units::format_size(predicted.reserved_peak_bytes)
+            ));
+            });
+            ui.add_space(8.0);
+            if predicted.touched_count > 0 {
+                ui.horizontal(|ui| {
+                let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), Sense::hover());
+                ui.painter()
+                    .rect_filled(rect, 2.0, super::paint::touched_tint(ui.visuals().dark_mode));
+                ui.label("checkpointed by the fix").on_hover_text(format!(
+                    "{} allocations made in the module calls the fix checkpoints: freed after each call's forward and made again at the start of its backward",
+                    predicted.touched_count
+                ));
+                });
+            }
+        }
     });
 }

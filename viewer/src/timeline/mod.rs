@@ -13,6 +13,8 @@ mod legend;
 mod overview;
 mod paint;
 
+use std::sync::Arc;
+
 use egui::{Pos2, Rect, Sense};
 use memsnap_analysis::{Axis, DeviceTimeline, Hit, Layout, LayoutRequest, Lifetime, Step};
 use memsnap_format::Snapshot;
@@ -24,6 +26,7 @@ pub use controls::filter_bar_ui;
 pub use legend::legend_ui;
 pub use memsnap_plot::scene::{axis_to_event, event_to_axis, has_time_axis};
 
+use crate::advise::PredictedOverlay;
 use crate::document::TimelineModel;
 use crate::shortcuts::Command;
 use crate::view::{Selection, TimeWindow};
@@ -79,6 +82,9 @@ pub struct TimelineState {
     last_move_time: Option<f64>,
     drawn_window: Option<TimeWindow>,
     pub search_focus_requested: bool,
+    /// The fix selected in the Advise view: its predicted curves, drawn over the recorded
+    /// run, and the allocations it checkpoints, tinted.
+    pub predicted: Option<Arc<PredictedOverlay>>,
 }
 
 impl TimelineState {
@@ -104,6 +110,7 @@ impl TimelineState {
             last_move_time: None,
             drawn_window: None,
             search_focus_requested: false,
+            predicted: None,
         }
     }
 

@@ -12,6 +12,7 @@ use memsnap_plot::scene::{
 use memsnap_plot::ColourBy;
 
 use super::{TimelineModel, TimelineState};
+use crate::advise::PredictedOverlay;
 use crate::palette::{color32, colour};
 
 /// What the band geometry depends on.
@@ -76,22 +77,40 @@ pub(super) fn reserved_shown(model: &TimelineModel<'_>, state: &TimelineState) -
     state.show_reserved && model.timeline.replay().reserved_known()
 }
 
-/// The y scale: what is visible (fit y) or the whole run's peak, with a little headroom.
+/// The y scale: what is visible (fit y) or the whole run's peak, with a little headroom; a
+/// selected fix's predicted run included, so its line is never cut off at the top.
 fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f64 {
+    let show_reserved = reserved_shown(model, state);
+    let predicted =
+        |(allocated, reserved): (u64, u64)| allocated.max(if show_reserved { reserved } else { 0 });
     let y_top = if state.fit_y {
-        let reserved = if reserved_shown(model, state) {
+        let reserved = if show_reserved {
             scene::reserved_max(model.timeline, layout)
         } else {
             0
         };
-        layout.y_max.max(reserved)
+        let in_view = state.predicted.as_ref().and_then(|p| {
+            let event = |x: f64| scene::axis_to_event(model.timeline, state.axis, x).max(0.0);
+            let lo = event(state.window.start).floor() as usize;
+            let hi = (event(state.window.end).ceil() as usize).max(lo + 1);
+            p.max_in(lo.min(p.len().saturating_sub(1)), hi.min(p.len()))
+        });
+        layout.y_max.max(reserved).max(in_view.map_or(0, predicted))
     } else {
         let curves = model.timeline.curves();
-        curves.active.max().0.max(if reserved_shown(model, state) {
-            curves.reserved.max().0
-        } else {
-            0
-        })
+        let whole = state.predicted.as_ref().map_or(0, |p| {
+            predicted((p.allocated_peak_bytes, p.reserved_peak_bytes))
+        });
+        curves
+            .active
+            .max()
+            .0
+            .max(if show_reserved {
+                curves.reserved.max().0
+            } else {
+                0
+            })
+            .max(whole)
     };
     (y_top as f64 * 1.05).max(1.0)
 }
@@ -127,6 +146,10 @@ pub(super) fn timeline_scene_ui(
         steps_ready: !model.steps.categories.is_empty(),
     };
     if state.band_cache.as_ref().is_none_or(|c| c.key != key) {
+        if state.color_mode == ColourBy::Module {
+            // Once per file, the first time bands are coloured by module.
+            model.sites.find_modules(model.snapshot);
+        }
         let style = BandStyle {
             colour_by: state.color_mode,
             dark: theme.dark,
@@ -173,6 +196,16 @@ pub(super) fn timeline_scene_ui(
     }
     if let Some(cache) = &state.band_cache {
         painter.add(Shape::mesh(cache.mesh.clone()));
+        if let Some(predicted) = &state.predicted {
+            if predicted.touched_count > 0 {
+                painter.add(Shape::mesh(Arc::new(touched_mesh(
+                    &cache.bands,
+                    predicted,
+                    pixels_per_point,
+                    theme.dark,
+                ))));
+            }
+        }
         if let Some(line) = &cache.bands.reserved {
             let points = line.points.iter().copied().map(pos).collect();
             painter.add(Shape::line(
@@ -180,6 +213,16 @@ pub(super) fn timeline_scene_ui(
                 Stroke::new(line.width, color32(line.colour)),
             ));
         }
+    }
+    if let Some(predicted) = &state.predicted {
+        predicted_ui(
+            painter,
+            model,
+            layout,
+            &map,
+            predicted,
+            reserved_shown(model, state),
+        );
     }
     // Thousands of step marks land on the same pixels of a long run seen whole: one line per
     // pixel column looks the same and costs a thousandth of the triangles.
@@ -215,6 +258,93 @@ pub(super) fn timeline_scene_ui(
         theme,
     });
     map
+}
+
+/// The colour of a predicted run's curves (allocated solid, reserved dashed): a magenta no
+/// category, phase or site band has.
+pub(super) const PREDICTED: egui::Color32 = egui::Color32::from_rgb(236, 0, 140);
+
+/// The tint over the allocations a selected fix checkpoints: the predicted run's magenta,
+/// half transparent, so the bands' own colours still show through.
+pub(super) fn touched_tint(dark: bool) -> egui::Color32 {
+    egui::Color32::from_rgba_unmultiplied(236, 0, 140, if dark { 150 } else { 120 })
+}
+
+/// The drawn rectangles of the bands whose allocations the fix checkpoints, as one mesh in
+/// the tint. O(drawn bands + their rectangles): only what the layout put in view.
+pub(super) fn touched_mesh(
+    bands: &BandLayer,
+    predicted: &PredictedOverlay,
+    pixels_per_point: f32,
+    dark: bool,
+) -> Mesh {
+    let tint = touched_tint(dark);
+    let mut mesh = Mesh::default();
+    for &(id, start, end) in &bands.bands {
+        if !predicted.touches(id) {
+            continue;
+        }
+        for (r, _) in bands.rects.get(start..end).unwrap_or_default() {
+            let r = rect(*r);
+            if covers_a_pixel_centre(r, pixels_per_point) {
+                mesh.add_colored_rect(r, tint);
+            }
+        }
+    }
+    mesh
+}
+
+/// The points of a predicted run's curves, one per layout column: the highest predicted
+/// allocated and reserved bytes over the recorded events the column covers (so no peak is
+/// lost between columns). O(columns), each an O(1) range query plus two partial blocks.
+pub(super) fn predicted_points(
+    model: &TimelineModel<'_>,
+    layout: &Layout,
+    map: &Mapping,
+    predicted: &PredictedOverlay,
+) -> (Vec<Pos2>, Vec<Pos2>) {
+    let mut allocated = Vec::with_capacity(layout.columns.len());
+    let mut reserved = Vec::with_capacity(layout.columns.len());
+    let last = predicted.len();
+    for c in &layout.columns {
+        let lo = scene::axis_to_event(model.timeline, map.axis, c.x0)
+            .floor()
+            .max(0.0) as usize;
+        let hi = (scene::axis_to_event(model.timeline, map.axis, c.x1).ceil() as usize)
+            .max(lo + 1)
+            .min(last);
+        let Some((a, r)) = predicted.max_in(lo.min(last.saturating_sub(1)), hi) else {
+            continue;
+        };
+        let x = map.x((c.x0 + c.x1) / 2.0);
+        allocated.push(Pos2::new(x, map.y(a)));
+        reserved.push(Pos2::new(x, map.y(r)));
+    }
+    (allocated, reserved)
+}
+
+/// The selected fix's predicted run over the recorded one: allocated as a solid line,
+/// reserved (when the recorded outline is shown) dashed, both in [`PREDICTED`].
+fn predicted_ui(
+    painter: &Painter,
+    model: &TimelineModel<'_>,
+    layout: &Layout,
+    map: &Mapping,
+    predicted: &PredictedOverlay,
+    show_reserved: bool,
+) {
+    let (allocated, reserved) = predicted_points(model, layout, map, predicted);
+    if show_reserved && reserved.len() > 1 {
+        painter.extend(Shape::dashed_line(
+            &reserved,
+            Stroke::new(1.5, PREDICTED),
+            6.0,
+            4.0,
+        ));
+    }
+    if allocated.len() > 1 {
+        painter.add(Shape::line(allocated, Stroke::new(2.0, PREDICTED)));
+    }
 }
 
 /// The band rectangles as one mesh (one draw call however many bands there are). A mesh is
@@ -286,6 +416,45 @@ fn text_ui(painter: &Painter, text: &Text) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_predicted_run_above_the_recorded_one_raises_the_y_scale() {
+        use memsnap_analysis::DeviceTimeline;
+        let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun {
+            steps: 2,
+            ..Default::default()
+        });
+        let timeline = DeviceTimeline::build(&snapshot, 0).expect("timeline");
+        let steps = timeline.steps(&Default::default());
+        let sites = memsnap_plot::sites::StackSites::new(&snapshot);
+        let model = TimelineModel {
+            snapshot: &snapshot,
+            timeline: &timeline,
+            steps: &steps,
+            sites: &sites,
+        };
+        let mut state = TimelineState::new(&timeline);
+        let layout = timeline
+            .layout(&LayoutRequest::whole(&timeline, 400))
+            .expect("layout");
+        let recorded = y_max(&model, &state, &layout);
+        let n = timeline.replay().trace_len as usize;
+        let high = recorded as u64 * 3;
+        let curve = memsnap_advise::PredictedCurve {
+            events: vec![n as u32 / 2],
+            allocated: vec![high],
+            reserved: vec![high],
+            allocated_peak_bytes: high,
+            reserved_peak_bytes: high,
+            checkpointed_events: Vec::new(),
+        };
+        state.predicted = Some(Arc::new(PredictedOverlay::new(&curve, "x", n, &[])));
+        assert!(y_max(&model, &state, &layout) >= high as f64);
+        state.fit_y = false;
+        assert!(y_max(&model, &state, &layout) >= high as f64);
+        state.predicted = None;
+        assert!(y_max(&model, &state, &layout) < high as f64);
+    }
 
     #[test]
     fn a_rect_between_pixel_centres_covers_none_and_is_left_out() {
