@@ -327,7 +327,11 @@ pub fn find_sockets(bases: &[PathBuf]) -> Vec<FoundSocket> {
             }
         }
     }
-    found.sort_by(|a, b| b.running.cmp(&a.running).then(a.pid.cmp(&b.pid)));
+    found.sort_by(|a, b| {
+        (b.running.cmp(&a.running))
+            .then(a.pid.cmp(&b.pid))
+            .then_with(|| a.path.cmp(&b.path))
+    });
     found.dedup_by(|a, b| a.path == b.path);
     found
 }
