@@ -5,7 +5,13 @@
 # 4M/1M and 10M/4M time ratios (a ratio above 5x is flagged: the size ratios are 4x and 2.5x).
 #
 #   bash scripts/bench_scaling.sh [--sizes 1000000,4000000,10000000] [--shapes a,b,...]
-#                                 [--out FILE.md] [--timeout S] [--python PY] [--keep-going]
+#                                 [--commands summary,viewer,...] [--files DIR]
+#                                 [--out FILE.md] [--timeout S] [--python PY]
+#
+# --commands runs only the named commands (summary, viewer, plot, export chrome as
+# export-chrome, export-parquet, simulate, python); --files DIR takes DIR/SHAPE-SIZE.pickle
+# where it exists (made by an earlier run or by hand with the shape's arguments) instead of
+# generating it, and keeps it.
 #
 # Shapes (all pickles, ENTRIES = the size):
 #   base   the default run (reference row)
@@ -40,6 +46,8 @@ cd "$(dirname "$0")/.."
 
 SIZES="1000000,4000000,10000000"
 SHAPES="base,a,b,c,d,e,f,fx,g,h,i"
+COMMANDS="summary,viewer,plot,export-chrome,export-parquet,simulate,python"
+FILES=""
 OUT=""
 TIMEOUT=600
 PY="python3"
@@ -48,10 +56,12 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --sizes) SIZES="$2"; shift 2 ;;
     --shapes) SHAPES="$2"; shift 2 ;;
+    --commands) COMMANDS="$2"; shift 2 ;;
+    --files) FILES="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "bench_scaling: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -138,35 +148,47 @@ measure() {
   echo "  $name: $status ${secs}s ${kb}KB $note" >&2
 }
 
+# Whether command $1 is among --commands.
+wanted() {
+  case ",$COMMANDS," in *",$1,"*) return 0 ;; *) return 1 ;; esac
+}
+
 IFS=',' read -r -a SIZE_LIST <<<"$SIZES"
 IFS=',' read -r -a SHAPE_LIST <<<"$SHAPES"
 for shape in "${SHAPE_LIST[@]}"; do
   for size in "${SIZE_LIST[@]}"; do
     args="$(shape_args "$size" "$shape")" || exit 2
     file="$WORK/$shape-$size.pickle"
-    echo "== $shape @ $size ($(uptime | sed 's/.*load average: //')): gen_snapshot $args" >&2
-    # shellcheck disable=SC2086
-    measure "$shape" "$size" gen "$GEN" $args -o "$file"
+    kept=0
+    if [ -n "$FILES" ] && [ -s "$FILES/$shape-$size.pickle" ]; then
+      file="$FILES/$shape-$size.pickle"
+      kept=1
+      echo "== $shape @ $size ($(uptime | sed 's/.*load average: //')): $file" >&2
+    else
+      echo "== $shape @ $size ($(uptime | sed 's/.*load average: //')): gen_snapshot $args" >&2
+      # shellcheck disable=SC2086
+      measure "$shape" "$size" gen "$GEN" $args -o "$file"
+    fi
     if [ ! -s "$file" ]; then
       rm -f "$file"
       continue
     fi
-    measure "$shape" "$size" summary "$MEMSNAP" summary "$file"
-    measure "$shape" "$size" viewer "$VIEWER" --bench-frames 60 "$file"
-    measure "$shape" "$size" plot "$MEMSNAP" plot "$file" -o "$WORK/x.png"
-    measure "$shape" "$size" "export chrome" "$MEMSNAP" export "$file" --to chrome -o "$WORK/x.json"
+    wanted summary && measure "$shape" "$size" summary "$MEMSNAP" summary "$file"
+    wanted viewer && measure "$shape" "$size" viewer "$VIEWER" --bench-frames 60 "$file"
+    wanted plot && measure "$shape" "$size" plot "$MEMSNAP" plot "$file" -o "$WORK/x.png"
+    wanted export-chrome && measure "$shape" "$size" "export chrome" "$MEMSNAP" export "$file" --to chrome -o "$WORK/x.json"
     rm -f "$WORK/x.json" "$WORK/x.png"
-    measure "$shape" "$size" "export parquet" "$MEMSNAP" export "$file" --to parquet -o "$WORK/x.parquet"
+    wanted export-parquet && measure "$shape" "$size" "export parquet" "$MEMSNAP" export "$file" --to parquet -o "$WORK/x.parquet"
     rm -rf "$WORK/x.parquet"
-    measure "$shape" "$size" simulate "$MEMSNAP" simulate "$file"
-    if [ "$HAVE_PY" = 1 ]; then
+    wanted simulate && measure "$shape" "$size" simulate "$MEMSNAP" simulate "$file"
+    if [ "$HAVE_PY" = 1 ] && wanted python; then
       measure "$shape" "$size" "python open+column" "$PY" -c '
 import sys, memsnap
 s = memsnap.open(sys.argv[1])
 t = s.trace(0)
 print(len(t), sum(int(x) for x in t.size[:1000000]))' "$file"
     fi
-    rm -f "$file"
+    [ "$kept" = 1 ] || rm -f "$file"
   done
 done
 
