@@ -1168,6 +1168,12 @@ mod tests {
         let url = format!("unix:{}", dir.path().join("run.sock").display());
         let server = alloc.serve_live(&url).unwrap();
         let mut session = LiveSession::start(7, Address::parse(&url).unwrap(), None);
+        let annotate = |name: &str| {
+            alloc.record_annotation(&[("stage", "START"), ("name", name)]);
+            // Each its own microsecond: a reattach tells repeats by time.
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        annotate("before the disconnect");
         record(&alloc, 10);
         let first = alloc.recorded_entries();
         poll_until(&mut session, "the first entries", |s| {
@@ -1186,16 +1192,24 @@ mod tests {
         // Recorded while nobody listened, then served again at the same address: the new
         // state's ring repeats the first entries, and they are not added twice.
         record(&alloc, 25);
+        annotate("while nobody listened");
         let server = alloc.serve_live(&url).unwrap();
         session.reattach();
         record(&alloc, 5);
+        annotate("after the reattach");
         let total = alloc.recorded_entries();
         poll_until(&mut session, "every entry after the reattach", |s| {
             s.status().entries == total && s.shown_entries() == total
         });
         assert_eq!(session.status().dropped, 0);
+        poll_until(&mut session, "the last annotation", |s| {
+            s.latest_snapshot()
+                .is_some_and(|m| m.external_annotations.as_ref().map(Vec::len) == Some(3))
+        });
         let merged = session.latest_snapshot().unwrap();
         assert_eq!(trace_len(&merged), total);
+        // Every annotation once: the reattach's state repeated the first.
+        assert_eq!(merged.external_annotations.as_ref().map(Vec::len), Some(3));
         assert_eq!(
             compare::diff(
                 &without_segments(&merged),
