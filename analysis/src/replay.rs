@@ -340,7 +340,7 @@ impl Replay {
                         prev.free_completed = OptEvent::some(i);
                         replay.note(i, format!("alloc at {:#x}, which is still allocated; treating the earlier allocation as freed here", entry.addr));
                     }
-                    live.insert(entry.addr, Slot::Traced(traced.len()));
+                    live.insert(entry.addr, Slot::traced(traced.len()));
                     traced.push(Allocation {
                         addr: entry.addr,
                         size: entry.size,
@@ -360,7 +360,7 @@ impl Replay {
                             a.free_requested_at(i);
                         }
                         None => {
-                            live.insert(entry.addr, Slot::Before(freed_before.len()));
+                            live.insert(entry.addr, Slot::before(freed_before.len()));
                             freed_before.push(before_window(entry, Some(i), None));
                         }
                     }
@@ -681,21 +681,32 @@ impl Replay {
     }
 }
 
+/// Where the allocation of a live address is, in a `u32`: the map of live addresses is the
+/// replay's largest transient (a run with 4M allocations live at once holds 4M of them; 16
+/// bytes a bucket with this, 24 with a tagged `usize`). Indices into the traced allocations
+/// count up from 0, those into the allocations from before the window down from
+/// `u32::MAX - 1`: together they are at most the events replayed, fewer than `u32::MAX`
+/// ([`AnalysisError::TooManyEntries`]), so they never meet.
 #[derive(Clone, Copy)]
-enum Slot {
-    Traced(usize),
-    Before(usize),
-}
+struct Slot(u32);
 
 impl Slot {
+    fn traced(index: usize) -> Slot {
+        Slot(index as u32)
+    }
+
+    fn before(index: usize) -> Slot {
+        Slot(u32::MAX - 1 - index as u32)
+    }
+
     fn get_mut<'a>(
         self,
         traced: &'a mut [Allocation],
         before: &'a mut [Allocation],
     ) -> &'a mut Allocation {
-        match self {
-            Slot::Traced(i) => &mut traced[i],
-            Slot::Before(i) => &mut before[i],
+        match traced.get_mut(self.0 as usize) {
+            Some(a) => a,
+            None => &mut before[(u32::MAX - 1 - self.0) as usize],
         }
     }
 }
