@@ -429,6 +429,8 @@ impl Replay {
             }
         }
 
+        // The map of live addresses is done with: not held beside what follows.
+        drop(live);
         // Blocks live in the final segments that the trace never allocated.
         let traced_live: HashSet<u64> = traced
             .iter()
