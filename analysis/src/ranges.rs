@@ -29,7 +29,11 @@ pub struct NamedRange {
 ///
 /// O(a log a) in the device's annotations: the sort by time, then one hash lookup per mark.
 /// (Searching the open ranges for the END's name and removing it from among them was O(a²)
-/// on ENDs whose STARTs are missing or many STARTs left open.)
+/// on ENDs whose STARTs are missing or many STARTs left open.) The open STARTs of a name are
+/// a chain through `open` (each pointing at the previous open one of its name) and the map
+/// holds only names with one open: a vector per name, kept after its ranges closed, was a
+/// heap allocation per distinct name (`ProfilerStep#N`: one per step) and half of the time
+/// here on a run of 600,000 ranges.
 pub fn named_ranges(snapshot: &Snapshot, device: i64, time: &TimeAxis) -> Vec<NamedRange> {
     let Some(annotations) = &snapshot.external_annotations else {
         return Vec::new();
@@ -41,10 +45,10 @@ pub fn named_ranges(snapshot: &Snapshot, device: i64, time: &TimeAxis) -> Vec<Na
         .map(|(i, a)| (a.time_us, i))
         .collect();
     marks.sort_unstable();
-    // Ranges in START order, `None` once ended; per name, the indexes of its open ones,
-    // latest last.
-    let mut open: Vec<Option<NamedRange>> = Vec::new();
-    let mut open_by_name: HashMap<&str, Vec<usize>> = HashMap::default();
+    // Ranges in START order, `None` once ended, each with the index of the previous open
+    // START of its name; per name with an open START, the latest one's index.
+    let mut open: Vec<(Option<NamedRange>, Option<usize>)> = Vec::new();
+    let mut latest_open: HashMap<&str, usize> = HashMap::default();
     let mut open_count = 0usize;
     let mut done = Vec::new();
     for (t, i) in marks {
@@ -52,23 +56,29 @@ pub fn named_ranges(snapshot: &Snapshot, device: i64, time: &TimeAxis) -> Vec<Na
         let name = a.name().unwrap_or("<unnamed>");
         match a.stage() {
             Some("START") => {
-                open_by_name.entry(name).or_default().push(open.len());
-                open.push(Some(NamedRange {
-                    name: name.to_string(),
-                    start_time_us: Some(t),
-                    end_time_us: None,
-                    start_event: time.first_event_at_or_after(t),
-                    end_event: None,
-                    depth: open_count as u32,
-                }));
+                let previous = latest_open.insert(name, open.len());
+                open.push((
+                    Some(NamedRange {
+                        name: name.to_string(),
+                        start_time_us: Some(t),
+                        end_time_us: None,
+                        start_event: time.first_event_at_or_after(t),
+                        end_event: None,
+                        depth: open_count as u32,
+                    }),
+                    previous,
+                ));
                 open_count += 1;
             }
             Some("END") => {
                 let end_event = time.last_event_at_or_before(t);
-                let started = open_by_name
-                    .get_mut(name)
-                    .and_then(Vec::pop)
-                    .and_then(|k| open[k].take());
+                let started = latest_open.remove(name).and_then(|k| {
+                    let (range, previous) = &mut open[k];
+                    if let Some(p) = *previous {
+                        latest_open.insert(name, p);
+                    }
+                    range.take()
+                });
                 match started {
                     Some(mut r) => {
                         open_count -= 1;
@@ -90,7 +100,7 @@ pub fn named_ranges(snapshot: &Snapshot, device: i64, time: &TimeAxis) -> Vec<Na
         }
     }
     // Still open at the end, in START order (as the ranges left open always were).
-    done.extend(open.into_iter().flatten());
+    done.extend(open.into_iter().filter_map(|(range, _)| range));
     done.sort_by_key(|r| (r.start_time_us.is_some(), r.start_time_us, r.end_time_us));
     done
 }
