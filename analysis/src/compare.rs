@@ -1,6 +1,7 @@
 //! Comparing snapshots: two runs (`memsnap diff`) and the ranks of one job (`memsnap ranks`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use memsnap_format::Snapshot;
 use serde::Serialize;
@@ -40,7 +41,7 @@ pub fn device_profile(
     options: &SummaryOptions,
 ) -> DeviceProfile {
     let steps = timeline.steps(&options.steps);
-    device_profile_with_steps(snapshot, timeline, options, &steps)
+    device_profile_with_steps(snapshot, timeline, options, Arc::new(steps))
 }
 
 /// [`device_profile`] with the steps already found (`timeline.steps(&options.steps)`): the
@@ -50,7 +51,7 @@ pub fn device_profile_with_steps(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
     options: &SummaryOptions,
-    steps: &StepAnalysis,
+    steps: Arc<StepAnalysis>,
 ) -> DeviceProfile {
     let summary = summarize_device_with_steps(snapshot, timeline, options, steps);
     let mut sites: HashMap<String, (u64, u64)> = HashMap::new();

@@ -116,7 +116,8 @@ mod tests {
             metadata: vec![
                 ("stage".into(), Value::Str(stage.into())),
                 ("name".into(), Value::Str(name.into())),
-            ],
+            ]
+            .into(),
             device: 0,
             time_us,
             extra: Vec::new(),

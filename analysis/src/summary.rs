@@ -69,7 +69,7 @@
 //! window. Event indices are positions in the device trace; a step runs from its first event
 //! to its last (inclusive), and "bytes at an event" means right after it.
 
-use std::borrow::Cow;
+use std::sync::Arc;
 
 use memsnap_format::Snapshot;
 use serde::Serialize;
@@ -121,9 +121,9 @@ pub struct SiteBytes {
 /// more at the summary's peak (`memsnap summary` on a 10M-entry run, issue 22).
 ///
 /// Written to JSON as an array of steps ([`StepSummary`]).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct StepSummaries {
-    steps: Vec<Step>,
+    steps: StepList,
     /// Categories at each step phase's peak, the steps' phases one after the other.
     phase_categories: Vec<CategoryBytes>,
     /// Where each step's phases begin in `phase_categories`.
@@ -133,10 +133,10 @@ pub struct StepSummaries {
 impl StepSummaries {
     /// `phase_categories[first..]` holds one entry per phase of `steps`, in order (missing
     /// ones read as zero bytes).
-    fn new(steps: Vec<Step>, phase_categories: Vec<CategoryBytes>, first: usize) -> Self {
+    fn new(steps: StepList, phase_categories: Vec<CategoryBytes>, first: usize) -> Self {
         let mut first_phase = Vec::with_capacity(steps.len());
         let mut next = first;
-        for step in &steps {
+        for step in steps.iter() {
             first_phase.push(next);
             next += step.phases.len();
         }
@@ -173,6 +173,39 @@ impl StepSummaries {
     /// The steps as found, without the categories.
     pub fn steps(&self) -> &[Step] {
         &self.steps
+    }
+}
+
+impl PartialEq for StepSummaries {
+    fn eq(&self, other: &Self) -> bool {
+        self.steps() == other.steps()
+            && self.phase_categories == other.phase_categories
+            && self.first_phase == other.first_phase
+    }
+}
+
+/// A summary's steps: its own, or the step analysis it was given, shared (the viewer keeps
+/// the analysis; a copy was 211 MB for a run of 303,030 steps).
+#[derive(Clone, Debug)]
+enum StepList {
+    Owned(Vec<Step>),
+    Shared(Arc<StepAnalysis>),
+}
+
+impl Default for StepList {
+    fn default() -> Self {
+        StepList::Owned(Vec::new())
+    }
+}
+
+impl std::ops::Deref for StepList {
+    type Target = [Step];
+
+    fn deref(&self) -> &[Step] {
+        match self {
+            StepList::Owned(steps) => steps,
+            StepList::Shared(analysis) => &analysis.steps,
+        }
     }
 }
 
@@ -485,12 +518,14 @@ pub fn summarize_device(
     options: &SummaryOptions,
 ) -> DeviceSummary {
     let analysis = timeline.steps(&options.steps);
-    summarize_device_from(snapshot, timeline, options, Cow::Owned(analysis))
+    summarize_device_from(snapshot, timeline, options, Given::Owned(analysis))
 }
 
 /// [`summarize_device`] with the steps already found (`timeline.steps(&options.steps)`): a
 /// viewer that has them does not find them again (at 10M entries that is 0.4 s and its
 /// per-allocation vectors).
+///
+/// The summary's steps are `analysis`'s, shared, not copied.
 ///
 /// O(n log n + p log p) for n allocations and p phases: the top sites are one grouping pass,
 /// the categories at the peak and at every phase's peak one sorted sweep.
@@ -498,18 +533,35 @@ pub fn summarize_device_with_steps(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
     options: &SummaryOptions,
-    analysis: &StepAnalysis,
+    analysis: Arc<StepAnalysis>,
 ) -> DeviceSummary {
-    summarize_device_from(snapshot, timeline, options, Cow::Borrowed(analysis))
+    summarize_device_from(snapshot, timeline, options, Given::Shared(analysis))
 }
 
-/// Both of the above: steps it owns are moved into the summary (a run of 300,000 steps
-/// kept them twice), borrowed ones copied.
+/// The steps a summary is made from: found for it (moved into the summary: a run of 300,000
+/// steps kept them twice) or given, shared.
+enum Given {
+    Owned(StepAnalysis),
+    Shared(Arc<StepAnalysis>),
+}
+
+impl std::ops::Deref for Given {
+    type Target = StepAnalysis;
+
+    fn deref(&self) -> &StepAnalysis {
+        match self {
+            Given::Owned(a) => a,
+            Given::Shared(a) => a,
+        }
+    }
+}
+
+/// Both of the above.
 fn summarize_device_from(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
     options: &SummaryOptions,
-    analysis: Cow<'_, StepAnalysis>,
+    analysis: Given,
 ) -> DeviceSummary {
     let replay = timeline.replay();
     let curves = timeline.curves();
@@ -616,9 +668,9 @@ fn summarize_device_from(
     let step_method_reason = analysis.fallback_reason.clone();
     let drift = analysis.drift.clone();
     // Last: the steps leave the analysis (moved when it is owned).
-    let found: Vec<Step> = match analysis {
-        Cow::Owned(a) => a.steps,
-        Cow::Borrowed(a) => a.steps.clone(),
+    let found = match analysis {
+        Given::Owned(a) => StepList::Owned(a.steps),
+        Given::Shared(a) => StepList::Shared(a),
     };
     // The categories of the steps' phases follow the set-up's.
     let first_step_phase = usize::from(setup_phase.is_some());

@@ -179,7 +179,8 @@ pub(crate) fn deepest_value(snapshot: &Snapshot) -> usize {
         deepest = deepest.max(extras(&s.extra));
     }
     for a in snapshot.external_annotations.iter().flatten() {
-        deepest = deepest.max(extras(&a.metadata)).max(extras(&a.extra));
+        let metadata = a.metadata.iter().map(|(_, v)| depth(v)).max().unwrap_or(0);
+        deepest = deepest.max(metadata).max(extras(&a.extra));
     }
     if let Some(info) = &snapshot.recorder_info {
         deepest = deepest.max(extras(&info.extra));

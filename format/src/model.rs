@@ -10,6 +10,8 @@
 //! value, and `exact_int` gives every field's exact value (see [`crate::int`]). Frame lines and
 //! allocator settings are [`PyInt`]s outright.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::int::{ExactInts, IntField, PyInt};
@@ -749,7 +751,7 @@ pub struct AllocatorSettings {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Annotation {
     /// The metadata keys (`stage`, `name`, ...) in file order; their order is not fixed.
-    pub metadata: Vec<(String, Value)>,
+    pub metadata: Metadata,
     pub device: i64,
     pub time_us: i64,
     /// Keys after `time_us`, if any.
@@ -779,10 +781,204 @@ impl Annotation {
     }
 
     fn meta_str(&self, key: &str) -> Option<&str> {
-        self.metadata
-            .iter()
-            .find(|(k, _)| k == key)
-            .and_then(|(_, v)| v.as_str())
+        self.metadata.get(key).and_then(Value::as_str)
+    }
+}
+
+/// An annotation's metadata: its keys and values in file order.
+///
+/// A run's annotations are nearly all `record_function`'s `{'stage': 'START' | 'END',
+/// 'name': str}`, and a long run has millions of them: held as five allocations (the pair
+/// vector, two keys, two values) that was about 340 bytes an annotation, more than the
+/// trace entries around it. That layout is held as the name alone (the stage a flag, the
+/// keys and the stage's value shared statics), about 130 bytes; anything else keeps every
+/// pair as written. Both read back the same through [`Metadata::iter`] and compare equal
+/// when their pairs do.
+#[derive(Clone, Default)]
+pub struct Metadata(MetadataRepr);
+
+#[derive(Clone, Default)]
+enum MetadataRepr {
+    #[default]
+    Empty,
+    /// `[('stage', 'START' or 'END'), ('name', Value::Str(..))]`, in that order.
+    Record { end: bool, name: Value },
+    Pairs(Vec<(String, Value)>),
+}
+
+/// The shared values of a compact [`Metadata`]'s `stage` key (a `String` cannot be a
+/// constant, so they are made once).
+fn stage_value(end: bool) -> &'static Value {
+    static START: std::sync::LazyLock<Value> =
+        std::sync::LazyLock::new(|| Value::Str("START".to_owned()));
+    static END: std::sync::LazyLock<Value> =
+        std::sync::LazyLock::new(|| Value::Str("END".to_owned()));
+    if end {
+        &END
+    } else {
+        &START
+    }
+}
+
+impl Metadata {
+    /// No keys.
+    pub fn new() -> Self {
+        Metadata(MetadataRepr::Empty)
+    }
+
+    /// A `record_function` marker's metadata: `stage` (`START`, or `END` when `end`), then
+    /// `name`.
+    pub fn record(end: bool, name: impl Into<String>) -> Self {
+        Metadata(MetadataRepr::Record {
+            end,
+            name: Value::Str(name.into()),
+        })
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            MetadataRepr::Empty => 0,
+            MetadataRepr::Record { .. } => 2,
+            MetadataRepr::Pairs(p) => p.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The keys and values in file order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Value)> + '_ {
+        let (record, pairs): (Option<(bool, &Value)>, &[(String, Value)]) = match &self.0 {
+            MetadataRepr::Empty => (None, &[]),
+            MetadataRepr::Record { end, name } => (Some((*end, name)), &[]),
+            MetadataRepr::Pairs(p) => (None, p),
+        };
+        let record = record.into_iter().flat_map(|(end, name)| {
+            [("stage", stage_value(end)), ("name", name)]
+        });
+        MetadataIter {
+            record,
+            pairs: pairs.iter(),
+            left: self.len(),
+        }
+    }
+
+    /// The first value of `key`.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// Appends a key (a repeated key is kept, as the file had it).
+    pub fn push(&mut self, key: String, value: Value) {
+        let mut pairs = std::mem::take(self).into_pairs();
+        pairs.push((key, value));
+        *self = Metadata::from(pairs);
+    }
+
+    /// The keys and values as owned pairs, in file order.
+    pub fn into_pairs(self) -> Vec<(String, Value)> {
+        match self.0 {
+            MetadataRepr::Empty => Vec::new(),
+            MetadataRepr::Record { end, name } => vec![
+                ("stage".to_owned(), stage_value(end).clone()),
+                ("name".to_owned(), name),
+            ],
+            MetadataRepr::Pairs(p) => p,
+        }
+    }
+}
+
+struct MetadataIter<'a, R> {
+    record: R,
+    pairs: std::slice::Iter<'a, (String, Value)>,
+    left: usize,
+}
+
+impl<'a, R: Iterator<Item = (&'static str, &'a Value)>> Iterator for MetadataIter<'a, R> {
+    type Item = (&'a str, &'a Value);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = match self.record.next() {
+            Some(kv) => Some(kv),
+            None => self.pairs.next().map(|(k, v)| (k.as_str(), v)),
+        };
+        self.left = self.left.saturating_sub(usize::from(next.is_some()));
+        next
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl<'a, R: Iterator<Item = (&'static str, &'a Value)>> ExactSizeIterator for MetadataIter<'a, R> {}
+
+impl From<Vec<(String, Value)>> for Metadata {
+    /// Holds `record_function`'s layout compactly (see [`Metadata`]); keeps any other.
+    fn from(mut pairs: Vec<(String, Value)>) -> Self {
+        if pairs.is_empty() {
+            return Metadata::new();
+        }
+        if let [(stage_key, Value::Str(stage)), (name_key, Value::Str(_))] = pairs.as_slice() {
+            if stage_key == "stage" && name_key == "name" && (stage == "START" || stage == "END")
+            {
+                let end = stage == "END";
+                let name = pairs.pop().map(|(_, v)| v).unwrap_or(Value::None);
+                return Metadata(MetadataRepr::Record { end, name });
+            }
+        }
+        pairs.shrink_to_fit();
+        Metadata(MetadataRepr::Pairs(pairs))
+    }
+}
+
+impl<K: Into<String>, const N: usize> From<[(K, Value); N]> for Metadata {
+    fn from(pairs: [(K, Value); N]) -> Self {
+        Metadata::from(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v))
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+impl<K: Into<String>> FromIterator<(K, Value)> for Metadata {
+    fn from_iter<I: IntoIterator<Item = (K, Value)>>(pairs: I) -> Self {
+        Metadata::from(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v))
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+impl PartialEq for Metadata {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl fmt::Debug for Metadata {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// As the list of `(key, value)` pairs it was before it was compact: the msgpack and JSON
+/// layouts are unchanged.
+impl Serialize for Metadata {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<(String, Value)>::deserialize(deserializer).map(Metadata::from)
     }
 }
 
@@ -868,6 +1064,58 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pairs(kv: &[(&str, &str)]) -> Vec<(String, Value)> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), Value::Str(v.to_string())))
+            .collect()
+    }
+
+    #[test]
+    fn record_function_metadata_is_held_compactly_and_reads_back_as_written() {
+        for stage in ["START", "END"] {
+            let written = pairs(&[("stage", stage), ("name", "ProfilerStep#7")]);
+            let metadata = Metadata::from(written.clone());
+            assert!(matches!(metadata.0, MetadataRepr::Record { .. }), "{stage}");
+            let read: Vec<(String, Value)> = metadata
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.clone()))
+                .collect();
+            assert_eq!(read, written);
+            assert_eq!(metadata.iter().len(), 2);
+            assert_eq!(metadata.get("stage").and_then(Value::as_str), Some(stage));
+            assert_eq!(metadata, Metadata::record(stage == "END", "ProfilerStep#7"));
+            assert_eq!(metadata.clone().into_pairs(), written);
+        }
+    }
+
+    #[test]
+    fn metadata_of_any_other_layout_keeps_every_pair_in_order() {
+        let layouts = [
+            pairs(&[("name", "x"), ("stage", "START")]),
+            pairs(&[("stage", "BEGIN"), ("name", "x")]),
+            pairs(&[("stage", "START"), ("name", "x"), ("tag", "y")]),
+            pairs(&[("stage", "START")]),
+            pairs(&[("stage", "START"), ("stage", "END")]),
+            vec![
+                ("stage".into(), Value::Str("START".into())),
+                ("name".into(), Value::Int(3)),
+            ],
+            Vec::new(),
+        ];
+        for written in layouts {
+            let metadata = Metadata::from(written.clone());
+            assert!(!matches!(metadata.0, MetadataRepr::Record { .. }), "{written:?}");
+            assert_eq!(metadata.len(), written.len());
+            assert_eq!(metadata.clone().into_pairs(), written);
+        }
+        // Pushing onto a compact record keeps the pairs and their order.
+        let mut grown = Metadata::record(false, "x");
+        grown.push("tag".into(), Value::Int(1));
+        let mut expected = pairs(&[("stage", "START"), ("name", "x")]);
+        expected.push(("tag".into(), Value::Int(1)));
+        assert_eq!(grown.into_pairs(), expected);
+    }
 
     #[test]
     fn every_action_sits_at_its_own_tag() {

@@ -776,7 +776,10 @@ impl<'s> Walk<'s> for Annotation {
 }
 
 fn annotation_fields<'s, E: Emit<'s>>(w: &mut E, a: &'s Annotation) -> Result<(), E::Error> {
-    extras(w, &a.metadata)?;
+    for (k, v) in a.metadata.iter() {
+        w.extra_key(k);
+        w.value(v)?;
+    }
     let x = Some(&a.exact);
     w.key(Key::device);
     int_x(w, x, IntField::Device, a.device)?;
@@ -1305,12 +1308,11 @@ fn read_annotation<S: Source>(s: &mut S, v: S::V) -> Result<Annotation> {
         }
         Ok(())
     })?;
-    // A run can hold millions of annotations of two metadata keys each: filled by pushes,
-    // the vectors kept room for four (224 bytes each instead of 112).
-    metadata.shrink_to_fit();
+    // A run can hold millions of annotations: `Metadata` holds record_function's two keys
+    // compactly, and the vectors filled by pushes kept room for four.
     extra.shrink_to_fit();
     Ok(Annotation {
-        metadata,
+        metadata: metadata.into(),
         device: device.ok_or_else(|| s.missing("annotation", Key::device))?,
         time_us: time_us.ok_or_else(|| s.missing("annotation", Key::time_us))?,
         extra,
@@ -1381,7 +1383,7 @@ mod tests {
             exact: ExactInts::default(),
         };
         let annotation = Annotation {
-            metadata: Vec::new(),
+            metadata: Metadata::new(),
             device: 0,
             time_us: 0,
             extra: Extras::new(),

@@ -125,6 +125,14 @@ impl DeviceModel {
         self.steps.ready().map_or(&PENDING, |s| s)
     }
 
+    /// The steps, shared (pending ones while they are found, as [`Self::steps`]).
+    pub fn shared_steps(&self) -> Arc<StepAnalysis> {
+        match self.steps.ready() {
+            Some(steps) => steps.clone(),
+            None => Arc::new(pending_steps()),
+        }
+    }
+
     /// Whether the steps are computed (or failed).
     pub fn steps_ready(&self) -> bool {
         self.steps.is_done()
@@ -184,7 +192,7 @@ fn profile(
     snapshot: &Snapshot,
     device: i64,
     timeline: &DeviceTimeline,
-    steps: Option<&StepAnalysis>,
+    steps: Option<Arc<StepAnalysis>>,
 ) -> Result<DeviceProfile, JobError> {
     job::catch(&format!("summarising device {device}"), || {
         // The summary's steps are the model's (both `StepOptions::default()`): found once,
@@ -351,7 +359,7 @@ impl Document {
                 Ok(work
                     .iter()
                     .map(|(device, timeline, steps)| {
-                        profile(&snapshot, *device, timeline, steps.as_deref())
+                        profile(&snapshot, *device, timeline, steps.clone())
                     })
                     .collect())
             },

@@ -4,8 +4,8 @@ use foldhash::HashMap;
 use serde::Deserialize;
 
 use memsnap_format::{
-    Action, Annotation, Frame, FrameId, PyInt, RecorderInfo, Snapshot, SourceInfo, TraceEntry,
-    Value,
+    Action, Annotation, Frame, FrameId, Metadata, PyInt, RecorderInfo, Snapshot, SourceInfo,
+    TraceEntry,
 };
 
 use super::{micros_to_ns, DeviceReport, ImportReport, Imported, TraceDoc, TraceError};
@@ -151,18 +151,14 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
         {
             if let Some(ns) = event.ts.as_ref().and_then(micros_to_ns) {
                 let ns = ns + i128::from(meta.time_base.unwrap_or(0));
-                let stage = if ph == "B" { "START" } else { "END" };
                 annotations.push((
                     ns,
                     index,
                     Annotation {
-                        metadata: vec![
-                            ("stage".into(), Value::Str(stage.into())),
-                            (
-                                "name".into(),
-                                Value::Str(event.name.clone().unwrap_or_default()),
-                            ),
-                        ],
+                        metadata: Metadata::record(
+                            ph != "B",
+                            event.name.clone().unwrap_or_default(),
+                        ),
                         device: meta.devices[d].device,
                         time_us: i64::try_from(ns.div_euclid(1000)).unwrap_or(i64::MAX),
                         extra: Vec::new(),

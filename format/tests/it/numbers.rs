@@ -324,7 +324,7 @@ fn odd_snapshot(n: &dyn Fn(usize) -> PyInt) -> Snapshot {
     snap.device_traces.as_mut().unwrap()[0] = vec![e, oom];
 
     let mut a = Annotation {
-        metadata: vec![("stage".into(), Value::Str("START".into()))],
+        metadata: vec![("stage".into(), Value::Str("START".into()))].into(),
         device: 0,
         time_us: 0,
         extra: Vec::new(),

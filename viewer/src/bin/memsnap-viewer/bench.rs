@@ -298,7 +298,7 @@ pub fn bench_snapshot(
         snapshot,
         timeline,
         &memsnap_analysis::SummaryOptions::default(),
-        model.steps(),
+        model.shared_steps(),
     );
     let profile = started.elapsed();
     times.sort_unstable();
