@@ -68,6 +68,8 @@ __all__ = [
     "max_memory_allocated",
     "memory_reserved",
     "empty_cache",
+    "annotate",
+    "annotation",
     "serve_live",
     "live_address",
 ]
@@ -139,6 +141,7 @@ def load_library(path=None):
         "memsnap_stats_json": (c_int, [c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
         "memsnap_serve_live": (c_int, [c_int, c_char_p]),
         "memsnap_live_address": (c_int, [c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "memsnap_annotate": (c_int, [c_int, c_char_p, c_char_p]),
         "memsnap_last_error": (c_char_p, []),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -387,6 +390,35 @@ def max_memory_allocated(device=0):
 def memory_reserved(device=0):
     """Bytes reserved from the device now (``reserved_bytes.all.current``)."""
     return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def annotate(stage, name, device=0):
+    """Records a marker in ``device``'s history, as PyTorch records ``record_function``
+    markers: ``{"stage": stage, "name": name}``, stamped with the history clock, written to
+    the snapshot's ``external_annotations`` and sent to live listeners. A range is a
+    ``"START"`` and an ``"END"`` of the same name (see :func:`annotation`). Nothing is
+    recorded while history is off.
+
+    PyTorch's own markers (``torch.profiler``'s ``ProfilerStep#N``) are recorded by PyTorch's
+    allocator only; under memsnap, mark what the analysis should see yourself."""
+    _check(load_library().memsnap_annotate(device, _encode(stage), _encode(name)))
+
+
+@contextlib.contextmanager
+def annotation(name, device=0):
+    """A ``START``/``END`` range around the ``with`` block (the ``END`` also when it raises).
+    Ranges named ``ProfilerStep#N`` are the analysis' steps, ``Optimizer.step#...`` its
+    optimizer phases, names with ``backward`` its backward phases, as in PyTorch's files::
+
+        for i, batch in enumerate(loader):
+            with memsnap.torch.annotation(f"ProfilerStep#{i}"):
+                train_step(batch)
+    """
+    annotate("START", name, device)
+    try:
+        yield
+    finally:
+        annotate("END", name, device)
 
 
 def serve_live(address=True, device=0):

@@ -66,6 +66,44 @@ def test_recording_through_the_shipped_library(tmp_path):
     assert "allocate_activations" in names
 
 
+def test_annotations_recorded_through_the_library_are_the_snapshots_steps(tmp_path):
+    """annotation() ranges reach the dump's external_annotations, in order, and the analysis
+    finds the steps from them (a run without stacks has no other evidence)."""
+    out = tmp_path / "annotated.pickle"
+    script = textwrap.dedent(
+        f"""
+        import memsnap.torch
+        lib = memsnap.torch.load_library()
+        memsnap.torch.record_history("all", context="all", stacks="none", max_entries=10000)
+        weights = lib.memsnap_alloc(64 << 20, 0, None)
+        for step in range(4):
+            with memsnap.torch.annotation(f"ProfilerStep#{{step}}"):
+                activations = [lib.memsnap_alloc((1 + i) << 20, 0, None) for i in range(8)]
+                for i, p in reversed(list(enumerate(activations))):
+                    lib.memsnap_free(p, (1 + i) << 20, 0, None)
+        try:
+            memsnap.torch.annotate("", "x")
+        except memsnap.torch.MemsnapError as e:
+            assert "stage" in str(e), e
+        else:
+            raise AssertionError("an empty stage was accepted")
+        memsnap.torch.dump({str(out)!r})
+        """
+    )
+    env = dict(os.environ, MEMSNAP_BACKEND="host")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env)
+    snapshot = memsnap.load(out)
+    marks = [(a["stage"], a["name"]) for a in snapshot["external_annotations"]]
+    assert marks == [
+        (stage, f"ProfilerStep#{step}") for step in range(4) for stage in ("START", "END")
+    ]
+    times = [a["time_us"] for a in snapshot["external_annotations"]]
+    assert times == sorted(times)
+    device = memsnap.summary(out)["devices"][0]
+    assert len(device["steps"]) == 4, device["steps"]
+    assert device["step_method"].startswith("annotations"), device["step_method"]
+
+
 def test_serve_live_publishes_the_history_without_torch(tmp_path):
     """serve_live() through the shipped library: the address comes back, a listener gets the
     protocol's Hello and State frames (length-prefixed msgpack), and live_address() says it."""

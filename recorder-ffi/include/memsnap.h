@@ -183,6 +183,18 @@ int memsnap_serve_live(int device, const char *addr);
 int memsnap_live_address(int device, char *buf, size_t capacity, size_t *needed);
 
 /**
+ * Records an annotation of `device`'s history, as PyTorch's `record_function` markers are
+ * recorded: `{"stage": stage, "name": name}` stamped with the history clock, written to the
+ * snapshot's `external_annotations` and sent to live listeners. A range is a "START" and an
+ * "END" of the same name; memsnap's analysis reads `ProfilerStep#N` as a step, optimizer and
+ * backward names as phases, and `memsnap.module: PATH` (what `memsnap.torch.enable(modules=True)`
+ * records around each module's forward) as the module that allocated. Nothing is recorded
+ * while history is off. Fails (MEMSNAP_ERR_INVALID_ARGUMENT) for a NULL, empty-stage or
+ * non-UTF-8 argument or a device out of range.
+ */
+int memsnap_annotate(int device, const char *stage, const char *name);
+
+/**
  * The message of the last failure on this thread ("" if none). The string stays valid until
  * the next failing memsnap call on the same thread.
  */

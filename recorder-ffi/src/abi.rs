@@ -455,6 +455,29 @@ pub unsafe extern "C" fn memsnap_live_address(
     })
 }
 
+/// # Safety
+/// `stage` and `name` are NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn memsnap_annotate(
+    device: c_int,
+    stage: *const c_char,
+    name: *const c_char,
+) -> c_int {
+    status(|| {
+        // SAFETY: caller contract.
+        let stage = unsafe { str_arg(stage, "stage") }?;
+        // SAFETY: caller contract.
+        let name = unsafe { str_arg(name, "name") }?;
+        if stage.is_empty() {
+            return Err(FfiError::invalid("stage is empty"));
+        }
+        runtime()?
+            .device(device)?
+            .record_annotation(&[("stage", stage), ("name", name)]);
+        Ok(())
+    })
+}
+
 /// The thread's last error message; valid until the next failing memsnap call on this thread.
 #[no_mangle]
 pub extern "C" fn memsnap_last_error() -> *const c_char {

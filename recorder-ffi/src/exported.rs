@@ -5,7 +5,7 @@
 //! each of them use it without `runtime` having to reach back up into `abi`.
 
 /// The names of the exported functions (what memsnap.h declares).
-pub const EXPORTED: [&str; 19] = [
+pub const EXPORTED: [&str; 20] = [
     "memsnap_alloc",
     "memsnap_alloc_checked",
     "memsnap_free",
@@ -24,6 +24,7 @@ pub const EXPORTED: [&str; 19] = [
     "memsnap_stats_json",
     "memsnap_serve_live",
     "memsnap_live_address",
+    "memsnap_annotate",
     "memsnap_last_error",
 ];
 

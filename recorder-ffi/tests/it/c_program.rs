@@ -46,8 +46,12 @@ int main(int argc, char **argv) {
 
     void *activations[LAYERS];
     for (int step = 0; step < 2; step++) {
+        char name[32];
+        snprintf(name, sizeof name, "ProfilerStep#%d", step);
+        CHECK(memsnap_annotate(0, "START", name) == MEMSNAP_OK);
         forward_pass(activations);
         backward_pass(activations);
+        CHECK(memsnap_annotate(0, "END", name) == MEMSNAP_OK);
     }
     void *kept = memsnap_alloc(3 * MiB, 0, NULL);
     CHECK(kept != NULL);
@@ -62,6 +66,9 @@ int main(int argc, char **argv) {
     CHECK(memsnap_dump_snapshot(NULL) == MEMSNAP_ERR_INVALID_ARGUMENT);
     CHECK(memsnap_record_history("sometimes", NULL, NULL, 0) == MEMSNAP_ERR_INVALID_ARGUMENT);
     CHECK(memsnap_alloc(16, -1, NULL) == NULL);
+    CHECK(memsnap_annotate(0, NULL, "x") == MEMSNAP_ERR_INVALID_ARGUMENT);
+    CHECK(memsnap_annotate(0, "", "x") == MEMSNAP_ERR_INVALID_ARGUMENT);
+    CHECK(memsnap_annotate(-1, "START", "x") == MEMSNAP_ERR_INVALID_ARGUMENT);
 
     memsnap_stats stats;
     CHECK(memsnap_get_stats(0, &stats) == MEMSNAP_OK);
@@ -117,6 +124,22 @@ fn a_c_program_links_the_static_library_and_dumps_a_valid_snapshot() {
         validate(&snapshot),
         vec![],
         "the snapshot breaks an invariant"
+    );
+    // The markers, in order, as ranges around each step's allocations.
+    let marks: Vec<(&str, &str)> = snapshot
+        .external_annotations
+        .iter()
+        .flatten()
+        .map(|a| (a.stage().unwrap(), a.name().unwrap()))
+        .collect();
+    assert_eq!(
+        marks,
+        [
+            ("START", "ProfilerStep#0"),
+            ("END", "ProfilerStep#0"),
+            ("START", "ProfilerStep#1"),
+            ("END", "ProfilerStep#1"),
+        ]
     );
     let trace = &snapshot.traces()[0];
     let alloc_sizes: Vec<u64> = trace
