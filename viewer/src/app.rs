@@ -198,8 +198,9 @@ impl ViewerApp {
         for address in std::mem::take(&mut self.pending_attach) {
             let id = self.next_id;
             self.next_id += 1;
+            let token = Some(self.attach_dialog.token.clone()).filter(|t| !t.is_empty());
             self.attaching
-                .push(LiveSession::start(id, address, ctx.cloned()));
+                .push(LiveSession::start(id, address, token, ctx.cloned()));
         }
         for source in std::mem::take(&mut self.pending) {
             let id = self.next_id;

@@ -59,6 +59,7 @@ pub fn run_native(
     files: Vec<PathBuf>,
     demo: bool,
     attach: Vec<live::Address>,
+    token: Option<String>,
 ) -> Result<(), eframe::Error> {
     let options = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
@@ -76,6 +77,7 @@ pub fn run_native(
             if demo {
                 app.open(loader::Source::Demo);
             }
+            app.attach_dialog.token = token.unwrap_or_default();
             for address in attach {
                 app.attach(address);
             }

@@ -379,6 +379,25 @@ impl Conn {
         Ok(conn)
     }
 
+    /// Sends the listener's one frame, its token (empty when none): a recorder with a token
+    /// reads it and refuses a wrong one, one without never reads it (protocol version 2).
+    fn send_token(&mut self, token: &str) -> Result<(), String> {
+        use std::io::Write;
+        let mut frame = Vec::new();
+        memsnap_format::live::encode(
+            &memsnap_format::live::Message::Token {
+                token: token.to_owned(),
+            },
+            &mut frame,
+        )
+        .map_err(|e| format!("cannot encode the token: {e}"))?;
+        match self {
+            Conn::Unix(s) => s.write_all(&frame),
+            Conn::Tcp(s) => s.write_all(&frame),
+        }
+        .map_err(|e| format!("cannot send the token to the recorder: {e}"))
+    }
+
     /// Bytes read; `None` when nothing came within the timeout; `Some(0)` at the end.
     fn read(&mut self, buf: &mut [u8]) -> Result<Option<usize>, String> {
         let r = match self {
@@ -515,6 +534,9 @@ pub struct LiveSession {
     /// The id of the documents it makes (a live document keeps its id across rebuilds).
     pub id: u64,
     pub address: Address,
+    /// Sent to the recorder first on every connection (empty when `None`): a recorder run
+    /// with `MEMSNAP_LIVE_TOKEN` refuses a listener without it.
+    token: Option<String>,
     shared: Arc<Shared>,
     receiver: Option<Job<Ended>>,
     /// How the last connection ended (`None` while connected).
@@ -529,12 +551,18 @@ pub struct LiveSession {
 }
 
 impl LiveSession {
-    /// Connects to `address` in the background; `repaint` is asked to redraw as updates
-    /// arrive.
-    pub fn start(id: u64, address: Address, repaint: Option<egui::Context>) -> LiveSession {
+    /// Connects to `address` in the background, sending `token` (the recorder's
+    /// `MEMSNAP_LIVE_TOKEN`, when it has one); `repaint` is asked to redraw as updates arrive.
+    pub fn start(
+        id: u64,
+        address: Address,
+        token: Option<String>,
+        repaint: Option<egui::Context>,
+    ) -> LiveSession {
         let mut session = LiveSession {
             id,
             address,
+            token,
             shared: Arc::default(),
             receiver: None,
             ended: None,
@@ -549,9 +577,10 @@ impl LiveSession {
     }
 
     fn connect(&mut self) {
-        let (id, address, shared, base, repaint) = (
+        let (id, address, token, shared, base, repaint) = (
             self.id,
             self.address.clone(),
+            self.token.clone().unwrap_or_default(),
             self.shared.clone(),
             self.received.clone(),
             self.repaint.clone(),
@@ -560,7 +589,11 @@ impl LiveSession {
         self.receiver = Some(Job::spawn(
             format!("receiving {}", self.address.url()),
             self.repaint.clone(),
-            move |progress| Ok(receive(id, &address, base, &shared, progress, repaint)),
+            move |progress| {
+                Ok(receive(
+                    id, &address, &token, base, &shared, progress, repaint,
+                ))
+            },
         ));
     }
 
@@ -762,6 +795,7 @@ impl Drop for LiveSession {
 fn receive(
     id: u64,
     address: &Address,
+    token: &str,
     base: Option<Received>,
     shared: &Shared,
     progress: &Progress,
@@ -799,7 +833,10 @@ fn receive(
         pacer: Pacer::default(),
         repaint: repaint.clone(),
     };
-    let mut conn = match Conn::open(address) {
+    let mut conn = match Conn::open(address).and_then(|mut conn| {
+        conn.send_token(token)?;
+        Ok(conn)
+    }) {
         Ok(conn) => conn,
         Err(what) => {
             shared.set_status(&status);
@@ -1133,7 +1170,7 @@ mod tests {
         let server = alloc
             .serve_live(&format!("unix:{}", dir.path().join("run.sock").display()))
             .unwrap();
-        let mut session = LiveSession::start(1, Address::parse(&server.url()).unwrap(), None);
+        let mut session = LiveSession::start(1, Address::parse(&server.url()).unwrap(), None, None);
         // Entries recorded before and while attached.
         record(&alloc, 60);
         let recorded = alloc.recorded_entries();
@@ -1162,12 +1199,40 @@ mod tests {
     }
 
     #[test]
+    fn a_recorder_with_a_token_refuses_a_session_without_it_and_serves_one_with_it() {
+        const TOKEN: &str = "a token of sixteen bytes or more";
+        let alloc = recorder(usize::MAX);
+        record(&alloc, 5);
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("unix:{}", dir.path().join("run.sock").display());
+        let _server = alloc.serve_live_with_token(&url, TOKEN).unwrap();
+        for wrong in [None, Some("not the token at all, sixteen+".to_owned())] {
+            let mut session = LiveSession::start(8, Address::parse(&url).unwrap(), wrong, None);
+            session.wait();
+            let reason = session.ended().expect("ended").to_string();
+            assert!(reason.contains("the stream is refused"), "{reason}");
+            assert!(session.latest_snapshot().is_none());
+        }
+        let mut session = LiveSession::start(
+            9,
+            Address::parse(&url).unwrap(),
+            Some(TOKEN.to_owned()),
+            None,
+        );
+        let recorded = alloc.recorded_entries();
+        poll_until(&mut session, "the entries with the token", |s| {
+            s.status().entries == recorded
+        });
+        assert!(session.is_receiving());
+    }
+
+    #[test]
     fn a_disconnect_keeps_what_was_received_and_a_reattach_appends_without_repeats() {
         let alloc = recorder(usize::MAX);
         let dir = tempfile::tempdir().unwrap();
         let url = format!("unix:{}", dir.path().join("run.sock").display());
         let server = alloc.serve_live(&url).unwrap();
-        let mut session = LiveSession::start(7, Address::parse(&url).unwrap(), None);
+        let mut session = LiveSession::start(7, Address::parse(&url).unwrap(), None, None);
         let annotate = |name: &str| {
             alloc.record_annotation(&[("stage", "START"), ("name", name)]);
             // Each its own microsecond: a reattach tells repeats by time.
@@ -1226,7 +1291,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("unix:{}", dir.path().join("run.sock").display());
         let server = alloc.serve_live(&url).unwrap();
-        let mut session = LiveSession::start(7, Address::parse(&url).unwrap(), None);
+        let mut session = LiveSession::start(7, Address::parse(&url).unwrap(), None, None);
         record(&alloc, 2);
         let first = alloc.recorded_entries();
         poll_until(&mut session, "the first entries", |s| {
@@ -1296,7 +1361,7 @@ mod tests {
         for (bytes, expected) in cases {
             let dir = tempfile::tempdir().unwrap();
             let (address, server) = fake_server(dir.path(), bytes);
-            let mut session = LiveSession::start(3, address, None);
+            let mut session = LiveSession::start(3, address, None, None);
             session.wait();
             let reason = session.ended().expect("ended").to_string();
             assert!(reason.contains("the stream is refused"), "{reason}");
@@ -1309,8 +1374,12 @@ mod tests {
             server.join().unwrap();
         }
         // Nobody listening: a connect error, not a hang.
-        let mut session =
-            LiveSession::start(4, Address::parse("unix:/nonexistent/x.sock").unwrap(), None);
+        let mut session = LiveSession::start(
+            4,
+            Address::parse("unix:/nonexistent/x.sock").unwrap(),
+            None,
+            None,
+        );
         session.wait();
         assert!(session
             .ended()
@@ -1344,7 +1413,7 @@ mod tests {
         bytes.extend_from_slice(&[3, 0, 0, 0, 0xc1, 0xc1, 0xc1]);
         let dir = tempfile::tempdir().unwrap();
         let (address, server) = fake_server(dir.path(), bytes);
-        let mut session = LiveSession::start(5, address, None);
+        let mut session = LiveSession::start(5, address, None, None);
         session.wait();
         let reason = session.ended().expect("ended").to_string();
         assert!(reason.contains("malformed message in frame 2"), "{reason}");

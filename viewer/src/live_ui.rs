@@ -95,6 +95,8 @@ pub fn live_bar_ui(ui: &mut egui::Ui, model: &LiveBarModel<'_>, state: &mut Live
 pub struct AttachState {
     pub open: bool,
     pub address: String,
+    /// Sent to every recording attached to (`--token`, `MEMSNAP_LIVE_TOKEN`, or typed here).
+    pub token: String,
     pub found: Vec<FoundSocket>,
     pub error: Option<String>,
 }
@@ -178,6 +180,15 @@ pub fn attach_dialog_ui(ui: &mut egui::Ui, state: &mut AttachState) -> Option<Ad
                         Err(e) => state.error = Some(e),
                     }
                 }
+            });
+            ui.horizontal(|ui| {
+                ui.label("Token:");
+                ui.add(
+                    egui::TextEdit::singleline(&mut state.token)
+                        .password(true)
+                        .hint_text("the recorder's MEMSNAP_LIVE_TOKEN, if it has one")
+                        .desired_width(280.0),
+                );
             });
             if let Some(e) = &state.error {
                 ui.label(RichText::new(e).color(ui.visuals().error_fg_color));

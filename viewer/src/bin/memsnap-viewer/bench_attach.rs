@@ -65,7 +65,7 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
     let server = alloc
         .serve_live(&format!("unix:{}", path.display()))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut session = LiveSession::start(1, Address::Unix(path.clone()), None);
+    let mut session = LiveSession::start(1, Address::Unix(path.clone()), None, None);
 
     // The program: N entries at an even pace.
     let steps = entries.div_ceil(ENTRIES_PER_STEP);

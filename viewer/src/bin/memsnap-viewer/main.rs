@@ -30,6 +30,12 @@ struct Args {
     #[arg(long, value_name = "ADDR")]
     attach: Vec<String>,
 
+    /// The token of a recorder run with `MEMSNAP_LIVE_TOKEN` (needed to attach to one that
+    /// serves other machines, `tcp:0.0.0.0:PORT`); default `$MEMSNAP_LIVE_TOKEN`. Also in
+    /// File → Attach.
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+
     /// Measure instead of opening a window: generate snapshots (see `--bench-entries`) or
     /// load each FILE, then time the analysis the picture needs, the first frame, and the
     /// timeline layout and tessellation of N frames while zooming and panning, and print the
@@ -81,7 +87,11 @@ fn start(args: Args) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("--attach {a}: {e}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    memsnap_viewer::run_native(args.files, args.demo, attach)
+    let token = args
+        .token
+        .or_else(|| std::env::var("MEMSNAP_LIVE_TOKEN").ok())
+        .filter(|t| !t.is_empty());
+    memsnap_viewer::run_native(args.files, args.demo, attach, token)
         .map_err(|e| anyhow::anyhow!("cannot start the viewer: {e}"))
 }
 
