@@ -802,7 +802,10 @@ enum MetadataRepr {
     #[default]
     Empty,
     /// `[('stage', 'START' or 'END'), ('name', Value::Str(..))]`, in that order.
-    Record { end: bool, name: Value },
+    Record {
+        end: bool,
+        name: Value,
+    },
     Pairs(Vec<(String, Value)>),
 }
 
@@ -855,9 +858,9 @@ impl Metadata {
             MetadataRepr::Record { end, name } => (Some((*end, name)), &[]),
             MetadataRepr::Pairs(p) => (None, p),
         };
-        let record = record.into_iter().flat_map(|(end, name)| {
-            [("stage", stage_value(end)), ("name", name)]
-        });
+        let record = record
+            .into_iter()
+            .flat_map(|(end, name)| [("stage", stage_value(end)), ("name", name)]);
         MetadataIter {
             record,
             pairs: pairs.iter(),
@@ -922,8 +925,7 @@ impl From<Vec<(String, Value)>> for Metadata {
             return Metadata::new();
         }
         if let [(stage_key, Value::Str(stage)), (name_key, Value::Str(_))] = pairs.as_slice() {
-            if stage_key == "stage" && name_key == "name" && (stage == "START" || stage == "END")
-            {
+            if stage_key == "stage" && name_key == "name" && (stage == "START" || stage == "END") {
                 let end = stage == "END";
                 let name = pairs.pop().map(|(_, v)| v).unwrap_or(Value::None);
                 return Metadata(MetadataRepr::Record { end, name });
@@ -1105,7 +1107,10 @@ mod tests {
         ];
         for written in layouts {
             let metadata = Metadata::from(written.clone());
-            assert!(!matches!(metadata.0, MetadataRepr::Record { .. }), "{written:?}");
+            assert!(
+                !matches!(metadata.0, MetadataRepr::Record { .. }),
+                "{written:?}"
+            );
             assert_eq!(metadata.len(), written.len());
             assert_eq!(metadata.clone().into_pairs(), written);
         }
