@@ -518,7 +518,7 @@ pub fn summarize_device(
     options: &SummaryOptions,
 ) -> DeviceSummary {
     let analysis = timeline.steps(&options.steps);
-    summarize_device_from(snapshot, timeline, options, Given::Owned(analysis))
+    summarize_device_from(snapshot, timeline, options, Given::Owned(Box::new(analysis)))
 }
 
 /// [`summarize_device`] with the steps already found (`timeline.steps(&options.steps)`): a
@@ -541,7 +541,7 @@ pub fn summarize_device_with_steps(
 /// The steps a summary is made from: found for it (moved into the summary: a run of 300,000
 /// steps kept them twice) or given, shared.
 enum Given {
-    Owned(StepAnalysis),
+    Owned(Box<StepAnalysis>),
     Shared(Arc<StepAnalysis>),
 }
 

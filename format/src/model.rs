@@ -853,10 +853,13 @@ impl Metadata {
 
     /// The keys and values in file order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Value)> + '_ {
-        let (record, pairs): (Option<(bool, &Value)>, &[(String, Value)]) = match &self.0 {
-            MetadataRepr::Empty => (None, &[]),
-            MetadataRepr::Record { end, name } => (Some((*end, name)), &[]),
-            MetadataRepr::Pairs(p) => (None, p),
+        let record = match &self.0 {
+            MetadataRepr::Record { end, name } => Some((*end, name)),
+            MetadataRepr::Empty | MetadataRepr::Pairs(_) => None,
+        };
+        let pairs: &[(String, Value)] = match &self.0 {
+            MetadataRepr::Pairs(p) => p,
+            MetadataRepr::Empty | MetadataRepr::Record { .. } => &[],
         };
         let record = record
             .into_iter()
