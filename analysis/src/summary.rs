@@ -518,7 +518,12 @@ pub fn summarize_device(
     options: &SummaryOptions,
 ) -> DeviceSummary {
     let analysis = timeline.steps(&options.steps);
-    summarize_device_from(snapshot, timeline, options, Given::Owned(Box::new(analysis)))
+    summarize_device_from(
+        snapshot,
+        timeline,
+        options,
+        Given::Owned(Box::new(analysis)),
+    )
 }
 
 /// [`summarize_device`] with the steps already found (`timeline.steps(&options.steps)`): a
