@@ -19,6 +19,13 @@
 //! can be aimed at it. Without module names (PyTorch records none), a chain is labelled by its
 //! frames' `file:line`, joined with ` > `.
 //!
+//! **Named modules.** `memsnap.torch.enable(modules=True)` records a `record_function`-like
+//! range named `memsnap.module: PATH` around every module call's forward, PATH as
+//! `model.named_modules()` names it (`blocks.3.attn`). Where those ranges exist,
+//! [`ModulePaths`] gives each allocation the innermost one open when it was made, and
+//! [`modules_at`] (the summary's memory by module) groups by that path instead of the stack's
+//! chain; allocations made outside every module range keep their chain.
+//!
 //! Complexity: [`module_chain`] is O(d) in the stack's frames (one pass from the outermost
 //! frame inward); [`ModuleKeyer`] asks once per distinct stack. Those two, like a stack's site,
 //! are [`crate::sites`]' (re-exported here): the sites key allocations by module chain
@@ -35,6 +42,108 @@ use crate::replay::Lifetime;
 pub use crate::sites::{chain_label, is_module_call_frame, module_chain, ModuleKeyer, NO_MODULE};
 use crate::timeline::DeviceTimeline;
 
+/// The prefix of the annotation ranges `memsnap.torch.enable(modules=True)` records around
+/// each module call (`memsnap.module: blocks.3.attn`). They are never phase evidence.
+pub const MODULE_RANGE_PREFIX: &str = "memsnap.module: ";
+
+/// Each allocation's innermost named module range (see the module docs), from the device's
+/// `memsnap.module: PATH` ranges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModulePaths {
+    /// The distinct paths.
+    pub paths: Vec<String>,
+    /// Per allocation (replay order): an index into `paths`, or `u32::MAX` for none.
+    of_allocation: Vec<u32>,
+}
+
+impl ModulePaths {
+    /// O((n + r) + r log r) for n allocations and r ranges (both are usually in order
+    /// already): a sweep over the allocations by event with a stack of the ranges open.
+    /// A range without a START (it began before the window) opens at the first event, one
+    /// without an END stays open to the last.
+    pub fn build(timeline: &DeviceTimeline) -> ModulePaths {
+        let mut index: HashMap<&str, u32> = HashMap::default();
+        let mut paths = Vec::new();
+        // (start, end, path) of each module range, by start.
+        let mut ranges: Vec<(u32, u32, u32)> = Vec::new();
+        for r in timeline.named_ranges() {
+            let Some(path) = r.name.strip_prefix(MODULE_RANGE_PREFIX) else {
+                continue;
+            };
+            let start = match (r.start_time_us, r.start_event) {
+                (None, _) => 0,
+                (Some(_), Some(start)) => start,
+                // Started after every event (or the trace has no times): holds none.
+                (Some(_), None) => continue,
+            };
+            let end = match (r.end_time_us, r.end_event) {
+                (None, _) => u32::MAX,
+                (Some(_), Some(end)) => end,
+                // Ended before every event: holds none.
+                (Some(_), None) => continue,
+            };
+            if end < start {
+                continue;
+            }
+            let id = *index.entry(path).or_insert_with(|| {
+                paths.push(path.to_owned());
+                (paths.len() - 1) as u32
+            });
+            ranges.push((start, end, id));
+        }
+        if ranges.is_empty() {
+            return ModulePaths::default();
+        }
+        let replay = timeline.replay();
+        let mut of_allocation = vec![u32::MAX; replay.allocations.len()];
+        if !ranges.is_sorted_by_key(|r| r.0) {
+            // Outer first among ranges starting at one event (the longer one).
+            ranges.sort_by_key(|r| (r.0, std::cmp::Reverse(r.1)));
+        }
+        let mut made: Vec<(u32, usize)> = replay
+            .allocations
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((a.alloc_event()?, i)))
+            .collect();
+        if !made.is_sorted() {
+            made.sort_unstable();
+        }
+        let mut open: Vec<(u32, u32)> = Vec::new();
+        let mut next = 0;
+        for (event, i) in made {
+            while let Some(&(start, end, id)) = ranges.get(next) {
+                if start > event {
+                    break;
+                }
+                open.push((end, id));
+                next += 1;
+            }
+            while open.last().is_some_and(|&(end, _)| end < event) {
+                open.pop();
+            }
+            if let Some(&(_, id)) = open.last() {
+                of_allocation[i] = id;
+            }
+        }
+        ModulePaths {
+            paths,
+            of_allocation,
+        }
+    }
+
+    /// Whether the device has module ranges at all.
+    pub fn is_empty(&self) -> bool {
+        self.of_allocation.is_empty()
+    }
+
+    /// The path of allocation `index`'s innermost module range, if it was made in one.
+    pub fn of(&self, index: usize) -> Option<&str> {
+        let id = *self.of_allocation.get(index)?;
+        self.paths.get(id as usize).map(String::as_str)
+    }
+}
+
 /// Bytes live at an instant under one module chain, by category.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModuleAt {
@@ -44,12 +153,15 @@ pub struct ModuleAt {
     pub categories: CategoryBytes,
 }
 
-/// The allocations live at `event` (active lifetime) grouped by module chain, biggest first,
-/// each split by category (`categories`: one per allocation, in replay order, as
-/// `StepAnalysis::categories` has them; missing ones count as unknown).
+/// The allocations live at `event` (active lifetime) grouped by module, biggest first, each
+/// split by category (`categories`: one per allocation, in replay order, as
+/// `StepAnalysis::categories` has them; missing ones count as unknown). The module is the
+/// named module range the allocation was made in, where the run recorded them
+/// ([`ModulePaths`]), else its stack's module chain.
 ///
-/// O(m + g log g): the live set (see [`DeviceTimeline::live_at`]), one hash lookup per member
-/// (each stack's chain found once), the groups sorted.
+/// O(m + g log g), plus [`ModulePaths::build`] when the device has module ranges: the live
+/// set (see [`DeviceTimeline::live_at`]), one hash lookup per member (each stack's chain found
+/// once), the groups sorted.
 pub fn modules_at(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
@@ -58,20 +170,33 @@ pub fn modules_at(
 ) -> Vec<ModuleAt> {
     let replay = timeline.replay();
     let mut keyer = ModuleKeyer::new(snapshot);
-    let mut groups: HashMap<Arc<[FrameId]>, (u64, CategoryBytes)> = HashMap::default();
+    let named = ModulePaths::build(timeline);
+    #[derive(PartialEq, Eq, Hash)]
+    enum Key<'a> {
+        Named(&'a str),
+        Chain(Arc<[FrameId]>),
+    }
+    let mut groups: HashMap<Key<'_>, (u64, CategoryBytes)> = HashMap::default();
     for id in replay.live_at(event, Lifetime::Active) {
         let i = id.0 as usize;
         let a = &replay.allocations[i];
         let category = categories.get(i).copied().unwrap_or(Category::Unknown);
-        let g = groups.entry(keyer.chain(a.stack)).or_default();
+        let key = match named.of(i) {
+            Some(path) => Key::Named(path),
+            None => Key::Chain(keyer.chain(a.stack)),
+        };
+        let g = groups.entry(key).or_default();
         g.0 = g.0.saturating_add(a.size);
         let slot = &mut g.1 .0[category as usize];
         *slot = slot.saturating_add(a.size);
     }
     let mut out: Vec<ModuleAt> = groups
         .into_iter()
-        .map(|(chain, (bytes, categories))| ModuleAt {
-            module: chain_label(snapshot, &chain),
+        .map(|(key, (bytes, categories))| ModuleAt {
+            module: match key {
+                Key::Named(path) => path.to_owned(),
+                Key::Chain(chain) => chain_label(snapshot, &chain),
+            },
             bytes,
             categories,
         })

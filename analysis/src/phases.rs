@@ -547,6 +547,10 @@ pub(crate) fn merge_stray_runs(runs: &[LabelRun]) -> Vec<LabelRun> {
 
 /// The kind a `record_function` range's name gives the work inside it.
 fn range_kind(name: &str) -> Option<PhaseKind> {
+    // A module call's range names the module, not the work (`blocks.0.feed_forward`).
+    if name.starts_with(crate::modules::MODULE_RANGE_PREFIX) {
+        return None;
+    }
     if name.starts_with("Optimizer.step#") || name.starts_with("Optimizer.zero_grad#") {
         return Some(PhaseKind::Optimizer);
     }
@@ -699,6 +703,18 @@ pub(crate) fn plan_from_evidence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn module_ranges_are_never_phase_evidence_whatever_their_path_says() {
+        assert_eq!(
+            range_kind("blocks.0.feed_forward"),
+            Some(PhaseKind::Forward)
+        );
+        for path in ["blocks.0.feed_forward", "loss_backward", "optimizer_step"] {
+            let name = format!("{}{path}", crate::modules::MODULE_RANGE_PREFIX);
+            assert_eq!(range_kind(&name), None, "{name}");
+        }
+    }
     use proptest::prelude::*;
 
     /// The merge as it was written before it became one pass (in place, `Vec::drain` per

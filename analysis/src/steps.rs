@@ -571,6 +571,9 @@ fn annotation_bounds(
     }
     // Otherwise a step ends where an optimizer step ends.
     let is_optimizer = |name: &str| {
+        if name.starts_with(crate::modules::MODULE_RANGE_PREFIX) {
+            return false;
+        }
         let lower = name.to_ascii_lowercase();
         lower.contains("optimizer") && lower.contains("step")
     };

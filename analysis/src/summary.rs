@@ -20,7 +20,8 @@
 //!     "categories_at_peak": {"parameter": B, "optimizer_state": B, "gradient": B,
 //!                            "activation": B, "temporary": B, "unknown": B,
 //!                            "input": B, "autograd_detail": B},  // these two: only when > 0
-//!     "modules_at_peak": [{"module": "model.py:212 > model.py:54" | "<no module>", "bytes": N,
+//!     "modules_at_peak": [{"module": "blocks.3.attn" | "model.py:212 > model.py:54"
+//!                                    | "<no module>", "bytes": N,  // paths: modules=True
 //!                          "categories": {"activation": B, ...}}],  // [] without user modules
 //!     "categories_source": "export_memory_timeline" | null,  // null: inferred from phases
 //!     "peak_phase": {"step": I|null, "kind": "forward"|...} | null,  // null: peak outside phases

@@ -50,6 +50,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 
 __all__ = [
@@ -70,6 +71,8 @@ __all__ = [
     "empty_cache",
     "annotate",
     "annotation",
+    "ModuleTracker",
+    "track_modules",
     "serve_live",
     "live_address",
 ]
@@ -275,6 +278,7 @@ def enable(
     library=None,
     raise_oom=True,
     live=None,
+    modules=False,
 ):
     """Makes memsnap PyTorch's CUDA allocator and starts recording the history.
 
@@ -285,8 +289,11 @@ def enable(
     ``raise_oom`` puts the C++ shim in front (see the module's docs) so that running out of
     memory raises ``torch.OutOfMemoryError``. ``live`` publishes device 0's history while it
     records (see :func:`serve_live`: ``True`` for a private socket, or an address); the
-    address is printed on stderr and returned by :func:`live_address`. Calling it again
-    changes the recording settings only.
+    address is printed on stderr and returned by :func:`live_address`. ``modules`` records
+    a ``memsnap.module: PATH`` range around every ``nn.Module`` call's forward (global
+    forward hooks, see :class:`ModuleTracker`): the analysis attributes each allocation made
+    inside one to the innermost module's path (``blocks.3.attn``) instead of its stack's
+    ``file:line``. Calling it again changes the recording settings only.
     """
     global _allocator
     torch = _import_torch()
@@ -317,6 +324,8 @@ def enable(
     set_oom_dump_path(dump_on_oom)
     if live:
         serve_live(live)
+    if modules:
+        track_modules(torch)
     return _allocator
 
 
@@ -419,6 +428,112 @@ def annotation(name, device=0):
         yield
     finally:
         annotate("END", name, device)
+
+
+MODULE_RANGE_PREFIX = "memsnap.module: "
+
+_module_hooks = None
+
+
+class ModuleTracker:
+    """Names each ``nn.Module`` call by its path and records a ``memsnap.module: PATH``
+    range around it (``pre`` before its forward, ``post`` after, also when it raises).
+
+    The path is the one ``model.named_modules()`` gives, found from the calls running on
+    this thread: a module called while another runs is looked up among the running ones'
+    children (innermost first), so ``model.blocks[3].attn`` called from the block's forward
+    is ``blocks.3.attn``. A module called with none running (the model, a loss) is named by
+    its class (``GPT``). Needs no model reference, so global hooks can use it.
+
+    ``annotate(stage, name)`` records a marker (:func:`annotate` on the current device).
+    Pure Python over the modules' ``_modules`` dicts: tested without PyTorch."""
+
+    def __init__(self, annotate):
+        self._annotate = annotate
+        self._local = threading.local()
+        # id(module) -> (module, its descendants' paths); the module is kept so an id is
+        # never another module's.
+        self._trees = {}
+
+    def _running(self):
+        running = getattr(self._local, "running", None)
+        if running is None:
+            running = self._local.running = []
+        return running
+
+    def path(self, module):
+        """The path a call of ``module`` gets now (see the class)."""
+        return self._find(module)[0]
+
+    def _find(self, module):
+        """``(path, outermost)``: ``outermost`` when no running call holds the module."""
+        running = self._running()
+        for depth in range(len(running) - 1, -1, -1):
+            parent, parent_path, parent_outermost = running[depth]
+            relative = self._descendants(parent).get(id(module))
+            if relative is not None:
+                # An outermost call's descendants are named from it, as named_modules().
+                return (relative if parent_outermost else f"{parent_path}.{relative}"), False
+        return type(module).__name__, True
+
+    def _descendants(self, parent):
+        """``{id(module): dotted path}`` of every module under ``parent`` (through containers
+        such as ``ModuleList`` that are never called), the first path of a shared one, as
+        ``named_modules()``. Made once per parent: each call is then one lookup per running
+        call, not a walk of the model."""
+        cached = self._trees.get(id(parent))
+        if cached is not None and cached[0] is parent:
+            return cached[1]
+        paths = {}
+        stack = [(parent, "")]
+        while stack:
+            node, prefix = stack.pop()
+            children = list((getattr(node, "_modules", None) or {}).items())
+            for name, child in reversed(children):
+                if child is None or id(child) in paths or child is parent:
+                    continue
+                path = f"{prefix}{name}"
+                paths[id(child)] = path
+                stack.append((child, path + "."))
+        self._trees[id(parent)] = (parent, paths)
+        return paths
+
+    def pre(self, module, *_):
+        path, outermost = self._find(module)
+        self._running().append((module, path, outermost))
+        self._annotate("START", MODULE_RANGE_PREFIX + path)
+
+    def post(self, module, *_):
+        running = self._running()
+        # The innermost call of this module; calls inside it left open (their forward raised
+        # where no hook ran) end with it.
+        for depth in range(len(running) - 1, -1, -1):
+            if running[depth][0] is module:
+                for _, path, _ in reversed(running[depth:]):
+                    self._annotate("END", MODULE_RANGE_PREFIX + path)
+                del running[depth:]
+                return
+
+
+def track_modules(torch=None):
+    """Installs :class:`ModuleTracker`'s global forward hooks (once): every ``nn.Module``
+    call records a ``memsnap.module: PATH`` range on the current CUDA device."""
+    global _module_hooks
+    if _module_hooks is not None:
+        return
+    torch = torch or _import_torch()
+
+    def annotate_current(stage, name):
+        annotate(stage, name, torch.cuda.current_device())
+
+    tracker = ModuleTracker(annotate_current)
+    hooks = torch.nn.modules.module
+    pre = hooks.register_module_forward_pre_hook(tracker.pre)
+    try:
+        post = hooks.register_module_forward_hook(tracker.post, always_call=True)
+    except TypeError:  # PyTorch before 2.1: no always_call
+        post = hooks.register_module_forward_hook(tracker.post)
+    _module_hooks = (tracker, pre, post)
 
 
 def serve_live(address=True, device=0):

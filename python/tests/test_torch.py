@@ -104,6 +104,86 @@ def test_annotations_recorded_through_the_library_are_the_snapshots_steps(tmp_pa
     assert device["step_method"].startswith("annotations"), device["step_method"]
 
 
+class _Module:
+    """What ModuleTracker reads of an nn.Module: its ``_modules`` dict."""
+
+    def __init__(self, **children):
+        self._modules = dict(children)
+
+
+class Block(_Module):
+    pass
+
+
+class GPT(_Module):
+    pass
+
+
+class CrossEntropyLoss(_Module):
+    pass
+
+
+def test_module_calls_are_named_by_their_path_as_named_modules_names_them():
+    attn = [_Module(), _Module()]
+    blocks = _Module(**{"0": Block(attn=attn[0]), "1": Block(attn=attn[1])})  # a ModuleList
+    model = GPT(blocks=blocks, head=_Module())
+    marks = []
+    tracker = memsnap.torch.ModuleTracker(lambda stage, name: marks.append((stage, name)))
+
+    def call(module, body=()):
+        tracker.pre(module)
+        for inner in body:
+            inner()
+        tracker.post(module)
+
+    call(
+        model,
+        [lambda b=b: call(b, [lambda b=b: call(b._modules["attn"])]) for b in blocks._modules.values()]
+        + [lambda: call(model._modules["head"])],
+    )
+    call(CrossEntropyLoss())
+    prefix = memsnap.torch.MODULE_RANGE_PREFIX
+    names = [(stage, name[len(prefix):]) for stage, name in marks]
+    assert all(name.startswith(prefix) for _, name in marks)
+    assert names == [
+        ("START", "GPT"),
+        ("START", "blocks.0"),
+        ("START", "blocks.0.attn"),
+        ("END", "blocks.0.attn"),
+        ("END", "blocks.0"),
+        ("START", "blocks.1"),
+        ("START", "blocks.1.attn"),
+        ("END", "blocks.1.attn"),
+        ("END", "blocks.1"),
+        ("START", "head"),
+        ("END", "head"),
+        ("END", "GPT"),
+        ("START", "CrossEntropyLoss"),
+        ("END", "CrossEntropyLoss"),
+    ]
+
+
+def test_a_module_whose_forward_raised_is_closed_with_its_caller():
+    inner = _Module()
+    model = GPT(inner=inner)
+    marks = []
+    tracker = memsnap.torch.ModuleTracker(lambda stage, name: marks.append((stage, name)))
+    tracker.pre(model)
+    tracker.pre(inner)  # its forward raises where no hook runs
+    tracker.post(model)
+    prefix = memsnap.torch.MODULE_RANGE_PREFIX
+    assert marks == [
+        ("START", prefix + "GPT"),
+        ("START", prefix + "inner"),
+        ("END", prefix + "inner"),
+        ("END", prefix + "GPT"),
+    ]
+    marks.clear()
+    tracker.pre(model)
+    tracker.post(model)
+    assert marks == [("START", prefix + "GPT"), ("END", prefix + "GPT")]
+
+
 def test_serve_live_publishes_the_history_without_torch(tmp_path):
     """serve_live() through the shipped library: the address comes back, a listener gets the
     protocol's Hello and State frames (length-prefixed msgpack), and live_address() says it."""

@@ -1,6 +1,6 @@
 //! Memory by module: the workload's module calls and the real snapshots' own code.
 
-use memsnap_analysis::modules::{modules_at, NO_MODULE};
+use memsnap_analysis::modules::{modules_at, ModulePaths, MODULE_RANGE_PREFIX, NO_MODULE};
 use memsnap_analysis::{
     summarize, Category, CurveKind, DeviceTimeline, StepOptions, SummaryOptions,
 };
@@ -77,4 +77,69 @@ fn real_snapshots_modules_name_their_own_code() {
             assert!(!m.contains("module.py"), "{file}: {m}");
         }
     }
+}
+
+/// A run recorded with `memsnap.torch.enable(modules=True)`: each allocation belongs to the
+/// innermost `memsnap.module: PATH` range open when it was made; the rest keep their chain
+/// (no stacks here: outside every module).
+#[test]
+fn allocations_made_inside_module_ranges_are_attributed_to_the_innermost_path() {
+    use memsnap_format::{Action, Annotation, Metadata, Snapshot, TraceEntry};
+    let mut snapshot = Snapshot::new(1);
+    let allocs = [(10, 1u64), (20, 10), (30, 100), (40, 1000), (60, 10000)];
+    for (i, &(time, size)) in allocs.iter().enumerate() {
+        let mut e = TraceEntry::new(Action::Alloc, 0x10000 * (i as u64 + 1), size, 0);
+        e.set_time_us(Some(time));
+        snapshot.device_traces.as_mut().unwrap()[0].push(e);
+    }
+    let mark = |end: bool, path: &str, time_us: i64| Annotation {
+        metadata: Metadata::record(end, format!("{MODULE_RANGE_PREFIX}{path}")),
+        device: 0,
+        time_us,
+        extra: Vec::new(),
+        exact: Default::default(),
+    };
+    snapshot.external_annotations = Some(vec![
+        mark(false, "GPT", 15),
+        mark(false, "blocks.0", 25),
+        mark(false, "blocks.0.feed_forward", 27),
+        mark(true, "blocks.0.feed_forward", 35),
+        mark(true, "blocks.0", 45),
+        mark(true, "GPT", 50),
+        // Only the START of a call still running when the snapshot was taken.
+        mark(false, "head", 55),
+    ]);
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let paths = ModulePaths::build(&timeline);
+    let of: Vec<Option<&str>> = (0..allocs.len()).map(|i| paths.of(i)).collect();
+    assert_eq!(
+        of,
+        [
+            None,
+            Some("GPT"),
+            Some("blocks.0.feed_forward"),
+            Some("blocks.0"),
+            Some("head")
+        ]
+    );
+    let last = timeline.replay().trace_len - 1;
+    let modules = modules_at(&snapshot, &timeline, &[], last);
+    let bytes: Vec<(&str, u64)> = modules
+        .iter()
+        .map(|m| (m.module.as_str(), m.bytes))
+        .collect();
+    assert_eq!(
+        bytes,
+        [
+            ("head", 10000),
+            ("blocks.0", 1000),
+            ("blocks.0.feed_forward", 100),
+            ("GPT", 10),
+            (NO_MODULE, 1)
+        ]
+    );
+    // Without module ranges, nothing is named.
+    snapshot.external_annotations = None;
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    assert!(ModulePaths::build(&timeline).is_empty());
 }
