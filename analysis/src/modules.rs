@@ -39,110 +39,11 @@ use memsnap_format::{FrameId, Snapshot};
 
 use crate::categories::{Category, CategoryBytes};
 use crate::replay::Lifetime;
-pub use crate::sites::{chain_label, is_module_call_frame, module_chain, ModuleKeyer, NO_MODULE};
+pub use crate::sites::{
+    chain_label, is_module_call_frame, module_chain, ModuleKeyer, ModulePaths, MODULE_RANGE_PREFIX,
+    NO_MODULE,
+};
 use crate::timeline::DeviceTimeline;
-
-/// The prefix of the annotation ranges `memsnap.torch.enable(modules=True)` records around
-/// each module call (`memsnap.module: blocks.3.attn`). They are never phase evidence.
-pub const MODULE_RANGE_PREFIX: &str = "memsnap.module: ";
-
-/// Each allocation's innermost named module range (see the module docs), from the device's
-/// `memsnap.module: PATH` ranges.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ModulePaths {
-    /// The distinct paths.
-    pub paths: Vec<String>,
-    /// Per allocation (replay order): an index into `paths`, or `u32::MAX` for none.
-    of_allocation: Vec<u32>,
-}
-
-impl ModulePaths {
-    /// O((n + r) + r log r) for n allocations and r ranges (both are usually in order
-    /// already): a sweep over the allocations by event with a stack of the ranges open.
-    /// A range without a START (it began before the window) opens at the first event, one
-    /// without an END stays open to the last.
-    pub fn build(timeline: &DeviceTimeline) -> ModulePaths {
-        let mut index: HashMap<&str, u32> = HashMap::default();
-        let mut paths = Vec::new();
-        // (start, end, path) of each module range, by start.
-        let mut ranges: Vec<(u32, u32, u32)> = Vec::new();
-        for r in timeline.named_ranges() {
-            let Some(path) = r.name.strip_prefix(MODULE_RANGE_PREFIX) else {
-                continue;
-            };
-            let start = match (r.start_time_us, r.start_event) {
-                (None, _) => 0,
-                (Some(_), Some(start)) => start,
-                // Started after every event (or the trace has no times): holds none.
-                (Some(_), None) => continue,
-            };
-            let end = match (r.end_time_us, r.end_event) {
-                (None, _) => u32::MAX,
-                (Some(_), Some(end)) => end,
-                // Ended before every event: holds none.
-                (Some(_), None) => continue,
-            };
-            if end < start {
-                continue;
-            }
-            let id = *index.entry(path).or_insert_with(|| {
-                paths.push(path.to_owned());
-                (paths.len() - 1) as u32
-            });
-            ranges.push((start, end, id));
-        }
-        if ranges.is_empty() {
-            return ModulePaths::default();
-        }
-        let replay = timeline.replay();
-        let mut of_allocation = vec![u32::MAX; replay.allocations.len()];
-        if !ranges.is_sorted_by_key(|r| r.0) {
-            // Outer first among ranges starting at one event (the longer one).
-            ranges.sort_by_key(|r| (r.0, std::cmp::Reverse(r.1)));
-        }
-        let mut made: Vec<(u32, usize)> = replay
-            .allocations
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| Some((a.alloc_event()?, i)))
-            .collect();
-        if !made.is_sorted() {
-            made.sort_unstable();
-        }
-        let mut open: Vec<(u32, u32)> = Vec::new();
-        let mut next = 0;
-        for (event, i) in made {
-            while let Some(&(start, end, id)) = ranges.get(next) {
-                if start > event {
-                    break;
-                }
-                open.push((end, id));
-                next += 1;
-            }
-            while open.last().is_some_and(|&(end, _)| end < event) {
-                open.pop();
-            }
-            if let Some(&(_, id)) = open.last() {
-                of_allocation[i] = id;
-            }
-        }
-        ModulePaths {
-            paths,
-            of_allocation,
-        }
-    }
-
-    /// Whether the device has module ranges at all.
-    pub fn is_empty(&self) -> bool {
-        self.of_allocation.is_empty()
-    }
-
-    /// The path of allocation `index`'s innermost module range, if it was made in one.
-    pub fn of(&self, index: usize) -> Option<&str> {
-        let id = *self.of_allocation.get(index)?;
-        self.paths.get(id as usize).map(String::as_str)
-    }
-}
 
 /// Bytes live at an instant under one module chain, by category.
 #[derive(Clone, Debug, PartialEq)]
@@ -170,7 +71,7 @@ pub fn modules_at(
 ) -> Vec<ModuleAt> {
     let replay = timeline.replay();
     let mut keyer = ModuleKeyer::new(snapshot);
-    let named = ModulePaths::build(timeline);
+    let named = ModulePaths::build(timeline.named_ranges(), replay);
     #[derive(PartialEq, Eq, Hash)]
     enum Key<'a> {
         Named(&'a str),
@@ -210,11 +111,13 @@ pub fn modules_at(
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModuleNode {
     /// The frame this node adds to its parent's path: the line the module's code was at
-    /// (`None` for the root of what is outside every module).
+    /// (`None` for the root of what is outside every module, and for a named module path's
+    /// segments).
     pub frame: Option<FrameId>,
-    /// `file:line` of `frame` ([`NO_MODULE`] for the root outside every module).
+    /// `file:line` of `frame`, a segment of a named module path (`GPT`, `blocks`, `3`,
+    /// `attn`), or [`NO_MODULE`] for the root outside every module.
     pub label: String,
-    /// [`chain_label`] of the whole path.
+    /// [`chain_label`] of the whole path, or a named path's segments joined by ` > `.
     pub path: String,
     /// Bytes live under the path (its own and its children's).
     pub bytes: u64,
@@ -231,7 +134,9 @@ pub struct ModuleNode {
 pub const MAX_TREE_DEPTH: usize = 64;
 
 /// The allocations live at `event` (`lifetime`; those smaller than `min_size` left out) as a
-/// tree of module paths: a root per outermost module call (and one, [`NO_MODULE`], for what
+/// tree of module paths (named ones, from [`ModulePaths`], as the outermost module call and
+/// then the segments of the innermost's path: `GPT` > `blocks` > `3` > `attn`; the others
+/// by their stack's chain): a root per outermost module call (and one, [`NO_MODULE`], for what
 /// is outside every module), each node's children the calls inside it, largest first (ties by
 /// label), at most [`MAX_TREE_DEPTH`] deep. A node's `bytes` is its own plus its children's.
 ///
@@ -247,51 +152,78 @@ pub fn module_tree_at(
 ) -> Vec<ModuleNode> {
     let replay = timeline.replay();
     let mut keyer = ModuleKeyer::new(snapshot);
-    let mut paths: HashMap<Arc<[FrameId]>, (u64, u64)> = HashMap::default();
+    let named = ModulePaths::build(timeline.named_ranges(), replay);
+    #[derive(PartialEq, Eq, Hash)]
+    enum Key<'a> {
+        /// The outermost module call's path (when another), then the innermost's.
+        Named(Option<&'a str>, &'a str),
+        Chain(Arc<[FrameId]>),
+    }
+    let mut paths: HashMap<Key<'_>, (u64, u64)> = HashMap::default();
     for id in replay.live_at(event, lifetime) {
-        let a = &replay.allocations[id.0 as usize];
+        let i = id.0 as usize;
+        let a = &replay.allocations[i];
         if a.size < min_size {
             continue;
         }
-        let g = paths.entry(keyer.chain(a.stack)).or_default();
+        let key = match named.of(i) {
+            Some(path) => Key::Named(named.outer_of(i).filter(|&outer| outer != path), path),
+            None => Key::Chain(keyer.chain(a.stack)),
+        };
+        let g = paths.entry(key).or_default();
         g.0 = g.0.saturating_add(a.size);
         g.1 += 1;
     }
-    // An arena of nodes (0: a virtual root), each with its children by frame.
-    struct Slot {
-        frame: Option<FrameId>,
+    /// One step down a path: a frame of a chain, a segment of a named module path, or the
+    /// root of what is outside every module.
+    #[derive(Clone, PartialEq, Eq, Hash)]
+    enum Step<'a> {
+        Outside,
+        Frame(FrameId),
+        Name(&'a str),
+    }
+    // An arena of nodes (0: a virtual root), each with its children by step.
+    struct Slot<'a> {
+        step: Step<'a>,
         bytes: u64,
         own_bytes: u64,
         count: u64,
-        children: HashMap<Option<FrameId>, usize>,
+        children: HashMap<Step<'a>, usize>,
     }
-    let slot = |frame| Slot {
-        frame,
+    let slot = |step| Slot {
+        step,
         bytes: 0,
         own_bytes: 0,
         count: 0,
         children: HashMap::default(),
     };
-    let mut arena = vec![slot(None)];
-    for (chain, (bytes, count)) in &paths {
-        // The empty path is the root of what is outside every module.
-        let steps: Vec<Option<FrameId>> = if chain.is_empty() {
-            vec![None]
-        } else {
-            chain
+    let mut arena = vec![slot(Step::Outside)];
+    for (key, (bytes, count)) in &paths {
+        let steps: Vec<Step<'_>> = match key {
+            // Under the model's call: `GPT` > `blocks` > `0` > `attn`.
+            Key::Named(outer, path) => outer
+                .iter()
+                .copied()
+                .chain(path.split('.'))
+                .take(MAX_TREE_DEPTH)
+                .map(Step::Name)
+                .collect(),
+            // The empty chain is the root of what is outside every module.
+            Key::Chain(chain) if chain.is_empty() => vec![Step::Outside],
+            Key::Chain(chain) => chain
                 .iter()
                 .take(MAX_TREE_DEPTH)
-                .map(|&f| Some(f))
-                .collect()
+                .map(|&f| Step::Frame(f))
+                .collect(),
         };
         let mut at = 0;
-        for frame in steps {
-            let next = match arena[at].children.get(&frame) {
+        for step in steps {
+            let next = match arena[at].children.get(&step) {
                 Some(&i) => i,
                 None => {
-                    arena.push(slot(frame));
+                    arena.push(slot(step.clone()));
                     let i = arena.len() - 1;
-                    arena[at].children.insert(frame, i);
+                    arena[at].children.insert(step, i);
                     i
                 }
             };
@@ -301,32 +233,49 @@ pub fn module_tree_at(
         }
         arena[at].own_bytes = arena[at].own_bytes.saturating_add(*bytes);
     }
-    fn build(snapshot: &Snapshot, arena: &[Slot], i: usize, parent: &[FrameId]) -> Vec<ModuleNode> {
+    fn build(
+        snapshot: &Snapshot,
+        arena: &[Slot<'_>],
+        i: usize,
+        frames: &[FrameId],
+        names: &[&str],
+    ) -> Vec<ModuleNode> {
         let mut out: Vec<ModuleNode> = arena[i]
             .children
             .values()
             .map(|&c| {
                 let s = &arena[c];
-                let mut path = parent.to_vec();
-                path.extend(s.frame);
+                let (mut frames, mut names) = (frames.to_vec(), names.to_vec());
+                let (frame, label, path) = match s.step {
+                    Step::Outside => (None, NO_MODULE.to_owned(), NO_MODULE.to_owned()),
+                    Step::Frame(f) => {
+                        frames.push(f);
+                        (
+                            Some(f),
+                            chain_label(snapshot, &[f]),
+                            chain_label(snapshot, &frames),
+                        )
+                    }
+                    Step::Name(name) => {
+                        names.push(name);
+                        (None, name.to_owned(), names.join(" > "))
+                    }
+                };
                 ModuleNode {
-                    frame: s.frame,
-                    label: match s.frame {
-                        Some(f) => chain_label(snapshot, &[f]),
-                        None => NO_MODULE.to_owned(),
-                    },
-                    path: chain_label(snapshot, &path),
+                    frame,
+                    label,
+                    path,
                     bytes: s.bytes,
                     own_bytes: s.own_bytes,
                     count: s.count,
-                    children: build(snapshot, arena, c, &path),
+                    children: build(snapshot, arena, c, &frames, &names),
                 }
             })
             .collect();
         out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.label.cmp(&b.label)));
         out
     }
-    build(snapshot, &arena, 0, &[])
+    build(snapshot, &arena, 0, &[], &[])
 }
 
 #[cfg(test)]

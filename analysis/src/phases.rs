@@ -548,7 +548,7 @@ pub(crate) fn merge_stray_runs(runs: &[LabelRun]) -> Vec<LabelRun> {
 /// The kind a `record_function` range's name gives the work inside it.
 fn range_kind(name: &str) -> Option<PhaseKind> {
     // A module call's range names the module, not the work (`blocks.0.feed_forward`).
-    if name.starts_with(crate::modules::MODULE_RANGE_PREFIX) {
+    if name.starts_with(crate::sites::MODULE_RANGE_PREFIX) {
         return None;
     }
     if name.starts_with("Optimizer.step#") || name.starts_with("Optimizer.zero_grad#") {
@@ -711,7 +711,7 @@ mod tests {
             Some(PhaseKind::Forward)
         );
         for path in ["blocks.0.feed_forward", "loss_backward", "optimizer_step"] {
-            let name = format!("{}{path}", crate::modules::MODULE_RANGE_PREFIX);
+            let name = format!("{}{path}", crate::sites::MODULE_RANGE_PREFIX);
             assert_eq!(range_kind(&name), None, "{name}");
         }
     }

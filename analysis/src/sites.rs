@@ -12,6 +12,9 @@ use foldhash::HashMap;
 use std::sync::Arc;
 
 use memsnap_format::{Frame, FrameId, Snapshot, StackId};
+
+use crate::ranges::NamedRange;
+use crate::replay::Replay;
 use serde::Serialize;
 
 /// How to group allocations.
@@ -38,6 +41,9 @@ pub enum SiteKey {
     File(String),
     /// A module call chain, outermost first (empty: outside every module).
     Module(Vec<FrameId>),
+    /// The innermost `memsnap.module: PATH` range the allocation was made in
+    /// ([`ModulePaths`]; by module, when the run recorded them).
+    ModulePath(String),
     /// No stack was recorded.
     Unknown,
     /// Allocated before the recording began (live in the final segments, or freed in the
@@ -62,6 +68,7 @@ impl SiteKey {
             SiteKey::Frame(f) => format!("{}", FrameLabel(snapshot.frames.get(*f))),
             SiteKey::File(name) => name.clone(),
             SiteKey::Module(chain) => chain_label(snapshot, chain),
+            SiteKey::ModulePath(path) => path.clone(),
             SiteKey::Unknown => "<no stack>".to_string(),
             SiteKey::BeforeWindow => "<allocated before the recording (no stack)>".to_string(),
             SiteKey::Unattributed => "<before the profile, unattributed>".to_string(),
@@ -309,6 +316,126 @@ impl<'a> SiteKeyer<'a> {
         };
         self.cache.insert(stack, key.clone());
         key
+    }
+}
+
+/// The prefix of the annotation ranges `memsnap.torch.enable(modules=True)` records around
+/// each module call (`memsnap.module: blocks.3.attn`). They are never phase evidence.
+pub const MODULE_RANGE_PREFIX: &str = "memsnap.module: ";
+
+/// Each allocation's innermost named module range (see [`crate::modules`]), from the device's
+/// `memsnap.module: PATH` ranges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModulePaths {
+    /// The distinct paths.
+    pub paths: Vec<String>,
+    /// Per allocation (replay order): an index into `paths`, or `u32::MAX` for none.
+    of_allocation: Vec<u32>,
+    /// Per allocation: the outermost module range open when it was made (the model's call).
+    outer_of_allocation: Vec<u32>,
+}
+
+impl ModulePaths {
+    /// O((n + r) + r log r) for n allocations and r ranges (both are usually in order
+    /// already): a sweep over the allocations by event with a stack of the ranges open.
+    /// A range without a START (it began before the window) opens at the first event, one
+    /// without an END stays open to the last.
+    pub fn build(ranges: &[NamedRange], replay: &Replay) -> ModulePaths {
+        let mut index: HashMap<&str, u32> = HashMap::default();
+        let mut paths = Vec::new();
+        // (start, end, path) of each module range, by start.
+        let named = ranges;
+        let mut ranges: Vec<(u32, u32, u32)> = Vec::new();
+        for r in named {
+            let Some(path) = r.name.strip_prefix(MODULE_RANGE_PREFIX) else {
+                continue;
+            };
+            let start = match (r.start_time_us, r.start_event) {
+                (None, _) => 0,
+                (Some(_), Some(start)) => start,
+                // Started after every event (or the trace has no times): holds none.
+                (Some(_), None) => continue,
+            };
+            let end = match (r.end_time_us, r.end_event) {
+                (None, _) => u32::MAX,
+                (Some(_), Some(end)) => end,
+                // Ended before every event: holds none.
+                (Some(_), None) => continue,
+            };
+            if end < start {
+                continue;
+            }
+            let id = *index.entry(path).or_insert_with(|| {
+                paths.push(path.to_owned());
+                (paths.len() - 1) as u32
+            });
+            ranges.push((start, end, id));
+        }
+        if ranges.is_empty() {
+            return ModulePaths::default();
+        }
+        let mut of_allocation = vec![u32::MAX; replay.allocations.len()];
+        let mut outer_of_allocation = vec![u32::MAX; replay.allocations.len()];
+        if !ranges.is_sorted_by_key(|r| r.0) {
+            // Outer first among ranges starting at one event (the longer one).
+            ranges.sort_by_key(|r| (r.0, std::cmp::Reverse(r.1)));
+        }
+        let mut made: Vec<(u32, usize)> = replay
+            .allocations
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((a.alloc_event()?, i)))
+            .collect();
+        if !made.is_sorted() {
+            made.sort_unstable();
+        }
+        let mut open: Vec<(u32, u32)> = Vec::new();
+        let mut next = 0;
+        for (event, i) in made {
+            while let Some(&(start, end, id)) = ranges.get(next) {
+                if start > event {
+                    break;
+                }
+                // Ranges that ended before this one began hold neither it nor what follows
+                // (nested ranges: they are the top of the stack).
+                while open.last().is_some_and(|&(open_end, _)| open_end < start) {
+                    open.pop();
+                }
+                open.push((end, id));
+                next += 1;
+            }
+            while open.last().is_some_and(|&(end, _)| end < event) {
+                open.pop();
+            }
+            // Nested ranges: when the innermost open one holds the event, so do those under it.
+            if let (Some(&(_, inner)), Some(&(_, outer))) = (open.last(), open.first()) {
+                of_allocation[i] = inner;
+                outer_of_allocation[i] = outer;
+            }
+        }
+        ModulePaths {
+            paths,
+            of_allocation,
+            outer_of_allocation,
+        }
+    }
+
+    /// Whether the device has module ranges at all.
+    pub fn is_empty(&self) -> bool {
+        self.of_allocation.is_empty()
+    }
+
+    /// The path of allocation `index`'s innermost module range, if it was made in one.
+    pub fn of(&self, index: usize) -> Option<&str> {
+        let id = *self.of_allocation.get(index)?;
+        self.paths.get(id as usize).map(String::as_str)
+    }
+
+    /// The path of the outermost module range open when allocation `index` was made (the
+    /// model's own call, named by its class: `GPT`), if it was made in one.
+    pub fn outer_of(&self, index: usize) -> Option<&str> {
+        let id = *self.outer_of_allocation.get(index)?;
+        self.paths.get(id as usize).map(String::as_str)
     }
 }
 

@@ -571,7 +571,7 @@ fn annotation_bounds(
     }
     // Otherwise a step ends where an optimizer step ends.
     let is_optimizer = |name: &str| {
-        if name.starts_with(crate::modules::MODULE_RANGE_PREFIX) {
+        if name.starts_with(crate::sites::MODULE_RANGE_PREFIX) {
             return false;
         }
         let lower = name.to_ascii_lowercase();

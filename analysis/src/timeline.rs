@@ -482,15 +482,27 @@ impl DeviceTimeline {
     /// Allocation sites over the run, by bytes live at the peak (of the active curve), then
     /// by total bytes allocated.
     ///
+    /// By [`GroupBy::Module`], an allocation made inside a `memsnap.module: PATH` range is
+    /// grouped under that path ([`SiteKey::ModulePath`], see [`crate::sites::ModulePaths`]),
+    /// the others by their stack's chain.
+    ///
     /// O(n + m + g log g) for `g` sites: one hash lookup per allocation (each stack's site
-    /// found once), then the sites sorted.
+    /// found once), then the sites sorted; by module, plus one sweep over the ranges.
     pub fn top_sites(&self, snapshot: &Snapshot, by: GroupBy) -> Vec<SiteStats> {
         let peak = self.peak(CurveKind::Active).event;
         let axis = self.replay.axis_len();
         let mut keyer = SiteKeyer::new(snapshot, by);
+        // By module, the module ranges a run recorded name the module before the stack does.
+        let named = match by {
+            GroupBy::Module => crate::sites::ModulePaths::build(&self.ranges, &self.replay),
+            _ => crate::sites::ModulePaths::default(),
+        };
         let mut sites: HashMap<SiteKey, SiteStats> = HashMap::default();
-        for a in &self.replay.allocations {
-            let key = keyer.key_of(a);
+        for (i, a) in self.replay.allocations.iter().enumerate() {
+            let key = match named.of(i) {
+                Some(path) => SiteKey::ModulePath(path.to_owned()),
+                None => keyer.key_of(a),
+            };
             let s = sites.entry(key.clone()).or_insert_with(|| SiteStats {
                 key,
                 bytes_at_peak: 0,

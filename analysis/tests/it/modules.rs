@@ -110,7 +110,7 @@ fn allocations_made_inside_module_ranges_are_attributed_to_the_innermost_path() 
         mark(false, "head", 55),
     ]);
     let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
-    let paths = ModulePaths::build(&timeline);
+    let paths = ModulePaths::build(timeline.named_ranges(), timeline.replay());
     let of: Vec<Option<&str>> = (0..allocs.len()).map(|i| paths.of(i)).collect();
     assert_eq!(
         of,
@@ -138,8 +138,54 @@ fn allocations_made_inside_module_ranges_are_attributed_to_the_innermost_path() 
             (NO_MODULE, 1)
         ]
     );
+    // `top --by module` groups the same way.
+    let top: Vec<(String, u64)> = timeline
+        .top_sites(&snapshot, memsnap_analysis::GroupBy::Module)
+        .iter()
+        .map(|s| (s.key.label(&snapshot), s.bytes_at_peak))
+        .collect();
+    assert_eq!(
+        top.iter()
+            .map(|(k, b)| (k.as_str(), *b))
+            .collect::<Vec<_>>(),
+        [
+            ("head", 10000),
+            ("blocks.0", 1000),
+            ("blocks.0.feed_forward", 100),
+            ("GPT", 10),
+            ("<no stack>", 1)
+        ]
+    );
+    // The module tree nests the paths under the model's call that held them.
+    let tree = memsnap_analysis::modules::module_tree_at(
+        &snapshot,
+        &timeline,
+        last,
+        memsnap_analysis::Lifetime::Active,
+        0,
+    );
+    fn flat(nodes: &[memsnap_analysis::modules::ModuleNode], out: &mut Vec<(String, u64)>) {
+        for n in nodes {
+            out.push((n.path.clone(), n.bytes));
+            flat(&n.children, out);
+        }
+    }
+    let mut nodes = Vec::new();
+    flat(&tree, &mut nodes);
+    let expected: Vec<(String, u64)> = [
+        ("head", 10000),
+        ("GPT", 1110),
+        ("GPT > blocks", 1100),
+        ("GPT > blocks > 0", 1100),
+        ("GPT > blocks > 0 > feed_forward", 100),
+        (NO_MODULE, 1),
+    ]
+    .iter()
+    .map(|(p, b)| (p.to_string(), *b))
+    .collect();
+    assert_eq!(nodes, expected);
     // Without module ranges, nothing is named.
     snapshot.external_annotations = None;
     let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
-    assert!(ModulePaths::build(&timeline).is_empty());
+    assert!(ModulePaths::build(timeline.named_ranges(), timeline.replay()).is_empty());
 }
