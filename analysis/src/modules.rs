@@ -71,7 +71,7 @@ pub fn modules_at(
 ) -> Vec<ModuleAt> {
     let replay = timeline.replay();
     let mut keyer = ModuleKeyer::new(snapshot);
-    let named = ModulePaths::build(timeline.named_ranges(), replay);
+    let named = timeline.module_paths();
     #[derive(PartialEq, Eq, Hash)]
     enum Key<'a> {
         Named(&'a str),
@@ -152,7 +152,7 @@ pub fn module_tree_at(
 ) -> Vec<ModuleNode> {
     let replay = timeline.replay();
     let mut keyer = ModuleKeyer::new(snapshot);
-    let named = ModulePaths::build(timeline.named_ranges(), replay);
+    let named = timeline.module_paths();
     #[derive(PartialEq, Eq, Hash)]
     enum Key<'a> {
         /// The outermost module call's path (when another), then the innermost's.

@@ -340,13 +340,12 @@ impl ModulePaths {
     /// already): a sweep over the allocations by event with a stack of the ranges open.
     /// A range without a START (it began before the window) opens at the first event, one
     /// without an END stays open to the last.
-    pub fn build(ranges: &[NamedRange], replay: &Replay) -> ModulePaths {
+    pub fn build(named_ranges: &[NamedRange], replay: &Replay) -> ModulePaths {
         let mut index: HashMap<&str, u32> = HashMap::default();
         let mut paths = Vec::new();
         // (start, end, path) of each module range, by start.
-        let named = ranges;
         let mut ranges: Vec<(u32, u32, u32)> = Vec::new();
-        for r in named {
+        for r in named_ranges {
             let Some(path) = r.name.strip_prefix(MODULE_RANGE_PREFIX) else {
                 continue;
             };

@@ -519,12 +519,7 @@ pub fn summarize_device(
     options: &SummaryOptions,
 ) -> DeviceSummary {
     let analysis = timeline.steps(&options.steps);
-    summarize_device_from(
-        snapshot,
-        timeline,
-        options,
-        Given::Owned(Box::new(analysis)),
-    )
+    summarize_device_from(snapshot, timeline, options, Arc::new(analysis))
 }
 
 /// [`summarize_device`] with the steps already found (`timeline.steps(&options.steps)`): a
@@ -541,33 +536,16 @@ pub fn summarize_device_with_steps(
     options: &SummaryOptions,
     analysis: Arc<StepAnalysis>,
 ) -> DeviceSummary {
-    summarize_device_from(snapshot, timeline, options, Given::Shared(analysis))
+    summarize_device_from(snapshot, timeline, options, analysis)
 }
 
-/// The steps a summary is made from: found for it (moved into the summary: a run of 300,000
-/// steps kept them twice) or given, shared.
-enum Given {
-    Owned(Box<StepAnalysis>),
-    Shared(Arc<StepAnalysis>),
-}
-
-impl std::ops::Deref for Given {
-    type Target = StepAnalysis;
-
-    fn deref(&self) -> &StepAnalysis {
-        match self {
-            Given::Owned(a) => a,
-            Given::Shared(a) => a,
-        }
-    }
-}
-
-/// Both of the above.
+/// Both of the above: steps only the summary holds are moved into it (a run of 300,000
+/// steps kept them twice), shared ones shared.
 fn summarize_device_from(
     snapshot: &Snapshot,
     timeline: &DeviceTimeline,
     options: &SummaryOptions,
-    analysis: Given,
+    analysis: Arc<StepAnalysis>,
 ) -> DeviceSummary {
     let replay = timeline.replay();
     let curves = timeline.curves();
@@ -674,9 +652,9 @@ fn summarize_device_from(
     let step_method_reason = analysis.fallback_reason.clone();
     let drift = analysis.drift.clone();
     // Last: the steps leave the analysis (moved when it is owned).
-    let found = match analysis {
-        Given::Owned(a) => StepList::Owned(a.steps),
-        Given::Shared(a) => StepList::Shared(a),
+    let found = match Arc::try_unwrap(analysis) {
+        Ok(a) => StepList::Owned(a.steps),
+        Err(shared) => StepList::Shared(shared),
     };
     // The categories of the steps' phases follow the set-up's.
     let first_step_phase = usize::from(setup_phase.is_some());

@@ -13,7 +13,7 @@ use crate::instant::Instant;
 use crate::layout::{Layout, LayoutRequest};
 use crate::ranges::{named_ranges, NamedRange};
 use crate::replay::{AllocId, Lifetime, Replay};
-use crate::sites::{GroupBy, SiteKey, SiteKeyer};
+use crate::sites::{GroupBy, ModulePaths, SiteKey, SiteKeyer};
 use crate::steps::{find_steps, StackEvidence, StepAnalysis, StepOptions};
 
 /// The highest point of a curve.
@@ -108,6 +108,8 @@ pub struct DeviceTimeline {
     /// Built on first use: only drawing (the layout, curve envelopes) needs it, and a
     /// summary is done sooner without.
     drawing: OnceLock<DrawingIndex>,
+    /// Made on first use ([`DeviceTimeline::module_paths`]).
+    module_paths: OnceLock<ModulePaths>,
 }
 
 /// The indexes the layout and the curve envelopes query.
@@ -233,6 +235,7 @@ impl DeviceTimeline {
                 python_only,
             },
             drawing: OnceLock::new(),
+            module_paths: OnceLock::new(),
         })
     }
 
@@ -270,6 +273,7 @@ impl DeviceTimeline {
                 python_only,
             },
             drawing,
+            module_paths: OnceLock::new(),
         })
     }
 
@@ -342,6 +346,13 @@ impl DeviceTimeline {
 
     pub fn time(&self) -> &TimeAxis {
         &self.time
+    }
+
+    /// Each allocation's `memsnap.module: PATH` range ([`ModulePaths`]), made once, on first
+    /// use: O(n + r log r).
+    pub fn module_paths(&self) -> &ModulePaths {
+        self.module_paths
+            .get_or_init(|| ModulePaths::build(&self.ranges, &self.replay))
     }
 
     /// `record_function` ranges of this device.
@@ -493,13 +504,10 @@ impl DeviceTimeline {
         let axis = self.replay.axis_len();
         let mut keyer = SiteKeyer::new(snapshot, by);
         // By module, the module ranges a run recorded name the module before the stack does.
-        let named = match by {
-            GroupBy::Module => crate::sites::ModulePaths::build(&self.ranges, &self.replay),
-            _ => crate::sites::ModulePaths::default(),
-        };
+        let named = (by == GroupBy::Module).then(|| self.module_paths());
         let mut sites: HashMap<SiteKey, SiteStats> = HashMap::default();
         for (i, a) in self.replay.allocations.iter().enumerate() {
-            let key = match named.of(i) {
+            let key = match named.and_then(|n| n.of(i)) {
                 Some(path) => SiteKey::ModulePath(path.to_owned()),
                 None => keyer.key_of(a),
             };

@@ -209,6 +209,20 @@ pub enum LiveError {
     Refused { reason: String },
 }
 
+/// Writes a listener's one frame, its `token` (empty when it has none), to the recorder: a
+/// recorder with a token reads it first and refuses a wrong one; one without never reads it.
+pub fn send_token(to: &mut impl std::io::Write, token: &str) -> std::io::Result<()> {
+    let mut frame = Vec::new();
+    encode(
+        &Message::Token {
+            token: token.to_owned(),
+        },
+        &mut frame,
+    )
+    .map_err(std::io::Error::other)?;
+    to.write_all(&frame)
+}
+
 /// Encodes `message` as one frame (length prefix and body), appended to `out`.
 ///
 /// A message whose body would be over [`MAX_FRAME_BYTES`] is an error (readers refuse it);

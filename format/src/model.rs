@@ -939,17 +939,6 @@ impl From<Vec<(String, Value)>> for Metadata {
     }
 }
 
-impl<K: Into<String>, const N: usize> From<[(K, Value); N]> for Metadata {
-    fn from(pairs: [(K, Value); N]) -> Self {
-        Metadata::from(
-            pairs
-                .into_iter()
-                .map(|(k, v)| (k.into(), v))
-                .collect::<Vec<_>>(),
-        )
-    }
-}
-
 impl<K: Into<String>> FromIterator<(K, Value)> for Metadata {
     fn from_iter<I: IntoIterator<Item = (K, Value)>>(pairs: I) -> Self {
         Metadata::from(

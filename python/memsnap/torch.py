@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 
 __all__ = [
     "MemsnapError",
@@ -451,8 +452,8 @@ class ModuleTracker:
     def __init__(self, annotate):
         self._annotate = annotate
         self._local = threading.local()
-        # id(module) -> (module, its descendants' paths); the module is kept so an id is
-        # never another module's.
+        # id(module) -> (weak reference to it, its descendants' paths): the reference tells a
+        # reused id from the module, without keeping a deleted model alive.
         self._trees = {}
 
     def _running(self):
@@ -482,7 +483,7 @@ class ModuleTracker:
         ``named_modules()``. Made once per parent: each call is then one lookup per running
         call, not a walk of the model."""
         cached = self._trees.get(id(parent))
-        if cached is not None and cached[0] is parent:
+        if cached is not None and cached[0]() is parent:
             return cached[1]
         paths = {}
         stack = [(parent, "")]
@@ -495,7 +496,7 @@ class ModuleTracker:
                 path = f"{prefix}{name}"
                 paths[id(child)] = path
                 stack.append((child, path + "."))
-        self._trees[id(parent)] = (parent, paths)
+        self._trees[id(parent)] = (weakref.ref(parent), paths)
         return paths
 
     def pre(self, module, *_):

@@ -12,6 +12,14 @@ import memsnap
 import memsnap.torch
 
 
+def _record_on_the_host_backend(script, out):
+    """Runs ``script`` in a fresh interpreter on the recorder's host backend (no GPU, no
+    torch) and loads the snapshot it dumped to ``out``."""
+    env = dict(os.environ, MEMSNAP_BACKEND="host")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env)
+    return memsnap.load(out)
+
+
 def test_the_library_is_shipped():
     assert os.path.isfile(memsnap.torch.library_path())
 
@@ -56,9 +64,7 @@ def test_recording_through_the_shipped_library(tmp_path):
         memsnap.torch.dump({str(out)!r})
         """
     )
-    env = dict(os.environ, MEMSNAP_BACKEND="host")
-    subprocess.run([sys.executable, "-c", script], check=True, env=env)
-    snapshot = memsnap.load(out)
+    snapshot = _record_on_the_host_backend(script, out)
     entries = snapshot["device_traces"][0]
     allocs = [e for e in entries if e["action"] == "alloc"]
     assert [e["size"] for e in allocs] == [4 << 20] * 3
@@ -90,9 +96,7 @@ def test_annotations_recorded_through_the_library_are_the_snapshots_steps(tmp_pa
         memsnap.torch.dump({str(out)!r})
         """
     )
-    env = dict(os.environ, MEMSNAP_BACKEND="host")
-    subprocess.run([sys.executable, "-c", script], check=True, env=env)
-    snapshot = memsnap.load(out)
+    snapshot = _record_on_the_host_backend(script, out)
     marks = [(a["stage"], a["name"]) for a in snapshot["external_annotations"]]
     assert marks == [
         (stage, f"ProfilerStep#{step}") for step in range(4) for stage in ("START", "END")

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use memsnap_analysis::summary::{DeviceSummary, SummaryOptions};
 use memsnap_analysis::{GroupBy, PhaseKind, Step, StepOptions};
-use memsnap_format::live::{Applied, FrameReader, LiveSnapshot, Message};
+use memsnap_format::live::{Applied, FrameReader, LiveSnapshot};
 
 use crate::cmd::common::format_size;
 
@@ -92,17 +92,9 @@ impl Conn {
     /// Sends the listener's one frame, its token (empty when none): a recorder with a token
     /// reads it, one without never does (protocol version 2).
     fn send_token(&mut self, token: &str) -> Result<()> {
-        use std::io::Write;
-        let mut frame = Vec::new();
-        memsnap_format::live::encode(
-            &Message::Token {
-                token: token.to_owned(),
-            },
-            &mut frame,
-        )?;
         match self {
-            Conn::Unix(s) => s.write_all(&frame),
-            Conn::Tcp(s) => s.write_all(&frame),
+            Conn::Unix(s) => memsnap_format::live::send_token(s, token),
+            Conn::Tcp(s) => memsnap_format::live::send_token(s, token),
         }
         .context("sending the token to the recorder")
     }

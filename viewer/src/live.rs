@@ -382,18 +382,9 @@ impl Conn {
     /// Sends the listener's one frame, its token (empty when none): a recorder with a token
     /// reads it and refuses a wrong one, one without never reads it (protocol version 2).
     fn send_token(&mut self, token: &str) -> Result<(), String> {
-        use std::io::Write;
-        let mut frame = Vec::new();
-        memsnap_format::live::encode(
-            &memsnap_format::live::Message::Token {
-                token: token.to_owned(),
-            },
-            &mut frame,
-        )
-        .map_err(|e| format!("cannot encode the token: {e}"))?;
         match self {
-            Conn::Unix(s) => s.write_all(&frame),
-            Conn::Tcp(s) => s.write_all(&frame),
+            Conn::Unix(s) => memsnap_format::live::send_token(s, token),
+            Conn::Tcp(s) => memsnap_format::live::send_token(s, token),
         }
         .map_err(|e| format!("cannot send the token to the recorder: {e}"))
     }

@@ -1,6 +1,6 @@
 //! Memory by module: the workload's module calls and the real snapshots' own code.
 
-use memsnap_analysis::modules::{modules_at, ModulePaths, MODULE_RANGE_PREFIX, NO_MODULE};
+use memsnap_analysis::modules::{modules_at, MODULE_RANGE_PREFIX, NO_MODULE};
 use memsnap_analysis::{
     summarize, Category, CurveKind, DeviceTimeline, StepOptions, SummaryOptions,
 };
@@ -110,7 +110,7 @@ fn allocations_made_inside_module_ranges_are_attributed_to_the_innermost_path() 
         mark(false, "head", 55),
     ]);
     let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
-    let paths = ModulePaths::build(timeline.named_ranges(), timeline.replay());
+    let paths = timeline.module_paths();
     let of: Vec<Option<&str>> = (0..allocs.len()).map(|i| paths.of(i)).collect();
     assert_eq!(
         of,
@@ -187,5 +187,5 @@ fn allocations_made_inside_module_ranges_are_attributed_to_the_innermost_path() 
     // Without module ranges, nothing is named.
     snapshot.external_annotations = None;
     let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
-    assert!(ModulePaths::build(timeline.named_ranges(), timeline.replay()).is_empty());
+    assert!(timeline.module_paths().is_empty());
 }
