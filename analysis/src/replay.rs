@@ -168,6 +168,7 @@ impl Allocation {
     }
 
     /// Records the first `free_requested` (a later one does not move it).
+    #[cfg(test)]
     fn free_requested_at(&mut self, event: u32) {
         if self.free_requested == OptEvent::NONE {
             self.free_requested = OptEvent::some(event);
@@ -288,8 +289,9 @@ impl Replay {
     /// Replays the trace of `device` against its final segments.
     ///
     /// O(n + b + s log s) for `n` trace entries and the device's `b` final blocks and `s`
-    /// segments, one hash lookup per entry (open segments in a B-tree, O(log s) per segment
-    /// event). Finding the device's segments reads the snapshot's segments of every device
+    /// segments, one hash lookup per `alloc` or free in a map of the live addresses that
+    /// stays cache-sized (cut into parts once it grows: [`FreeMatcher`]), open segments in a
+    /// B-tree (O(log s) per segment event). Finding the device's segments reads the snapshot's segments of every device
     /// once: building every device of a file costs O(devices × all segments) there.
     pub fn build(snapshot: &Snapshot, device: i64) -> Result<Replay> {
         let traces = snapshot.traces();
@@ -320,27 +322,17 @@ impl Replay {
             ..Default::default()
         };
         let mut traced: Vec<Allocation> = Vec::new();
-        let mut freed_before: Vec<Allocation> = Vec::new();
-        // Address -> index in `traced` or `freed_before` (tagged) of the allocation whose block
-        // has not returned to the cache yet.
-        let mut live: HashMap<u64, Slot> = HashMap::default();
         let mut open_segments: std::collections::BTreeMap<u64, SegmentInterval> =
             Default::default();
         let mut reserved_delta: i128 = 0;
+        let mut frees = FreeMatcher::new(&replay, SPILL_LIVE);
 
         for (i, entry) in trace.iter().enumerate() {
             let i = i as u32;
             match entry.action {
                 Action::Alloc => {
                     replay.actions.alloc += 1;
-                    if let Some(slot) = live.remove(&entry.addr) {
-                        // Alloc of an address nobody freed: the free was not recorded.
-                        let prev = slot.get_mut(&mut traced, &mut freed_before);
-                        prev.free_requested_at(i);
-                        prev.free_completed = OptEvent::some(i);
-                        replay.note(i, format!("alloc at {:#x}, which is still allocated; treating the earlier allocation as freed here", entry.addr));
-                    }
-                    live.insert(entry.addr, Slot::traced(traced.len()));
+                    let index = traced.len() as u32;
                     traced.push(Allocation {
                         addr: entry.addr,
                         size: entry.size,
@@ -351,33 +343,30 @@ impl Replay {
                         free_requested: OptEvent::NONE,
                         free_completed: OptEvent::NONE,
                     });
+                    frees.event(entry, i, index, &mut traced, &mut replay);
                 }
                 Action::FreeRequested => {
                     replay.actions.free_requested += 1;
-                    match live.get(&entry.addr) {
-                        Some(slot) => {
-                            let a = slot.get_mut(&mut traced, &mut freed_before);
-                            a.free_requested_at(i);
-                        }
-                        None => {
-                            live.insert(entry.addr, Slot::before(freed_before.len()));
-                            freed_before.push(before_window(entry, Some(i), None));
-                        }
-                    }
+                    frees.event(
+                        entry,
+                        i,
+                        AddrEvent::FREE_REQUESTED,
+                        &mut traced,
+                        &mut replay,
+                    );
                 }
                 Action::FreeCompleted | Action::Free => {
                     if entry.action == Action::Free {
                         replay.actions.free_requested += 1;
                     }
                     replay.actions.free_completed += 1;
-                    match live.remove(&entry.addr) {
-                        Some(slot) => {
-                            let a = slot.get_mut(&mut traced, &mut freed_before);
-                            a.free_requested_at(i);
-                            a.free_completed = OptEvent::some(i);
-                        }
-                        None => freed_before.push(before_window(entry, Some(i), Some(i))),
-                    }
+                    frees.event(
+                        entry,
+                        i,
+                        AddrEvent::FREE_COMPLETED,
+                        &mut traced,
+                        &mut replay,
+                    );
                 }
                 Action::SegmentAlloc | Action::SegmentMap => {
                     if entry.action == Action::SegmentAlloc {
@@ -428,9 +417,8 @@ impl Replay {
                 Action::Annotate | Action::Other => replay.actions.other += 1,
             }
         }
+        let mut freed_before = frees.finish(trace, &mut traced, &mut replay, MATCH_ROUND_EVENTS);
 
-        // The map of live addresses is done with: not held beside what follows.
-        drop(live);
         // Blocks live in the final segments that the trace never allocated.
         let traced_live: HashSet<u64> = traced
             .iter()
@@ -683,9 +671,301 @@ impl Replay {
     }
 }
 
-/// Where the allocation of a live address is, in a `u32`: the map of live addresses is the
-/// replay's largest transient (a run with 4M allocations live at once holds 4M of them; 16
-/// bytes a bucket with this, 24 with a tagged `usize`). Indices into the traced allocations
+/// How many parts the map of live addresses is cut into once it grows large (see
+/// [`FreeMatcher`]).
+const LIVE_PARTITIONS: usize = 256;
+
+/// The part of the map of live addresses `addr` falls in: the top bits of a multiplicative
+/// hash, so the 512-byte-aligned addresses of one segment spread over every part. An input
+/// whose addresses all land in one part only makes that part as large as the whole map was.
+fn live_partition(addr: u64) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - LIVE_PARTITIONS.trailing_zeros())) as usize
+}
+
+/// Live addresses past which [`FreeMatcher`] matches the rest of the trace part by part
+/// (a map of this many stays in a core's cache; the unit tests' traces are small, so there
+/// it is small too, and they take both ways).
+const SPILL_LIVE: usize = if cfg!(test) { 8 } else { 1 << 17 };
+
+/// Most `alloc` and free events [`FreeMatcher`] lays out at once (16 bytes each: 64 MB, half
+/// the one map of 4M live addresses it replaces; one giant step's `summary` peaks here).
+/// Small in the unit tests, so that they take rounds.
+const MATCH_ROUND_EVENTS: usize = if cfg!(test) { 64 } else { 4 << 20 };
+
+/// Closes each traced allocation with its frees, by address, and makes an allocation from
+/// before the window for each free whose alloc the trace does not hold.
+///
+/// While the addresses live at once are few, one map of them is walked with the trace. One
+/// map of millions of live addresses (a 128 MB table, each insert and remove a cache miss)
+/// was most of the way to the first picture of one giant step. So once more than
+/// [`SPILL_LIVE`] are live, the rest of the trace is matched part by part: addresses never
+/// interact, so the remaining events are laid out by the part of the map their address falls
+/// in (a counting sort, in event order within each part, each event with its address and
+/// what it does so that the trace is not read again out of order), and each part is matched
+/// on its own, from the live addresses it had at the switch, with a map small enough to stay
+/// in cache. An allocation is written once, when its block returns (its first request kept
+/// in the map till then), so no step waits on reading it back. The same answer as one map
+/// walked in event order: an address's events all fall in one part, in their order.
+///
+/// O(n) in the `n` entries, one hash lookup per event; after a switch, 16 bytes per `alloc`
+/// or free for at most [`MATCH_ROUND_EVENTS`] events at a time (more are laid out and
+/// matched in rounds of parts, each round one more read of the trace in order).
+struct FreeMatcher {
+    live: HashMap<u64, LiveBlock>,
+    /// The first event matched part by part, once the map grew past [`SPILL_LIVE`].
+    spilled_at: Option<u32>,
+    /// Events from `spilled_at` on, by part.
+    partition_sizes: Vec<usize>,
+    freed_before: Vec<Allocation>,
+    /// Anomalies noted in the walk or the part under way: each keeps its first
+    /// [`MAX_ANOMALIES`] (the first of the whole trace are among them).
+    noted: usize,
+    anomalies_before: usize,
+    spill_live: usize,
+}
+
+impl FreeMatcher {
+    fn new(replay: &Replay, spill_live: usize) -> FreeMatcher {
+        FreeMatcher {
+            live: HashMap::default(),
+            spilled_at: None,
+            partition_sizes: Vec::new(),
+            freed_before: Vec::new(),
+            noted: 0,
+            anomalies_before: replay.anomalies.len(),
+            spill_live,
+        }
+    }
+
+    /// The next `alloc` or free of the trace, in event order.
+    fn event(
+        &mut self,
+        entry: &memsnap_format::TraceEntry,
+        event: u32,
+        what: u32,
+        traced: &mut [Allocation],
+        replay: &mut Replay,
+    ) {
+        if self.spilled_at.is_some() {
+            self.partition_sizes[live_partition(entry.addr)] += 1;
+            return;
+        }
+        self.apply(
+            AddrEvent {
+                addr: entry.addr,
+                event,
+                what,
+            },
+            || entry,
+            traced,
+            replay,
+        );
+        if self.live.len() > self.spill_live {
+            self.spilled_at = Some(event + 1);
+            self.partition_sizes = vec![0; LIVE_PARTITIONS];
+        }
+    }
+
+    /// Matches one event against the live addresses; `entry` is read only for a free whose
+    /// alloc the trace does not hold.
+    fn apply<'t>(
+        &mut self,
+        AddrEvent { addr, event, what }: AddrEvent,
+        entry: impl FnOnce() -> &'t memsnap_format::TraceEntry,
+        traced: &mut [Allocation],
+        replay: &mut Replay,
+    ) {
+        let freed_before = &mut self.freed_before;
+        match what {
+            AddrEvent::FREE_REQUESTED => match self.live.get_mut(&addr) {
+                Some(block) => {
+                    if block.free_requested == OptEvent::NONE {
+                        block.free_requested = OptEvent::some(event);
+                    }
+                }
+                None => {
+                    let slot = Slot::before(freed_before.len());
+                    freed_before.push(before_window(entry(), Some(event), None));
+                    self.live.insert(
+                        addr,
+                        LiveBlock {
+                            slot,
+                            free_requested: OptEvent::some(event),
+                        },
+                    );
+                }
+            },
+            AddrEvent::FREE_COMPLETED => match self.live.remove(&addr) {
+                Some(block) => block.close(event, traced, freed_before),
+                None => freed_before.push(before_window(entry(), Some(event), Some(event))),
+            },
+            traced_index => {
+                let block = LiveBlock {
+                    slot: Slot::traced(traced_index as usize),
+                    free_requested: OptEvent::NONE,
+                };
+                if let Some(prev) = self.live.insert(addr, block) {
+                    // Alloc of an address nobody freed: the free was not recorded.
+                    prev.close(event, traced, freed_before);
+                    replay.anomaly_count += 1;
+                    if self.noted < MAX_ANOMALIES {
+                        self.noted += 1;
+                        replay.anomalies.push(Anomaly {
+                            event,
+                            what: format!("alloc at {addr:#x}, which is still allocated; treating the earlier allocation as freed here"),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Blocks still live at the end of the walk or a part: their requests are written now.
+    fn write_open_requests(&mut self, traced: &mut [Allocation]) {
+        for (_, block) in self.live.drain() {
+            if block.free_requested != OptEvent::NONE {
+                block
+                    .slot
+                    .get_mut(traced, &mut self.freed_before)
+                    .free_requested = block.free_requested;
+            }
+        }
+    }
+
+    /// Matches what was left for the parts, and returns the allocations from before the
+    /// window.
+    fn finish(
+        mut self,
+        trace: &[memsnap_format::TraceEntry],
+        traced: &mut [Allocation],
+        replay: &mut Replay,
+        round_events: usize,
+    ) -> Vec<Allocation> {
+        if let Some(spilled_at) = self.spilled_at {
+            self.match_parts(spilled_at, trace, traced, replay, round_events);
+        }
+        self.write_open_requests(traced);
+        // The anomalies kept are the first of the trace, as one walk in event order keeps
+        // them: those noted before (segment events), in the walk and in each part, merged.
+        if replay.anomalies.len() > self.anomalies_before {
+            replay.anomalies.sort_by_key(|a| a.event);
+            replay.anomalies.truncate(MAX_ANOMALIES);
+        }
+        self.freed_before
+    }
+
+    fn match_parts(
+        &mut self,
+        spilled_at: u32,
+        trace: &[memsnap_format::TraceEntry],
+        traced: &mut [Allocation],
+        replay: &mut Replay,
+        round_events: usize,
+    ) {
+        // What each part had live at the switch.
+        let mut carried: Vec<Vec<(u64, LiveBlock)>> = vec![Vec::new(); LIVE_PARTITIONS];
+        for (addr, block) in self.live.drain() {
+            carried[live_partition(addr)].push((addr, block));
+        }
+        let sizes = std::mem::take(&mut self.partition_sizes);
+        let rest = &trace[spilled_at as usize..];
+        // The traced index of the first `alloc` from the switch on.
+        let first_traced = traced.partition_point(|a| a.start() < spilled_at) as u32;
+        let mut events: Vec<AddrEvent> = Vec::new();
+        let mut parts = 0..0;
+        while parts.end < sizes.len() {
+            // The next round: as many parts as fit in `round_events` (at least one).
+            parts = parts.end..parts.end + 1;
+            let mut total = sizes[parts.start];
+            while parts.end < sizes.len() && total + sizes[parts.end] <= round_events {
+                total += sizes[parts.end];
+                parts.end += 1;
+            }
+            let mut next = Vec::with_capacity(parts.len());
+            let mut at = 0usize;
+            for &size in &sizes[parts.clone()] {
+                next.push(at);
+                at += size;
+            }
+            events.clear();
+            events.resize(total, AddrEvent::default());
+            let mut traced_index = first_traced;
+            for (i, entry) in rest.iter().enumerate() {
+                let what = match entry.action {
+                    Action::Alloc => {
+                        traced_index += 1;
+                        traced_index - 1
+                    }
+                    Action::FreeRequested => AddrEvent::FREE_REQUESTED,
+                    Action::FreeCompleted | Action::Free => AddrEvent::FREE_COMPLETED,
+                    _ => continue,
+                };
+                let part = live_partition(entry.addr);
+                if parts.contains(&part) {
+                    let slot = &mut next[part - parts.start];
+                    events[*slot] = AddrEvent {
+                        addr: entry.addr,
+                        event: spilled_at + i as u32,
+                        what,
+                    };
+                    *slot += 1;
+                }
+            }
+
+            let mut start = 0;
+            for part in parts.clone() {
+                let end = start + sizes[part];
+                self.live.extend(std::mem::take(&mut carried[part]));
+                self.noted = 0;
+                for &event in &events[start..end] {
+                    self.apply(event, || &trace[event.event as usize], traced, replay);
+                }
+                self.write_open_requests(traced);
+                start = end;
+            }
+        }
+    }
+}
+
+/// An `alloc` or free as [`FreeMatcher`] lays it out: its address, its event, and what it
+/// does (the traced allocation it opens, or one of the two kinds of free).
+#[derive(Clone, Copy, Default)]
+struct AddrEvent {
+    addr: u64,
+    event: u32,
+    what: u32,
+}
+
+impl AddrEvent {
+    /// Never a traced allocation's index: there are fewer than the events, which are fewer
+    /// than `u32::MAX` ([`AnalysisError::TooManyEntries`]).
+    const FREE_REQUESTED: u32 = u32::MAX;
+    const FREE_COMPLETED: u32 = u32::MAX - 1;
+}
+
+/// A live address's allocation and the first `free_requested` seen for it.
+#[derive(Clone, Copy)]
+struct LiveBlock {
+    slot: Slot,
+    free_requested: OptEvent,
+}
+
+impl LiveBlock {
+    /// The block returns at `event`: its allocation is written, requested at the first
+    /// request seen (or now).
+    fn close(self, event: u32, traced: &mut [Allocation], before: &mut [Allocation]) {
+        let a = self.slot.get_mut(traced, before);
+        a.free_requested = if self.free_requested == OptEvent::NONE {
+            OptEvent::some(event)
+        } else {
+            self.free_requested
+        };
+        a.free_completed = OptEvent::some(event);
+    }
+}
+
+/// Where the allocation of a live address is, in a `u32`: with the address's first request a
+/// map bucket is 16 bytes (24 with a tagged `usize`). Indices into the traced allocations
 /// count up from 0, those into the allocations from before the window down from
 /// `u32::MAX - 1`: together they are at most the events replayed, fewer than `u32::MAX`
 /// ([`AnalysisError::TooManyEntries`]), so they never meet.
@@ -824,5 +1104,136 @@ mod tests {
         );
         assert_eq!(a.end(Lifetime::Allocated, 20), 5);
         assert_eq!(a.end(Lifetime::Active, 20), 20);
+    }
+    /// The replay before the map of live addresses was cut into parts: one map, walked in
+    /// event order. Returns the allocations (traced, then those from before the window in
+    /// the replay's order) with the anomalies noted and their count.
+    fn one_map_walk(trace: &[memsnap_format::TraceEntry]) -> (Vec<Allocation>, Vec<Anomaly>, u64) {
+        let mut traced: Vec<Allocation> = Vec::new();
+        let mut before: Vec<Allocation> = Vec::new();
+        let mut live: HashMap<u64, Slot> = HashMap::default();
+        let mut anomalies = Vec::new();
+        let mut count = 0;
+        for (i, entry) in trace.iter().enumerate() {
+            let i = i as u32;
+            match entry.action {
+                Action::Alloc => {
+                    if let Some(slot) = live.remove(&entry.addr) {
+                        let prev = slot.get_mut(&mut traced, &mut before);
+                        prev.free_requested_at(i);
+                        prev.free_completed = OptEvent::some(i);
+                        count += 1;
+                        if anomalies.len() < MAX_ANOMALIES {
+                            anomalies.push(i);
+                        }
+                    }
+                    live.insert(entry.addr, Slot::traced(traced.len()));
+                    traced.push(Allocation {
+                        addr: entry.addr,
+                        size: entry.size,
+                        stream: entry.stream,
+                        stack: entry.frames,
+                        origin: Origin::Traced,
+                        alloc_event: OptEvent::some(i),
+                        free_requested: OptEvent::NONE,
+                        free_completed: OptEvent::NONE,
+                    });
+                }
+                Action::FreeRequested => match live.get(&entry.addr) {
+                    Some(slot) => slot.get_mut(&mut traced, &mut before).free_requested_at(i),
+                    None => {
+                        live.insert(entry.addr, Slot::before(before.len()));
+                        before.push(before_window(entry, Some(i), None));
+                    }
+                },
+                _ => match live.remove(&entry.addr) {
+                    Some(slot) => {
+                        let a = slot.get_mut(&mut traced, &mut before);
+                        a.free_requested_at(i);
+                        a.free_completed = OptEvent::some(i);
+                    }
+                    None => before.push(before_window(entry, Some(i), Some(i))),
+                },
+            }
+        }
+        before.sort_by_key(|a| {
+            std::cmp::Reverse(
+                a.free_completed()
+                    .or(a.free_requested())
+                    .unwrap_or(u32::MAX),
+            )
+        });
+        let anomalies = anomalies
+            .into_iter()
+            .map(|event| Anomaly {
+                event,
+                what: format!(
+                    "alloc at {:#x}, which is still allocated; treating the earlier allocation as freed here",
+                    trace[event as usize].addr
+                ),
+            })
+            .collect();
+        (before.into_iter().chain(traced).collect(), anomalies, count)
+    }
+
+    fn trace_of(events: &[(u8, u64)]) -> Vec<memsnap_format::TraceEntry> {
+        events
+            .iter()
+            .map(|&(action, addr)| {
+                let action = match action % 4 {
+                    0 => Action::Alloc,
+                    1 => Action::FreeRequested,
+                    2 => Action::FreeCompleted,
+                    _ => Action::Free,
+                };
+                memsnap_format::TraceEntry::new(action, addr, addr % 7 + 1, 0)
+            })
+            .collect()
+    }
+
+    fn replay_of(trace: Vec<memsnap_format::TraceEntry>) -> Replay {
+        let mut snapshot = Snapshot::new(1);
+        snapshot.device_traces = Some(vec![trace]);
+        Replay::build(&snapshot, 0).expect("replay")
+    }
+
+    proptest::proptest! {
+        /// Any order of allocs and frees over a few addresses (double allocs, frees without
+        /// allocs, frees twice): the parts of the map give what one map gives.
+        #[test]
+        fn matching_frees_part_by_part_equals_one_map_walked_in_event_order(
+            events in proptest::collection::vec((0u8..4, 0u64..40), 0..400),
+        ) {
+            let trace = trace_of(&events.iter().map(|&(a, addr)| (a, addr * 512)).collect::<Vec<_>>());
+            let (allocations, anomalies, count) = one_map_walk(&trace);
+            let replay = replay_of(trace);
+            proptest::prop_assert_eq!(&replay.allocations, &allocations);
+            proptest::prop_assert_eq!(
+                replay.anomalies.iter().map(|a| (a.event, &a.what)).collect::<Vec<_>>(),
+                anomalies.iter().map(|a| (a.event, &a.what)).collect::<Vec<_>>()
+            );
+            proptest::prop_assert_eq!(replay.anomaly_count, count);
+        }
+    }
+
+    /// More anomalies than are kept, spread over every part: the first by event are kept, as
+    /// one walk in event order keeps them.
+    #[test]
+    fn the_anomalies_kept_are_the_first_of_the_trace_across_the_parts() {
+        let addrs = (0..3 * MAX_ANOMALIES as u64).map(|a| a * 512 + 0x10000);
+        let events: Vec<(u8, u64)> = addrs
+            .clone()
+            .map(|a| (0, a))
+            .chain(addrs.map(|a| (0, a)))
+            .collect();
+        let trace = trace_of(&events);
+        let (allocations, anomalies, count) = one_map_walk(&trace);
+        let replay = replay_of(trace);
+        assert_eq!(replay.anomaly_count, count);
+        assert_eq!(count, 3 * MAX_ANOMALIES as u64);
+        assert_eq!(replay.anomalies.len(), MAX_ANOMALIES);
+        let events = |a: &[Anomaly]| a.iter().map(|a| a.event).collect::<Vec<_>>();
+        assert_eq!(events(&replay.anomalies), events(&anomalies));
+        assert_eq!(replay.allocations, allocations);
     }
 }
