@@ -87,7 +87,10 @@ impl Default for StepOptions {
 }
 
 /// One training step on the active curve.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+///
+/// Its forward and backward slopes are computed from its fields when asked
+/// ([`Step::forward`], [`Step::backward`]), not kept (112 of a step's 264 bytes).
+#[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     pub index: usize,
     pub start_event: u32,
@@ -102,10 +105,6 @@ pub struct Step {
     pub start_time_us: Option<i64>,
     pub peak_time_us: Option<i64>,
     pub end_time_us: Option<i64>,
-    /// Start to peak.
-    pub forward: Slope,
-    /// Peak to end (`bytes` is the bytes released).
-    pub backward: Slope,
     /// Allocations made in the step and still live after its end.
     pub outliving_count: u64,
     pub outliving_bytes: u64,
@@ -120,7 +119,81 @@ pub struct Step {
     pub warmup: bool,
 }
 
+/// A step as JSON: its fields, with `forward` and `backward` after the times.
+impl Serialize for Step {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct StepJson<'a> {
+            index: usize,
+            start_event: u32,
+            peak_event: u32,
+            end_event: u32,
+            start_bytes: u64,
+            peak_bytes: u64,
+            end_bytes: u64,
+            min_bytes: u64,
+            start_time_us: Option<i64>,
+            peak_time_us: Option<i64>,
+            end_time_us: Option<i64>,
+            forward: Slope,
+            backward: Slope,
+            outliving_count: u64,
+            outliving_bytes: u64,
+            phases: &'a [Phase],
+            partial: bool,
+            optimizer_state_bytes: u64,
+            warmup: bool,
+        }
+        StepJson {
+            index: self.index,
+            start_event: self.start_event,
+            peak_event: self.peak_event,
+            end_event: self.end_event,
+            start_bytes: self.start_bytes,
+            peak_bytes: self.peak_bytes,
+            end_bytes: self.end_bytes,
+            min_bytes: self.min_bytes,
+            start_time_us: self.start_time_us,
+            peak_time_us: self.peak_time_us,
+            end_time_us: self.end_time_us,
+            forward: self.forward(),
+            backward: self.backward(),
+            outliving_count: self.outliving_count,
+            outliving_bytes: self.outliving_bytes,
+            phases: &self.phases,
+            partial: self.partial,
+            optimizer_state_bytes: self.optimizer_state_bytes,
+            warmup: self.warmup,
+        }
+        .serialize(serializer)
+    }
+}
+
 impl Step {
+    /// Start to peak: the bytes gained, over the events and time from the start to the peak.
+    /// O(1).
+    pub fn forward(&self) -> Slope {
+        Slope::over(
+            signed_difference(self.peak_bytes, self.start_bytes),
+            self.peak_event.saturating_sub(self.start_event),
+            self.start_time_us,
+            self.peak_time_us,
+        )
+    }
+
+    /// Peak to end: `bytes` is the bytes released. O(1).
+    pub fn backward(&self) -> Slope {
+        Slope::over(
+            signed_difference(self.peak_bytes, self.end_bytes),
+            self.end_event.saturating_sub(self.peak_event),
+            self.peak_time_us,
+            self.end_time_us,
+        )
+    }
+
     /// The phase containing `event`, if any.
     pub fn phase_at(&self, event: u32) -> Option<&Phase> {
         self.phases
@@ -308,6 +381,8 @@ pub fn find_steps(
         method
     };
     let spans: Vec<PhaseSpan> = plan.phases(replay.trace_len);
+    let step_count = plan.steps.len();
+    drop(plan);
     let categories = categorize(replay, &evidence.evidence, &spans);
     let measure = |kind: PhaseKind, s: u32, e: u32| Phase::measure(kind, s, e, curve, time, replay);
     let setup = spans
@@ -317,8 +392,6 @@ pub fn find_steps(
     // Each step's spans in one pass: `plan.phases` lists them step by step (the set-up
     // first), one per phase start. (Filtering all spans per step was quadratic: 68,000 steps
     // of a 10M-entry run took 25 s; a vector of spans per step was 8 MB at its peak.)
-    let step_count = plan.steps.len();
-    drop(plan);
     let mut next_span = spans.iter().take_while(|span| span.0.is_none()).count();
     let steps: Vec<Step> = (0..step_count)
         .map(|index| {
@@ -892,7 +965,6 @@ fn measure_step(
 ) -> Step {
     let (peak_event, peak_bytes, min_bytes) = curve.peak_in(start, end);
     let (start_bytes, end_bytes) = (curve.at(start), curve.at(end));
-    let diff = |a: u64, b: u64| i64::try_from(i128::from(a) - i128::from(b)).unwrap_or(0);
     // Allocations made in (start, end] still live after end.
     let axis = replay.axis_len();
     let first = replay.allocations.partition_point(|a| a.start() <= start);
@@ -918,8 +990,6 @@ fn measure_step(
         start_time_us: time.time_of(start),
         peak_time_us: time.time_of(peak_event),
         end_time_us: time.time_of(end),
-        forward: Slope::between(diff(peak_bytes, start_bytes), start, peak_event, time),
-        backward: Slope::between(diff(peak_bytes, end_bytes), peak_event, end, time),
         outliving_count,
         outliving_bytes,
         phases: Vec::new(),
@@ -927,6 +997,11 @@ fn measure_step(
         optimizer_state_bytes: 0,
         warmup: false,
     }
+}
+
+/// `a - b`, 0 when it does not fit an `i64`.
+fn signed_difference(a: u64, b: u64) -> i64 {
+    i64::try_from(i128::from(a) - i128::from(b)).unwrap_or(0)
 }
 
 /// Median of pairwise slopes (Theil–Sen) of `values` against their index.

@@ -744,7 +744,7 @@ fn phase_slopes(model: &SceneModel<'_>, drawn: &[usize], map: &Mapping) -> Vec<P
             from,
             to,
             colour: palette::phase_colour(phase.kind),
-            rate: slope_rate_text(&phase.slope),
+            rate: slope_rate_text(&phase.slope()),
         });
     }
     slopes

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use memsnap_analysis::summary::{DeviceSummary, Summary, SummaryOptions};
-use memsnap_analysis::{GroupBy, StepOptions, StepSource};
+use memsnap_analysis::{StepOptions, StepSource};
 
 use crate::cmd::common::{format_size, load};
 
@@ -121,7 +121,7 @@ pub fn summarize_file(
             source,
         },
         top_sites: top,
-        group_by: GroupBy::Frame,
+        ..SummaryOptions::default()
     };
     // The file's snapshot is not needed after: its entries go as soon as they are replayed.
     memsnap_analysis::summarize_owned(snapshot, &options)
@@ -132,9 +132,9 @@ pub use memsnap_units::{format_delta, format_duration_us};
 
 /// A phase's rate: per second when the trace has times, else per event.
 fn phase_rate(p: &memsnap_analysis::Phase) -> String {
-    match p.slope.bytes_per_s {
+    match p.slope().bytes_per_s {
         Some(r) => memsnap_units::format_rate_signed(r),
-        None => memsnap_units::format_per_event_signed(p.slope.bytes_per_event),
+        None => memsnap_units::format_per_event_signed(p.slope().bytes_per_event),
     }
 }
 
@@ -346,7 +346,7 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                         p.phase.end_event,
                         format_size(p.phase.start_bytes),
                         format_size(p.phase.end_bytes),
-                        format_delta(p.phase.slope.bytes),
+                        format_delta(p.phase.slope().bytes),
                         rate
                     );
                 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use memsnap_analysis::summary::{DeviceSummary, SummaryOptions};
-use memsnap_analysis::{GroupBy, PhaseKind, Step, StepOptions};
+use memsnap_analysis::{PhaseKind, Step, StepOptions};
 use memsnap_format::live::{Applied, FrameReader, LiveSnapshot};
 
 use crate::cmd::common::format_size;
@@ -219,7 +219,7 @@ impl Watch {
         let options = SummaryOptions {
             steps: StepOptions::default(),
             top_sites: 0,
-            group_by: GroupBy::Frame,
+            ..SummaryOptions::default()
         };
         let summary = memsnap_analysis::summarize(snapshot, &options)
             .context("cannot analyse what was received")?;
@@ -261,7 +261,12 @@ impl Watch {
         } else {
             (step.end_bytes as f64 - floor as f64) / self.highest_peak as f64 * 100.0
         };
-        let rate = |kind: PhaseKind| step.phases.iter().find(|p| p.kind == kind).map(|p| p.slope);
+        let rate = |kind: PhaseKind| {
+            step.phases
+                .iter()
+                .find(|p| p.kind == kind)
+                .map(|p| p.slope())
+        };
         let (fwd, bwd, opt) = (
             rate(PhaseKind::Forward),
             rate(PhaseKind::Backward),

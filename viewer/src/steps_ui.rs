@@ -324,8 +324,8 @@ pub fn steps_ui(
                             format!("{}–{}", phase.start_event, phase.end_event),
                             format!("{} to {}", format_size(phase.start_bytes), format_size(phase.end_bytes)),
                             format_size(phase.peak_bytes),
-                            format_delta(phase.slope.bytes),
-                            slope_rate_text(&phase.slope),
+                            format_delta(phase.slope().bytes),
+                            slope_rate_text(&phase.slope()),
                             duration_text(phase.start_time_us, phase.end_time_us),
                             format!(
                                 "{} allocations, {} allocated",

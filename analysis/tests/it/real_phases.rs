@@ -71,11 +71,11 @@ fn ten_training_steps_of_11_with_their_first_step() {
     for s in &analysis.steps[1..] {
         let [f, b, o] = &s.phases[..] else { panic!() };
         assert_eq!(
-            (f.slope.bytes, b.slope.bytes, o.slope.bytes),
+            (f.slope().bytes, b.slope().bytes, o.slope().bytes),
             (28_052_464, -20_188_144, -7_864_320),
             "forward growth, backward and optimizer release"
         );
-        assert!(f.slope.bytes_per_s.is_some_and(|r| r > 0.0));
+        assert!(f.slope().bytes_per_s.is_some_and(|r| r > 0.0));
     }
     // The peak is in a backward pass (gradients appear before activations go).
     let peak = timeline.peak(CurveKind::Active);

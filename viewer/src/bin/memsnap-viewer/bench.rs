@@ -297,7 +297,7 @@ pub fn bench_snapshot(
     let _profile = memsnap_analysis::compare::device_profile_with_steps(
         snapshot,
         timeline,
-        &memsnap_analysis::SummaryOptions::default(),
+        &memsnap_viewer::document::profile_options(),
         model.shared_steps(),
     );
     let profile = started.elapsed();
