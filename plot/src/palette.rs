@@ -82,7 +82,7 @@ impl ColourBy {
             ColourBy::Site => "Colour each allocation by the user-code site that made it (same site, same colour)",
             ColourBy::Category => "Colour each allocation by what it is for: parameter, optimizer state, gradient, activation, temporary",
             ColourBy::Phase => "Colour each allocation by the phase it was allocated in: set-up, forward, backward, optimizer",
-            ColourBy::Module => "Colour each allocation by the module path that made it (the forwards nn.Module calls entered, by file:line; same path, same colour; grey outside every module)",
+            ColourBy::Module => "Colour each allocation by the module path that made it (its named path, such as blocks.0.attn, when recorded with enable(modules=True); else the forwards nn.Module calls entered, by file:line; same path, same colour; grey outside every module)",
         }
     }
 

@@ -291,7 +291,17 @@ pub fn band_colour(
             .map_or(palette::NO_SITE, |(_, phase)| {
                 palette::phase_colour(phase.kind)
             }),
-        ColourBy::Module => palette::module_colour(model.sites.module(allocation.stack)),
+        ColourBy::Module => {
+            // A run recorded with `memsnap.torch.enable(modules=True)` names its module
+            // calls: those paths colour the bands; else the stack's chain of forwards.
+            let paths = model.timeline.module_paths();
+            let key = if paths.is_empty() {
+                model.sites.module(allocation.stack)
+            } else {
+                paths.of(id.0 as usize).map(crate::sites::module_path_key)
+            };
+            palette::module_colour(key)
+        }
     }
 }
 
@@ -928,7 +938,7 @@ pub fn legend(model: &SceneModel<'_>, style: &LegendStyle) -> Vec<LegendEntry> {
         ColourBy::Module => out.push(entry(
             palette::SITE_SWATCH,
             "allocations (colour = module path)".into(),
-            "Each band is one allocation; one colour per module path (the forwards nn.Module calls entered, outermost first, by file:line), grey outside every module",
+            "Each band is one allocation; one colour per module path (the named path, such as blocks.0.attn, of a run recorded with memsnap.torch.enable(modules=True); else the forwards nn.Module calls entered, outermost first, by file:line), grey outside every module",
         )),
         ColourBy::Phase => {
             if kinds.is_empty() {

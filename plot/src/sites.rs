@@ -72,6 +72,16 @@ impl StackSites {
     }
 }
 
+/// A named module path's key (`blocks.0.attn`, from `memsnap.module:` ranges): FNV-1a over
+/// its bytes, so a path has the same colour in every file; never 0.
+pub fn module_path_key(path: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h.max(1)
+}
+
 /// A module path's key: a hash of its frames (FNV-1a over the frame indices), never 0 for a
 /// path; 0 for the empty path (outside every module).
 fn module_key(chain: &[FrameId]) -> u64 {

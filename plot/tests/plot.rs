@@ -319,3 +319,66 @@ fn thinned_step_marks_keep_the_first_and_last_of_each_column_and_every_wide_step
         assert_eq!(kept, expected, "column {c}");
     }
 }
+
+/// A run recorded with `memsnap.torch.enable(modules=True)`: colour by module takes each
+/// allocation's named path (its innermost `memsnap.module:` range), the same colour for the
+/// same path in any file, grey outside every module; it used the stack's chain of forwards
+/// even when the run named its modules.
+#[test]
+fn colour_by_module_uses_the_named_module_paths_of_a_run_that_records_them() {
+    use memsnap_analysis::modules::MODULE_RANGE_PREFIX;
+    use memsnap_analysis::AllocId;
+    use memsnap_format::{Action, Annotation, Metadata, Snapshot, TraceEntry};
+    use memsnap_plot::palette::{module_colour, NO_SITE};
+    use memsnap_plot::scene::{band_colour, SceneModel};
+    use memsnap_plot::sites::{module_path_key, StackSites};
+    let mut snapshot = Snapshot::new(1);
+    let times = [10, 20, 30, 40, 47];
+    for (i, &time) in times.iter().enumerate() {
+        let mut e = TraceEntry::new(Action::Alloc, 0x10000 * (i as u64 + 1), 512, 0);
+        e.set_time_us(Some(time));
+        snapshot.device_traces.as_mut().unwrap()[0].push(e);
+    }
+    let mark = |end: bool, path: &str, time_us: i64| Annotation {
+        metadata: Metadata::record(end, format!("{MODULE_RANGE_PREFIX}{path}")),
+        device: 0,
+        time_us,
+        extra: Vec::new(),
+        exact: Default::default(),
+    };
+    snapshot.external_annotations = Some(vec![
+        mark(false, "GPT", 15),
+        mark(false, "blocks.0.attn", 25),
+        mark(true, "blocks.0.attn", 35),
+        mark(false, "blocks.1.attn", 45),
+        mark(true, "blocks.1.attn", 48),
+        mark(true, "GPT", 50),
+    ]);
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let steps = timeline.steps(&StepOptions::default());
+    let sites = StackSites::new(&snapshot);
+    let model = SceneModel {
+        timeline: &timeline,
+        steps: &steps,
+        sites: &sites,
+    };
+    let colours: Vec<_> = timeline
+        .replay()
+        .allocations
+        .iter()
+        .enumerate()
+        .map(|(i, a)| band_colour(&model, AllocId(i as u32), a, ColourBy::Module, false))
+        .collect();
+    let path = |p: &str| module_colour(Some(module_path_key(p)));
+    assert_eq!(
+        colours,
+        [
+            NO_SITE,
+            path("GPT"),
+            path("blocks.0.attn"),
+            path("GPT"),
+            path("blocks.1.attn"),
+        ]
+    );
+    assert_ne!(path("blocks.0.attn"), path("GPT"));
+}
