@@ -518,11 +518,20 @@ impl Curves {
     ///
     /// Each curve's per-event deltas are summed in place in the vector that becomes the curve
     /// (see [`curve_from_deltas`]): at 10M events building costs the 40 MB a curve keeps.
-    /// O(n + m) in the events and allocations.
+    /// The allocated and active curves are built side by side (each writes its frees at
+    /// random events: one giant step's 4M allocations took 0.4 s for the two one after the
+    /// other). O(n + m) in the events and allocations.
     pub fn build(replay: &Replay) -> Curves {
         let n = replay.trace_len as usize;
-        let allocated = allocation_curve(replay.allocations.iter(), n, Lifetime::Allocated);
-        let active = allocation_curve(replay.allocations.iter(), n, Lifetime::Active);
+        let (allocated, active) = std::thread::scope(|scope| {
+            let allocated =
+                scope.spawn(|| allocation_curve(replay.allocations.iter(), n, Lifetime::Allocated));
+            let active = allocation_curve(replay.allocations.iter(), n, Lifetime::Active);
+            let allocated = allocated
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (allocated, active)
+        });
         // Segment events are few: the reserved curve keeps only its changes (at 10M events
         // that is a few KB instead of 80 MB).
         let reserved = Curve::from_changes(

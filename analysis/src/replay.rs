@@ -308,11 +308,11 @@ impl Replay {
         };
         let trace_len = u32::try_from(trace.len())
             .ok()
-            .filter(|&n| n < u32::MAX)
+            .filter(|&n| n < u32::MAX - 1)
             .ok_or(AnalysisError::TooManyEntries {
                 device,
                 entries: trace.len(),
-                max: u32::MAX as usize - 1,
+                max: u32::MAX as usize - 2,
             })?;
 
         let mut replay = Replay {
@@ -417,14 +417,17 @@ impl Replay {
                 Action::Annotate | Action::Other => replay.actions.other += 1,
             }
         }
-        let mut freed_before = frees.finish(trace, &mut traced, &mut replay, MATCH_ROUND_EVENTS);
+        let (mut freed_before, open) =
+            frees.finish(trace, &mut traced, &mut replay, MATCH_ROUND_EVENTS);
 
-        // Blocks live in the final segments that the trace never allocated.
-        let traced_live: HashSet<u64> = traced
-            .iter()
-            .filter(|a| a.free_requested().is_none() && a.free_completed().is_none())
-            .map(|a| a.addr)
-            .collect();
+        // Blocks live in the final segments that the trace never allocated. The set of the
+        // traced addresses still open is sized before it is filled (grown as it is filled,
+        // it rehashes everything it holds at each doubling), and not made without segments.
+        let mut traced_live: HashSet<u64> = HashSet::default();
+        if has_segments {
+            traced_live.reserve(open.len());
+            traced_live.extend(open);
+        }
         let mut ghosts = Vec::new();
         let mut final_reserved: i128 = 0;
         for seg in snapshot.segments.iter().filter(|s| s.device == device) {
@@ -707,6 +710,10 @@ const MATCH_ROUND_EVENTS: usize = if cfg!(test) { 64 } else { 4 << 20 };
 /// in the map till then), so no step waits on reading it back. The same answer as one map
 /// walked in event order: an address's events all fall in one part, in their order.
 ///
+/// A `free_requested` whose `free_completed` is the next entry (nearly every free: PyTorch
+/// writes them one after the other unless the block waits on another stream) is laid out
+/// as one event, matched with one lookup.
+///
 /// O(n) in the `n` entries, one hash lookup per event; after a switch, 16 bytes per `alloc`
 /// or free for at most [`MATCH_ROUND_EVENTS`] events at a time (more are laid out and
 /// matched in rounds of parts, each round one more read of the trace in order).
@@ -716,6 +723,13 @@ struct FreeMatcher {
     spilled_at: Option<u32>,
     /// Events from `spilled_at` on, by part.
     partition_sizes: Vec<usize>,
+    /// Addresses of the traced allocations still open at the end (neither requested nor
+    /// completed): gathered from the maps as they are emptied, not by reading every
+    /// allocation again.
+    open: Vec<u64>,
+    /// The last `free_requested` counted for the parts, `(event, address)`: a
+    /// `free_completed` of its address right after it is laid out with it, as one event.
+    last_request: Option<(u32, u64)>,
     freed_before: Vec<Allocation>,
     /// Anomalies noted in the walk or the part under way: each keeps its first
     /// [`MAX_ANOMALIES`] (the first of the whole trace are among them).
@@ -730,6 +744,8 @@ impl FreeMatcher {
             live: HashMap::default(),
             spilled_at: None,
             partition_sizes: Vec::new(),
+            last_request: None,
+            open: Vec::new(),
             freed_before: Vec::new(),
             noted: 0,
             anomalies_before: replay.anomalies.len(),
@@ -747,6 +763,14 @@ impl FreeMatcher {
         replay: &mut Replay,
     ) {
         if self.spilled_at.is_some() {
+            if what == AddrEvent::FREE_COMPLETED
+                && self.last_request == Some((event.wrapping_sub(1), entry.addr))
+            {
+                // Laid out with its request ([`AddrEvent::FREE_BOTH`]).
+                self.last_request = None;
+                return;
+            }
+            self.last_request = (what == AddrEvent::FREE_REQUESTED).then_some((event, entry.addr));
             self.partition_sizes[live_partition(entry.addr)] += 1;
             return;
         }
@@ -796,8 +820,14 @@ impl FreeMatcher {
                 }
             },
             AddrEvent::FREE_COMPLETED => match self.live.remove(&addr) {
-                Some(block) => block.close(event, traced, freed_before),
+                Some(block) => block.close(event, event, traced, freed_before),
                 None => freed_before.push(before_window(entry(), Some(event), Some(event))),
+            },
+            // A request and its completion on the next event: what the two give one after
+            // the other, with one lookup.
+            AddrEvent::FREE_BOTH => match self.live.remove(&addr) {
+                Some(block) => block.close(event, event + 1, traced, freed_before),
+                None => freed_before.push(before_window(entry(), Some(event), Some(event + 1))),
             },
             traced_index => {
                 let block = LiveBlock {
@@ -806,7 +836,7 @@ impl FreeMatcher {
                 };
                 if let Some(prev) = self.live.insert(addr, block) {
                     // Alloc of an address nobody freed: the free was not recorded.
-                    prev.close(event, traced, freed_before);
+                    prev.close(event, event, traced, freed_before);
                     replay.anomaly_count += 1;
                     if self.noted < MAX_ANOMALIES {
                         self.noted += 1;
@@ -822,25 +852,27 @@ impl FreeMatcher {
 
     /// Blocks still live at the end of the walk or a part: their requests are written now.
     fn write_open_requests(&mut self, traced: &mut [Allocation]) {
-        for (_, block) in self.live.drain() {
+        for (addr, block) in self.live.drain() {
             if block.free_requested != OptEvent::NONE {
                 block
                     .slot
                     .get_mut(traced, &mut self.freed_before)
                     .free_requested = block.free_requested;
+            } else if (block.slot.0 as usize) < traced.len() {
+                self.open.push(addr);
             }
         }
     }
 
     /// Matches what was left for the parts, and returns the allocations from before the
-    /// window.
+    /// window and the addresses of the traced allocations still open.
     fn finish(
         mut self,
         trace: &[memsnap_format::TraceEntry],
         traced: &mut [Allocation],
         replay: &mut Replay,
         round_events: usize,
-    ) -> Vec<Allocation> {
+    ) -> (Vec<Allocation>, Vec<u64>) {
         if let Some(spilled_at) = self.spilled_at {
             self.match_parts(spilled_at, trace, traced, replay, round_events);
         }
@@ -851,7 +883,7 @@ impl FreeMatcher {
             replay.anomalies.sort_by_key(|a| a.event);
             replay.anomalies.truncate(MAX_ANOMALIES);
         }
-        self.freed_before
+        (self.freed_before, self.open)
     }
 
     fn match_parts(
@@ -890,11 +922,26 @@ impl FreeMatcher {
             events.clear();
             events.resize(total, AddrEvent::default());
             let mut traced_index = first_traced;
+            let mut completion_laid_out = false;
             for (i, entry) in rest.iter().enumerate() {
+                if std::mem::take(&mut completion_laid_out) {
+                    continue;
+                }
                 let what = match entry.action {
                     Action::Alloc => {
                         traced_index += 1;
                         traced_index - 1
+                    }
+                    // As `event` counted it: a completion right after its request is laid
+                    // out with it.
+                    Action::FreeRequested
+                        if rest.get(i + 1).is_some_and(|next| {
+                            matches!(next.action, Action::FreeCompleted | Action::Free)
+                                && next.addr == entry.addr
+                        }) =>
+                    {
+                        completion_laid_out = true;
+                        AddrEvent::FREE_BOTH
                     }
                     Action::FreeRequested => AddrEvent::FREE_REQUESTED,
                     Action::FreeCompleted | Action::Free => AddrEvent::FREE_COMPLETED,
@@ -938,9 +985,12 @@ struct AddrEvent {
 
 impl AddrEvent {
     /// Never a traced allocation's index: there are fewer than the events, which are fewer
-    /// than `u32::MAX` ([`AnalysisError::TooManyEntries`]).
+    /// than `u32::MAX - 1` ([`AnalysisError::TooManyEntries`]).
     const FREE_REQUESTED: u32 = u32::MAX;
     const FREE_COMPLETED: u32 = u32::MAX - 1;
+    /// A `free_requested` and, on the next event, its `free_completed` (nearly every free of
+    /// a trace: a third fewer events to lay out, one round of them fewer on one giant step).
+    const FREE_BOTH: u32 = u32::MAX - 2;
 }
 
 /// A live address's allocation and the first `free_requested` seen for it.
@@ -951,16 +1001,22 @@ struct LiveBlock {
 }
 
 impl LiveBlock {
-    /// The block returns at `event`: its allocation is written, requested at the first
-    /// request seen (or now).
-    fn close(self, event: u32, traced: &mut [Allocation], before: &mut [Allocation]) {
+    /// The block returns at `completed`: its allocation is written, requested at the first
+    /// request seen (or at `requested`).
+    fn close(
+        self,
+        requested: u32,
+        completed: u32,
+        traced: &mut [Allocation],
+        before: &mut [Allocation],
+    ) {
         let a = self.slot.get_mut(traced, before);
         a.free_requested = if self.free_requested == OptEvent::NONE {
-            OptEvent::some(event)
+            OptEvent::some(requested)
         } else {
             self.free_requested
         };
-        a.free_completed = OptEvent::some(event);
+        a.free_completed = OptEvent::some(completed);
     }
 }
 
@@ -1176,17 +1232,22 @@ mod tests {
         (before.into_iter().chain(traced).collect(), anomalies, count)
     }
 
+    /// An entry per event; 4 is a `free_requested` and its `free_completed` right after it
+    /// (as most frees are written).
     fn trace_of(events: &[(u8, u64)]) -> Vec<memsnap_format::TraceEntry> {
         events
             .iter()
-            .map(|&(action, addr)| {
-                let action = match action % 4 {
-                    0 => Action::Alloc,
-                    1 => Action::FreeRequested,
-                    2 => Action::FreeCompleted,
-                    _ => Action::Free,
+            .flat_map(|&(action, addr)| {
+                let actions: &[Action] = match action % 5 {
+                    0 => &[Action::Alloc],
+                    1 => &[Action::FreeRequested],
+                    2 => &[Action::FreeCompleted],
+                    3 => &[Action::Free],
+                    _ => &[Action::FreeRequested, Action::FreeCompleted],
                 };
-                memsnap_format::TraceEntry::new(action, addr, addr % 7 + 1, 0)
+                actions.iter().map(move |&action| {
+                    memsnap_format::TraceEntry::new(action, addr, addr % 7 + 1, 0)
+                })
             })
             .collect()
     }
@@ -1202,7 +1263,7 @@ mod tests {
         /// allocs, frees twice): the parts of the map give what one map gives.
         #[test]
         fn matching_frees_part_by_part_equals_one_map_walked_in_event_order(
-            events in proptest::collection::vec((0u8..4, 0u64..40), 0..400),
+            events in proptest::collection::vec((0u8..5, 0u64..40), 0..400),
         ) {
             let trace = trace_of(&events.iter().map(|&(a, addr)| (a, addr * 512)).collect::<Vec<_>>());
             let (allocations, anomalies, count) = one_map_walk(&trace);
@@ -1213,6 +1274,46 @@ mod tests {
                 anomalies.iter().map(|a| (a.event, &a.what)).collect::<Vec<_>>()
             );
             proptest::prop_assert_eq!(replay.anomaly_count, count);
+        }
+
+        /// The same with a final segment whose blocks at some of those addresses are live:
+        /// the blocks no traced allocation still holds (neither requested nor completed at
+        /// the end) are the ones from before the window.
+        #[test]
+        fn live_blocks_no_open_traced_allocation_holds_come_from_the_segments(
+            events in proptest::collection::vec((0u8..5, 0u64..40), 0..400),
+            live in proptest::collection::btree_set(0u64..40, 0..40),
+        ) {
+            let trace = trace_of(&events.iter().map(|&(a, addr)| (a, addr * 512)).collect::<Vec<_>>());
+            let (allocations, _, _) = one_map_walk(&trace);
+            let mut segment = memsnap_format::Segment::new(0, 0, 40 * 512, 0);
+            segment.blocks = (0..40u64)
+                .map(|a| {
+                    let state = if live.contains(&a) {
+                        BlockState::ActiveAllocated
+                    } else {
+                        BlockState::Inactive
+                    };
+                    memsnap_format::Block::new(a * 512, 512, state)
+                })
+                .collect();
+            let mut snapshot = Snapshot::new(1);
+            snapshot.device_traces = Some(vec![trace]);
+            snapshot.segments.push(segment);
+            let replay = Replay::build(&snapshot, 0).expect("replay");
+            let open: std::collections::BTreeSet<u64> = allocations
+                .iter()
+                .filter(|a| a.origin == Origin::Traced && a.free_requested().is_none() && a.free_completed().is_none())
+                .map(|a| a.addr)
+                .collect();
+            let expected: Vec<u64> = live.iter().map(|a| a * 512).filter(|a| !open.contains(a)).collect();
+            let ghosts: Vec<u64> = replay
+                .allocations
+                .iter()
+                .filter(|a| a.origin == Origin::LiveInSegments)
+                .map(|a| a.addr)
+                .collect();
+            proptest::prop_assert_eq!(ghosts, expected);
         }
     }
 

@@ -83,6 +83,10 @@ pub struct SizeOrdered {
     pub end_active: u32,
 }
 
+/// Distinct sizes up to which [`DrawingIndex::by_size_desc`] counts rather than sorts (a map
+/// of this many stays in a core's cache; small in the unit tests, so that they take both ways).
+const COUNTED_SIZES: usize = if cfg!(test) { 4 } else { 1 << 14 };
+
 impl SizeOrdered {
     pub fn end(&self, lifetime: Lifetime) -> u32 {
         match lifetime {
@@ -129,9 +133,60 @@ impl DrawingIndex {
     }
 
     /// Allocations by size, largest first, ties in stacking order (`id` ascending), as a
-    /// stable sort by size would leave them, but without a stable sort's scratch copy and
-    /// faster: (size, id) pairs are sorted, then turned in place into the extents.
+    /// stable sort by size would leave them.
+    ///
+    /// A run has few distinct sizes (a model allocates the same tensors every step): each
+    /// size's place in the order is counted, and the allocations are put there in one pass in
+    /// stacking order, which keeps the ties in order (O(n) with a map of the sizes that stays
+    /// in cache). Past [`COUNTED_SIZES`] distinct sizes the pairs are sorted instead
+    /// (O(n log n)). Counting was 4-5x faster than the sort on one giant step (4M
+    /// allocations, 0.5 s of its way to the first picture).
     fn by_size_desc(replay: &Replay) -> Vec<SizeOrdered> {
+        Self::by_size_desc_counted(replay, COUNTED_SIZES)
+            .unwrap_or_else(|| Self::by_size_desc_sorted(replay))
+    }
+
+    /// [`Self::by_size_desc`] by counting, `None` past `max_sizes` distinct sizes.
+    fn by_size_desc_counted(replay: &Replay, max_sizes: usize) -> Option<Vec<SizeOrdered>> {
+        let axis = replay.axis_len();
+        let mut place: HashMap<u64, usize> = HashMap::default();
+        for a in &replay.allocations {
+            *place.entry(a.size).or_insert(0) += 1;
+            if place.len() > max_sizes {
+                return None;
+            }
+        }
+        let mut sizes: Vec<(u64, usize)> = place.iter().map(|(&s, &n)| (s, n)).collect();
+        sizes.sort_unstable_by_key(|&(size, _)| std::cmp::Reverse(size));
+        let mut at = 0;
+        for (size, count) in sizes {
+            place.insert(size, at);
+            at += count;
+        }
+        let unset = SizeOrdered {
+            id: AllocId(0),
+            start: 0,
+            end_allocated: 0,
+            end_active: 0,
+        };
+        let mut order = vec![unset; replay.allocations.len()];
+        for (id, a) in replay.allocations.iter().enumerate() {
+            // Every size was counted above.
+            let next = place.get_mut(&a.size)?;
+            order[*next] = SizeOrdered {
+                id: AllocId(id as u32),
+                start: a.start(),
+                end_allocated: a.end(Lifetime::Allocated, axis),
+                end_active: a.end(Lifetime::Active, axis),
+            };
+            *next += 1;
+        }
+        Some(order)
+    }
+
+    /// [`Self::by_size_desc`] by sorting: (size, id) pairs are sorted, then turned in place
+    /// into the extents (without a stable sort's scratch copy, and faster).
+    fn by_size_desc_sorted(replay: &Replay) -> Vec<SizeOrdered> {
         let axis = replay.axis_len();
         let mut order: Vec<(u64, u32)> = replay
             .allocations
@@ -674,5 +729,37 @@ mod tests {
             std::mem::align_of::<SizeOrdered>(),
             std::mem::align_of::<(u64, u32)>()
         );
+    }
+
+    proptest::proptest! {
+        /// Few sizes or many, allocations freed or not: counting each size's place gives the
+        /// order the sort gives (largest first, ties in stacking order).
+        #[test]
+        fn the_size_order_counted_equals_the_size_order_sorted(
+            events in proptest::collection::vec((0u8..3, 0u64..64, 1u64..12), 0..300),
+        ) {
+            let trace = events
+                .iter()
+                .map(|&(action, addr, size)| {
+                    let action = match action {
+                        0 | 1 => memsnap_format::Action::Alloc,
+                        _ => memsnap_format::Action::FreeCompleted,
+                    };
+                    memsnap_format::TraceEntry::new(action, addr * 512, size, 0)
+                })
+                .collect();
+            let mut snapshot = Snapshot::new(1);
+            snapshot.device_traces = Some(vec![trace]);
+            let replay = Replay::build(&snapshot, 0).expect("replay");
+            let sorted = DrawingIndex::by_size_desc_sorted(&replay);
+            let counted = DrawingIndex::by_size_desc_counted(&replay, usize::MAX);
+            proptest::prop_assert_eq!(counted.as_ref(), Some(&sorted));
+            // Past the bound it declines, and the order is the sorted one all the same.
+            let distinct: HashSet<u64> = replay.allocations.iter().map(|a| a.size).collect();
+            if distinct.len() > COUNTED_SIZES {
+                proptest::prop_assert!(DrawingIndex::by_size_desc_counted(&replay, COUNTED_SIZES).is_none());
+            }
+            proptest::prop_assert_eq!(DrawingIndex::by_size_desc(&replay), sorted);
+        }
     }
 }

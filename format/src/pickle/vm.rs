@@ -46,6 +46,8 @@ pub(crate) struct Snap<'o> {
     journal_buf: Vec<(bool, u32)>,
     /// Fresh frames lists already read, by their bytes.
     lists: fast_path::ListCache,
+    /// Memo references to entry keys and action names already read, by their bytes.
+    refs: fast_path::SymRefs,
 }
 
 /// How to run the reader over one input: everything but the bytes themselves.
@@ -86,6 +88,7 @@ pub(crate) fn run<F: Feed>(feed: F, options: Run<'_, '_>) -> Result<(Arena, Conv
         frames_buf: Vec::new(),
         journal_buf: Vec::new(),
         lists: fast_path::ListCache::default(),
+        refs: fast_path::SymRefs::default(),
     };
     let mut machine = Machine::new(feed, snap, total, progress).end_at(end_at);
     let root = machine.run()?;

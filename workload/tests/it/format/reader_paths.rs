@@ -336,6 +336,9 @@ enum V<'a> {
     /// The last `InlineFrames` list from the memo, then `APPEND` (`b'a'`) or `SETITEM`
     /// (`b's'`) of the first frame dict made up front onto it.
     ModifyLastList(u8),
+    /// The memo slots of two strings read before swapped (each stored over the other's with
+    /// `BINPUT`): the references written afterwards to one name the other.
+    SwapStrs(&'a str, &'a str),
 }
 
 type Entry<'a> = Vec<(&'a str, V<'a>)>;
@@ -408,6 +411,18 @@ fn snapshot_of(binput: bool, entries: &[Entry]) -> Vec<u8> {
                         p.get(dicts[0]);
                     }
                     p.out.push(*op);
+                }
+                V::SwapStrs(a, b) => {
+                    let slot = |p: &Pickler, s: &str| {
+                        u8::try_from(p.memo[s]).expect("an early memo index")
+                    };
+                    let (slot_a, slot_b) = (slot(&p, a), slot(&p, b));
+                    p.out.extend([0x8c, b.len() as u8]);
+                    p.out.extend(b.as_bytes());
+                    p.out.extend([b'q', slot_a, b'0']);
+                    p.out.extend([0x8c, a.len() as u8]);
+                    p.out.extend(a.as_bytes());
+                    p.out.extend([b'q', slot_b]);
                 }
                 V::ReplaceFrame(name) => {
                     p.out.extend([b'}', b'(']);
@@ -609,6 +624,44 @@ fn changing_a_frames_list_read_as_a_stack_is_the_same_error_on_both_paths() {
             assert!(error.contains("after it was read"), "{what}: {error}");
             check_both_paths(&bytes, &what);
         }
+    }
+}
+
+#[test]
+fn an_entry_key_or_action_rebound_in_the_memo_is_read_as_what_it_now_names() {
+    // The fast path matches the references to entry keys and action names by their bytes,
+    // as the last entry had them. Entry 10 swaps the memo slots of two keys or two action
+    // names: the same bytes in entries 11.. name the other one.
+    for binput in [false, true] {
+        let mut run = plain_run();
+        run[10].push(("mystery", V::SwapStrs("alloc", "free_requested")));
+        let bytes = snapshot_of(binput, &run);
+        let hits = check_both_paths(&bytes, &format!("actions swapped (binput: {binput})"));
+        assert!(
+            hits >= 35,
+            "only {hits} of 40 entries through the fast path"
+        );
+        let snap = pickle::read(&bytes).unwrap();
+        let trace = &snap.device_traces.as_ref().unwrap()[0];
+        // Written as free_requested (odd) and alloc (even), read as what the slots now hold.
+        assert_eq!(trace[9].action, memsnap_format::Action::FreeRequested);
+        assert_eq!(trace[11].action, memsnap_format::Action::Alloc);
+        assert_eq!(trace[12].action, memsnap_format::Action::FreeRequested);
+
+        let mut run = plain_run();
+        run[10].push(("mystery", V::SwapStrs("addr", "size")));
+        let bytes = snapshot_of(binput, &run);
+        check_both_paths(&bytes, &format!("keys swapped (binput: {binput})"));
+        let snap = pickle::read(&bytes).unwrap();
+        let trace = &snap.device_traces.as_ref().unwrap()[0];
+        assert_eq!(
+            (trace[9].addr, trace[9].size),
+            (0x7f00_0000_0000 + 9 * 512, 512)
+        );
+        assert_eq!(
+            (trace[11].addr, trace[11].size),
+            (512, 0x7f00_0000_0000 + 11 * 512)
+        );
     }
 }
 
