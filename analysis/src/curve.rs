@@ -527,10 +527,7 @@ impl Curves {
             let allocated =
                 scope.spawn(|| allocation_curve(replay.allocations.iter(), n, Lifetime::Allocated));
             let active = allocation_curve(replay.allocations.iter(), n, Lifetime::Active);
-            let allocated = allocated
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (allocated, active)
+            (crate::join(allocated), active)
         });
         // Segment events are few: the reserved curve keeps only its changes (at 10M events
         // that is a few KB instead of 80 MB).

@@ -72,6 +72,14 @@ pub mod steps;
 pub mod summary;
 pub mod timeline;
 
+/// A scoped thread's result; its panic goes on in the caller (the passes that run parts of
+/// the analysis side by side).
+pub(crate) fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 pub use categories::{Category, CategoryBytes};
 pub use curve::{Curve, CurveKind, Curves, TimeAxis};
 pub use error::{AnalysisError, Result};

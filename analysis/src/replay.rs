@@ -347,13 +347,11 @@ impl Replay {
                 }
                 Action::FreeRequested => {
                     replay.actions.free_requested += 1;
-                    frees.event(
-                        entry,
-                        i,
-                        AddrEvent::FREE_REQUESTED,
-                        &mut traced,
-                        &mut replay,
-                    );
+                    let what = match trace.get(i as usize + 1) {
+                        Some(next) if completes(entry, next) => AddrEvent::FREE_BOTH,
+                        _ => AddrEvent::FREE_REQUESTED,
+                    };
+                    frees.event(entry, i, what, &mut traced, &mut replay);
                 }
                 Action::FreeCompleted | Action::Free => {
                     if entry.action == Action::Free {
@@ -711,8 +709,8 @@ const MATCH_ROUND_EVENTS: usize = if cfg!(test) { 64 } else { 4 << 20 };
 /// walked in event order: an address's events all fall in one part, in their order.
 ///
 /// A `free_requested` whose `free_completed` is the next entry (nearly every free: PyTorch
-/// writes them one after the other unless the block waits on another stream) is laid out
-/// as one event, matched with one lookup.
+/// writes them one after the other unless the block waits on another stream) is one event,
+/// matched with one lookup, and laid out once.
 ///
 /// O(n) in the `n` entries, one hash lookup per event; after a switch, 16 bytes per `alloc`
 /// or free for at most [`MATCH_ROUND_EVENTS`] events at a time (more are laid out and
@@ -727,9 +725,9 @@ struct FreeMatcher {
     /// completed): gathered from the maps as they are emptied, not by reading every
     /// allocation again.
     open: Vec<u64>,
-    /// The last `free_requested` counted for the parts, `(event, address)`: a
-    /// `free_completed` of its address right after it is laid out with it, as one event.
-    last_request: Option<(u32, u64)>,
+    /// The last event was a request with its completion ([`AddrEvent::FREE_BOTH`]): the
+    /// next, the completion, is done.
+    completion_taken: bool,
     freed_before: Vec<Allocation>,
     /// Anomalies noted in the walk or the part under way: each keeps its first
     /// [`MAX_ANOMALIES`] (the first of the whole trace are among them).
@@ -744,7 +742,7 @@ impl FreeMatcher {
             live: HashMap::default(),
             spilled_at: None,
             partition_sizes: Vec::new(),
-            last_request: None,
+            completion_taken: false,
             open: Vec::new(),
             freed_before: Vec::new(),
             noted: 0,
@@ -753,7 +751,8 @@ impl FreeMatcher {
         }
     }
 
-    /// The next `alloc` or free of the trace, in event order.
+    /// The next `alloc` or free of the trace, in event order (a request with its completion
+    /// once, as [`AddrEvent::FREE_BOTH`]).
     fn event(
         &mut self,
         entry: &memsnap_format::TraceEntry,
@@ -762,15 +761,11 @@ impl FreeMatcher {
         traced: &mut [Allocation],
         replay: &mut Replay,
     ) {
+        if std::mem::take(&mut self.completion_taken) {
+            return;
+        }
+        self.completion_taken = what == AddrEvent::FREE_BOTH;
         if self.spilled_at.is_some() {
-            if what == AddrEvent::FREE_COMPLETED
-                && self.last_request == Some((event.wrapping_sub(1), entry.addr))
-            {
-                // Laid out with its request ([`AddrEvent::FREE_BOTH`]).
-                self.last_request = None;
-                return;
-            }
-            self.last_request = (what == AddrEvent::FREE_REQUESTED).then_some((event, entry.addr));
             self.partition_sizes[live_partition(entry.addr)] += 1;
             return;
         }
@@ -785,7 +780,8 @@ impl FreeMatcher {
             replay,
         );
         if self.live.len() > self.spill_live {
-            self.spilled_at = Some(event + 1);
+            // After the completion too, when this was a request with its completion.
+            self.spilled_at = Some(event + 1 + u32::from(self.completion_taken));
             self.partition_sizes = vec![0; LIVE_PARTITIONS];
         }
     }
@@ -858,7 +854,7 @@ impl FreeMatcher {
                     .slot
                     .get_mut(traced, &mut self.freed_before)
                     .free_requested = block.free_requested;
-            } else if (block.slot.0 as usize) < traced.len() {
+            } else if block.slot.is_traced(traced) {
                 self.open.push(addr);
             }
         }
@@ -932,13 +928,10 @@ impl FreeMatcher {
                         traced_index += 1;
                         traced_index - 1
                     }
-                    // As `event` counted it: a completion right after its request is laid
-                    // out with it.
+                    // As `event` took it: a completion right after its request is laid out
+                    // with it.
                     Action::FreeRequested
-                        if rest.get(i + 1).is_some_and(|next| {
-                            matches!(next.action, Action::FreeCompleted | Action::Free)
-                                && next.addr == entry.addr
-                        }) =>
+                        if rest.get(i + 1).is_some_and(|next| completes(entry, next)) =>
                     {
                         completion_laid_out = true;
                         AddrEvent::FREE_BOTH
@@ -1037,6 +1030,10 @@ impl Slot {
         Slot(u32::MAX - 1 - index as u32)
     }
 
+    fn is_traced(self, traced: &[Allocation]) -> bool {
+        (self.0 as usize) < traced.len()
+    }
+
     fn get_mut<'a>(
         self,
         traced: &'a mut [Allocation],
@@ -1047,6 +1044,12 @@ impl Slot {
             None => &mut before[(u32::MAX - 1 - self.0) as usize],
         }
     }
+}
+
+/// Whether `next`, the entry after the `free_requested` `request`, completes it (then they
+/// are one [`AddrEvent::FREE_BOTH`]).
+fn completes(request: &memsnap_format::TraceEntry, next: &memsnap_format::TraceEntry) -> bool {
+    matches!(next.action, Action::FreeCompleted | Action::Free) && next.addr == request.addr
 }
 
 fn before_window(

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::curve::{Curve, CurveKind, CurveMinMax, Curves, TimeAxis};
 use crate::error::{AnalysisError, Result};
 use crate::instant::Instant;
+use crate::join;
 use crate::layout::{Layout, LayoutRequest};
 use crate::ranges::{named_ranges, NamedRange};
 use crate::replay::{AllocId, Lifetime, Replay};
@@ -226,13 +227,6 @@ impl DrawingIndex {
             reserved_minmax,
         }
     }
-}
-
-/// A scoped thread's result; its panic goes on in the caller.
-fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    handle
-        .join()
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 impl DeviceTimeline {

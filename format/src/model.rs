@@ -762,6 +762,18 @@ pub struct Annotation {
 }
 
 impl Annotation {
+    /// A `record_function` marker, as PyTorch's profiler writes one: the START (or END, when
+    /// `end`) of the range `name` on `device` at `time_us`.
+    pub fn record(end: bool, name: impl Into<String>, device: i64, time_us: i64) -> Self {
+        Annotation {
+            metadata: Metadata::record(end, name),
+            device,
+            time_us,
+            extra: Vec::new(),
+            exact: Default::default(),
+        }
+    }
+
     /// The exact value of `device` or `time_us` (`None` for another field).
     pub fn exact_int(&self, field: IntField) -> Option<PyInt> {
         let bits = match field {

@@ -328,7 +328,7 @@ fn thinned_step_marks_keep_the_first_and_last_of_each_column_and_every_wide_step
 fn colour_by_module_uses_the_named_module_paths_of_a_run_that_records_them() {
     use memsnap_analysis::modules::MODULE_RANGE_PREFIX;
     use memsnap_analysis::AllocId;
-    use memsnap_format::{Action, Annotation, Metadata, Snapshot, TraceEntry};
+    use memsnap_format::{Action, Annotation, Snapshot, TraceEntry};
     use memsnap_plot::palette::{module_colour, NO_SITE};
     use memsnap_plot::scene::{band_colour, SceneModel};
     use memsnap_plot::sites::{module_path_key, StackSites};
@@ -339,12 +339,8 @@ fn colour_by_module_uses_the_named_module_paths_of_a_run_that_records_them() {
         e.set_time_us(Some(time));
         snapshot.device_traces.as_mut().unwrap()[0].push(e);
     }
-    let mark = |end: bool, path: &str, time_us: i64| Annotation {
-        metadata: Metadata::record(end, format!("{MODULE_RANGE_PREFIX}{path}")),
-        device: 0,
-        time_us,
-        extra: Vec::new(),
-        exact: Default::default(),
+    let mark = |end: bool, path: &str, time_us: i64| {
+        Annotation::record(end, format!("{MODULE_RANGE_PREFIX}{path}"), 0, time_us)
     };
     snapshot.external_annotations = Some(vec![
         mark(false, "GPT", 15),

@@ -84,7 +84,7 @@ fn real_snapshots_modules_name_their_own_code() {
 /// (no stacks here: outside every module).
 #[test]
 fn allocations_made_inside_module_ranges_are_attributed_to_the_innermost_path() {
-    use memsnap_format::{Action, Annotation, Metadata, Snapshot, TraceEntry};
+    use memsnap_format::{Action, Annotation, Snapshot, TraceEntry};
     let mut snapshot = Snapshot::new(1);
     let allocs = [(10, 1u64), (20, 10), (30, 100), (40, 1000), (60, 10000)];
     for (i, &(time, size)) in allocs.iter().enumerate() {
@@ -92,12 +92,8 @@ fn allocations_made_inside_module_ranges_are_attributed_to_the_innermost_path() 
         e.set_time_us(Some(time));
         snapshot.device_traces.as_mut().unwrap()[0].push(e);
     }
-    let mark = |end: bool, path: &str, time_us: i64| Annotation {
-        metadata: Metadata::record(end, format!("{MODULE_RANGE_PREFIX}{path}")),
-        device: 0,
-        time_us,
-        extra: Vec::new(),
-        exact: Default::default(),
+    let mark = |end: bool, path: &str, time_us: i64| {
+        Annotation::record(end, format!("{MODULE_RANGE_PREFIX}{path}"), 0, time_us)
     };
     snapshot.external_annotations = Some(vec![
         mark(false, "GPT", 15),

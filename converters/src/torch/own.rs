@@ -4,8 +4,7 @@ use foldhash::HashMap;
 use serde::Deserialize;
 
 use memsnap_format::{
-    Action, Annotation, Frame, FrameId, Metadata, PyInt, RecorderInfo, Snapshot, SourceInfo,
-    TraceEntry,
+    Action, Annotation, Frame, FrameId, PyInt, RecorderInfo, Snapshot, SourceInfo, TraceEntry,
 };
 
 use super::{micros_to_ns, DeviceReport, ImportReport, Imported, TraceDoc, TraceError};
@@ -154,16 +153,12 @@ pub(crate) fn import(doc: &TraceDoc, meta: Meta) -> Result<Imported, TraceError>
                 annotations.push((
                     ns,
                     index,
-                    Annotation {
-                        metadata: Metadata::record(
-                            ph != "B",
-                            event.name.clone().unwrap_or_default(),
-                        ),
-                        device: meta.devices[d].device,
-                        time_us: i64::try_from(ns.div_euclid(1000)).unwrap_or(i64::MAX),
-                        extra: Vec::new(),
-                        exact: Default::default(),
-                    },
+                    Annotation::record(
+                        ph != "B",
+                        event.name.clone().unwrap_or_default(),
+                        meta.devices[d].device,
+                        i64::try_from(ns.div_euclid(1000)).unwrap_or(i64::MAX),
+                    ),
                 ));
             }
             continue;

@@ -98,7 +98,11 @@ impl Sym {
         Sym::ALL.get(usize::from(n)).copied().unwrap_or(Sym::Other)
     }
 
-    const ALL: [Sym; 23] = [
+    /// The action names, as [`Sym::action`] maps them (the tail of [`Sym::ALL`]).
+    pub(crate) const ACTIONS: &'static [Sym] = Sym::ALL.split_at(Sym::ActAlloc as usize).1;
+
+    /// Every symbol, by discriminant.
+    pub(crate) const ALL: [Sym; 23] = [
         Sym::Other,
         Sym::Action,
         Sym::Addr,

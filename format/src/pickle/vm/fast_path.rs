@@ -37,7 +37,7 @@
 //! to the keys and the action name, the same bytes in every entry, are matched by those
 //! bytes ([`SymRefs`]) rather than decoded; and the read position stays in a register (the
 //! rare paths that are calls take it by value). Instructions per entry of the shared-lists
-//! layout (callgrind, 100k entries, the whole load): 1,470 before these three, 1,270 after.
+//! layout (callgrind, 100k entries, the whole load): 1,470 before these three, 1,300 after.
 //!
 //! ## Giving up
 //!
@@ -227,9 +227,9 @@ impl ListCache {
 /// the key the writer's order puts there is a load and a compare.
 ///
 /// A reference read this way stays right while the memo slot holds what it held
-/// ([`Memo::changes`] unchanged: the table is emptied otherwise). Only references seen in an
-/// entry that was read to the end are kept: an attempt that gives up empties the table, since
-/// the slots it stored to are taken back.
+/// ([`Memo::changes`] unchanged: the table is emptied otherwise). An attempt that learned a
+/// reference and then gives up empties the table, since the slots it stored to are taken
+/// back.
 pub(super) struct SymRefs {
     /// By [`Sym`] (as a number): the reference's bytes (opcode and index, little-endian) and a
     /// mask as long as they are; a zero mask for none.
@@ -242,8 +242,8 @@ pub(super) struct SymRefs {
     learned: bool,
 }
 
-/// [`Sym`]s are 5-bit numbers (the memo packs them so).
-const SYMS: usize = 32;
+/// [`SymRefs`]'s slots, one per [`Sym`].
+const SYMS: usize = Sym::ALL.len();
 
 /// The keys of a trace entry the fast path reads, in the writer's order: tried when the next
 /// bytes are not the reference to the key expected there (an optional key left out).
@@ -258,21 +258,6 @@ const KEYS: [Sym; 8] = [
     Sym::Frames,
 ];
 
-/// The action names a trace entry's `action` may reference, in the order they are tried.
-const ACTIONS: [Sym; 11] = [
-    Sym::ActAlloc,
-    Sym::ActFreeRequested,
-    Sym::ActFreeCompleted,
-    Sym::ActSegmentAlloc,
-    Sym::ActSegmentFree,
-    Sym::ActSegmentMap,
-    Sym::ActSegmentUnmap,
-    Sym::ActSnapshot,
-    Sym::ActOom,
-    Sym::ActAnnotate,
-    Sym::ActFree,
-];
-
 impl Default for SymRefs {
     fn default() -> Self {
         SymRefs {
@@ -285,11 +270,20 @@ impl Default for SymRefs {
 }
 
 impl SymRefs {
-    /// Whether `window[at..]` starts with the reference last seen to `sym`: its length if so.
+    /// The first of `syms` whose reference, as last seen, starts `next8` (the next 8 bytes),
+    /// and the reference's length; none while the memo is not at `memo_changes` any more.
     #[inline(always)]
-    fn at(&self, next8: u64, sym: Sym) -> Option<usize> {
-        let (bytes, mask) = self.refs[sym as usize];
-        (mask != 0 && next8 & mask == bytes).then_some(self.lens[sym as usize] as usize)
+    fn find(&self, next8: u64, syms: &[Sym], memo_changes: u64) -> Option<(Sym, usize)> {
+        if memo_changes != self.memo_changes {
+            return None;
+        }
+        for &sym in syms {
+            let (bytes, mask) = self.refs[sym as usize];
+            if mask != 0 && next8 & mask == bytes {
+                return Some((sym, self.lens[sym as usize] as usize));
+            }
+        }
+        None
     }
 
     /// Notes that `reference` (a whole `BINGET`/`LONG_BINGET`) fetches a str recognised as
@@ -648,33 +642,42 @@ impl EntryReader<'_, '_> {
     #[inline(always)]
     fn key(&mut self, p: &mut usize, expect: Sym) -> Option<Sym> {
         let next8 = self.next8(*p);
-        if let Some(len) = self.known_ref(next8, expect) {
+        let changes = self.memo.changes;
+        if let Some((sym, len)) = self.b.refs.find(next8, &[expect], changes) {
             *p += len;
-            return Some(expect);
+            return Some(sym);
         }
         if next8 as u8 == op::SETITEMS {
             *p += 1;
             return Some(Sym::Other);
         }
         // An optional key left out: the next one is one of the others.
-        if self.b.refs.memo_changes == self.memo.changes {
-            for sym in KEYS {
-                if let Some(len) = self.b.refs.at(next8, sym) {
-                    *p += len;
-                    return Some(sym);
-                }
-            }
-        }
-        let (sym, end) = self.key_read(*p)?;
+        let (sym, end) = match self.b.refs.find(next8, &KEYS, changes) {
+            Some((sym, len)) => (sym, *p + len),
+            None => self.read_ref(*p)?,
+        };
         *p = end;
         Some(sym)
     }
 
-    /// [`Self::key`] for a reference not seen before (or a `FRAME` header first), and the
-    /// position after it. Out of line, and the position by value: one whose address went
-    /// to a call would live in memory, a store for every byte read.
+    /// The action an entry's `action` references.
+    #[inline(always)]
+    fn action(&mut self, p: &mut usize) -> Option<Action> {
+        let next8 = self.next8(*p);
+        let (sym, end) = match self.b.refs.find(next8, Sym::ACTIONS, self.memo.changes) {
+            Some((sym, len)) => (sym, *p + len),
+            None => self.read_ref(*p)?,
+        };
+        *p = end;
+        sym.action()
+    }
+
+    /// What the memo reference at `start` fetches, recognised as a key or action name
+    /// ([`Sym::Other`] for `SETITEMS`, `None` for anything else), and the position after
+    /// it; the reference is learned ([`SymRefs`]). Out of line, and the position by value:
+    /// one whose address went to a call would live in memory, a store for every byte read.
     #[inline(never)]
-    fn key_read(&mut self, start: usize) -> Option<(Sym, usize)> {
+    fn read_ref(&mut self, start: usize) -> Option<(Sym, usize)> {
         let mut p = start;
         let code = self.w.op(&mut p)?;
         if code == op::SETITEMS {
@@ -689,35 +692,6 @@ impl EntryReader<'_, '_> {
         }
     }
 
-    /// The action an entry's `action` references.
-    #[inline(always)]
-    fn action(&mut self, p: &mut usize) -> Option<Action> {
-        if self.b.refs.memo_changes == self.memo.changes {
-            let next8 = self.next8(*p);
-            for sym in ACTIONS {
-                if let Some(len) = self.b.refs.at(next8, sym) {
-                    *p += len;
-                    return sym.action();
-                }
-            }
-        }
-        let (action, end) = self.action_read(*p)?;
-        *p = end;
-        Some(action)
-    }
-
-    /// [`Self::action`] for a reference not seen before, and the position after it (out of
-    /// line, by value, as [`Self::key_read`]).
-    #[inline(never)]
-    fn action_read(&mut self, start: usize) -> Option<(Action, usize)> {
-        let mut p = start;
-        let code = self.w.op(&mut p)?;
-        let sym = self.memo_sym(code, &mut p)?;
-        let action = sym.action()?;
-        self.learn(start, p, code, sym);
-        Some((action, p))
-    }
-
     /// The 8 bytes at `p` (zeros past the window's end: no reference is matched there, since
     /// a mask never covers more bytes than a reference has and a reference's first byte, its
     /// opcode, is never 0).
@@ -727,15 +701,6 @@ impl EntryReader<'_, '_> {
             Some(b) => u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
             None => 0,
         }
-    }
-
-    /// The key whose reference, as last seen, is at `p`, and the reference's length.
-    #[inline(always)]
-    fn known_ref(&self, next8: u64, sym: Sym) -> Option<usize> {
-        if self.b.refs.memo_changes != self.memo.changes {
-            return None;
-        }
-        self.b.refs.at(next8, sym)
     }
 
     /// Notes the reference `window[start..end]` (opcode `code`) to a str recognised as `sym`,
