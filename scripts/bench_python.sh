@@ -2,10 +2,12 @@
 # memsnap.load / memsnap.open vs pickle.load on a 1M-entry snapshot in both of PyTorch's
 # layouts (frames lists shared through the memo; a fresh frames list per entry), release
 # build, side by side in the same run.
-#   bash scripts/bench_python.sh [ENTRIES]      (default 1000000; needs python3 with venv)
+#   bash scripts/bench_python.sh [ENTRIES [bench_load.py options: --runs N --only load --together]]
+# (ENTRIES defaults to 1000000; needs python3 with venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENTRIES="${1:-1000000}"
+shift || true
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 echo "== snapshot ($ENTRIES entries, pytorch and pytorch-fresh-frames layouts)"
@@ -18,4 +20,4 @@ python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/maturin" build --quiet --release --manifest-path python/Cargo.toml --out "$WORK/dist" --locked
 "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check --no-index "$WORK"/dist/memsnap-*.whl
 echo "== benchmark"
-(cd "$WORK" && "$WORK/venv/bin/python" "$OLDPWD/python/bench/bench_load.py" "$WORK/bench.pickle.pytorch" "$WORK/bench.pickle.pytorch-fresh-frames")
+(cd "$WORK" && "$WORK/venv/bin/python" "$OLDPWD/python/bench/bench_load.py" "$WORK/bench.pickle.pytorch" "$WORK/bench.pickle.pytorch-fresh-frames" "$@")

@@ -11,14 +11,24 @@
 installs the ``memsnap`` and ``memsnap-viewer`` programs.
 """
 
+from __future__ import annotations
+
 import gc as _gc
 import os as _os
-from typing import Any, BinaryIO, Union
 
 from . import _memsnap
 from ._memsnap import FormatError
-from ._snapshot import Snapshot, Segments, Blocks, Trace, Frame
-from ._tools import summary, plot, Plot, view, program_path
+
+# `import memsnap` stays cheap (a few ms) because `memsnap.load` is often the first thing a
+# script does and is measured against `pickle.load`: NumPy (for `memsnap.open`'s columns),
+# `typing`, `subprocess` and `importlib.metadata` are imported on first use, through the
+# module `__getattr__` below (PEP 562), not here.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for type checkers only; `typing` is not imported at run time
+    from typing import Any, BinaryIO, Union
+
+    from ._snapshot import Blocks, Frame, Segments, Snapshot, Trace
+    from ._tools import Plot, plot, program_path, summary, view
 
 __all__ = [
     "FormatError",
@@ -39,12 +49,42 @@ __all__ = [
     "program_path",
 ]
 
-try:
-    from importlib.metadata import version as _version
+_LAZY = {
+    "Snapshot": "_snapshot",
+    "Segments": "_snapshot",
+    "Blocks": "_snapshot",
+    "Trace": "_snapshot",
+    "Frame": "_snapshot",
+    "summary": "_tools",
+    "plot": "_tools",
+    "Plot": "_tools",
+    "view": "_tools",
+    "program_path": "_tools",
+}
 
-    __version__ = _version("memsnap")
-except Exception:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+    if name == "__version__":
+        try:
+            from importlib.metadata import version
+
+            value = version("memsnap")
+        except Exception:  # pragma: no cover - running from a source tree
+            value = "0.0.0"
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})
 
 
 def _without_gc(function, *args):
@@ -110,4 +150,6 @@ def open(path: Union[str, "_os.PathLike[str]"]) -> Snapshot:  # noqa: A001 - mem
     waits for it. Trace columns are NumPy arrays when NumPy is installed, ``array.array``
     otherwise; stacks are resolved to frames on demand (:meth:`Snapshot.stack`).
     """
+    from ._snapshot import Snapshot
+
     return Snapshot._open(_os.fspath(path))

@@ -17,8 +17,14 @@
 //! names, file and function names) and ints (sizes, line numbers, addresses) millions of times.
 //! `pickle.load` makes a new `str` for each occurrence; this builder makes each one once and
 //! hands out new references to it (strings and ints are immutable, so nobody can tell, except
-//! by `is`). And at `EMPTY_DICT` (the machine's [`Build::empty_dict`] hook) it reads a dict of
-//! memoized keys and plain values in one piece, straight from the input.
+//! by `is`); an int a dict key had just before is handed out again, and a key whose ints
+//! never repeat (timestamps) gets new ones without a cache lookup ([`KeyInts`]). And at
+//! `EMPTY_DICT` (the machine's [`Build::empty_dict`] hook) it reads a dict of memoized keys and
+//! plain values in one piece, straight from the input, and a list of memo references made at
+//! its final size.
+//!
+//! A file is run as it is read ([`load_from`]), a window at a time, as `pickle.load` reads
+//! it: reading it whole first cost a copy and the page faults of 81–153 MB per 1M entries.
 
 use std::collections::HashMap;
 
@@ -41,8 +47,16 @@ const MAX_CACHED_STR: usize = 512;
 const MAX_CACHED: usize = 1 << 20;
 /// Slots of the int cache: direct-mapped, so the unique values of a trace (timestamps,
 /// addresses) cost one overwrite each instead of growing a map, and the repeated ones
-/// (sizes, line numbers, streams) are found again.
-const INT_CACHE_SLOTS: usize = 1 << 16;
+/// (sizes, line numbers, streams) are found again. Small on purpose: 64 KiB stays in the
+/// CPU's cache, and an int it evicts was made recently, so dropping the cache's reference
+/// to it touches warm memory. With 65,536 slots (1 MiB) a slot read and an eviction were
+/// each a cache miss: the 1M-entry shared-layout load took 1.13–1.73 s with them, 0.97–1.39 s
+/// with 4,096 and the per-key choice of [`KeyInts`] (five alternating runs of each).
+const INT_CACHE_SLOTS: usize = 1 << INT_CACHE_BITS;
+const INT_CACHE_BITS: u32 = 12;
+/// Dict keys (by memo index) whose int values are tried in the int cache before it is
+/// decided whether that key's ints are worth it ([`KeyInts`]); later keys always use it.
+const INT_POLICY_KEYS: usize = 4096;
 
 /// Why a pickle was not loaded.
 #[derive(Debug, thiserror::Error)]
@@ -62,15 +76,40 @@ type BuildResult<T> = std::result::Result<T, BuildError>;
 
 /// Runs the pickle in `data` and returns the object `STOP` returns.
 pub fn load<'py>(py: Python<'py>, data: &[u8]) -> Result<Bound<'py, PyAny>> {
-    let builder = PyBuild {
-        py,
-        strings: HashMap::with_hasher(Default::default()),
-        ints: vec![None; INT_CACHE_SLOTS],
-    };
-    match machine::load(data, builder) {
+    loaded(machine::load(data, PyBuild::new(py)))
+}
+
+/// [`load`] from a stream of `len` bytes (a file), read a window at a time: the file's
+/// bytes are never all in memory at once, as with `pickle.load`.
+pub fn load_from<'py>(
+    py: Python<'py>,
+    reader: impl std::io::Read,
+    len: u64,
+) -> Result<Bound<'py, PyAny>> {
+    loaded(machine::load_from(reader, len, PyBuild::new(py)))
+}
+
+fn loaded<'py>(
+    result: std::result::Result<(Bound<'py, PyAny>, PyBuild<'py>), FormatError>,
+) -> Result<Bound<'py, PyAny>> {
+    match result {
         Ok((object, _)) => Ok(object),
         Err(FormatError::Pickle { offset, what }) => Err(LoadError::Pickle { offset, what }),
         Err(other) => Err(LoadError::Other(other)),
+    }
+}
+
+impl<'py> PyBuild<'py> {
+    fn new(py: Python<'py>) -> Self {
+        PyBuild {
+            py,
+            strings: HashMap::with_hasher(Default::default()),
+            ints: vec![None; INT_CACHE_SLOTS],
+            int_keys: std::iter::repeat_with(|| KeyInts::NEW)
+                .take(INT_POLICY_KEYS)
+                .collect(),
+            list_items: Vec::new(),
+        }
     }
 }
 
@@ -79,6 +118,49 @@ struct PyBuild<'py> {
     py: Python<'py>,
     strings: HashMap<Box<[u8]>, Bound<'py, PyAny>, foldhash::fast::RandomState>,
     ints: Vec<Option<(i64, Bound<'py, PyAny>)>>,
+    /// Per dict key (a memo index below [`INT_POLICY_KEYS`]): how its int values fared in
+    /// the int cache.
+    int_keys: Vec<KeyInts<'py>>,
+    /// The memo indices of the list [`PyBuild::fast_list`] is reading (kept for its capacity).
+    list_items: Vec<usize>,
+}
+
+/// One dict key's ints: the last value it had (an entry's `time_us` or `addr` is often the
+/// one before it: a free request and its completion, two events of one instant), and how
+/// its other values fared in the int cache over the key's first [`KeyInts::TRIAL`] lookups,
+/// which decides whether its later values go through the cache at all.
+///
+/// Why: a key whose values are unique (most `time_us`, `addr`s) gains nothing from the
+/// cache and costs two cache misses a value (the slot, then the old object it evicts, whose
+/// reference is dropped). Sizes, lines and streams repeat and stay cached.
+struct KeyInts<'py> {
+    last: Option<(i64, Bound<'py, PyAny>)>,
+    looked_up: u32,
+    found: u32,
+}
+
+impl KeyInts<'_> {
+    const TRIAL: u32 = 4096;
+    const NEW: Self = KeyInts {
+        last: None,
+        looked_up: 0,
+        found: 0,
+    };
+
+    /// Whether this key's ints are looked up in the cache: always during the trial, then
+    /// when at least a quarter of the trial's lookups found their value.
+    #[inline]
+    fn cached(&self) -> bool {
+        self.looked_up < Self::TRIAL || self.found >= Self::TRIAL / 4
+    }
+
+    #[inline]
+    fn count(&mut self, found: bool) {
+        if self.looked_up < Self::TRIAL {
+            self.looked_up += 1;
+            self.found += u32::from(found);
+        }
+    }
 }
 
 /// The loader's memo: an object per slot.
@@ -373,14 +455,10 @@ impl<'py> PyBuild<'py> {
                 op::BINGET | op::LONG_BINGET => {
                     Value::Memo(memo_ref(&value_op).filter(|&i| i < memo_len)?)
                 }
-                op::BININT1 => Value::Int(self.int_slot(i64::from(value_op.array::<1>()[0]))),
-                op::BININT2 => {
-                    Value::Int(self.int_slot(i64::from(u16::from_le_bytes(value_op.array()))))
-                }
-                op::BININT => {
-                    Value::Int(self.int_slot(i64::from(i32::from_le_bytes(value_op.array()))))
-                }
-                op::LONG1 => Value::Int(self.int_slot(short_long(value_op.arg)?)),
+                op::BININT1 => self.int_value(key, i64::from(value_op.array::<1>()[0])),
+                op::BININT2 => self.int_value(key, i64::from(u16::from_le_bytes(value_op.array()))),
+                op::BININT => self.int_value(key, i64::from(i32::from_le_bytes(value_op.array()))),
+                op::LONG1 => self.int_value(key, short_long(value_op.arg)?),
                 op::SHORT_BINUNICODE => self.fast_str(value_op.arg)?,
                 op::NONE => Value::None,
                 op::NEWTRUE => Value::Bool(true),
@@ -402,6 +480,7 @@ impl<'py> PyBuild<'py> {
                         Value::Owned(object) => object,
                         Value::Memo(i) => memo.dense_slots()[i].clone()?,
                         Value::Int(slot) => self.ints[slot].as_ref()?.1.clone(),
+                        Value::KeyLast(k) => self.int_keys[k].last.as_ref()?.1.clone(),
                         Value::Str(bytes) => self.strings.get(bytes)?.clone(),
                         Value::None => PyNone::get(py).to_owned().into_any(),
                         Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
@@ -420,6 +499,7 @@ impl<'py> PyBuild<'py> {
             match value {
                 Value::Memo(i) => dict.set_item(key, slots[i].as_ref()?),
                 Value::Int(slot) => dict.set_item(key, &self.ints[slot].as_ref()?.1),
+                Value::KeyLast(k) => dict.set_item(key, &self.int_keys[k].last.as_ref()?.1),
                 Value::Str(bytes) => dict.set_item(key, self.strings.get(bytes)?),
                 Value::Owned(object) => dict.set_item(key, object),
                 Value::None => dict.set_item(key, PyNone::get(py)),
@@ -430,7 +510,10 @@ impl<'py> PyBuild<'py> {
     }
 
     /// A list of memo references (`EMPTY_LIST` just read): an optional memo store, then
-    /// `MARK` refs `APPENDS`, one ref `APPEND`, or nothing.
+    /// `MARK` refs `APPENDS`, one ref `APPEND`, or nothing. The references are gathered
+    /// first and the list made at its final size (`APPEND` by `APPEND`, a 27-frame list grew
+    /// five times); it goes into the memo afterwards, at the index its store named (the
+    /// references are all to objects stored before the dict, so none can name the list).
     fn fast_list(
         &mut self,
         data: &[u8],
@@ -438,48 +521,98 @@ impl<'py> PyBuild<'py> {
         memo: &mut PyMemo<'py>,
         memo_len: usize,
     ) -> Option<Bound<'py, PyAny>> {
-        let list = PyList::empty(self.py);
         let mut ahead = *pos;
         let mut op = fast_op(data, &mut ahead)?;
-        if fast_store(&op, memo, list.as_any())? {
-            *pos = ahead;
-            op = fast_op(data, &mut ahead)?;
-        }
+        let store = match store_index(&op, memo) {
+            Store::None => None,
+            Store::Append(index) => {
+                *pos = ahead;
+                op = fast_op(data, &mut ahead)?;
+                Some(index)
+            }
+            Store::Elsewhere => return None,
+        };
+        let items = &mut self.list_items;
+        items.clear();
         match op.code {
             op::MARK => loop {
                 let item = fast_op(data, &mut ahead)?;
                 if item.code == op::APPENDS {
                     break;
                 }
-                let index = memo_ref(&item).filter(|&i| i < memo_len)?;
-                list.append(memo.dense_slots()[index].as_ref()?).ok()?;
+                items.push(memo_ref(&item).filter(|&i| i < memo_len)?);
             },
             op::BINGET | op::LONG_BINGET => {
-                let index = memo_ref(&op).filter(|&i| i < memo_len)?;
-                list.append(memo.dense_slots()[index].as_ref()?).ok()?;
+                items.push(memo_ref(&op).filter(|&i| i < memo_len)?);
                 if fast_op(data, &mut ahead)?.code != op::APPEND {
                     return None;
                 }
             }
-            // An empty list: `op` is the next key (or a store of the list... taken above).
-            _ => return Some(list.into_any()),
+            // An empty list: `op` is the next key, not read here.
+            _ => ahead = *pos,
+        }
+        let slots = memo.dense_slots();
+        if items.iter().any(|&i| slots[i].is_none()) {
+            return None;
+        }
+        // Never used (every slot was just checked): `PyList::new` wants an exact length.
+        let none = PyNone::get(self.py);
+        let list = PyList::new(
+            self.py,
+            items.iter().map(|&i| slots[i].as_ref().unwrap_or(&none)),
+        )
+        .ok()?
+        .into_any();
+        if let Some(index) = store {
+            if !memo.push_dense(index, list.clone()) {
+                return None;
+            }
         }
         *pos = ahead;
-        Some(list.into_any())
+        Some(list)
     }
 
-    /// The int cache's slot holding `value` (filled first if it holds another).
+    /// An int value of the dict key at memo index `key`: the key's last value when it is that
+    /// again, else a slot of the int cache, or a new int when that key's values do not
+    /// repeat ([`KeyInts`]); it becomes the key's last value.
     #[inline]
-    fn int_slot(&mut self, value: i64) -> usize {
+    fn int_value<'a>(&mut self, key: usize, value: i64) -> Value<'py, 'a> {
+        let Some(ints) = self.int_keys.get_mut(key) else {
+            return Value::Int(self.int_slot(value).0);
+        };
+        if let Some((last, _)) = &ints.last {
+            if *last == value {
+                return Value::KeyLast(key);
+            }
+        }
+        let object = if ints.cached() {
+            let (slot, found) = self.int_slot(value);
+            let Some((_, object)) = &self.ints[slot] else {
+                return Value::Int(slot);
+            };
+            let object = object.clone();
+            self.int_keys[key].count(found);
+            object
+        } else {
+            value.into_pyobject(self.py).into_any_ok()
+        };
+        self.int_keys[key].last = Some((value, object));
+        Value::KeyLast(key)
+    }
+
+    /// The int cache's slot holding `value` (filled first if it holds another), and whether
+    /// it held `value` already.
+    #[inline]
+    fn int_slot(&mut self, value: i64) -> (usize, bool) {
         let slot = int_cache_slot(value);
         match &self.ints[slot] {
-            Some((cached, _)) if *cached == value => {}
+            Some((cached, _)) if *cached == value => (slot, true),
             _ => {
                 let object = value.into_pyobject(self.py).into_any_ok();
                 self.ints[slot] = Some((value, object));
+                (slot, false)
             }
         }
-        slot
     }
 
     /// A `SHORT_BINUNICODE` value: the cached str (added if new), or a new one when it is not
@@ -520,6 +653,8 @@ enum Value<'py, 'a> {
     Memo(usize),
     /// A slot of the int cache.
     Int(usize),
+    /// The last int value of the dict key at this memo index ([`KeyInts`]).
+    KeyLast(usize),
     /// A key of the str cache.
     Str(&'a [u8]),
     Owned(Bound<'py, PyAny>),
@@ -555,7 +690,7 @@ fn store_index(op: &FastOp<'_>, memo: &PyMemo<'_>) -> Store {
 /// The int cache's slot for `value`: Fibonacci hashing, the top bits of the product.
 #[inline]
 fn int_cache_slot(value: i64) -> usize {
-    ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize % INT_CACHE_SLOTS
+    ((value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - INT_CACHE_BITS)) as usize
 }
 
 /// An opcode [`Build::empty_dict`] reads: its code and argument (after the length byte of
@@ -566,13 +701,11 @@ struct FastOp<'a> {
 }
 
 impl FastOp<'_> {
-    /// The argument as `N` bytes (their lengths are fixed by the opcode).
+    /// The argument as `N` bytes (their lengths are fixed by the opcode, so this is a
+    /// load; a copy of a length known only at run time was a call to `memcpy` per opcode).
     #[inline]
     fn array<const N: usize>(&self) -> [u8; N] {
-        let mut out = [0; N];
-        let n = N.min(self.arg.len());
-        out[..n].copy_from_slice(&self.arg[..n]);
-        out
+        self.arg.first_chunk::<N>().copied().unwrap_or([0; N])
     }
 }
 
@@ -625,21 +758,21 @@ fn memo_ref(op: &FastOp<'_>) -> Option<usize> {
     }
 }
 
-/// A `LONG1` argument of at most 8 bytes as an `i64` (little-endian two's complement).
+/// A `LONG1` argument of at most 8 bytes as an `i64` (little-endian two's complement),
+/// assembled a byte at a time (no `memcpy` call for a copy of a length known at run time).
 #[inline]
 fn short_long(bytes: &[u8]) -> Option<i64> {
     if bytes.len() > 8 {
         return None;
     }
-    Some(match bytes.last() {
-        None => 0,
-        Some(&last) => {
-            let fill = if last & 0x80 != 0 { 0xff } else { 0 };
-            let mut raw = [fill; 8];
-            raw[..bytes.len()].copy_from_slice(bytes);
-            i64::from_le_bytes(raw)
-        }
-    })
+    let mut raw = 0u64;
+    for (i, &byte) in bytes.iter().enumerate() {
+        raw |= u64::from(byte) << (8 * i);
+    }
+    if bytes.len() < 8 && bytes.last().is_some_and(|&last| last & 0x80 != 0) {
+        raw |= u64::MAX << (8 * bytes.len());
+    }
+    Some(raw as i64)
 }
 
 /// A Python error raised while building (an unhashable dict key, a surrogate-decoding error):

@@ -5,6 +5,7 @@ import io
 import os
 import pickle
 import subprocess
+import sys
 
 import pytest
 
@@ -241,3 +242,65 @@ def test_dicts_read_in_one_piece_keep_pickles_sharing_and_corner_cases():
     # BINPUT over an index stored before, inside a dict: the overwrite is the generic path's.
     data = b"\x80\x04\x8c\x01k\x94\x8c\x01v\x94}\x94(h\x00h\x01q\x00h\x00h\x00u."
     assert memsnap.load(data) == pickle.loads(data)
+
+
+def test_a_file_is_read_as_it_runs_across_many_windows_and_every_cut_of_it_is_refused(tmp_path):
+    # A plain pickle file is run as it is read, a window of a few hundred KiB at a time: a
+    # dict, a list or an int split across two windows is read the same, and a file cut
+    # anywhere is refused with FormatError, not read past its end.
+    entries = [
+        {"action": "alloc", "addr": (1 << 40) + 512 * i, "size": 512 * (i % 7), "time_us": 10**15 + i,
+         "frames": [{"filename": f"f{i % 13}.py", "line": i % 101, "name": "forward"}] * (i % 4)}
+        for i in range(40_000)
+    ]
+    obj = {"segments": [], "device_traces": [entries]}
+    data = pickle.dumps(obj, protocol=4)
+    assert len(data) > 1 << 20, "spans several of the reader's windows"
+    path = tmp_path / "big.pickle"
+    path.write_bytes(data)
+    got = memsnap.load(path)
+    assert got == obj
+    assert sharing(got) == sharing(pickle.loads(data))
+    cut_file = tmp_path / "cut.pickle"
+    for cut in list(range(0, 64)) + list(range(64, len(data), len(data) // 97)):
+        cut_file.write_bytes(data[:cut])
+        with pytest.raises(memsnap.FormatError):
+            memsnap.load(cut_file)
+
+
+def test_ints_are_what_pickle_load_gives_whichever_way_the_loader_shares_them():
+    # The loader shares equal ints three ways (a key's last value, a small cache, a fresh
+    # int for keys whose values never repeat) and switches a key between them after its
+    # first 4096 values; the keys of the last dicts are stored beyond the memo indices it
+    # tracks. Whatever it picks, the values are pickle.load's.
+    rows = []
+    for i in range(12_000):
+        rows.append({
+            "unique": 10**15 + 7 * i,          # never repeats
+            "same": 1 << 33,                   # always the last value
+            "pairs": (1 << 40) + i // 2,       # each value twice in a row
+            "cycle": 4096 * (i % 300),         # repeats, but never twice in a row
+            "small": i % 5,
+            "neg": -(1 << 35) - (i % 3),
+            "late": i if i < 6000 else 5,     # unique, then one value
+        })
+    tail = [{f"k{j}": 1000 + j, "unique": j} for j in range(5000)]  # keys memoized past 4096
+    obj = rows + tail
+    for protocol in (2, 4, 5):
+        data = pickle.dumps(obj, protocol=protocol)
+        assert memsnap.load(data) == pickle.loads(data)
+
+
+def test_import_memsnap_leaves_numpy_typing_and_subprocess_unimported():
+    # `import memsnap` is what a script pays before `memsnap.load`; NumPy alone took 94 ms of
+    # the 176 ms it took (and started BLAS threads). They load on first use.
+    code = (
+        "import sys, memsnap\n"
+        "heavy = [m for m in ('numpy', 'typing', 'subprocess', 'importlib.metadata') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+        "memsnap.Snapshot, memsnap.summary, memsnap.__version__\n"
+        "print('numpy' in sys.modules or memsnap._snapshot._np is None)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines == ["", "True"], out.stdout

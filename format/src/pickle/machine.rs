@@ -23,6 +23,7 @@
 use crate::error::{FormatError, Result};
 use crate::progress::Progress;
 
+use super::feed::ReaderFeed;
 pub use super::feed::{Feed, SliceFeed};
 pub use super::memo::{Memo, Packing};
 use super::opcodes::{executes_code, op, opcode_info};
@@ -194,6 +195,21 @@ pub fn load<B: Build>(bytes: &[u8], builder: B) -> Result<(B::Value, B)> {
         bytes.len() as u64,
         &mut progress,
     );
+    let value = machine.run()?;
+    Ok((value, machine.b))
+}
+
+/// [`load`] from a stream of `len` bytes (a file), read through a window of a few hundred
+/// KiB instead of held whole: the memory of a load is the builder's alone. `len` bounds
+/// every declared length as the slice's length does for [`load`]; a stream that ends early
+/// is reported as truncated, a failing read as [`FormatError::Read`] with its byte offset.
+pub fn load_from<B: Build>(
+    reader: impl std::io::Read,
+    len: u64,
+    builder: B,
+) -> Result<(B::Value, B)> {
+    let mut progress = |_: u64, _: u64| true;
+    let mut machine = Machine::new(ReaderFeed::new(reader), builder, len, &mut progress);
     let value = machine.run()?;
     Ok((value, machine.b))
 }
