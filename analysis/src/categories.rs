@@ -25,7 +25,7 @@
 use serde::Serialize;
 
 pub use crate::category::Category;
-use crate::phases::{Evidence, PhaseKind};
+use crate::phases::{Evidence, PhaseKind, PhaseSpan};
 use crate::replay::{Lifetime, Origin, Replay};
 
 /// Bytes per category, indexed like [`Category::ALL`].
@@ -46,9 +46,6 @@ impl CategoryBytes {
         Category::ALL.iter().map(|&c| (c, self.get(c)))
     }
 }
-
-/// A phase on the event axis: its step (`None` for the set-up), kind and inclusive range.
-pub(crate) type PhaseSpan = (Option<usize>, PhaseKind, u32, u32);
 
 /// `phases.partition_point(|p| p.2 <= event)` where every phase before `from` starts at or
 /// before `event`: a galloping search from `from`, O(log d) for an answer d phases on.

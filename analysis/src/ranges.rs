@@ -112,17 +112,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn mark(stage: &str, name: &str, time_us: i64) -> Annotation {
-        Annotation {
-            metadata: vec![
+        Annotation::new(
+            vec![
                 ("stage".into(), Value::Str(stage.into())),
                 ("name".into(), Value::Str(name.into())),
             ]
             .into(),
-            device: 0,
+            0,
             time_us,
-            extra: Vec::new(),
-            exact: Default::default(),
-        }
+        )
     }
 
     /// The pairing as it was written first: search the open ranges for the END's name and

@@ -22,10 +22,10 @@
 
 use serde::Serialize;
 
-use crate::categories::{bytes_at, categorize, Category, CategoryBytes, PhaseSpan};
+use crate::categories::{bytes_at, categorize, Category, CategoryBytes};
 use crate::curve::{Curve, TimeAxis};
 pub use crate::phases::Slope;
-use crate::phases::{plan_from_evidence, Evidence, Phase, PhaseKind, PhasePlan};
+use crate::phases::{plan_from_evidence, Evidence, Phase, PhaseKind, PhasePlan, PhaseSpan};
 use crate::ranges::NamedRange;
 use crate::replay::{Lifetime, Replay};
 
@@ -398,7 +398,7 @@ pub fn find_steps(
             let first = next_span;
             while spans
                 .get(next_span)
-                .is_some_and(|span| span.0 == Some(index))
+                .is_some_and(|span| span.0 == Some(index as u32))
             {
                 next_span += 1;
             }

@@ -26,7 +26,7 @@ use crate::int::PyInt;
 use crate::intern::{StackId, StrId};
 use crate::model::*;
 use crate::schema::{self, Emit, Key, Walk};
-use crate::value::{Extras, Value};
+use crate::value::Value;
 
 /// The first difference between `a` and `b` with its path, or `None` when they hold the same
 /// data. A snapshot whose ids do not resolve is reported as a difference, not a panic.
@@ -150,7 +150,7 @@ pub(crate) fn deepest_value(snapshot: &Snapshot) -> usize {
         }
         deepest
     }
-    let extras = |e: &Extras| e.iter().map(|(_, v)| depth(v)).max().unwrap_or(0);
+    let extras = |e: &[(String, Value)]| e.iter().map(|(_, v)| depth(v)).max().unwrap_or(0);
     let mut deepest = extras(&snapshot.extra);
     for v in [&snapshot.host_segments, &snapshot.host_traces]
         .into_iter()
@@ -180,7 +180,7 @@ pub(crate) fn deepest_value(snapshot: &Snapshot) -> usize {
     }
     for a in snapshot.external_annotations.iter().flatten() {
         let metadata = a.metadata.iter().map(|(_, v)| depth(v)).max().unwrap_or(0);
-        deepest = deepest.max(metadata).max(extras(&a.extra));
+        deepest = deepest.max(metadata).max(extras(a.extra()));
     }
     if let Some(info) = &snapshot.recorder_info {
         deepest = deepest.max(extras(&info.extra));

@@ -390,6 +390,9 @@ impl IntField {
 pub struct ExactInts(Vec<(IntField, PyInt)>);
 
 impl ExactInts {
+    /// No overrides.
+    pub const NONE: ExactInts = ExactInts(Vec::new());
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

@@ -508,17 +508,14 @@ impl LiveSnapshot {
                 snap.external_annotations
                     .get_or_insert_with(Vec::new)
                     .extend(annotations.into_iter().map(|a| {
-                        Annotation {
-                            metadata: a
-                                .metadata
+                        Annotation::new(
+                            a.metadata
                                 .into_iter()
                                 .map(|(k, v)| (k, Value::Str(v)))
                                 .collect(),
                             device,
-                            time_us: a.time_us,
-                            extra: Vec::new(),
-                            exact: Default::default(),
-                        }
+                            a.time_us,
+                        )
                     }));
                 self.missed_annotations = self.missed_annotations.saturating_add(missed);
                 Ok(Applied::Annotations { count, missed })

@@ -376,7 +376,7 @@ fn int_x<'s, E: Emit<'s>>(
 }
 
 #[inline(always)]
-fn extras<'s, E: Emit<'s>>(w: &mut E, extra: &'s Extras) -> Result<(), E::Error> {
+fn extras<'s, E: Emit<'s>>(w: &mut E, extra: &'s [(String, Value)]) -> Result<(), E::Error> {
     for (k, v) in extra {
         w.extra_key(k);
         w.value(v)?;
@@ -780,12 +780,12 @@ fn annotation_fields<'s, E: Emit<'s>>(w: &mut E, a: &'s Annotation) -> Result<()
         w.extra_key(k);
         w.value(v)?;
     }
-    let x = Some(&a.exact);
+    let x = Some(a.exact());
     w.key(Key::device);
     int_x(w, x, IntField::Device, a.device)?;
     w.key(Key::time_us);
     int_x(w, x, IntField::TimeUs, a.time_us)?;
-    extras(w, &a.extra)
+    extras(w, a.extra())
 }
 
 /// A frame dict of a `frames` list: `name`, `filename`, `line`, then FX and unknown keys.
@@ -1309,15 +1309,13 @@ fn read_annotation<S: Source>(s: &mut S, v: S::V) -> Result<Annotation> {
         Ok(())
     })?;
     // A run can hold millions of annotations: `Metadata` holds record_function's two keys
-    // compactly, and the vectors filled by pushes kept room for four.
-    extra.shrink_to_fit();
-    Ok(Annotation {
-        metadata: metadata.into(),
-        device: device.ok_or_else(|| s.missing("annotation", Key::device))?,
-        time_us: time_us.ok_or_else(|| s.missing("annotation", Key::time_us))?,
-        extra,
-        exact,
-    })
+    // compactly, and the rare keys after them are boxed only when there are any.
+    Ok(Annotation::new(
+        metadata.into(),
+        device.ok_or_else(|| s.missing("annotation", Key::device))?,
+        time_us.ok_or_else(|| s.missing("annotation", Key::time_us))?,
+    )
+    .with_rare(extra, exact))
 }
 
 /// A frame dict's fields (the reader interns and caches the frame).
@@ -1382,13 +1380,11 @@ mod tests {
             extra: Extras::new(),
             exact: ExactInts::default(),
         };
-        let annotation = Annotation {
-            metadata: Metadata::new(),
-            device: 0,
-            time_us: 0,
-            extra: Extras::new(),
-            exact: ExactInts::default(),
-        };
+        // With a rare part, so that `exact` is written too.
+        let mut annotation = Annotation::new(Metadata::new(), 0, 0);
+        annotation
+            .exact_mut()
+            .set(IntField::Device, Some(PyInt::Small(0)));
         let all = [
             fields(&Segment::new(0, 0, 0, 0)),
             fields(&block),

@@ -323,15 +323,13 @@ fn odd_snapshot(n: &dyn Fn(usize) -> PyInt) -> Snapshot {
     rare.exact = x;
     snap.device_traces.as_mut().unwrap()[0] = vec![e, oom];
 
-    let mut a = Annotation {
-        metadata: vec![("stage".into(), Value::Str("START".into()))].into(),
-        device: 0,
-        time_us: 0,
-        extra: Vec::new(),
-        exact: ExactInts::default(),
-    };
-    a.device = a.exact.store_i64(IntField::Device, n(22));
-    a.time_us = a.exact.store_i64(IntField::TimeUs, n(23));
+    let mut a = Annotation::new(
+        vec![("stage".into(), Value::Str("START".into()))].into(),
+        0,
+        0,
+    );
+    a.device = a.exact_mut().store_i64(IntField::Device, n(22));
+    a.time_us = a.exact_mut().store_i64(IntField::TimeUs, n(23));
     snap.external_annotations = Some(vec![a]);
     snap.allocator_settings = Some(AllocatorSettings {
         alloc_conf: Some(String::new()),

@@ -286,16 +286,15 @@ pub(super) fn build(raw: RawSnapshot, device_index: i64) -> Snapshot {
     snap.external_annotations = Some(
         raw.annotations
             .iter()
-            .map(|a| Annotation {
-                metadata: a
-                    .metadata
-                    .iter()
-                    .map(|(k, v)| (k.clone(), Value::Str(v.clone())))
-                    .collect(),
-                device: device_index,
-                time_us: epoch_us(a.time_ns),
-                extra: Vec::new(),
-                exact: Default::default(),
+            .map(|a| {
+                Annotation::new(
+                    a.metadata
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Value::Str(v.clone())))
+                        .collect(),
+                    device_index,
+                    epoch_us(a.time_ns),
+                )
             })
             .collect(),
     );
