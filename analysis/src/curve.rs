@@ -428,7 +428,13 @@ pub(crate) fn curve_from_deltas(
     n: usize,
     visit: impl FnOnce(&mut dyn FnMut(u32, i128)),
 ) -> Curve {
-    let mut slots = vec![0u32; n];
+    // Written with zeros first, not `vec![0; n]`: that gets the kernel's shared zero pages,
+    // so reading a slot before adding to it faulted twice per page (the zero page mapped,
+    // then copied on the write with a TLB flush across every thread of the process): one
+    // giant step's curves took twice as long. The zero goes through `black_box` so that the
+    // compiler cannot fold the allocation and the fill back into that zeroed allocation.
+    let mut slots = Vec::with_capacity(n);
+    slots.resize(n, std::hint::black_box(0u32));
     let mut wide_deltas: Vec<(u32, i128)> = Vec::new();
     visit(&mut |event, bytes| {
         let slot = &mut slots[event as usize];

@@ -71,10 +71,6 @@ pub(crate) fn io_error(path: &Path, e: std::io::Error) -> PyErr {
     }
 }
 
-fn read_file(path: &Path) -> PyResult<Vec<u8>> {
-    std::fs::read(path).map_err(|e| io_error(path, e))
-}
-
 fn run_pickle<'py>(py: Python<'py>, pickle: &[u8], name: &str) -> PyResult<Bound<'py, PyAny>> {
     if pickle.is_empty() {
         return Err(format_error(name, "the input is empty"));
@@ -96,13 +92,18 @@ fn load_bytes<'py>(py: Python<'py>, data: &[u8], name: &str) -> PyResult<Bound<'
 /// converted first.
 #[pyfunction]
 fn load_path(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    use std::io::Read;
     let name = path.display().to_string();
-    let streamed = py.detach(|| open_plain_pickle(&path))?;
-    if let Some((file, len)) = streamed {
+    let (mut file, len, plain_pickle) = py.detach(|| open_for_load(&path))?;
+    if plain_pickle {
         return unpickle::load_from(py, file, len).map_err(|e| load_error(&path, &name, e));
     }
     let owned = py.detach(|| -> PyResult<Vec<u8>> {
-        let data = read_file(&path)?;
+        // Read from the file already open (`read_to_end` sizes the buffer from its length,
+        // fallibly: a sparse file claiming a terabyte is an error, not an abort).
+        let mut data = Vec::new();
+        file.read_to_end(&mut data)
+            .map_err(|e| io_error(&path, e))?;
         // A plain pickle is run from the bytes read (not a copy: 153 MB for 1M entries).
         let converted = match as_pickle(&data, &name)? {
             std::borrow::Cow::Borrowed(_) => None,
@@ -113,21 +114,20 @@ fn load_path(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
     run_pickle(py, &owned, &name)
 }
 
-/// The file at `path`, positioned at its start, and its length, when it begins as a pickle
-/// of protocol 2 to 5 does (`None` for anything else: compressed, msgpack, JSON, empty).
-fn open_plain_pickle(path: &Path) -> PyResult<Option<(std::fs::File, u64)>> {
+/// The file at `path`, positioned at its start, its length, and whether it begins as a
+/// pickle of protocol 2 to 5 does (not: compressed, msgpack, JSON, empty).
+fn open_for_load(path: &Path) -> PyResult<(std::fs::File, u64, bool)> {
     use std::io::{Read, Seek};
     let mut file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
     let len = file.metadata().map_err(|e| io_error(path, e))?.len();
     let mut head = [0u8; 2];
-    match file.read_exact(&mut head) {
-        Ok(()) if Format::detect(&head) == Some(Format::Pickle) => {}
-        Ok(()) => return Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+    let plain_pickle = match file.read_exact(&mut head) {
+        Ok(()) => Format::detect(&head) == Some(Format::Pickle),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => false,
         Err(e) => return Err(io_error(path, e)),
-    }
+    };
     file.rewind().map_err(|e| io_error(path, e))?;
-    Ok(Some((file, len)))
+    Ok((file, len, plain_pickle))
 }
 
 /// A load's error: a read that failed part-way as the `OSError` it is, the rest as

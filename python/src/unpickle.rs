@@ -29,7 +29,8 @@
 use std::collections::HashMap;
 
 use memsnap_format::pickle::machine::{
-    self, opcode_name, Build, BuildError, Container, Feed, Machine, Memo, Packing, Parts,
+    self, long_to_i64, opcode_name, Build, BuildError, Container, Feed, Machine, Memo, Packing,
+    Parts,
 };
 use memsnap_format::pickle::ops::op;
 use memsnap_format::FormatError;
@@ -104,7 +105,8 @@ impl<'py> PyBuild<'py> {
         PyBuild {
             py,
             strings: HashMap::with_hasher(Default::default()),
-            ints: vec![None; INT_CACHE_SLOTS],
+            // Every slot holds a value and its int, 0 at first (a true pair wherever it is).
+            ints: vec![(0, 0i64.into_pyobject(py).into_any_ok()); INT_CACHE_SLOTS],
             int_keys: std::iter::repeat_with(|| KeyInts::NEW)
                 .take(INT_POLICY_KEYS)
                 .collect(),
@@ -117,7 +119,7 @@ impl<'py> PyBuild<'py> {
 struct PyBuild<'py> {
     py: Python<'py>,
     strings: HashMap<Box<[u8]>, Bound<'py, PyAny>, foldhash::fast::RandomState>,
-    ints: Vec<Option<(i64, Bound<'py, PyAny>)>>,
+    ints: Vec<(i64, Bound<'py, PyAny>)>,
     /// Per dict key (a memo index below [`INT_POLICY_KEYS`]): how its int values fared in
     /// the int cache.
     int_keys: Vec<KeyInts<'py>>,
@@ -210,13 +212,12 @@ impl<'py> Build for PyBuild<'py> {
             return value.into_pyobject(py).into_any_ok();
         }
         let slot = int_cache_slot(value);
-        if let Some((cached_value, cached)) = &self.ints[slot] {
-            if *cached_value == value {
-                return cached.clone();
-            }
+        let (cached_value, cached) = &self.ints[slot];
+        if *cached_value == value {
+            return cached.clone();
         }
         let object = value.into_pyobject(py).into_any_ok();
-        self.ints[slot] = Some((value, object.clone()));
+        self.ints[slot] = (value, object.clone());
         object
     }
 
@@ -458,7 +459,7 @@ impl<'py> PyBuild<'py> {
                 op::BININT1 => self.int_value(key, i64::from(value_op.array::<1>()[0])),
                 op::BININT2 => self.int_value(key, i64::from(u16::from_le_bytes(value_op.array()))),
                 op::BININT => self.int_value(key, i64::from(i32::from_le_bytes(value_op.array()))),
-                op::LONG1 => self.int_value(key, short_long(value_op.arg)?),
+                op::LONG1 => self.int_value(key, long_to_i64(value_op.arg)?),
                 op::SHORT_BINUNICODE => self.fast_str(value_op.arg)?,
                 op::NONE => Value::None,
                 op::NEWTRUE => Value::Bool(true),
@@ -479,7 +480,7 @@ impl<'py> PyBuild<'py> {
                     let object = match value {
                         Value::Owned(object) => object,
                         Value::Memo(i) => memo.dense_slots()[i].clone()?,
-                        Value::Int(slot) => self.ints[slot].as_ref()?.1.clone(),
+                        Value::Int(slot) => self.ints[slot].1.clone(),
                         Value::KeyLast(k) => self.int_keys[k].last.as_ref()?.1.clone(),
                         Value::Str(bytes) => self.strings.get(bytes)?.clone(),
                         Value::None => PyNone::get(py).to_owned().into_any(),
@@ -498,7 +499,7 @@ impl<'py> PyBuild<'py> {
             let key = slots[key].as_ref()?;
             match value {
                 Value::Memo(i) => dict.set_item(key, slots[i].as_ref()?),
-                Value::Int(slot) => dict.set_item(key, &self.ints[slot].as_ref()?.1),
+                Value::Int(slot) => dict.set_item(key, &self.ints[slot].1),
                 Value::KeyLast(k) => dict.set_item(key, &self.int_keys[k].last.as_ref()?.1),
                 Value::Str(bytes) => dict.set_item(key, self.strings.get(bytes)?),
                 Value::Owned(object) => dict.set_item(key, object),
@@ -587,12 +588,8 @@ impl<'py> PyBuild<'py> {
         }
         let object = if ints.cached() {
             let (slot, found) = self.int_slot(value);
-            let Some((_, object)) = &self.ints[slot] else {
-                return Value::Int(slot);
-            };
-            let object = object.clone();
             self.int_keys[key].count(found);
-            object
+            self.ints[slot].1.clone()
         } else {
             value.into_pyobject(self.py).into_any_ok()
         };
@@ -605,14 +602,11 @@ impl<'py> PyBuild<'py> {
     #[inline]
     fn int_slot(&mut self, value: i64) -> (usize, bool) {
         let slot = int_cache_slot(value);
-        match &self.ints[slot] {
-            Some((cached, _)) if *cached == value => (slot, true),
-            _ => {
-                let object = value.into_pyobject(self.py).into_any_ok();
-                self.ints[slot] = Some((value, object));
-                (slot, false)
-            }
+        if self.ints[slot].0 == value {
+            return (slot, true);
         }
+        self.ints[slot] = (value, value.into_pyobject(self.py).into_any_ok());
+        (slot, false)
     }
 
     /// A `SHORT_BINUNICODE` value: the cached str (added if new), or a new one when it is not
@@ -756,23 +750,6 @@ fn memo_ref(op: &FastOp<'_>) -> Option<usize> {
         op::LONG_BINGET => usize::try_from(u32::from_le_bytes(op.array())).ok(),
         _ => None,
     }
-}
-
-/// A `LONG1` argument of at most 8 bytes as an `i64` (little-endian two's complement),
-/// assembled a byte at a time (no `memcpy` call for a copy of a length known at run time).
-#[inline]
-fn short_long(bytes: &[u8]) -> Option<i64> {
-    if bytes.len() > 8 {
-        return None;
-    }
-    let mut raw = 0u64;
-    for (i, &byte) in bytes.iter().enumerate() {
-        raw |= u64::from(byte) << (8 * i);
-    }
-    if bytes.len() < 8 && bytes.last().is_some_and(|&last| last & 0x80 != 0) {
-        raw |= u64::MAX << (8 * bytes.len());
-    }
-    Some(raw as i64)
 }
 
 /// A Python error raised while building (an unhashable dict key, a surrogate-decoding error):

@@ -891,8 +891,11 @@ pub(crate) fn short_long(window: &[u8], at: usize, n: usize) -> Option<i64> {
     long_to_i64(window.get(at..at + n)?)
 }
 
-/// A little-endian two's-complement integer, if it fits `i64`.
-pub(crate) fn long_to_i64(bytes: &[u8]) -> Option<i64> {
+/// A little-endian two's-complement integer (a `LONG1`/`LONG4` argument), if it fits `i64`.
+/// Up to 8 bytes are put together a byte at a time (a copy of a length known only at run
+/// time is a call to `memcpy`). Also the Python extension's fast path for `LONG1`.
+#[inline]
+pub fn long_to_i64(bytes: &[u8]) -> Option<i64> {
     if bytes.is_empty() {
         return Some(0);
     }
@@ -906,9 +909,14 @@ pub(crate) fn long_to_i64(bytes: &[u8]) -> Option<i64> {
         }
         return Some(i64::from_le_bytes(low.try_into().expect("8 bytes")));
     }
-    let mut buf = [fill; 8];
-    buf[..bytes.len()].copy_from_slice(bytes);
-    Some(i64::from_le_bytes(buf))
+    let mut raw = 0u64;
+    for (i, &byte) in bytes.iter().enumerate() {
+        raw |= u64::from(byte) << (8 * i);
+    }
+    if negative && bytes.len() < 8 {
+        raw |= u64::MAX << (8 * bytes.len());
+    }
+    Some(raw as i64)
 }
 
 /// A little-endian two's-complement integer as `u64`, if it is in range.
