@@ -206,19 +206,12 @@ impl<'py> Build for PyBuild<'py> {
 
     #[inline]
     fn int(&mut self, value: i64) -> Self::Value {
-        let py = self.py;
         // CPython keeps -5..=256 itself; the cache is for sizes, lines and addresses.
         if (-5..=256).contains(&value) {
-            return value.into_pyobject(py).into_any_ok();
+            return value.into_pyobject(self.py).into_any_ok();
         }
-        let slot = int_cache_slot(value);
-        let (cached_value, cached) = &self.ints[slot];
-        if *cached_value == value {
-            return cached.clone();
-        }
-        let object = value.into_pyobject(py).into_any_ok();
-        self.ints[slot] = (value, object.clone());
-        object
+        let (slot, _) = self.int_slot(value);
+        self.ints[slot].1.clone()
     }
 
     /// `LONG1`/`LONG4` beyond 64 bits: `int.from_bytes`, signed.
