@@ -281,8 +281,16 @@ impl ViewerApp {
                     .iter()
                     .position(|d| d.doc.id > document.id)
                     .unwrap_or(self.documents.len());
+                // The newest file opened is shown, whichever finished last: an older one
+                // finishing after it keeps the shown file in place (the ranks picture once
+                // framed rank0 or rank1 by which load finished last).
+                let newest = at == self.documents.len();
                 self.documents.insert(at, OpenDocument::new(document));
-                self.active = at;
+                if newest {
+                    self.active = at;
+                } else if at <= self.active {
+                    self.active += 1;
+                }
                 if self.documents.len() >= 2 {
                     self.diff_pair = (self.documents.len() - 2, self.documents.len() - 1);
                 }

@@ -119,7 +119,9 @@ fn dropping_a_snapshot_opens_its_timeline() {
 }
 
 /// Two files dropped together are listed in the order they were dropped, whichever loads
-/// first: the ranks picture once swapped rank0 and rank1 when rank1 finished first.
+/// first: the ranks picture once swapped rank0 and rank1 when rank1 finished first. The last
+/// one dropped is the one shown, whichever finishes last: the ranks picture once framed
+/// rank0 when rank0 finished after rank1.
 #[test]
 fn files_dropped_together_are_listed_in_the_order_they_were_dropped() {
     let (big, _) = generate(&TrainingRun {
@@ -153,6 +155,7 @@ fn files_dropped_together_are_listed_in_the_order_they_were_dropped() {
                 "third-small.pickle"
             ]
         );
+        assert_eq!(h.state().active, 2, "the last file dropped is shown");
     }
 }
 
