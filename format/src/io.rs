@@ -2,6 +2,7 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 use crate::error::{FormatError, Result};
 use crate::model::Snapshot;
@@ -178,7 +179,7 @@ pub fn read_path_with(
         if Format::detect(raw.get_ref().0.get_ref()) != Some(Format::Pickle) {
             return read_whole(raw, progress, path, false);
         }
-        let snapshot = crate::pickle::read_from_observing(raw, len, progress, observe).map_err(
+        let snapshot = crate::pickle::read_ahead_observing(raw, len, progress, observe).map_err(
             |e| match e {
                 FormatError::Read { source, .. } => io_err(source),
                 other => other,
@@ -193,12 +194,13 @@ pub fn read_path_with(
         ));
     }
     // Compressed: count the compressed bytes for progress, inflate as the reader asks.
-    let consumed = std::cell::Cell::new(0u64);
+    // Atomic: the inflating runs on the read-ahead thread, the progress on this one.
+    let consumed = std::sync::atomic::AtomicU64::new(0);
     let counted = Counted {
         inner: raw,
         count: &consumed,
     };
-    let (codec, mut inflated): (&'static str, Box<dyn Read + '_>) = match compression {
+    let (codec, mut inflated): (&'static str, Box<dyn Read + Send + '_>) = match compression {
         Compression::Gzip => ("gzip", Box::new(flate2::read::MultiGzDecoder::new(counted))),
         _ => (
             "zstd",
@@ -234,8 +236,9 @@ pub fn read_path_with(
     // The inflated length is unknown: declared lengths are bounded by the decompression
     // limit, and payloads are copied as they arrive, so a lying length cannot allocate more
     // than the input holds.
-    let mut by_file_bytes = |_: u64, _: u64| progress(consumed.get(), len);
-    let snapshot = crate::pickle::read_from_observing(
+    let mut by_file_bytes = |_: u64, _: u64| progress(consumed.load(Ordering::Relaxed), len);
+    // Inflated on the read-ahead thread, beside the decoding.
+    let snapshot = crate::pickle::read_ahead_observing(
         inflated,
         MAX_DECOMPRESSED_BYTES,
         &mut by_file_bytes,
@@ -291,13 +294,13 @@ fn decompress_err(codec: &'static str, e: std::io::Error) -> FormatError {
 /// A reader that counts the bytes read through it.
 struct Counted<'a, R> {
     inner: R,
-    count: &'a std::cell::Cell<u64>,
+    count: &'a std::sync::atomic::AtomicU64,
 }
 
 impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.count.set(self.count.get() + n as u64);
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }

@@ -183,6 +183,11 @@ fn measure_layout(layout: &str, ours: &Path, path: &Path, runs: usize) -> Result
             return Err(format!("re-dumping in PyTorch's layout failed: {status}"));
         }
     }
+    // On disk before either side reads it: the kernel writing the just-made file back
+    // (100-200 MB) took a core from whichever side was timed while it did.
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| e.to_string())?;
     let file_size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
     println!(
         "\n== {layout} layout: pickle {:.1} MB at {}",

@@ -166,28 +166,40 @@ impl Arena {
         }
     }
 
-    /// Whether list `id` is the entries `start..start + len` in order, none of them shared,
-    /// told from its chunks alone (the usual trace list: one chunk of entries from 0; a
-    /// multi-device trace's lists, each the run after the previous device's). `false` means
-    /// only that the chunks do not show it; [`Arena::items`] may.
+    /// Whether list `id` is the entries `start..start + len` in order, none of them shared
+    /// (the usual trace list: entries from 0; a multi-device trace's lists, each the run after
+    /// the previous device's). Told from its chunks: a chunk of entries by its first index,
+    /// any other chunk (the first entries of a PyTorch file, whose keys are read before they
+    /// are memoized, become entry nodes) item by item. O(chunks + items of the other chunks +
+    /// shared entries): a million entries are not walked.
     pub fn is_entry_run(&self, id: u32, start: u32) -> bool {
-        if !self.shared_entries.is_empty() {
-            return false;
-        }
         let node = &self.nodes[id as usize];
         if node.kind != Kind::List {
             return false;
         }
-        let (mut chunk, mut next) = (node.first, start);
+        let (mut chunk, mut next) = (node.first, start as usize);
         while chunk != NONE {
             let c = self.chunks[chunk as usize];
-            if !c.entries || c.start != next {
-                return false;
+            if c.entries {
+                if c.start as usize != next {
+                    return false;
+                }
+            } else {
+                let items = &self.items[c.start as usize..(c.start + c.len) as usize];
+                for (i, &item) in items.iter().enumerate() {
+                    if self.entry_of(item) != Some(next + i) || self.is_shared(item) {
+                        return false;
+                    }
+                }
             }
-            next += c.len;
+            next += c.len as usize;
             chunk = c.next;
         }
-        true
+        let run = start as usize..next;
+        !self
+            .shared_entries
+            .iter()
+            .any(|&e| run.contains(&(e as usize)))
     }
 
     /// The raw bytes of a `Str`, `Bytes` or `BigInt` value.

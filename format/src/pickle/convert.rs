@@ -25,6 +25,9 @@ use super::sym::Sym;
 /// nest a few levels, and 256 levels fit in a 2 MiB thread stack even in debug builds.
 pub(crate) const MAX_DEPTH: usize = 256;
 
+/// Room for the first trace entries, before their bytes per entry are known.
+const FIRST_ENTRIES: usize = 4096;
+
 #[derive(Clone, Debug)]
 enum Seg {
     Key(&'static str),
@@ -54,6 +57,9 @@ pub(crate) struct ConvState {
     pub fast_entries: usize,
     /// `entries` was moved out whole into one device trace.
     entries_taken: bool,
+    /// Input offset and `entries.len()` when [`ConvState::push_entry`] first grew `entries`:
+    /// the bytes per entry since then size the next growth.
+    entries_grown_at: Option<(u64, usize)>,
     /// The last string interned per entry field (`compile_context`, `user_metadata`) as a
     /// heap range: consecutive entries nearly always repeat it, so this skips hashing it
     /// again (and the fast path stores a fresh copy's bytes only once).
@@ -88,6 +94,7 @@ impl ConvState {
             cache_journal: None,
             fast_entries: 0,
             entries_taken: false,
+            entries_grown_at: None,
             recent_strs: [RecentStr {
                 start: 0,
                 len: u32::MAX,
@@ -95,6 +102,42 @@ impl ConvState {
                 sym: Sym::Other,
             }; 2],
         }
+    }
+
+    /// Adds a trace entry that starts at input offset `at` of `total`.
+    #[inline(always)]
+    pub fn push_entry(&mut self, entry: TraceEntry, at: u64, total: u64) {
+        if self.entries.len() == self.entries.capacity() {
+            self.grow_entries(at, total);
+        }
+        self.entries.push(entry);
+    }
+
+    /// Makes room for the entries the rest of the input is likely to hold, at the bytes per
+    /// entry read since the first growth. Growing by doubling copied the entries about once
+    /// more and faulted in every new buffer's pages (a tenth of a 1M-entry load); this grows
+    /// about once, to within a sixteenth. Pages reserved past the last entry are never
+    /// touched, and the trace gives them back when it is taken (`Conv::trace`). When the
+    /// estimate is low (entries get shorter further on) it still grows by at least half,
+    /// so pushing stays amortised O(1); when the room cannot be had, `push` grows as usual.
+    #[cold]
+    #[inline(never)]
+    fn grow_entries(&mut self, at: u64, total: u64) {
+        let len = self.entries.len();
+        let expected = match self.entries_grown_at {
+            Some((from, from_len)) if len > from_len && at > from => {
+                let per_entry = (at - from) / (len - from_len) as u64;
+                let more = total.saturating_sub(at) / per_entry.max(1);
+                usize::try_from(more + more / 16)
+                    .unwrap_or(usize::MAX)
+                    .min(NONE as usize)
+            }
+            _ => {
+                self.entries_grown_at = Some((at, len));
+                FIRST_ENTRIES
+            }
+        };
+        let _ = self.entries.try_reserve_exact(expected.max(len / 2).max(1));
     }
 
     /// Forgets the conversions logged in `cache_journal` (the fast path gave up).
@@ -555,7 +598,10 @@ impl<'b> Conv<'b> {
         {
             // The common case: one list holds every entry the VM converted, in order.
             self.st.entries_taken = true;
-            return Ok(std::mem::take(&mut self.st.entries));
+            let mut entries = std::mem::take(&mut self.st.entries);
+            // The room reserved for entries the input turned out not to hold.
+            entries.shrink_to_fit();
+            return Ok(entries);
         }
         let mut entries = Vec::with_capacity(len);
         for (i, item) in self.arena.items(lid).enumerate() {
@@ -572,13 +618,8 @@ impl<'b> Conv<'b> {
     /// The list's items are exactly the packed entries `start..start + n`, in order, each
     /// referenced once.
     fn holds_entries_from(&self, lid: u32, start: usize) -> bool {
-        // The usual trace list, from its chunks alone (a million items not walked).
-        if u32::try_from(start).is_ok_and(|s| self.arena.is_entry_run(lid, s)) {
-            return true;
-        }
-        self.arena.items(lid).enumerate().all(|(i, item)| {
-            self.arena.entry_of(item) == Some(start + i) && !self.arena.is_shared(item)
-        })
+        // (Entries are counted in u32: a start past that holds none of them.)
+        u32::try_from(start).is_ok_and(|s| self.arena.is_entry_run(lid, s))
     }
 
     /// Several devices' traces whose lists hold the packed entries one run after the other,
@@ -628,6 +669,7 @@ impl<'b> Conv<'b> {
             packed.truncate(start);
             packed.shrink_to_fit();
         }
+        packed.shrink_to_fit();
         out[0] = packed;
         Ok(Some(out))
     }
@@ -980,5 +1022,66 @@ impl Source for Conv<'_> {
 
     fn put_extra(&mut self, name: Val, v: Val, out: &mut Extras) -> Result<()> {
         self.extra(name, v, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{feed::SliceFeed, vm};
+    use super::*;
+    use crate::model::Action;
+
+    fn run(entries: u64) -> (Arena, ConvState, Snapshot) {
+        let mut snap = Snapshot::new(1);
+        let trace = (0..entries)
+            .map(|i| TraceEntry::new(Action::Alloc, 0x7f00_0000_0000 + i * 512, 512, 0))
+            .collect();
+        snap.device_traces = Some(vec![trace]);
+        let bytes = super::super::to_vec(&snap);
+        let (arena, state) = vm::run(
+            SliceFeed::new(&bytes),
+            vm::Run {
+                total: bytes.len() as u64,
+                progress: &mut |_, _| true,
+                observe: None,
+                fast_entries: true,
+                end_at: None,
+            },
+        )
+        .expect("read");
+        (arena, state, snap)
+    }
+
+    /// The first entry of a file is read before its keys are in the memo, so it is not
+    /// the fast path's: it becomes an entry node in a chunk of its own kind. The trace list
+    /// is still known to be the entries in order from its chunks (its million items used
+    /// to be walked one by one, 2% of a load).
+    #[test]
+    fn a_trace_list_that_starts_with_entry_nodes_is_an_entry_run() {
+        let (arena, state, _) = run(5_000);
+        assert!(
+            state.fast_entries < 5_000,
+            "the first entry is not the fast path's"
+        );
+        assert!(state.fast_entries > 4_000);
+        let trace = (0..arena.nodes.len() as u32)
+            .find(|&id| arena.node(id).kind == Kind::List && arena.node(id).len == 5_000)
+            .expect("the trace list");
+        assert!(arena.is_entry_run(trace, 0));
+        assert!(
+            !arena.is_entry_run(trace, 1),
+            "a run from 1 is not this list"
+        );
+    }
+
+    /// The room reserved for entries the input might hold is given back when the trace
+    /// is taken.
+    #[test]
+    fn the_taken_trace_holds_no_spare_room() {
+        let (arena, state, snap) = run(50_000);
+        let read = convert(&arena, state).expect("convert");
+        let trace = &read.device_traces.as_ref().expect("traces")[0];
+        assert_eq!(trace, &snap.device_traces.as_ref().expect("traces")[0]);
+        assert_eq!(trace.capacity(), trace.len());
     }
 }

@@ -171,28 +171,52 @@ pub(crate) fn read_part_observing(
 /// that ends early is reported as truncated, and a failing read as
 /// [`crate::FormatError::Read`] with its byte offset.
 pub fn read_from(reader: impl Read, len: u64, progress: Progress<'_>) -> Result<Snapshot> {
-    read_from_observing(reader, len, progress, None)
-}
-
-/// [`read_from`], also showing `observe` the trace entries read so far at each progress tick
-/// (what [`crate::io::read_path_with`] reads a pickle file with).
-pub(crate) fn read_from_observing(
-    reader: impl Read,
-    len: u64,
-    progress: Progress<'_>,
-    observe: Option<Observe<'_>>,
-) -> Result<Snapshot> {
     let (arena, state) = vm::run(
         feed::ReaderFeed::new(reader),
         vm::Run {
             total: len,
             progress,
-            observe,
+            observe: None,
             fast_entries: true,
             end_at: None,
         },
     )?;
     convert::convert(&arena, state)
+}
+
+/// [`read_from`] with the stream read (and inflated) on another thread, ahead of the
+/// decoding ([`feed::read_ahead`]), also showing `observe` the trace entries read so far at
+/// each progress tick: what [`crate::io::read_path_with`] reads a pickle file with.
+pub(crate) fn read_ahead_observing(
+    reader: impl Read + Send,
+    len: u64,
+    progress: Progress<'_>,
+    observe: Option<Observe<'_>>,
+) -> Result<Snapshot> {
+    let (arena, state) = feed::read_ahead(reader, |feed| {
+        vm::run(
+            feed,
+            vm::Run {
+                total: len,
+                progress,
+                observe,
+                fast_entries: true,
+                end_at: None,
+            },
+        )
+    })?;
+    convert::convert(&arena, state)
+}
+
+/// [`read_from`] with the stream read on another thread, as [`crate::io::read_path`] reads
+/// a file: tests and fuzzers check it against the other ways in. Not part of the API.
+#[doc(hidden)]
+pub fn read_ahead_from(
+    reader: impl Read + Send,
+    len: u64,
+    progress: Progress<'_>,
+) -> Result<Snapshot> {
+    read_ahead_observing(reader, len, progress, None)
 }
 
 /// [`read_part`] from a stream of `len` bytes (a file). With [`Part::Segments`] and a file in

@@ -433,7 +433,8 @@ impl<F: Feed> Machine<'_, Snap<'_>, F> {
                     self.b.arena.nodes[list as usize].shared = true;
                 }
                 let index = self.b.state.entries.len() as u32;
-                self.b.state.entries.push(entry);
+                let at = self.offset(self.pos);
+                self.b.state.push_entry(entry, at, self.total);
                 self.b.state.fast_entries += 1;
                 // What EMPTY_DICT would have pushed, filled (the memo already holds it).
                 self.push(Val::Entry(index));

@@ -1,6 +1,7 @@
-//! The pickle reader's two ways in and two ways through must agree: a slice (`pickle::read`)
-//! and a stream read through a small window (`pickle::read_from`, what `io::read_path` uses);
-//! the trace-entry fast path and the generic opcode-by-opcode VM.
+//! The pickle reader's ways in and two ways through must agree: a slice (`pickle::read`), a
+//! stream read through a small window (`pickle::read_from`) and one read on another thread
+//! (`pickle::read_ahead_from`, what `io::read_path` uses); the trace-entry fast path and the
+//! generic opcode-by-opcode VM.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -52,12 +53,20 @@ impl Read for Trickle<'_> {
     }
 }
 
-fn streamed(bytes: &[u8], max_piece: usize) -> Result<Snapshot, FormatError> {
-    pickle::read_from(
-        Trickle::new(bytes, max_piece),
-        bytes.len() as u64,
-        &mut |_, _| true,
-    )
+/// The two ways to read a stream: on this thread, or on another one ahead of the decoding.
+const AHEAD: [bool; 2] = [false, true];
+
+/// `reader` (of `len` bytes) read as a stream, on another thread when `ahead`.
+fn read_stream(reader: Trickle<'_>, len: u64, ahead: bool) -> Result<Snapshot, FormatError> {
+    if ahead {
+        pickle::read_ahead_from(reader, len, &mut |_, _| true)
+    } else {
+        pickle::read_from(reader, len, &mut |_, _| true)
+    }
+}
+
+fn streamed(bytes: &[u8], max_piece: usize, ahead: bool) -> Result<Snapshot, FormatError> {
+    read_stream(Trickle::new(bytes, max_piece), bytes.len() as u64, ahead)
 }
 
 fn assert_same(a: &Snapshot, b: &Snapshot, what: &str) {
@@ -125,8 +134,14 @@ fn streamed_reads_equal_slice_reads_of_synthetic_runs() {
     let bytes = synthetic(7, 30_000);
     let whole = pickle::read(&bytes).unwrap();
     for max_piece in [1, 3, 64, 70_000] {
-        let s = streamed(&bytes, max_piece).unwrap();
-        assert_same(&whole, &s, &format!("pieces of up to {max_piece} bytes"));
+        for ahead in AHEAD {
+            let s = streamed(&bytes, max_piece, ahead).unwrap();
+            assert_same(
+                &whole,
+                &s,
+                &format!("pieces of up to {max_piece} bytes, read ahead: {ahead}"),
+            );
+        }
     }
 }
 
@@ -138,11 +153,13 @@ fn streamed_reads_equal_slice_reads_of_every_real_snapshot() {
     for path in files {
         let bytes = std::fs::read(&path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let whole = pickle::read(&bytes);
-        let s = streamed(&bytes, 4096);
-        match (whole, s) {
-            (Ok(a), Ok(b)) => assert_same(&a, &b, &name),
-            (a, b) => panic!("{name}: slice {:?} vs stream {:?}", a.err(), b.err()),
+        for ahead in AHEAD {
+            let whole = pickle::read(&bytes);
+            let s = streamed(&bytes, 4096, ahead);
+            match (whole, s) {
+                (Ok(a), Ok(b)) => assert_same(&a, &b, &name),
+                (a, b) => panic!("{name}: slice {:?} vs stream {:?}", a.err(), b.err()),
+            }
         }
         let (through_io, _) = io::read_path(&path).unwrap();
         assert_same(&pickle::read(&bytes).unwrap(), &through_io, &name);
@@ -164,31 +181,30 @@ fn a_truncated_stream_reports_the_same_error_as_a_truncated_slice() {
     for len in (0..bytes.len()).step_by(step) {
         let cut = &bytes[..len];
         let from_slice = pickle_error(pickle::read(cut));
-        // The stream's declared length is the whole file, as for a file cut while copied.
-        let from_stream = pickle_error(pickle::read_from(
-            Trickle::new(cut, 5),
-            cut.len() as u64,
-            &mut |_, _| true,
-        ));
-        assert_eq!(from_slice, from_stream, "cut at {len}");
+        for ahead in AHEAD {
+            let from_stream =
+                pickle_error(read_stream(Trickle::new(cut, 5), cut.len() as u64, ahead));
+            assert_eq!(from_slice, from_stream, "cut at {len}, read ahead: {ahead}");
+        }
     }
 }
 
 #[test]
 fn a_failing_stream_is_an_error_with_its_offset() {
     let bytes = synthetic(5, 2_000);
-    let mut reader = Trickle::new(&bytes, 512);
-    reader.fail_at = Some(bytes.len() / 2);
-    let result = pickle::read_from(reader, bytes.len() as u64, &mut |_, _| true);
-    match result {
-        Err(FormatError::Read { offset, source }) => {
-            assert!(
-                offset <= (bytes.len() / 2) as u64 && offset > 0,
-                "offset {offset}"
-            );
-            assert!(source.to_string().contains("went away"));
+    for ahead in AHEAD {
+        let mut reader = Trickle::new(&bytes, 512);
+        reader.fail_at = Some(bytes.len() / 2);
+        match read_stream(reader, bytes.len() as u64, ahead) {
+            Err(FormatError::Read { offset, source }) => {
+                assert!(
+                    offset <= (bytes.len() / 2) as u64 && offset > 0,
+                    "offset {offset}, read ahead: {ahead}"
+                );
+                assert!(source.to_string().contains("went away"));
+            }
+            other => panic!("expected a read error, got {other:?} (read ahead: {ahead})"),
         }
-        other => panic!("expected a read error, got {other:?}"),
     }
 }
 
@@ -196,13 +212,15 @@ fn a_failing_stream_is_an_error_with_its_offset() {
 fn a_stream_shorter_than_declared_is_truncated_not_hung() {
     let bytes = synthetic(9, 1_000);
     let cut = &bytes[..bytes.len() / 3];
-    let (offset, what) = pickle_error(pickle::read_from(
-        Trickle::new(cut, 100),
-        bytes.len() as u64,
-        &mut |_, _| true,
-    ));
-    assert!(what.contains("truncated"), "{what}");
-    assert!(offset <= cut.len() as u64);
+    for ahead in AHEAD {
+        let (offset, what) = pickle_error(read_stream(
+            Trickle::new(cut, 100),
+            bytes.len() as u64,
+            ahead,
+        ));
+        assert!(what.contains("truncated"), "{what}");
+        assert!(offset <= cut.len() as u64);
+    }
 }
 
 // ------------------------------------------------------------------ hand-made entries
@@ -477,7 +495,8 @@ fn check_both_paths(bytes: &[u8], what: &str) -> usize {
         Ok((fast, hits)) => {
             let (generic, _) = generic.unwrap_or_else(|e| panic!("{what}: generic path: {e}"));
             assert_same(&fast, &generic, what);
-            assert_same(&fast, &streamed(bytes, 2).unwrap(), what);
+            assert_same(&fast, &streamed(bytes, 2, false).unwrap(), what);
+            assert_same(&fast, &streamed(bytes, 2, true).unwrap(), what);
             hits
         }
         Err(e) => {
@@ -704,13 +723,18 @@ fn a_pickle_from_a_pipe_is_read_whole_not_checked_against_a_zero_length() {
     assert_same(&pickle::read(&bytes).unwrap(), &from_pipe, "pipe");
 }
 
-/// The fast path, the generic VM and a trickling stream accept the same input with the same
-/// snapshot, or refuse it with the same error.
+/// The fast path, the generic VM and a trickling stream (read here and read ahead) accept
+/// the same input with the same snapshot, or refuse it with the same error.
 fn assert_paths_agree(bytes: &[u8], what: &str) {
     let fast = pickle::read_with_fast_path(bytes, true).map(|(s, _)| s);
     let generic = pickle::read_with_fast_path(bytes, false).map(|(s, _)| s);
-    let stream = streamed(bytes, 7);
-    for (name, other) in [("generic", generic), ("stream", stream)] {
+    let stream = streamed(bytes, 7, false);
+    let ahead = streamed(bytes, 7, true);
+    for (name, other) in [
+        ("generic", generic),
+        ("stream", stream),
+        ("stream read ahead", ahead),
+    ] {
         match (&fast, other) {
             (Ok(a), Ok(b)) => assert_same(a, &b, &format!("{what}: fast vs {name}")),
             (Err(a), Err(b)) => {
