@@ -221,6 +221,12 @@ impl OpenDocument {
         // The fix selected in the Advise view, drawn over the recorded run.
         state.advise.poll_overlay();
         state.timeline.predicted = state.advise.overlay().cloned();
+        // What a live recording received after this document, drawn past its end.
+        state.timeline.live_tail = self
+            .live
+            .as_ref()
+            .and_then(LiveSession::tail)
+            .filter(|t| t.continues(snapshot, model.device));
         if state.advise.overlay_is_running() {
             ui.ctx()
                 .request_repaint_after(std::time::Duration::from_millis(100));

@@ -15,7 +15,7 @@
 //! * [`loader`]: reading and decoding a file in a job.
 //! * [`live`]: attaching to a live recording: the receiver, its bounded rebuilds into a
 //!   [`document::Document`], pause, save, reattach ([`live_ui`]: its bar and the Attach
-//!   dialog).
+//!   dialog; [`live_tail`]: what arrived after the shown document, drawn until the next).
 //! * [`document`]: one open file's model: its snapshot and analysis, free of UI.
 //! * [`document_ui`]: how an open file is shown: the device chosen, each panel's state, the
 //!   pages that lay the panels out.
@@ -38,6 +38,7 @@ pub mod help;
 pub mod instant_ui;
 pub mod job;
 pub mod live;
+pub mod live_tail;
 pub mod live_ui;
 pub mod loader;
 pub mod palette;

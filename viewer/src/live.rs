@@ -11,15 +11,18 @@
 //!    socket with a short timeout, splits the bytes with [`FrameReader`] and applies each
 //!    message to a [`LiveSnapshot`].
 //! 2. Every [`STATUS_INTERVAL`] while something changes it publishes a [`LiveStatus`]
-//!    (entries received, dropped, rebuilds) to [`Shared`] and asks the window to redraw: the
-//!    counts move at 20 updates a second whatever the size of the run, and an idle
+//!    (entries received, dropped, rebuilds) and the [`LiveTail`] (the entries after the
+//!    newest document, as the running change of active bytes: O(1) amortised per entry) to
+//!    [`Shared`] and asks the window to redraw: the counts and the timeline's line past the
+//!    document move at 20 updates a second whatever the size of the run, and an idle
 //!    connection asks for nothing.
 //! 3. When a rebuild is due ([`Pacer`]) and entries arrived since the last one, it merges
 //!    what was received into one [`Snapshot`] ([`merge`]: O(n) for n entries received) and
 //!    starts a second job that runs [`Document::prepare`] on it (the loader's own step: the
 //!    replay, curves and drawing indexes, O(n log n)); the document's steps and profiles
 //!    then follow in its own background jobs, as for a file. The finished document is put in
-//!    the [`Shared`] slot, and the UI takes it with [`LiveSession::take_document`] (unless the
+//!    the [`Shared`] slot (its tail restarts after its last entry, with what arrived while it
+//!    was built), and the UI takes it with [`LiveSession::take_document`] (unless the
 //!    view is paused: then it stays there, and resuming shows the newest).
 //! 4. Rebuilds are bounded: one at a time, at most one per [`MIN_REBUILD_INTERVAL`], and
 //!    never sooner than [`BACKOFF`] times the last rebuild's duration after it ended, so with
@@ -57,6 +60,7 @@ use memsnap_format::{Compression, Format, Snapshot, StackId, StrId, TraceEntry};
 
 use crate::document::{Document, DocumentError};
 use crate::job::{Job, JobError, Progress};
+use crate::live_tail::LiveTail;
 use crate::loader::LoadedSnapshot;
 
 /// The least time between the starts of two rebuilds.
@@ -198,6 +202,8 @@ pub struct Ended {
 pub struct Shared {
     status: Mutex<LiveStatus>,
     document: Mutex<Option<Document>>,
+    /// What arrived after the newest document published ([`LiveTail`]), at the status rate.
+    tail: Mutex<Option<LiveTail>>,
     /// The view is paused: the receiver keeps reading but builds no documents.
     paused: AtomicBool,
     /// The session was dropped (its document closed): no last document is built.
@@ -208,6 +214,12 @@ impl Shared {
     fn set_status(&self, status: &LiveStatus) {
         if let Ok(mut s) = self.status.lock() {
             *s = status.clone();
+        }
+    }
+
+    fn set_tail(&self, tail: Option<&LiveTail>) {
+        if let Ok(mut t) = self.tail.lock() {
+            t.clone_from(&tail.cloned());
         }
     }
 
@@ -671,6 +683,16 @@ impl LiveSession {
         (dropped > 0).then(|| format!("{dropped} entries dropped by the recorder"))
     }
 
+    /// What arrived after the newest document built ([`LiveTail`]; `None` before the first
+    /// and while paused: a paused view is frozen). The caller draws it only past the document
+    /// it continues ([`LiveTail::continues`]).
+    pub fn tail(&self) -> Option<LiveTail> {
+        if self.is_paused() {
+            return None;
+        }
+        self.shared.tail.lock().ok()?.clone()
+    }
+
     /// Entries of the document the UI took last.
     pub fn shown_entries(&self) -> u64 {
         self.shown_entries
@@ -823,6 +845,7 @@ fn receive(
         rebuild: None,
         pacer: Pacer::default(),
         repaint: repaint.clone(),
+        tail: None,
     };
     let mut conn = match Conn::open(address).and_then(|mut conn| {
         conn.send_token(token)?;
@@ -856,6 +879,7 @@ fn receive(
         }
         let received = receiver.received_entries(base_entries);
         status.entries = received;
+        receiver.extend_tail(received, base_entries);
         match conn.read(&mut buf) {
             Ok(Some(0)) => break EndReason::Closed,
             Ok(Some(n)) => {
@@ -874,6 +898,8 @@ fn receive(
         let mut rebuilt = None;
         if let Some(document) = receiver.poll_rebuild(now, &mut status) {
             rebuilt = Some(document);
+            // What arrived while it was built follows it.
+            receiver.restart_tail(status.rebuilt_entries, received, base_entries);
         }
         let paused = shared.paused.load(Ordering::Relaxed);
         if !paused
@@ -892,6 +918,8 @@ fn receive(
         {
             last_status = now;
             status.updates += 1;
+            // The tail first: a status that counts N entries has a tail through them.
+            shared.set_tail(receiver.tail.as_ref());
             shared.set_status(&status);
             published = status.clone();
             if let Some(document) = rebuilt {
@@ -924,6 +952,8 @@ struct Receiver {
     rebuild: Option<(Job<Document, DocumentError>, Instant, u64)>,
     pacer: Pacer,
     repaint: Option<egui::Context>,
+    /// What arrived after the newest document built on this connection (none before it).
+    tail: Option<LiveTail>,
 }
 
 impl Receiver {
@@ -978,6 +1008,47 @@ impl Receiver {
                 base_entries + trace - skip
             }
         }
+    }
+
+    /// This connection's entries from `from` on, counted as [`Receiver::received_entries`]
+    /// counts (after the `base_entries` of earlier connections); none before those.
+    fn entries_from(&self, from: u64, base_entries: u64) -> &[TraceEntry] {
+        let trace = self.live.trace();
+        let skip = self.base.as_ref().map_or(0, |base| {
+            base.next_seq
+                .saturating_sub(self.state_first_seq)
+                .min(trace.len() as u64)
+        });
+        let Some(at) = from.checked_sub(base_entries) else {
+            return &[];
+        };
+        usize::try_from(at + skip)
+            .ok()
+            .and_then(|at| trace.get(at..))
+            .unwrap_or(&[])
+    }
+
+    /// Adds the entries received up to `received` to the tail. O(new entries).
+    fn extend_tail(&mut self, received: u64, base_entries: u64) {
+        // Taken out while the entries (borrowed from `self.live`) are pushed.
+        let Some(mut tail) = self.tail.take() else {
+            return;
+        };
+        let done = tail.after_entries + tail.entries;
+        let new = usize::try_from(received.saturating_sub(done)).unwrap_or(usize::MAX);
+        let entries = self.entries_from(done, base_entries);
+        for entry in &entries[..new.min(entries.len())] {
+            tail.push(entry);
+        }
+        self.tail = Some(tail);
+    }
+
+    /// Starts the tail after a document of `after` entries, with what arrived since (up to
+    /// `received`). O(entries since).
+    fn restart_tail(&mut self, after: u64, received: u64, base_entries: u64) {
+        let device = self.live.device();
+        self.tail = (after >= base_entries).then(|| LiveTail::new(device, after));
+        self.extend_tail(received, base_entries);
     }
 
     fn loaded(&self, snapshot: Snapshot, took: Duration) -> LoadedSnapshot {
@@ -1135,11 +1206,36 @@ mod tests {
             }
             assert!(
                 Instant::now() < deadline,
-                "timed out waiting for {what}: {:?}",
-                session.status()
+                "timed out waiting for {what}: {:?}, shown {}",
+                session.status(),
+                session.shown_entries()
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The session's tail is the allocator's own entries after the document it continues,
+    /// through the last one received: their count, and their change of active bytes.
+    fn assert_tail_is_what_followed_its_document(
+        session: &LiveSession,
+        alloc: &CachingAllocator<HostDevice>,
+    ) {
+        let tail = session.tail().expect("a tail once a document was built");
+        let recorded = alloc.snapshot();
+        let trace = &recorded.traces()[0];
+        assert_eq!(tail.device, 0);
+        assert_eq!(tail.after_entries + tail.entries, trace.len() as u64);
+        let followed = &trace[tail.after_entries as usize..];
+        let delta: i64 = followed
+            .iter()
+            .map(|e| match e.action {
+                memsnap_format::Action::Alloc => e.size as i64,
+                memsnap_format::Action::FreeCompleted => -(e.size as i64),
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(tail.delta, delta);
+        assert_eq!(tail.points.last().map_or(0, |p| p.entries), tail.entries);
     }
 
     fn trace_len(snapshot: &Snapshot) -> u64 {
@@ -1174,6 +1270,18 @@ mod tests {
         assert!(session
             .status_line()
             .starts_with(&format!("live: {recorded} entries received")));
+        // Entries after the document shown: the tail carries them until the next one.
+        record(&alloc, 40);
+        let recorded = alloc.recorded_entries();
+        poll_until(&mut session, "the entries after the document", |s| {
+            s.status().entries == recorded
+        });
+        assert_tail_is_what_followed_its_document(&session, &alloc);
+        // (Taking the allocator's snapshot recorded a `snapshot` entry.)
+        let recorded = alloc.recorded_entries();
+        poll_until(&mut session, "the newest document", |s| {
+            s.shown_entries() == recorded
+        });
 
         let path = dir.path().join("saved.msgpack");
         assert!(session.save(path.clone()));
@@ -1273,6 +1381,15 @@ mod tests {
             ),
             None
         );
+        // The tail after a reattach counts the entries of both connections.
+        record(&alloc, 7);
+        let total = alloc.recorded_entries();
+        poll_until(
+            &mut session,
+            "the entries after the reattach's document",
+            |s| s.status().entries == total,
+        );
+        assert_tail_is_what_followed_its_document(&session, &alloc);
         drop(server);
     }
 

@@ -1433,6 +1433,52 @@ fn attaching_shows_the_timeline_grow_pauses_and_says_when_disconnected() {
     h.snapshot("live_disconnected");
 }
 
+/// Between two documents (at 10M entries one takes a second to build) the timeline draws
+/// what arrived after the shown one past its end, and its range reaches the newest entry.
+#[test]
+fn entries_received_after_the_shown_document_extend_the_timeline_until_the_next() {
+    let alloc = live_recorder();
+    record_steps(&alloc, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("run.sock").display());
+    let server = alloc.serve_live(&url).unwrap();
+    let mut h = harness(Settings::default());
+    h.state_mut()
+        .attach(memsnap_viewer::live::Address::parse(&url).unwrap());
+    step_until(&mut h, "the live document", |app| app.documents.len() == 1);
+    // Recorded until a frame shows a tail (each step keeps 1 MiB: at most 500 of them).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let recording = {
+        let (alloc, stop) = (alloc.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for _ in 0..500 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                record_steps(&alloc, 1);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    step_until(&mut h, "a frame with entries past the document", |app| {
+        let open = &app.documents[0];
+        let state = &open.states[open.device_index].timeline;
+        let events = open.doc.devices[open.device_index]
+            .timeline
+            .replay()
+            .axis_len();
+        state.live_tail.as_ref().is_some_and(|tail| {
+            tail.entries > 0
+                && tail.continues(&open.doc.snapshot, 0)
+                && state.window.full_end == f64::from(events) + tail.entries as f64
+                && state.window.end == state.window.full_end
+        })
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    recording.join().unwrap();
+    drop(server);
+}
+
 #[test]
 fn the_attach_dialog_says_what_is_wrong_with_an_address_and_attaches_to_a_typed_one() {
     let alloc = live_recorder();

@@ -12,6 +12,7 @@ mod interaction;
 mod legend;
 mod overview;
 mod paint;
+mod tail;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ pub use memsnap_plot::scene::{axis_to_event, event_to_axis, has_time_axis};
 
 use crate::advise::PredictedOverlay;
 use crate::document::TimelineModel;
+use crate::live_tail::LiveTail;
 use crate::shortcuts::Command;
 use crate::view::{Selection, TimeWindow};
 
@@ -85,6 +87,9 @@ pub struct TimelineState {
     /// The fix selected in the Advise view: its predicted curves, drawn over the recorded
     /// run, and the allocations it checkpoints, tinted.
     pub predicted: Option<Arc<PredictedOverlay>>,
+    /// What a live recording received after this document, drawn past its end until the
+    /// next document replaces it (set each frame by the page, like `predicted`).
+    pub live_tail: Option<LiveTail>,
 }
 
 impl TimelineState {
@@ -111,6 +116,35 @@ impl TimelineState {
             drawn_window: None,
             search_focus_requested: false,
             predicted: None,
+            live_tail: None,
+        }
+    }
+
+    /// Widens the range to the end of the live tail (back to the document's when there is
+    /// none): a view showing everything goes on showing everything, a zoomed one stays
+    /// where it is. Not a move of the user's: the layout keeps its full detail. O(tail
+    /// points).
+    fn reach_live_tail(&mut self, timeline: &DeviceTimeline) {
+        let document = full_window(timeline, self.axis);
+        let tail_end = self
+            .live_tail
+            .as_ref()
+            .filter(|_| self.lifetime == Lifetime::Active)
+            .and_then(|t| tail::tail_end(timeline, self.axis, t));
+        let end = tail_end.map_or(document.full_end, |e| e.max(document.full_end));
+        if end == self.window.full_end {
+            return;
+        }
+        let before = self.window;
+        let showing_all = !self.window.is_zoomed();
+        self.window.full_end = end;
+        if showing_all {
+            self.window.reset();
+        } else {
+            self.window.show_range(before.start, before.end.min(end));
+        }
+        if self.drawn_window == Some(before) {
+            self.drawn_window = Some(self.window);
         }
     }
 
@@ -329,6 +363,7 @@ pub fn timeline_ui(
         Sense::click_and_drag(),
     );
     interaction::handle_zoom_and_pan(ui, &response, plot, state);
+    state.reach_live_tail(model.timeline);
     let moving = state.note_motion(ui);
     state.layout_for(model.timeline, plot.width().round() as u32, moving);
     // Taken out while drawing (state changes below), put back at the end.

@@ -83,6 +83,13 @@ fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f
     let show_reserved = reserved_shown(model, state);
     let predicted =
         |(allocated, reserved): (u64, u64)| allocated.max(if show_reserved { reserved } else { 0 });
+    // The live tail, past the document's end, when the view reaches past that end.
+    let tail = state
+        .live_tail
+        .as_ref()
+        .filter(|_| state.lifetime == memsnap_analysis::Lifetime::Active)
+        .filter(|_| state.window.end > super::full_window(model.timeline, state.axis).full_end)
+        .map_or(0, |t| super::tail::tail_top(model.timeline, t));
     let y_top = if state.fit_y {
         let reserved = if show_reserved {
             scene::reserved_max(model.timeline, layout)
@@ -95,7 +102,11 @@ fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f
             let hi = (event(state.window.end).ceil() as usize).max(lo + 1);
             p.max_in(lo.min(p.len().saturating_sub(1)), hi.min(p.len()))
         });
-        layout.y_max.max(reserved).max(in_view.map_or(0, predicted))
+        layout
+            .y_max
+            .max(reserved)
+            .max(in_view.map_or(0, predicted))
+            .max(tail)
     } else {
         let curves = model.timeline.curves();
         let whole = state.predicted.as_ref().map_or(0, |p| {
@@ -111,6 +122,7 @@ fn y_max(model: &TimelineModel<'_>, state: &TimelineState, layout: &Layout) -> f
                 0
             })
             .max(whole)
+            .max(tail)
     };
     (y_top as f64 * 1.05).max(1.0)
 }
@@ -223,6 +235,14 @@ pub(super) fn timeline_scene_ui(
             predicted,
             reserved_shown(model, state),
         );
+    }
+    if let Some(tail) = state
+        .live_tail
+        .as_ref()
+        .filter(|_| state.lifetime == memsnap_analysis::Lifetime::Active)
+    {
+        let points = super::tail::tail_points(model.timeline, state.axis, tail);
+        super::tail::live_tail_ui(painter, &map, &points);
     }
     // Thousands of step marks land on the same pixels of a long run seen whole: one line per
     // pixel column looks the same and costs a thousandth of the triangles.

@@ -5,7 +5,8 @@
 //! `--bench-attach-seconds`, serving its history on a unix socket (`serve_live`). A
 //! [`LiveSession`] attached to it is polled as the window polls it, 60 times a second (taking
 //! each new document and polling its steps). Printed: the rate the entries arrived, the
-//! status updates and documents the UI got per second while they arrived, each rebuild's
+//! status updates, picture updates (a document or the live tail past it) and documents the
+//! UI got per second while they arrived, each rebuild's
 //! duration and size, the longest UI poll, and how long after the last entry the UI showed
 //! everything.
 
@@ -96,6 +97,7 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
     let mut recorded_at_end = None;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds * 4.0 + 120.0);
     let mut updates_during_recording = 0;
+    let (mut last_picture, mut pictures_during_recording) = ((0u64, 0u64), 0u64);
     let all_shown_at = loop {
         let tick = Instant::now();
         session.poll();
@@ -108,6 +110,23 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
         }
         if let Some(document) = &mut shown {
             document.poll();
+        }
+        // What the picture shows: the document, and the tail drawn past its end (as the
+        // timeline page takes it each frame).
+        let tail_end = session
+            .tail()
+            .filter(|t| {
+                shown
+                    .as_ref()
+                    .is_some_and(|d| t.continues(&d.snapshot, t.device))
+            })
+            .map_or(0, |t| t.entries);
+        let picture = (session.shown_entries(), tail_end);
+        if picture != last_picture {
+            last_picture = picture;
+            if recorded_at_end.is_none() {
+                pictures_during_recording += 1;
+            }
         }
         longest_poll = longest_poll.max(tick.elapsed());
         let status = session.status();
@@ -163,6 +182,11 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
         out,
         "status updates while recording: {updates_during_recording} in {secs:.2} s ({:.1}/s)",
         updates_during_recording as f64 / secs
+    )?;
+    writeln!(
+        out,
+        "picture updates while recording (a new document, or the live tail past it grew): {pictures_during_recording} ({:.1}/s)",
+        pictures_during_recording as f64 / secs
     )?;
     let during = documents
         .iter()
