@@ -203,7 +203,9 @@ pub struct Shared {
     status: Mutex<LiveStatus>,
     document: Mutex<Option<Document>>,
     /// What arrived after the newest document published ([`LiveTail`]), at the status rate.
-    tail: Mutex<Option<LiveTail>>,
+    /// Shared, so neither side copies it while it holds the lock (a receiver descheduled
+    /// mid-copy held up the UI's poll for tens of milliseconds).
+    tail: Mutex<Option<Arc<LiveTail>>>,
     /// The view is paused: the receiver keeps reading but builds no documents.
     paused: AtomicBool,
     /// The session was dropped (its document closed): no last document is built.
@@ -218,9 +220,13 @@ impl Shared {
     }
 
     fn set_tail(&self, tail: Option<&LiveTail>) {
-        if let Ok(mut t) = self.tail.lock() {
-            t.clone_from(&tail.cloned());
-        }
+        let tail = tail.map(|t| Arc::new(t.clone()));
+        let replaced = self
+            .tail
+            .lock()
+            .ok()
+            .map(|mut slot| std::mem::replace(&mut *slot, tail));
+        drop(replaced);
     }
 
     fn publish(&self, document: Document) {
@@ -686,7 +692,7 @@ impl LiveSession {
     /// What arrived after the newest document built ([`LiveTail`]; `None` before the first
     /// and while paused: a paused view is frozen). The caller draws it only past the document
     /// it continues ([`LiveTail::continues`]).
-    pub fn tail(&self) -> Option<LiveTail> {
+    pub fn tail(&self) -> Option<Arc<LiveTail>> {
         if self.is_paused() {
             return None;
         }

@@ -89,7 +89,7 @@ pub struct TimelineState {
     pub predicted: Option<Arc<PredictedOverlay>>,
     /// What a live recording received after this document, drawn past its end until the
     /// next document replaces it (set each frame by the page, like `predicted`).
-    pub live_tail: Option<LiveTail>,
+    pub live_tail: Option<Arc<LiveTail>>,
 }
 
 impl TimelineState {
