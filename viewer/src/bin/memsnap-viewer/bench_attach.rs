@@ -4,7 +4,8 @@
 //! activations made and freed, one block kept per step) at an even pace over
 //! `--bench-attach-seconds`, serving its history on a unix socket (`serve_live`). A
 //! [`LiveSession`] attached to it is polled as the window polls it, 60 times a second (taking
-//! each new document and polling its steps). Printed: the rate the entries arrived, the
+//! each new document and polling its steps, and drawing the timeline panel headless as the
+//! window would, the live tail included). Printed: the rate the entries arrived, the
 //! status updates, picture updates (a document or the live tail past it) and documents the
 //! UI got per second while they arrived, each rebuild's
 //! duration and size, the longest UI poll, and how long after the last entry the UI showed
@@ -17,8 +18,92 @@ use std::time::{Duration, Instant};
 
 use memsnap_format::Frame;
 use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice, StackMode, Stream};
-use memsnap_viewer::document::Document;
+use memsnap_viewer::document::{Document, TimelineModel};
 use memsnap_viewer::live::{Address, LiveSession};
+use memsnap_viewer::live_tail::LiveTail;
+use memsnap_viewer::timeline::{timeline_ui, TimelineState};
+use memsnap_viewer::view::Selection;
+
+/// The timeline panel drawn headless as the window draws it each frame (UI pass and
+/// tessellation at 1600 x 900, no GPU): what a frame costs while entries arrive and after.
+struct Frames {
+    ctx: egui::Context,
+    state: Option<TimelineState>,
+    selection: Selection,
+    index: u32,
+}
+
+impl Frames {
+    fn new() -> Self {
+        Frames {
+            ctx: egui::Context::default(),
+            state: None,
+            selection: Selection::default(),
+            index: 0,
+        }
+    }
+
+    /// The new document's range, as `OpenDocument::replace_document` follows it.
+    fn follow(&mut self, document: &Document) {
+        let timeline = &document.devices[document.default_device].timeline;
+        match &mut self.state {
+            Some(state) => state.follow(timeline),
+            None => self.state = Some(TimelineState::new(timeline)),
+        }
+    }
+
+    /// Draws one frame of `document` with `tail` past its end; returns its time.
+    fn draw(&mut self, document: &Document, tail: Option<Arc<LiveTail>>) -> Duration {
+        let model = &document.devices[document.default_device];
+        let Some(state) = &mut self.state else {
+            return Duration::ZERO;
+        };
+        state.live_tail = tail;
+        let timeline_model = TimelineModel {
+            snapshot: &document.snapshot,
+            timeline: &model.timeline,
+            steps: model.steps(),
+            sites: &document.sites,
+        };
+        self.index += 1;
+        let input = egui::RawInput {
+            screen_rect: Some(egui::Rect::from_min_size(
+                egui::Pos2::ZERO,
+                egui::vec2(1600.0, 900.0),
+            )),
+            time: Some(f64::from(self.index) / 60.0),
+            ..Default::default()
+        };
+        let selection = &mut self.selection;
+        let started = Instant::now();
+        let mut output = self.ctx.run_ui(input, |ui| {
+            egui::CentralPanel::default().show(ui, |ui| {
+                timeline_ui(ui, &timeline_model, state, selection);
+            });
+        });
+        output.textures_delta.clear();
+        let _ = self.ctx.tessellate(output.shapes, output.pixels_per_point);
+        started.elapsed()
+    }
+}
+
+/// `p50 / p95 / max` of frame times, and the frames a second the p95 allows.
+fn frame_line(times: &mut [Duration]) -> String {
+    if times.is_empty() {
+        return "none".into();
+    }
+    times.sort_unstable();
+    let at = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "{} frames, p50 {:.1} / p95 {:.1} / max {:.1} ms ({:.0} fps at p95)",
+        times.len(),
+        ms(at(0.5)),
+        ms(at(0.95)),
+        ms(at(1.0)),
+        1.0 / at(0.95).as_secs_f64().max(1e-6)
+    )
+}
 
 /// Entries one step records: 20 activations made (`alloc`) and freed (`free_requested`,
 /// `free_completed`), one block kept (a few `segment_alloc`s besides).
@@ -98,11 +183,14 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds * 4.0 + 120.0);
     let mut updates_during_recording = 0;
     let (mut last_picture, mut pictures_during_recording) = ((0u64, 0u64), 0u64);
+    let mut frames = Frames::new();
+    let mut frames_recording = Vec::new();
     let all_shown_at = loop {
         let tick = Instant::now();
         session.poll();
         if let Some(document) = session.take_document() {
             documents.push((started.elapsed(), document.snapshot.entry_count()));
+            frames.follow(&document);
             // As the window does (`OpenDocument::replace_document`).
             if let Some(old) = shown.replace(document) {
                 memsnap_viewer::live::retire(old);
@@ -129,6 +217,16 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
             }
         }
         longest_poll = longest_poll.max(tick.elapsed());
+        // Then the frame (timed on its own).
+        if let Some(document) = &shown {
+            let tail = session
+                .tail()
+                .filter(|t| t.continues(&document.snapshot, t.device));
+            let took = frames.draw(document, tail);
+            if recorded_at_end.is_none() {
+                frames_recording.push(took);
+            }
+        }
         let status = session.status();
         if status.rebuilds != rebuilds.last().map_or(0, |r: &(u64, u64, Duration)| r.0) {
             rebuilds.push((
@@ -154,6 +252,23 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
         }
         std::thread::sleep(frame.saturating_sub(tick.elapsed()));
     };
+    // Everything received and shown: the window goes on drawing it (zoom, pan, hover).
+    // As `--bench-frames` does: zoom in towards the middle, pan, zoom back out.
+    let mut frames_after = Vec::new();
+    if let Some(document) = &shown {
+        const AFTER: usize = 120;
+        for i in 0..AFTER {
+            if let Some(state) = &mut frames.state {
+                let center = (state.window.start + state.window.end) / 2.0;
+                match (i * 3) / AFTER {
+                    0 => state.window.zoom_at(center, 0.92),
+                    1 => state.window.pan_by_fraction(0.03),
+                    _ => state.window.zoom_at(center, 1.0 / 0.92),
+                }
+            }
+            frames_after.push(frames.draw(document, None));
+        }
+    }
     let recording_took = recorder
         .join()
         .map_err(|_| anyhow::anyhow!("the recording thread panicked"))?;
@@ -220,6 +335,16 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
         "every entry shown {:.0} ms after the recording ended; longest UI poll {:.2} ms",
         all_shown_at.saturating_sub(recording_took).as_secs_f64() * 1e3,
         longest_poll.as_secs_f64() * 1e3
+    )?;
+    writeln!(
+        out,
+        "timeline frames while recording: {}",
+        frame_line(&mut frames_recording)
+    )?;
+    writeln!(
+        out,
+        "timeline frames with every entry shown (zooming in, panning, zooming out): {}",
+        frame_line(&mut frames_after)
     )?;
     if let Some(peak) = std::fs::read_to_string("/proc/self/status")
         .ok()
