@@ -1474,6 +1474,28 @@ fn entries_received_after_the_shown_document_extend_the_timeline_until_the_next(
                 && state.window.end == state.window.full_end
         })
     });
+    // The pointer over the tail (past every recorded allocation of the document), a click
+    // there, and the wall-time axis: frames go on without a panic.
+    let plot = h.get_by_label_contains("Active memory timeline").rect();
+    let pos = egui::pos2(plot.right() - 3.0, plot.center().y);
+    h.hover_at(pos);
+    h.run_steps(3);
+    for pressed in [true, false] {
+        h.event(egui::Event::PointerButton {
+            pos,
+            button: egui::PointerButton::Primary,
+            pressed,
+            modifiers: egui::Modifiers::NONE,
+        });
+    }
+    h.run_steps(3);
+    h.get_by_label("wall time").click();
+    h.run_steps(3);
+    let open = &h.state().documents[0];
+    assert_eq!(
+        open.states[open.device_index].timeline.axis,
+        memsnap_analysis::Axis::Time
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     recording.join().unwrap();
     drop(server);
