@@ -454,8 +454,10 @@ pub(crate) struct PhasePlan {
     pub setup: bool,
     /// Per step, its phases' kinds and first events, in order.
     pub steps: Vec<Vec<(PhaseKind, u32)>>,
-    /// Runs of one or two labelled allocations among the stack labels, before strays were
-    /// merged: clean stacks have few, mixed-up ones many (see `steps::stack_incoherence`).
+    /// Strays among the stack labels, before they were merged: runs of one or two labelled
+    /// allocations between two runs of one other label. Clean stacks have few, mixed-up ones
+    /// many (see `steps::stack_incoherence`); a short run between two different labels (a
+    /// one-allocation optimizer step between backward and forward) is not one.
     pub short_runs: usize,
 }
 
@@ -716,7 +718,13 @@ pub(crate) fn plan_from_evidence(
         }
     }
     drop((labels, no_frames));
-    let short_runs = runs.iter().filter(|r| r.3 <= 2).count();
+    // Strays: runs of one or two allocations between two runs of one other label (`F F B F
+    // F`). A short run between two different labels is the run's structure (an optimizer
+    // step of one allocation between backward and the next forward, every step).
+    let short_runs = runs
+        .windows(3)
+        .filter(|w| w[1].3 <= 2 && w[0].0 == w[2].0)
+        .count();
     // The label runs go as soon as they are merged: at 10M entries with noisy stacks they
     // are tens of MB at the analysis' peak.
     let merged = merge_stray_runs(&runs);

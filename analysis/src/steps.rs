@@ -452,11 +452,14 @@ const SWITCHES_PER_RISE: u64 = 8;
 ///   into pieces that are not steps.
 /// * **More steps than rises, made of strays.** A plan with more than `4 × rises + 8` steps
 ///   (236,208 "steps" for 12,000 iterations) is not believed. Nor is one with more than
-///   `rises + 1 + rises / 16` steps when its labels hold at least as many runs of one or two
-///   allocations as it has extra steps: a few mixed-up stacks at a phase's edge open steps
-///   that are not there (3% of the stacks mixed up gave 14 steps for 12). Clean stacks that
-///   find more steps than the shape (which misses steps whose fall is shallow) have few such
-///   runs, and are kept.
+///   `rises + 1 + rises / 16` steps when its labels hold at least as many strays (runs of
+///   one or two allocations between two runs of one other label) as it has extra steps: a
+///   few mixed-up stacks at a phase's edge open steps that are not there (3% of the stacks
+///   mixed up gave 14 steps for 12). Clean stacks that find more steps than the shape (which
+///   misses steps whose fall is shallow, and the steps of a run whose leak outgrows a step's
+///   rise) have few strays, and are kept: a one-allocation optimizer step between backward
+///   and the next forward is no stray (counted as one, a leaking run's 52 steps were judged
+///   by the shape's 11).
 ///
 /// O(n + s log n) for n allocations and s shape steps: each rise is found by binary search
 /// in the allocations and its labels read once.

@@ -236,3 +236,64 @@ fn the_reason_names_what_contradicts_the_curve() {
         "{few}"
     );
 }
+
+/// Regression: a run that leaks 1 MiB a step, with clean stacks and an optimizer step of one
+/// allocation between each backward and the next forward. Its drift outgrows a step's rise,
+/// so the curve's shape sees few rises, and each step's one-allocation optimizer run was
+/// counted as a stray: the stacks were called incoherent and the shape gave 11 steps for
+/// 52 (a live recording's picture showed it). A short run between two different labels is
+/// the run's structure, not a stray.
+#[test]
+fn a_leaking_run_with_a_one_allocation_optimizer_step_keeps_its_stacks() {
+    use memsnap_format::{Frame, Snapshot, TraceEntry};
+    let mut snapshot = Snapshot::new(1);
+    let mut stack = |name: &str, line| {
+        snapshot.intern_stack([
+            Frame::new(name, "model.py", line),
+            Frame::new("train", "train.py", 3),
+        ])
+    };
+    let (forward, backward, optimizer) = (
+        stack("forward", 10),
+        stack("backward", 20),
+        stack("optimizer_step", 30),
+    );
+    let entry = |action, addr, size, frames| {
+        let mut e = TraceEntry::new(action, addr, size, 0);
+        e.frames = Some(frames);
+        e
+    };
+    const STEPS: usize = 52;
+    let mut trace = Vec::new();
+    let mut next_addr = 0x7f00_0000_0000u64;
+    let mut fresh = || {
+        next_addr += 8 << 20;
+        next_addr
+    };
+    for _ in 0..STEPS {
+        let acts: Vec<(u64, u64)> = (0..12u64).map(|i| (fresh(), (1 + i % 4) << 20)).collect();
+        for &(addr, size) in &acts {
+            trace.push(entry(Action::Alloc, addr, size, forward));
+        }
+        for &(addr, size) in acts.iter().rev() {
+            let grad = fresh();
+            trace.push(entry(Action::Alloc, grad, 512 << 10, backward));
+            trace.push(entry(Action::FreeRequested, addr, size, backward));
+            trace.push(entry(Action::FreeCompleted, addr, size, backward));
+            trace.push(entry(Action::FreeRequested, grad, 512 << 10, backward));
+            trace.push(entry(Action::FreeCompleted, grad, 512 << 10, backward));
+        }
+        // 1 MiB kept each step: over 52 steps more than a step's 30 MiB rise.
+        trace.push(entry(Action::Alloc, fresh(), 1 << 20, optimizer));
+    }
+    snapshot.device_traces = Some(vec![trace]);
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions::default());
+    assert_eq!(
+        analysis.method,
+        StepMethod::Stacks,
+        "{:?}",
+        analysis.fallback_reason
+    );
+    assert_eq!(analysis.steps.len(), STEPS);
+}
