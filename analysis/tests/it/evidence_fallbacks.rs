@@ -237,14 +237,9 @@ fn the_reason_names_what_contradicts_the_curve() {
     );
 }
 
-/// Regression: a run that leaks 1 MiB a step, with clean stacks and an optimizer step of one
-/// allocation between each backward and the next forward. Its drift outgrows a step's rise,
-/// so the curve's shape sees few rises, and each step's one-allocation optimizer run was
-/// counted as a stray: the stacks were called incoherent and the shape gave 11 steps for
-/// 52 (a live recording's picture showed it). A short run between two different labels is
-/// the run's structure, not a stray.
-#[test]
-fn a_leaking_run_with_a_one_allocation_optimizer_step_keeps_its_stacks() {
+/// 52 steps of 30 MiB of activations (and a gradient each in backward), each keeping 1 MiB
+/// through a one-allocation `optimizer_step`: the leak outgrows a step's rise.
+fn leaking_run() -> memsnap_format::Snapshot {
     use memsnap_format::{Frame, Snapshot, TraceEntry};
     let mut snapshot = Snapshot::new(1);
     let mut stack = |name: &str, line| {
@@ -263,14 +258,13 @@ fn a_leaking_run_with_a_one_allocation_optimizer_step_keeps_its_stacks() {
         e.frames = Some(frames);
         e
     };
-    const STEPS: usize = 52;
     let mut trace = Vec::new();
     let mut next_addr = 0x7f00_0000_0000u64;
     let mut fresh = || {
         next_addr += 8 << 20;
         next_addr
     };
-    for _ in 0..STEPS {
+    for _ in 0..LEAKING_STEPS {
         let acts: Vec<(u64, u64)> = (0..12u64).map(|i| (fresh(), (1 + i % 4) << 20)).collect();
         for &(addr, size) in &acts {
             trace.push(entry(Action::Alloc, addr, size, forward));
@@ -287,7 +281,18 @@ fn a_leaking_run_with_a_one_allocation_optimizer_step_keeps_its_stacks() {
         trace.push(entry(Action::Alloc, fresh(), 1 << 20, optimizer));
     }
     snapshot.device_traces = Some(vec![trace]);
-    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    snapshot
+}
+
+const LEAKING_STEPS: usize = 52;
+
+/// Regression: a leaking run's stacks were judged by the shape's rises and its
+/// one-allocation optimizer runs counted as strays: "stack labels incoherent: they give 52
+/// steps where memory rises and falls 11 times" (a live recording's picture showed it). A
+/// short run between two different labels is the run's structure, not a stray.
+#[test]
+fn a_leaking_run_with_a_one_allocation_optimizer_step_keeps_its_stacks() {
+    let timeline = DeviceTimeline::build(&leaking_run(), 0).unwrap();
     let analysis = timeline.steps(&StepOptions::default());
     assert_eq!(
         analysis.method,
@@ -295,5 +300,18 @@ fn a_leaking_run_with_a_one_allocation_optimizer_step_keeps_its_stacks() {
         "{:?}",
         analysis.fallback_reason
     );
-    assert_eq!(analysis.steps.len(), STEPS);
+    assert_eq!(analysis.steps.len(), LEAKING_STEPS);
+}
+
+/// Regression: the curve's shape took its thresholds from the whole run's lowest and highest
+/// values, so a leak that outgrows a step's rise hid the early steps (never high enough) and
+/// the late ones (never low enough): 10 rises for 52 steps. Heights are now taken above the
+/// floor the rest of the run returns to. (The shape reports a step once it sees the fall
+/// before it: every step but the first, which the call site or opening sizes find.)
+#[test]
+fn a_leak_that_outgrows_a_step_hides_no_rise_from_the_shape() {
+    let timeline = DeviceTimeline::build(&leaking_run(), 0).unwrap();
+    let active: Vec<u64> = timeline.curves().active.values().collect();
+    let rises = memsnap_analysis::steps::shape_bounds(&active);
+    assert_eq!(rises.len(), LEAKING_STEPS - 1);
 }
