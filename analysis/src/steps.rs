@@ -723,7 +723,13 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
             .take(OPENING_SIZES)
             .map(|a| a.size)
             .collect();
-        first_match_of_sizes(&traced[..before], &opening)
+        // The shape starts a step after the dip that ends the one before, so a step's first
+        // allocations may be the last of the step before (an optimizer's one kept block,
+        // made after backward's dip), which the first step has no step before it to make:
+        // the opening is also tried without its first one or two sizes.
+        (0..=OPENING_SKIPPABLE)
+            .filter(|&skip| opening.len() >= skip + OPENING_SIZES / 2)
+            .find_map(|skip| first_match_of_sizes(&traced[..before], &opening[skip..]))
             .map(|i| &traced[i])
             .into_iter()
             .collect()
@@ -781,6 +787,10 @@ fn shape_steps(curve: &Curve, replay: &Replay) -> Vec<(u32, u32)> {
 
 /// Allocation sizes that recognise a step's opening in a run without stacks.
 const OPENING_SIZES: usize = 8;
+
+/// Leading sizes of a step's opening that may belong to the step before it (see
+/// `shape_steps`).
+const OPENING_SKIPPABLE: usize = 2;
 
 /// Index of the first allocation in `allocations` from which the allocated sizes run as
 /// `sizes` (allocations without an alloc event are skipped in both); `None` when they never

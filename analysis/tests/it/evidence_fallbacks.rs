@@ -315,3 +315,21 @@ fn a_leak_that_outgrows_a_step_hides_no_rise_from_the_shape() {
     let rises = memsnap_analysis::steps::shape_bounds(&active);
     assert_eq!(rises.len(), LEAKING_STEPS - 1);
 }
+
+/// Regression: recorded without stacks, the leaking run (no set-up before its first step)
+/// reported that first step as the set-up. The shape starts each later step with the block
+/// the step before kept after its dip, so their opening sizes never matched the first
+/// step's; the opening is also tried without its first sizes now.
+#[test]
+fn a_frameless_leaking_run_that_starts_with_a_step_finds_that_step() {
+    let mut snapshot = leaking_run();
+    for entry in snapshot.device_traces.as_mut().unwrap()[0].iter_mut() {
+        entry.frames = None;
+    }
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions::default());
+    assert_eq!(analysis.method, StepMethod::CurveShape);
+    assert_eq!(analysis.steps.len(), LEAKING_STEPS);
+    assert!(analysis.setup.is_none(), "{:?}", analysis.setup);
+    assert_eq!(analysis.steps[0].start_event, 0);
+}
