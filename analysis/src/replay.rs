@@ -1269,6 +1269,7 @@ mod tests {
         assert_eq!(a.end(Lifetime::Allocated, 20), 5);
         assert_eq!(a.end(Lifetime::Active, 20), 20);
     }
+
     /// The allocation a slot of [`one_map_walk`]'s map stands for.
     fn slot_mut<'a>(
         slot: Slot,

@@ -1356,6 +1356,25 @@ fn step_until(h: &mut Harness<'_, ViewerApp>, what: &str, done: impl Fn(&ViewerA
     }
 }
 
+/// A viewer attached to `alloc` served on a socket of a new directory, once the first live
+/// document is open; the server and the directory live as long as the caller keeps them.
+fn attached_viewer(
+    alloc: &Arc<memsnap_recorder::CachingAllocator<memsnap_recorder::HostDevice>>,
+) -> (
+    Harness<'static, ViewerApp>,
+    memsnap_recorder::LiveServer,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("run.sock").display());
+    let server = alloc.serve_live(&url).unwrap();
+    let mut h = harness(Settings::default());
+    h.state_mut()
+        .attach(memsnap_viewer::live::Address::parse(&url).unwrap());
+    step_until(&mut h, "the live document", |app| app.documents.len() == 1);
+    (h, server, dir)
+}
+
 fn live_entries_shown(app: &ViewerApp) -> u64 {
     app.documents
         .first()
@@ -1373,13 +1392,7 @@ fn live_entries_received(app: &ViewerApp) -> u64 {
 fn attaching_shows_the_timeline_grow_pauses_and_says_when_disconnected() {
     let alloc = live_recorder();
     record_steps(&alloc, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("unix:{}", dir.path().join("run.sock").display());
-    let server = alloc.serve_live(&url).unwrap();
-    let mut h = harness(Settings::default());
-    h.state_mut()
-        .attach(memsnap_viewer::live::Address::parse(&url).unwrap());
-    step_until(&mut h, "the live document", |app| app.documents.len() == 1);
+    let (mut h, server, _dir) = attached_viewer(&alloc);
     h.get_by_role_and_label(Role::Button, "live run.sock");
     h.get_by_label_contains("Active memory timeline");
     h.get_by_label_contains("entries received from unix:");
@@ -1439,13 +1452,7 @@ fn attaching_shows_the_timeline_grow_pauses_and_says_when_disconnected() {
 fn entries_received_after_the_shown_document_extend_the_timeline_until_the_next() {
     let alloc = live_recorder();
     record_steps(&alloc, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("unix:{}", dir.path().join("run.sock").display());
-    let server = alloc.serve_live(&url).unwrap();
-    let mut h = harness(Settings::default());
-    h.state_mut()
-        .attach(memsnap_viewer::live::Address::parse(&url).unwrap());
-    step_until(&mut h, "the live document", |app| app.documents.len() == 1);
+    let (mut h, server, _dir) = attached_viewer(&alloc);
     // Recorded until a frame shows a tail (each step keeps 1 MiB: at most 500 of them).
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let recording = {

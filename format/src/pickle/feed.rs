@@ -295,6 +295,16 @@ mod tests {
         }
     }
 
+    /// `data` in pieces from the first byte; failing at its end when `fail_at_end`.
+    fn pieces(data: &[u8], fail_at_end: bool) -> Pieces {
+        Pieces {
+            data: data.to_vec(),
+            at: 0,
+            step: 1,
+            fail_at_end,
+        }
+    }
+
     fn bytes(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 31 % 251) as u8).collect()
     }
@@ -326,12 +336,7 @@ mod tests {
     #[test]
     fn read_ahead_feeds_every_byte_in_order_whatever_windows_are_asked_for() {
         let data = bytes(3_000_000);
-        let reader = Pieces {
-            data: data.clone(),
-            at: 0,
-            step: 1,
-            fail_at_end: false,
-        };
+        let reader = pieces(&data, false);
         let reached = read_ahead(reader, |mut feed| walk(&mut feed, &data));
         assert_eq!(reached, data.len());
         // The feed that reads on this thread gives the same bytes.
@@ -342,12 +347,7 @@ mod tests {
     #[test]
     fn a_read_error_on_the_read_ahead_thread_comes_back_on_every_later_refill() {
         let data = bytes(700_000);
-        let reader = Pieces {
-            data: data.clone(),
-            at: 0,
-            step: 1,
-            fail_at_end: true,
-        };
+        let reader = pieces(&data, true);
         read_ahead(reader, |mut feed| {
             feed.refill(0, 500_000).expect("before the error");
             assert_eq!(&feed.window()[..500_000], &data[..500_000]);

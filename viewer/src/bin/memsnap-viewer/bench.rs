@@ -172,6 +172,62 @@ impl fmt::Display for BenchReport {
 }
 
 /// Benchmarks a generated run of about `entries` trace entries.
+/// The headless window both benchmarks draw into (points).
+pub const HEADLESS_SCREEN: (f32, f32) = (1600.0, 900.0);
+
+/// The timeline panel drawn as the window draws it, without one: the UI pass and the
+/// tessellation at [`HEADLESS_SCREEN`], no GPU (no renderer takes the font texture).
+pub struct HeadlessTimeline {
+    ctx: egui::Context,
+    selection: Selection,
+    frames: u32,
+}
+
+impl HeadlessTimeline {
+    pub fn new() -> Self {
+        HeadlessTimeline {
+            ctx: egui::Context::default(),
+            selection: Selection::default(),
+            frames: 0,
+        }
+    }
+
+    /// Draws one frame; returns its time and its triangles.
+    pub fn draw(
+        &mut self,
+        model: &TimelineModel<'_>,
+        state: &mut TimelineState,
+    ) -> (Duration, usize) {
+        self.frames += 1;
+        let input = egui::RawInput {
+            screen_rect: Some(egui::Rect::from_min_size(
+                egui::Pos2::ZERO,
+                egui::vec2(HEADLESS_SCREEN.0, HEADLESS_SCREEN.1),
+            )),
+            // 60 frames per second of input time, so the view counts as moving while zooming.
+            time: Some(f64::from(self.frames) / 60.0),
+            ..Default::default()
+        };
+        let selection = &mut self.selection;
+        let started = Instant::now();
+        let mut output = self.ctx.run_ui(input, |ui| {
+            egui::CentralPanel::default().show(ui, |ui| {
+                timeline_ui(ui, model, state, selection);
+            });
+        });
+        output.textures_delta.clear();
+        let primitives = self.ctx.tessellate(output.shapes, output.pixels_per_point);
+        let triangles = primitives
+            .iter()
+            .map(|p| match &p.primitive {
+                egui::epaint::Primitive::Mesh(m) => m.indices.len() / 3,
+                egui::epaint::Primitive::Callback(_) => 0,
+            })
+            .sum();
+        (started.elapsed(), triangles)
+    }
+}
+
 pub fn bench_generated(entries: usize, frames: usize) -> Result<BenchReport, BenchError> {
     let run = TrainingRun {
         target_entries: Some(entries),
@@ -227,10 +283,7 @@ pub fn bench_snapshot(
     let timeline = &*timeline_arc;
     let mut state = TimelineState::new(timeline);
 
-    let ctx = egui::Context::default();
-    let screen = egui::Rect::from_min_size(egui::Pos2::ZERO, egui::vec2(1600.0, 900.0));
-    let mut frame_index = 0u32;
-    let mut selection = Selection::default();
+    let mut headless = HeadlessTimeline::new();
     let mut frame = |state: &mut TimelineState, model: &DeviceModel| -> (Duration, usize) {
         let timeline_model = TimelineModel {
             snapshot,
@@ -238,30 +291,7 @@ pub fn bench_snapshot(
             steps: model.steps(),
             sites: &sites,
         };
-        frame_index += 1;
-        let input = egui::RawInput {
-            screen_rect: Some(screen),
-            // 60 frames per second of input time, so the view counts as moving while zooming.
-            time: Some(f64::from(frame_index) / 60.0),
-            ..Default::default()
-        };
-        let started = Instant::now();
-        let mut output = ctx.run_ui(input, |ui| {
-            egui::CentralPanel::default().show(ui, |ui| {
-                timeline_ui(ui, &timeline_model, state, &mut selection);
-            });
-        });
-        // No renderer takes the font texture here.
-        output.textures_delta.clear();
-        let primitives = ctx.tessellate(output.shapes, output.pixels_per_point);
-        let triangles = primitives
-            .iter()
-            .map(|p| match &p.primitive {
-                egui::epaint::Primitive::Mesh(m) => m.indices.len() / 3,
-                egui::epaint::Primitive::Callback(_) => 0,
-            })
-            .sum();
-        (started.elapsed(), triangles)
+        headless.draw(&timeline_model, state)
     };
     // egui lays out fonts on the first pass; that is start-up, not drawing.
     let _ = frame(&mut state, &model);
@@ -317,7 +347,7 @@ pub fn bench_snapshot(
         triangles,
         bands_first_frame,
         triangles_first_frame,
-        width_px: screen.width(),
+        width_px: HEADLESS_SCREEN.0,
         rss_read,
         rss_analysed,
         rss_peak: proc_status_bytes("VmHWM:"),

@@ -5,7 +5,7 @@
 //! `--bench-attach-seconds`, serving its history on a unix socket (`serve_live`). A
 //! [`LiveSession`] attached to it is polled as the window polls it, 60 times a second (taking
 //! each new document and polling its steps, and drawing the timeline panel headless as the
-//! window would, the live tail included). Printed: the rate the entries arrived, the
+//! window would, the live tail included, at 1600 x 900). Printed: the rate the entries arrived, the
 //! status updates, picture updates (a document or the live tail past it) and documents the
 //! UI got per second while they arrived, each rebuild's
 //! duration and size, the longest UI poll, and how long after the last entry the UI showed
@@ -21,25 +21,22 @@ use memsnap_recorder::{CachingAllocator, HistoryOptions, HostDevice, StackMode, 
 use memsnap_viewer::document::{Document, TimelineModel};
 use memsnap_viewer::live::{Address, LiveSession};
 use memsnap_viewer::live_tail::LiveTail;
-use memsnap_viewer::timeline::{timeline_ui, TimelineState};
-use memsnap_viewer::view::Selection;
+use memsnap_viewer::timeline::TimelineState;
 
-/// The timeline panel drawn headless as the window draws it each frame (UI pass and
-/// tessellation at 1600 x 900, no GPU): what a frame costs while entries arrive and after.
+use crate::bench::HeadlessTimeline;
+
+/// The timeline panel of the shown document, drawn headless each poll as the window draws
+/// it ([`HeadlessTimeline`]): what a frame costs while entries arrive and after.
 struct Frames {
-    ctx: egui::Context,
+    headless: HeadlessTimeline,
     state: Option<TimelineState>,
-    selection: Selection,
-    index: u32,
 }
 
 impl Frames {
     fn new() -> Self {
         Frames {
-            ctx: egui::Context::default(),
+            headless: HeadlessTimeline::new(),
             state: None,
-            selection: Selection::default(),
-            index: 0,
         }
     }
 
@@ -65,25 +62,7 @@ impl Frames {
             steps: model.steps(),
             sites: &document.sites,
         };
-        self.index += 1;
-        let input = egui::RawInput {
-            screen_rect: Some(egui::Rect::from_min_size(
-                egui::Pos2::ZERO,
-                egui::vec2(1600.0, 900.0),
-            )),
-            time: Some(f64::from(self.index) / 60.0),
-            ..Default::default()
-        };
-        let selection = &mut self.selection;
-        let started = Instant::now();
-        let mut output = self.ctx.run_ui(input, |ui| {
-            egui::CentralPanel::default().show(ui, |ui| {
-                timeline_ui(ui, &timeline_model, state, selection);
-            });
-        });
-        output.textures_delta.clear();
-        let _ = self.ctx.tessellate(output.shapes, output.pixels_per_point);
-        started.elapsed()
+        self.headless.draw(&timeline_model, state).0
     }
 }
 
