@@ -16,14 +16,16 @@
 //! the cache (the device's size is the `oom` entry's free bytes plus what was reserved then):
 //! a run with a fix would not have made them, and the replay, on a device of the budget's
 //! size, releases its cache itself when it must. Frees in P of memory made before P are left out (S's counterparts are
-//! unknown).
+//! unknown). A run recorded with module names keeps them: P's `memsnap.module:` ranges over
+//! its rest are carried along with its entries, so a named fix finds S's calls too.
 //!
 //! Complexity: O(n) in the trace's entries plus one analysis of the device.
 
 use std::collections::HashMap;
 
+use memsnap_analysis::modules::MODULE_RANGE_PREFIX;
 use memsnap_analysis::{DeviceTimeline, PhaseKind, StepOptions};
-use memsnap_format::{Action, Snapshot, TraceEntry};
+use memsnap_format::{Action, Annotation, Snapshot, TraceEntry};
 use serde::Serialize;
 
 /// How an OOM run was completed.
@@ -37,6 +39,36 @@ pub struct Completion {
     pub model_step: usize,
     /// Entries added after the `oom` entry's place.
     pub entries_added: usize,
+}
+
+/// The model step's module ranges go with its rest (a run recorded with module names): its
+/// `memsnap.module:` marks on `device` in `rest` (the times of its entries from the point the
+/// failed request stands for to its end) are copied, shifted by `shift` as those entries are,
+/// and the failed step's marks from the `oom` on are dropped (the ENDs its hooks recorded as
+/// the error unwound the calls). The failed step's calls still open at the `oom` are then
+/// closed by the model step's ENDs of the same paths, and its blocks after the failure get
+/// the model step's ranges. O(a) in the annotations.
+fn carry_module_ranges(
+    annotations: &mut Vec<Annotation>,
+    device: i64,
+    shift: i64,
+    rest: std::ops::RangeInclusive<i64>,
+) {
+    let is_module = |a: &Annotation| {
+        a.device == device && a.name().is_some_and(|n| n.starts_with(MODULE_RANGE_PREFIX))
+    };
+    let oom_time = rest.start().saturating_add(shift);
+    let copied: Vec<Annotation> = annotations
+        .iter()
+        .filter(|a| is_module(a) && rest.contains(&a.time_us))
+        .map(|a| {
+            let mut copy = a.clone();
+            copy.time_us = a.time_us.saturating_add(shift);
+            copy
+        })
+        .collect();
+    annotations.retain(|a| !(is_module(a) && a.time_us >= oom_time));
+    annotations.extend(copied);
 }
 
 fn is_alloc(e: &TraceEntry) -> bool {
@@ -235,6 +267,14 @@ pub fn complete_mapped(
     let mut out = snapshot.clone();
     if let Some(traces) = out.device_traces.as_mut() {
         traces[device as usize] = completed;
+    }
+    if let (Some(shift), Some(from), Some(to), Some(annotations)) = (
+        shift,
+        trace[point].time_us(),
+        trace[end].time_us(),
+        out.external_annotations.as_mut(),
+    ) {
+        carry_module_ranges(annotations, device, shift, from..=to);
     }
     Ok(Some((
         out,

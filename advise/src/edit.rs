@@ -6,15 +6,22 @@
 //!
 //! - **Optimizer state** (`percent`): every optimizer-state allocation's size is scaled (rounded
 //!   up); at 0 its alloc and frees are left out (offloaded to the host).
-//! - **Activation checkpointing** of a module node (a module chain prefix, see
-//!   `memsnap_analysis::modules`): in each step's forward, the node's calls are found in event
-//!   order (a call ends where the code inside it goes back to an earlier line, or where an
-//!   allocation outside the node comes); a call's activations (allocated in it, freed after the
+//! - **Activation checkpointing** of a module node ([`crate::node`]): in each step's forward,
+//!   the node's calls are found in event order. A named node's calls are the
+//!   `memsnap.module: PATH` ranges whose path matches its pattern (a call holds the
+//!   allocations made between its range's start and end). A chain prefix's call ends where the
+//!   code inside it goes back to an earlier line, or where an allocation outside the node
+//!   comes. A call's activations (allocated in it, freed after the
 //!   forward) are freed right after the call, and the call's allocations (activations and the
 //!   transients it made and freed) are made again, in their order, at the start of its backward:
-//!   before the first allocation after the previous call's last activation was released (the
-//!   backward order of the calls is the order of their releases). The activations are then
-//!   freed where the recording freed them.
+//!   before the backward's first allocation after the releases of what the forward made after
+//!   the call and the backward released before the call's first release (what ran after the
+//!   call in forward has its backward first; for a block, that is the next block's backward).
+//!   The activations are then freed where the recording freed them.
+//!
+//!   (Only the node's own calls used to order the backward, so a node called once per forward,
+//!   `blocks.4` alone, had its recomputation at the backward's first allocation, where
+//!   everything is still live, and the prediction kept the recorded peak.)
 //! - **Micro-batches** (`count`): each step's forward and backward run `count` times; the
 //!   allocations made and released within them (activations, transients, input gradients) are
 //!   divided by `count` (rounded up) and made in every micro-batch; what outlives them
@@ -24,24 +31,28 @@
 //! allocations of the edited trace share one; the recorded segment events stay as they were
 //! (the replay makes its own segment decisions; they only hint at addresses).
 //!
-//! Complexity: O(n + m) in the trace's entries and allocations, plus O(n) per micro-batch of
-//! the steps' forward and backward.
+//! Complexity: O(n + m) in the trace's entries and allocations, plus O(f log f) per checkpointed
+//! node and step for the f allocations of the step's forward (where each call's backward
+//! starts), plus O(n) per micro-batch of the steps' forward and backward.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use memsnap_analysis::modules::ModulePaths;
 use memsnap_analysis::{Category, PhaseKind, Replay, StepAnalysis};
 use memsnap_format::{Action, FrameId, Snapshot, TraceEntry};
 
-/// A module node (a chain prefix) and the range of its calls in a forward pass (first and
-/// last, counting from 0; `None`: every call).
-pub type CheckpointTarget = (Vec<FrameId>, Option<(u32, u32)>);
+use crate::node::{match_path, ModuleNode};
+
+/// A module node and the range of its calls in a forward pass (first and last index,
+/// inclusive, see [`crate::node`]; `None`: every call).
+pub type CheckpointTarget = (ModuleNode, Option<(u32, u32)>);
 
 /// What to change in a run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Edit {
-    /// Module nodes to checkpoint (chain prefixes), each with the range of its calls in a
-    /// forward pass to checkpoint (counting from 0, inclusive; `None`: every call).
+    /// Module nodes to checkpoint, each with the range of its calls in a forward pass to
+    /// checkpoint (first and last index, inclusive; `None`: every call).
     pub checkpoint: Vec<CheckpointTarget>,
     /// Micro-batches per step (1: as recorded).
     pub micro_batches: u32,
@@ -78,6 +89,8 @@ pub struct Analysed<'a> {
     pub steps: &'a StepAnalysis,
     /// Module chain of every allocation, in `replay.allocations` order.
     pub chains: &'a [Arc<[FrameId]>],
+    /// The device's named module calls (empty without `memsnap.module:` ranges).
+    pub paths: &'a ModulePaths,
     /// Allocation index of each trace entry that allocates or frees one.
     pub alloc_of_event: Vec<Option<u32>>,
 }
@@ -89,6 +102,7 @@ impl<'a> Analysed<'a> {
         replay: &'a Replay,
         steps: &'a StepAnalysis,
         chains: &'a [Arc<[FrameId]>],
+        paths: &'a ModulePaths,
     ) -> Self {
         let mut alloc_of_event = vec![None; trace.len()];
         for (i, a) in replay.allocations.iter().enumerate() {
@@ -107,6 +121,7 @@ impl<'a> Analysed<'a> {
             replay,
             steps,
             chains,
+            paths,
             alloc_of_event,
         }
     }
@@ -140,26 +155,116 @@ impl<'a> Analysed<'a> {
 
 /// One call of a checkpointed module node in a forward pass.
 struct Call {
+    /// Its index among the node's calls ([`crate::node`]: the number at a named pattern's
+    /// `*`, else its place in event order).
+    index: u64,
     /// Its allocations, in order.
     members: Vec<u32>,
     /// Last event of the call.
     end: u32,
 }
 
-/// How many calls of `node` the first step's forward makes (0 without a step that has a
-/// forward and a backward). O(events in that forward).
-pub fn call_count(an: &Analysed<'_>, node: &[FrameId]) -> usize {
-    an.passes()
-        .first()
-        .map_or(0, |&(fs, fe, _, _)| calls(an, node, fs, fe).len())
+/// The indices of `node`'s calls in the first step's forward, sorted, each once (empty without
+/// a step that has a forward and a backward). O(events in that forward).
+pub fn call_indices(an: &Analysed<'_>, node: &ModuleNode) -> Vec<u64> {
+    let Some(&(fs, fe, _, _)) = an.passes().first() else {
+        return Vec::new();
+    };
+    let mut indices: Vec<u64> = CallFinder::new(an, node)
+        .calls(an, 0, fs, fe)
+        .iter()
+        .map(|c| c.index)
+        .collect();
+    indices.sort_unstable();
+    indices.dedup();
+    indices
 }
 
-/// The node's calls in the forward `[fs, fe]` (see the module docs). O(events in the forward).
-fn calls(an: &Analysed<'_>, node: &[FrameId], fs: u32, fe: u32) -> Vec<Call> {
+/// Finds a node's calls in each forward (see the module docs); made once per node.
+enum CallFinder<'n> {
+    Chain(&'n [FrameId]),
+    /// For each recorded module path, whether it matches the pattern, and the number at its
+    /// `*` ([`match_path`]): O(p) once, for p paths.
+    Named(Vec<Option<Option<u64>>>),
+}
+
+impl<'n> CallFinder<'n> {
+    fn new(an: &Analysed<'_>, node: &'n ModuleNode) -> Self {
+        match node {
+            ModuleNode::Chain(chain) => CallFinder::Chain(chain),
+            ModuleNode::Named(pattern) => CallFinder::Named(
+                an.paths
+                    .paths
+                    .iter()
+                    .map(|path| match_path(pattern, path))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The node's calls in the forward `[fs, fe]`; `since`: the first event after the step
+    /// before's backward.
+    fn calls(&self, an: &Analysed<'_>, since: u32, fs: u32, fe: u32) -> Vec<Call> {
+        match self {
+            CallFinder::Chain(chain) => chain_calls(an, chain, fs, fe),
+            CallFinder::Named(matches) => named_calls(an, matches, since, fs, fe),
+        }
+    }
+}
+
+/// The module ranges whose path `matches` that start in the forward `[fs, fe]`, or between the
+/// step before's backward (`since`) and it: the forward phase starts at the analysis' first
+/// forward allocation, which can come after the first block's range began (a segment mapped
+/// first, or allocations the analysis gave the set-up). One inside an earlier one of them (a
+/// module calling itself) is part of that call; a range still open ends with the forward.
+/// O(log r + ranges and events in the forward) for r ranges.
+fn named_calls(
+    an: &Analysed<'_>,
+    matches: &[Option<Option<u64>>],
+    since: u32,
+    fs: u32,
+    fe: u32,
+) -> Vec<Call> {
+    let module_calls = an.paths.calls();
+    let first = module_calls.partition_point(|c| c.start_event < since.min(fs));
+    let last_event = (an.trace.len() as u32).saturating_sub(1);
+    let mut out: Vec<Call> = Vec::new();
+    for c in module_calls[first..]
+        .iter()
+        .take_while(|c| c.start_event <= fe)
+    {
+        let Some(&Some(number)) = matches.get(c.path as usize) else {
+            continue;
+        };
+        if out.last().is_some_and(|prev| c.start_event <= prev.end) {
+            continue;
+        }
+        let end = c.end_event.min(fe).min(last_event);
+        let members = (c.start_event..=end)
+            .filter(|&e| an.trace[e as usize].action == Action::Alloc)
+            .filter_map(|e| an.alloc_of_event[e as usize])
+            .collect();
+        out.push(Call {
+            index: number.unwrap_or(out.len() as u64),
+            members,
+            end,
+        });
+    }
+    out
+}
+
+/// A chain prefix's calls in the forward `[fs, fe]` (see the module docs). O(events in the
+/// forward).
+fn chain_calls(an: &Analysed<'_>, node: &[FrameId], fs: u32, fe: u32) -> Vec<Call> {
     let mut calls: Vec<Call> = Vec::new();
     let mut open: Option<(Call, i64)> = None;
     let Some(last) = (an.trace.len() as u32).checked_sub(1) else {
         return calls;
+    };
+    let call = |members: Vec<u32>, end: u32, calls: &Vec<Call>| Call {
+        index: calls.len() as u64,
+        members,
+        end,
     };
     for e in fs..=fe.min(last) {
         if an.trace[e as usize].action != Action::Alloc {
@@ -189,23 +294,9 @@ fn calls(an: &Analysed<'_>, node: &[FrameId], fs: u32, fe: u32) -> Vec<Call> {
             Some((mut c, _)) => {
                 c.end = e - 1;
                 calls.push(c);
-                open = Some((
-                    Call {
-                        members: vec![a],
-                        end: e,
-                    },
-                    position,
-                ));
+                open = Some((call(vec![a], e, &calls), position));
             }
-            None => {
-                open = Some((
-                    Call {
-                        members: vec![a],
-                        end: e,
-                    },
-                    position,
-                ))
-            }
+            None => open = Some((call(vec![a], e, &calls), position)),
         }
     }
     if let Some((mut c, _)) = open {
@@ -265,14 +356,20 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
         }
     }
     for (node, range) in &edit.checkpoint {
+        let finder = CallFinder::new(an, node);
+        let mut since = 0;
         for &(fs, fe, bs, be) in &passes {
-            // A call's activations: allocated in it, released in this step's backward.
-            // Every call with activations, checkpointed or not: the backward order of all of
-            // them says where a checkpointed call's backward starts.
-            let mut released: Vec<(u32, Call, Vec<u32>, bool)> = Vec::new();
-            for (k, call) in calls(an, node, fs, fe).into_iter().enumerate() {
-                let checkpointed =
-                    range.is_none_or(|(first, last)| (first as usize..=last as usize).contains(&k));
+            let step_calls = finder.calls(an, since, fs, fe);
+            since = be.saturating_add(1);
+            // A checkpointed call's activations: allocated in it, released in this step's
+            // backward.
+            let mut checkpointed: Vec<(u32, Call, Vec<u32>)> = Vec::new();
+            for call in step_calls {
+                if !range.is_none_or(|(first, last)| {
+                    (u64::from(first)..=u64::from(last)).contains(&call.index)
+                }) {
+                    continue;
+                }
                 let activations: Vec<u32> = call
                     .members
                     .iter()
@@ -283,37 +380,60 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
                             .is_some_and(|f| f >= bs && f <= be)
                     })
                     .collect();
-                if activations.is_empty() {
-                    continue;
-                }
-                let first_release = activations
+                let Some(first_release) = activations
                     .iter()
                     .filter_map(|&a| allocations[a as usize].free_requested())
                     .min()
-                    .unwrap_or(bs);
-                if checkpointed {
-                    checkpointed_allocations.extend(&call.members);
-                    after
-                        .entry(call.end)
-                        .or_default()
-                        .extend(activations.iter().map(|&a| Op::FreeNow(a)));
-                }
-                released.push((first_release, call, activations, checkpointed));
-            }
-            released.sort_by_key(|r| r.0);
-            let mut previous_release: Option<u32> = None;
-            for (_, call, activations, checkpointed) in &released {
-                if !checkpointed {
-                    previous_release = activations
-                        .iter()
-                        .filter_map(|&a| allocations[a as usize].free_requested())
-                        .max();
+                else {
                     continue;
+                };
+                checkpointed_allocations.extend(&call.members);
+                after
+                    .entry(call.end)
+                    .or_default()
+                    .extend(activations.iter().map(|&a| Op::FreeNow(a)));
+                checkpointed.push((first_release, call, activations));
+            }
+            if checkpointed.is_empty() {
+                continue;
+            }
+            // Where each call's backward starts: after the releases of what the forward made
+            // after the call and the backward released before the call's first release (the
+            // work that ran after the call in forward has its backward before the call's).
+            // One sweep from the forward's end, the releases seen so far in a sorted set:
+            // O((f + c) log f) for f forward allocations and c calls.
+            let made_in_forward: Vec<(u32, u32)> = (fs..=fe.min(n.saturating_sub(1) as u32))
+                .filter(|&e| an.trace[e as usize].action == Action::Alloc)
+                .filter_map(|e| {
+                    let a = an.alloc_of_event[e as usize]?;
+                    let f = allocations[a as usize].free_requested()?;
+                    (f >= bs && f <= be).then_some((e, f))
+                })
+                .collect();
+            let mut by_end: Vec<usize> = (0..checkpointed.len()).collect();
+            by_end.sort_by_key(|&i| std::cmp::Reverse(checkpointed[i].1.end));
+            let mut seen = std::collections::BTreeSet::new();
+            let mut next = made_in_forward.len();
+            let mut starts = vec![bs; checkpointed.len()];
+            for i in by_end {
+                let (first_release, call, _) = &checkpointed[i];
+                while next > 0 && made_in_forward[next - 1].0 > call.end {
+                    next -= 1;
+                    seen.insert(made_in_forward[next].1);
                 }
-                // The recomputation goes before the first allocation after the previous
-                // call's releases (the backward's first allocation for the first).
-                let from = previous_release.map_or(bs, |r| r + 1);
-                let at = (from..n as u32)
+                if let Some(&r) = seen.range(..*first_release).next_back() {
+                    starts[i] = r + 1;
+                }
+            }
+            // In backward order, so that calls whose recomputations fall at one place make
+            // theirs in that order.
+            let mut order: Vec<usize> = (0..checkpointed.len()).collect();
+            order.sort_by_key(|&i| checkpointed[i].0);
+            for i in order {
+                let (_, call, activations) = &checkpointed[i];
+                // The recomputation goes before the backward's first allocation after the
+                // work before it.
+                let at = (starts[i]..n as u32)
                     .find(|&e| an.trace[e as usize].action == Action::Alloc)
                     .unwrap_or(n as u32);
                 let ops = before.entry(at).or_default();
@@ -332,10 +452,6 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
                         ops.push(Op::FreeNow(m));
                     }
                 }
-                previous_release = activations
-                    .iter()
-                    .filter_map(|&a| allocations[a as usize].free_requested())
-                    .max();
             }
         }
     }

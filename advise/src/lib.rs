@@ -7,9 +7,10 @@
 //!
 //! The fixes ([`Fix`]):
 //!
-//! - **activation checkpointing** of a module node (a module call chain prefix from
-//!   [`memsnap_analysis::modules`], such as every block the model's loop calls), or of a range
-//!   of its calls (the first half of the blocks): its
+//! - **activation checkpointing** of a module node ([`node`]: a pattern over the module paths
+//!   a run recorded with `memsnap.torch.enable(modules=True)`, such as `blocks.*`, or without
+//!   them a module call chain prefix from [`memsnap_analysis::modules`], such as every block
+//!   the model's loop calls), or of a range of its calls (`blocks.0` to `blocks.2`): its
 //!   activations are freed after each call's forward and made again at the start of the
 //!   call's backward, with the transients the call made (the recomputation); the extra
 //!   forward work is reported as a fraction (by bytes the forward allocates);
@@ -32,6 +33,7 @@
 
 pub mod complete;
 pub mod edit;
+pub mod node;
 
 use std::sync::Arc;
 
@@ -43,6 +45,7 @@ use serde::Serialize;
 
 pub use complete::Completion;
 pub use edit::Edit;
+pub use node::ModuleNode;
 
 /// Why advice could not be given.
 #[derive(Debug, thiserror::Error)]
@@ -77,14 +80,16 @@ pub struct Options {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Fix {
-    /// Activation checkpointing of every call of a module node.
+    /// Activation checkpointing of the calls of a module node.
     Checkpoint {
-        /// The node's label (`model.py:212`, see [`chain_label`]).
+        /// The node's label: its pattern (`blocks.*`) or its chain (`model.py:212`, see
+        /// [`chain_label`]).
         module: String,
         #[serde(skip)]
-        node: Vec<FrameId>,
-        /// Only these calls of the node in each forward (first and last, counting from 0:
-        /// a range of blocks); `None`: every call.
+        node: ModuleNode,
+        /// Only these calls of the node in each forward (first and last index, inclusive: the
+        /// numbers at a named pattern's `*`, so `(0, 2)` of `blocks.*` is `blocks.0` to
+        /// `blocks.2`; otherwise counting from 0 in event order); `None`: every call.
         calls: Option<(u32, u32)>,
     },
     /// Micro-batches per step with gradient accumulation.
@@ -101,14 +106,16 @@ impl Fix {
         match self {
             Fix::Checkpoint {
                 module,
-                calls: None,
-                ..
-            } => format!("checkpoint the activations of {module}"),
-            Fix::Checkpoint {
-                module,
+                node: ModuleNode::Named(pattern),
                 calls: Some((first, last)),
-                ..
-            } => format!("checkpoint the activations of calls {first}-{last} of {module}"),
+            } if pattern.contains('*') && first != last => format!(
+                "checkpoint the activations of {} ({module})",
+                self.touches().unwrap_or_default()
+            ),
+            Fix::Checkpoint { .. } => format!(
+                "checkpoint the activations of {}",
+                self.touches().unwrap_or_default()
+            ),
             Fix::MicroBatches { count } => {
                 format!("{count} micro-batches with gradient accumulation")
             }
@@ -116,6 +123,60 @@ impl Fix {
             Fix::OptimizerState { percent: 25 } => "optimizer state in 8 bits".into(),
             Fix::OptimizerState { percent } => format!("optimizer state at {percent}%"),
             Fix::Allocator { alloc_conf } => format!("PYTORCH_CUDA_ALLOC_CONF={alloc_conf}"),
+        }
+    }
+
+    /// The modules a checkpointing fix frees early and makes again, in words (`blocks.0 to
+    /// blocks.2`, `calls 0-2 of model.py:212`, `blocks.*.mlp`); `None` for the other fixes.
+    pub fn touches(&self) -> Option<String> {
+        let Fix::Checkpoint {
+            module,
+            node,
+            calls,
+        } = self
+        else {
+            return None;
+        };
+        Some(match (node, calls) {
+            (_, None) => module.clone(),
+            (ModuleNode::Named(pattern), Some((first, last))) if pattern.contains('*') => {
+                let (first, last) = (u64::from(*first), u64::from(*last));
+                if first == last {
+                    node::with_index(pattern, first)
+                } else {
+                    format!(
+                        "{} to {}",
+                        node::with_index(pattern, first),
+                        node::with_index(pattern, last)
+                    )
+                }
+            }
+            (_, Some((first, last))) => format!("calls {first}-{last} of {module}"),
+        })
+    }
+
+    /// Whether a checkpointing fix touches the module node `m` of [`Advice::modules`]: `m` is
+    /// its node, or a named module it takes among its calls (`blocks.1` for `blocks.0` to
+    /// `blocks.2`, and `blocks.1.mlp` for `blocks.*.mlp`).
+    pub fn covers(&self, m: &ModuleBytes) -> bool {
+        let Fix::Checkpoint { node, calls, .. } = self else {
+            return false;
+        };
+        if *node == m.node {
+            return true;
+        }
+        let (ModuleNode::Named(pattern), ModuleNode::Named(path)) = (node, &m.node) else {
+            return false;
+        };
+        if path.contains('*') {
+            return false;
+        }
+        match (node::match_path(pattern, path), calls) {
+            (Some(Some(n)), Some((first, last))) => {
+                (u64::from(*first)..=u64::from(*last)).contains(&n)
+            }
+            (Some(_), None) => true,
+            _ => false,
         }
     }
 
@@ -249,11 +310,13 @@ pub fn predicted_curve(
 /// A module node and its activations live at the allocated peak.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModuleBytes {
+    /// The node's label: its pattern (`blocks.*`) or its chain's (`model.py:212`).
     pub module: String,
+    /// Segments of the pattern, or frames of the chain.
     pub depth: usize,
     pub activation_bytes_at_peak: u64,
     #[serde(skip)]
-    pub node: Vec<FrameId>,
+    pub node: ModuleNode,
 }
 
 /// The advice for one device.
@@ -343,24 +406,48 @@ impl<'a> Advisor<'a> {
             self.timeline.replay(),
             &self.steps,
             &self.chains,
+            self.timeline.module_paths(),
         )
         .passes()
         .len()
     }
 
-    /// Module nodes (chain prefixes) by the activation bytes live at the allocated peak under
-    /// them, biggest first; a node whose bytes are all in one child is left out in favour of
-    /// the outermost. O(m × d) in the live allocations and chain depth.
+    /// Module nodes by the activation bytes live at the allocated peak under them, biggest
+    /// first. When the run recorded module paths and an activation live at the peak was made
+    /// in one, named patterns ([`node::named_nodes`]: `blocks.*`, `blocks.*.attn`); otherwise
+    /// (or when no pattern is worth checkpointing: only the model's own call was named)
+    /// chain prefixes of at most 4 frames, where a node whose bytes are all in one child is
+    /// left out in favour of the outermost. O(m × d) in the live allocations and the depth of
+    /// their paths or chains.
     pub fn module_bytes(&self) -> Vec<ModuleBytes> {
         let peak = self.timeline.peak(CurveKind::Allocated).event;
         let replay = self.timeline.replay();
-        let mut by_node: std::collections::HashMap<Vec<FrameId>, u64> = Default::default();
-        for id in replay.live_at(peak, Lifetime::Allocated) {
-            let i = id.0 as usize;
-            if self.steps.categories.get(i) != Some(&Category::Activation) {
-                continue;
+        let live: Vec<(usize, u64)> = replay
+            .live_at(peak, Lifetime::Allocated)
+            .into_iter()
+            .map(|id| id.0 as usize)
+            .filter(|&i| self.steps.categories.get(i) == Some(&Category::Activation))
+            .map(|i| (i, replay.allocations[i].size))
+            .collect();
+        let paths = self.timeline.module_paths();
+        if live.iter().any(|&(i, _)| paths.of(i).is_some()) {
+            let named: Vec<ModuleBytes> = node::named_nodes(paths, live.iter().copied())
+                .into_iter()
+                .map(|(pattern, depth, bytes)| ModuleBytes {
+                    module: pattern.clone(),
+                    depth,
+                    activation_bytes_at_peak: bytes,
+                    node: ModuleNode::Named(pattern),
+                })
+                .collect();
+            // Only the model's own call named (nothing inside it is worth checkpointing by
+            // name): the stacks may still tell its parts apart.
+            if !named.is_empty() {
+                return named;
             }
-            let size = replay.allocations[i].size;
+        }
+        let mut by_node: std::collections::HashMap<Vec<FrameId>, u64> = Default::default();
+        for (i, size) in live {
             let chain = &self.chains[i];
             for depth in 1..=chain.len().min(4) {
                 *by_node.entry(chain[..depth].to_vec()).or_default() += size;
@@ -376,7 +463,7 @@ impl<'a> Advisor<'a> {
                 module: chain_label(self.snapshot, node),
                 depth: node.len(),
                 activation_bytes_at_peak: bytes,
-                node: node.clone(),
+                node: ModuleNode::Chain(node.clone()),
             })
             .collect();
         out.sort_by(|a, b| {
@@ -464,7 +551,14 @@ impl<'a> Advisor<'a> {
         }
         let trace = &self.snapshot.traces()[self.device as usize];
         let replay = self.timeline.replay();
-        let analysed = edit::Analysed::new(self.snapshot, trace, replay, &self.steps, &self.chains);
+        let analysed = edit::Analysed::new(
+            self.snapshot,
+            trace,
+            replay,
+            &self.steps,
+            &self.chains,
+            self.timeline.module_paths(),
+        );
         let (edited, edit_out, recompute) = if edit == Edit::none() {
             (None, None, edit::Recompute::default())
         } else {
@@ -537,24 +631,44 @@ impl<'a> Advisor<'a> {
             self.timeline.replay(),
             &self.steps,
             &self.chains,
+            self.timeline.module_paths(),
         );
         let mut fixes: Vec<Fix> = Vec::new();
         for m in self.module_bytes().into_iter().take(CHECKPOINT_CANDIDATES) {
+            let checkpoint = |calls| Fix::Checkpoint {
+                module: m.module.clone(),
+                node: m.node.clone(),
+                calls,
+            };
             // The first half of a module called several times (the first blocks, whose
             // activations live longest): less recomputation than all of them.
-            let calls = edit::call_count(&analysed, &m.node) as u32;
-            if m.depth == 1 && calls >= 4 {
-                fixes.push(Fix::Checkpoint {
-                    module: m.module.clone(),
-                    node: m.node.clone(),
-                    calls: Some((0, calls / 2 - 1)),
-                });
+            match &m.node {
+                ModuleNode::Named(pattern) if pattern.contains('*') => {
+                    // Named by the blocks' own numbers: `blocks.0` to `blocks.2`.
+                    let numbers: Vec<u32> = edit::call_indices(&analysed, &m.node)
+                        .into_iter()
+                        .filter_map(|n| u32::try_from(n).ok())
+                        .collect();
+                    match (numbers.first(), numbers.last()) {
+                        (Some(&first), Some(&last)) => {
+                            if numbers.len() >= 4 {
+                                let half = numbers[numbers.len() / 2 - 1];
+                                fixes.push(checkpoint(Some((first, half))));
+                            }
+                            fixes.push(checkpoint(Some((first, last))));
+                        }
+                        _ => fixes.push(checkpoint(None)),
+                    }
+                }
+                ModuleNode::Named(_) => fixes.push(checkpoint(None)),
+                ModuleNode::Chain(_) => {
+                    let calls = edit::call_indices(&analysed, &m.node).len() as u32;
+                    if m.depth == 1 && calls >= 4 {
+                        fixes.push(checkpoint(Some((0, calls / 2 - 1))));
+                    }
+                    fixes.push(checkpoint(None));
+                }
             }
-            fixes.push(Fix::Checkpoint {
-                module: m.module,
-                node: m.node,
-                calls: None,
-            });
         }
         fixes.extend(MICRO_BATCHES.map(|count| Fix::MicroBatches { count }));
         if self.steps.categories.contains(&Category::OptimizerState) {

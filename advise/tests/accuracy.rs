@@ -147,6 +147,49 @@ fn expandable_segments_are_predicted_within_3_percent() {
     check("expandable segments", &[fix], changed);
 }
 
+/// The sub-module calls of every block (a chain two deep: `model.py:212 > model.py:52`, the
+/// call at line 52 of each block's forward, which makes activation slot 2), against the run
+/// with that slot checkpointed in every block.
+#[test]
+fn checkpointing_a_sub_module_of_every_block_is_predicted_within_3_percent() {
+    let (recorded, _) = generate(&run());
+    let advisor = Advisor::new(&recorded, None).unwrap();
+    let mut checked = 0;
+    for fix in advisor.candidates() {
+        let serde_like::Kind::Slot(slot) = serde_like::of(&fix) else {
+            continue;
+        };
+        let changed = TrainingRun {
+            checkpoint_slots: vec![slot],
+            ..run()
+        };
+        check(&fix.describe(), &[fix], changed);
+        checked += 1;
+    }
+    assert!(checked >= 1, "{:#?}", advisor.candidates());
+}
+
+#[test]
+fn the_other_allocator_settings_are_predicted_within_3_percent() {
+    for conf in ["max_split_size_mb:128", "roundup_power2_divisions:4"] {
+        let changed = TrainingRun {
+            alloc_conf: conf.into(),
+            ..run()
+        };
+        // The run made with it was made with it.
+        let (config, _) = memsnap_simulate::settings::file_config(&generate(&changed).0);
+        assert_ne!(
+            config,
+            memsnap_simulate::settings::file_config(&generate(&run()).0).0,
+            "{conf}"
+        );
+        let fix = Fix::Allocator {
+            alloc_conf: conf.into(),
+        };
+        check(conf, &[fix], changed);
+    }
+}
+
 #[test]
 fn checkpointing_with_micro_batches_is_predicted_within_3_percent() {
     let (recorded, _) = generate(&run());
@@ -177,6 +220,7 @@ fn with_fixes(base: TrainingRun, fixes: &[serde_like::Kind]) -> Option<TrainingR
             serde_like::Kind::BlockRange(first, last) => {
                 run.checkpoint_layers = (*first as usize..=*last as usize).collect()
             }
+            serde_like::Kind::Slot(slot) => run.checkpoint_slots = vec![*slot],
             serde_like::Kind::MicroBatches(n) => run.micro_batches = *n as usize,
             serde_like::Kind::Optimizer(p) => run.optimizer_state_percent = *p,
             serde_like::Kind::Expandable => run.expandable_segments = true,
@@ -190,6 +234,8 @@ mod serde_like {
     pub enum Kind {
         Blocks,
         BlockRange(u32, u32),
+        /// The call at line `50 + slot` of every block, which makes activation `slot`.
+        Slot(usize),
         MicroBatches(u32),
         Optimizer(u8),
         Expandable,
@@ -208,6 +254,14 @@ mod serde_like {
                 calls: Some((first, last)),
                 ..
             } if module == "model.py:212" => Kind::BlockRange(*first, *last),
+            memsnap_advise::Fix::Checkpoint {
+                module,
+                calls: None,
+                ..
+            } if module.starts_with("model.py:212 > model.py:5") => module
+                .strip_prefix("model.py:212 > model.py:")
+                .and_then(|line| line.parse::<usize>().ok())
+                .map_or(Kind::Other, |line| Kind::Slot(line - 50)),
             memsnap_advise::Fix::MicroBatches { count } => Kind::MicroBatches(*count),
             memsnap_advise::Fix::OptimizerState { percent } => Kind::Optimizer(*percent),
             memsnap_advise::Fix::Allocator { alloc_conf }

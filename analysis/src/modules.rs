@@ -40,8 +40,8 @@ use memsnap_format::{FrameId, Snapshot};
 use crate::categories::{Category, CategoryBytes};
 use crate::replay::Lifetime;
 pub use crate::sites::{
-    chain_label, is_module_call_frame, module_chain, ModuleKeyer, ModulePaths, MODULE_RANGE_PREFIX,
-    NO_MODULE,
+    chain_label, is_module_call_frame, module_chain, ModuleCall, ModuleKeyer, ModulePaths,
+    MODULE_RANGE_PREFIX, NO_MODULE,
 };
 use crate::timeline::DeviceTimeline;
 

@@ -333,6 +333,19 @@ pub struct ModulePaths {
     of_allocation: Vec<u32>,
     /// Per allocation: the outermost module range open when it was made (the model's call).
     outer_of_allocation: Vec<u32>,
+    /// Every module range, by start (outer first among ranges starting at one event).
+    calls: Vec<ModuleCall>,
+}
+
+/// One module call: a `memsnap.module: PATH` range, by the events it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleCall {
+    /// First event at or after its START (0 when the START is not in the window).
+    pub start_event: u32,
+    /// Last event at or before its END (`u32::MAX` when it had not ended).
+    pub end_event: u32,
+    /// Index into [`ModulePaths::paths`].
+    pub path: u32,
 }
 
 impl ModulePaths {
@@ -416,7 +429,21 @@ impl ModulePaths {
             paths,
             of_allocation,
             outer_of_allocation,
+            calls: ranges
+                .into_iter()
+                .map(|(start_event, end_event, path)| ModuleCall {
+                    start_event,
+                    end_event,
+                    path,
+                })
+                .collect(),
         }
+    }
+
+    /// Every module call (range), by start event: what a fix aimed at a named module
+    /// (checkpointing `blocks.0` to `blocks.2`) finds its calls among.
+    pub fn calls(&self) -> &[ModuleCall] {
+        &self.calls
     }
 
     /// Whether the device has module ranges at all.

@@ -20,7 +20,9 @@ use crate::cmd::common::{format_size, load, parse_size};
 /// transients, at the start of its backward), micro-batches with gradient accumulation (the
 /// forward and backward on 1/N of the batch, N times), optimizer state in 8 bits or offloaded,
 /// allocator settings. With --budget, when no single fix fits, the best is combined with the
-/// best of each other kind until one fits. Modules are the user `forward`s that
+/// best of each other kind until one fits. Modules are named by path (`blocks.0` to
+/// `blocks.2`, `blocks.*` for every block) when the run recorded them
+/// (`memsnap.torch.enable(modules=True)`), else they are the user `forward`s that
 /// nn.Module.__call__ entered, by `file:line` (see `memsnap top --by module`).
 ///
 /// Exit status 1 when a budget is given and no fix fits it.

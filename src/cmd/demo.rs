@@ -27,7 +27,7 @@ use crate::cmd::common::{format_size, parse_size};
 /// always give the same file (a fake clock and `--seed`).
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  memsnap demo\n  memsnap demo --steps 5 --layers 12 --out run.pickle --no-view\n  memsnap demo --oom-at-step 3\n  memsnap demo --leak 64MiB --steps 8   # a tensor kept every step: watch the drift\n  memsnap demo --checkpoint --micro-batches 2 --optimizer-state-percent 25   # what `memsnap advise` suggested"
+    after_help = "Examples:\n  memsnap demo\n  memsnap demo --steps 5 --layers 12 --out run.pickle --no-view\n  memsnap demo --oom-at-step 3\n  memsnap demo --leak 64MiB --steps 8   # a tensor kept every step: watch the drift\n  memsnap demo --checkpoint --micro-batches 2 --optimizer-state-percent 25   # what `memsnap advise` suggested\n  memsnap demo --modules --checkpoint-blocks 0-2   # blocks named as enable(modules=True) records them; blocks.0 to blocks.2 checkpointed"
 )]
 pub struct Args {
     /// Where to write the snapshot (.pickle, .msgpack or .json; .gz/.zst compress).
@@ -63,8 +63,20 @@ pub struct Args {
     pub seed: u64,
     /// Checkpoint every block (`torch.utils.checkpoint`): activations dropped after each
     /// block's forward and recomputed at the start of its backward.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "checkpoint_blocks")]
     pub checkpoint: bool,
+    /// Checkpoint blocks FIRST to LAST only (counting from 0, as `blocks.0`), e.g. 0-2.
+    #[arg(long, value_name = "FIRST-LAST", value_parser = parse_block_range)]
+    pub checkpoint_blocks: Option<(u32, u32)>,
+    /// Checkpoint a sub-module of every block instead: `attn` (the first half of its
+    /// activations) or `mlp` (the rest); repeat for both.
+    #[arg(long, value_name = "attn|mlp", value_parser = ["attn", "mlp"])]
+    pub checkpoint_sub_module: Vec<String>,
+    /// Record module names, as `memsnap.torch.enable(modules=True)`'s forward hooks do: a
+    /// `memsnap.module: PATH` range around the model's call (`GPT`), each block's (`blocks.0`,
+    /// `blocks.1`, ...) and its sub-modules' (`blocks.0.attn`, `blocks.0.mlp`).
+    #[arg(long)]
+    pub modules: bool,
     /// Micro-batches per step, with gradient accumulation.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub micro_batches: u32,
@@ -76,18 +88,43 @@ pub struct Args {
     pub no_view: bool,
 }
 
+/// `FIRST-LAST` (or one block, `N`) with FIRST <= LAST.
+fn parse_block_range(s: &str) -> Result<(u32, u32), String> {
+    let (first, last) = s.split_once('-').unwrap_or((s, s));
+    let number = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{s:?}: expected FIRST-LAST, such as 0-2"))
+    };
+    let (first, last) = (number(first)?, number(last)?);
+    if first > last {
+        return Err(format!("{s:?}: the first block comes after the last"));
+    }
+    Ok((first, last))
+}
+
 pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some((first, last)) = args.checkpoint_blocks {
+        anyhow::ensure!(
+            last < args.layers,
+            "--checkpoint-blocks {first}-{last}: the model has {} blocks (0 to {})",
+            args.layers,
+            args.layers - 1
+        );
+    }
     let run = TrainingRun {
         steps: args.steps as usize,
         leak_bytes_per_step: args.leak,
         device_memory: args.device_memory,
         oom_at_step: args.oom_at_step.map(|n| n as usize - 1),
         seed: args.seed,
-        checkpoint_layers: if args.checkpoint {
-            (0..args.layers as usize).collect()
-        } else {
-            Vec::new()
+        checkpoint_layers: match (args.checkpoint, args.checkpoint_blocks) {
+            (true, _) => (0..args.layers as usize).collect(),
+            (false, Some((first, last))) => (first as usize..=last as usize).collect(),
+            (false, None) => Vec::new(),
         },
+        checkpoint_submodules: args.checkpoint_sub_module.clone(),
+        module_ranges: args.modules,
         micro_batches: args.micro_batches as usize,
         optimizer_state_percent: args.optimizer_state_percent,
         // Each block's forward line by line, as real code runs: `memsnap advise` finds where

@@ -76,6 +76,104 @@ fn advise_ranks_a_fix_that_fits_and_the_demo_run_with_it_has_the_predicted_peak(
     }
 }
 
+/// A demo recorded with module names (`--modules`, as `enable(modules=True)` records them):
+/// `advise` names the blocks, and each named checkpointing fix the demo can make
+/// (`--checkpoint-blocks`, `--checkpoint-sub-module`) has the predicted peaks to the byte.
+#[test]
+fn advise_names_the_blocks_of_a_run_with_module_names_and_each_named_fix_is_the_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = demo(dir.path(), "named.pickle", &["--modules"]);
+    let out = memsnap(&["advise", &file, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["modules"][0]["module"], "blocks.*", "{}", v["modules"]);
+    let mut checked = Vec::new();
+    for p in v["predictions"].as_array().unwrap() {
+        let [f] = &p["fixes"].as_array().unwrap()[..] else {
+            continue;
+        };
+        if f["kind"] != "checkpoint" {
+            continue;
+        }
+        let flags: [String; 2] = match (f["module"].as_str().unwrap(), &f["calls"]) {
+            ("blocks.*", calls) => [
+                "--checkpoint-blocks".into(),
+                format!("{}-{}", calls[0], calls[1]),
+            ],
+            // The demo checkpoints a sub-module in every block (0 to 5), not in some.
+            (sub @ ("blocks.*.attn" | "blocks.*.mlp"), calls)
+                if *calls == serde_json::json!([0, 5]) =>
+            {
+                [
+                    "--checkpoint-sub-module".into(),
+                    sub.rsplit('.').next().unwrap().into(),
+                ]
+            }
+            ("blocks.*.attn" | "blocks.*.mlp", _) => continue,
+            (single, Value::Null) => [
+                "--checkpoint-blocks".into(),
+                single.strip_prefix("blocks.").unwrap().to_string(),
+            ],
+            other => panic!("{other:?}"),
+        };
+        let changed = demo(
+            dir.path(),
+            "changed.pickle",
+            &["--modules", &flags[0], &flags[1]],
+        );
+        let out = memsnap(&["simulate", &changed, "--json"]);
+        let actual: Value = serde_json::from_slice(&out.stdout).unwrap();
+        for peak in ["allocated_peak_bytes", "reserved_peak_bytes"] {
+            assert_eq!(
+                p[peak], actual["devices"][0][peak],
+                "{} {peak}",
+                p["description"]
+            );
+        }
+        checked.push(p["description"].as_str().unwrap().to_string());
+    }
+    assert!(
+        checked
+            .iter()
+            .any(|d| d.ends_with("blocks.0 to blocks.2 (blocks.*)")),
+        "{checked:?}"
+    );
+    assert!(
+        checked
+            .iter()
+            .any(|d| d.ends_with("(blocks.*.mlp)") && d.contains("blocks.0.mlp to blocks.5.mlp")),
+        "{checked:?}"
+    );
+    assert!(checked.len() >= 4, "{checked:?}");
+}
+
+#[test]
+fn demo_checkpoint_blocks_must_be_blocks_of_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.pickle").display().to_string();
+    for (range, says) in [
+        ("3-1", "comes after the last"),
+        ("0-6", "the model has 6 blocks"),
+        ("a-b", "expected FIRST-LAST"),
+    ] {
+        let run = memsnap(&[
+            "demo",
+            "--no-view",
+            "--out",
+            &out,
+            "--checkpoint-blocks",
+            range,
+        ]);
+        assert!(!run.status.success(), "{range}");
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(err.contains(says), "{range}: {err}");
+    }
+}
+
 #[test]
 fn advise_exits_with_1_when_nothing_fits_and_prints_the_table() {
     let dir = tempfile::tempdir().unwrap();

@@ -88,16 +88,11 @@ pub fn recompute_text(p: &Prediction) -> String {
     }
 }
 
-/// The modules a prediction's fixes edit (checkpointed module nodes), in its order; empty for
-/// fixes that touch no module (micro-batches, optimizer state, allocator settings).
-pub fn modules_touched(p: &Prediction) -> Vec<&str> {
-    p.fixes
-        .iter()
-        .filter_map(|f| match f {
-            Fix::Checkpoint { module, .. } => Some(module.as_str()),
-            _ => None,
-        })
-        .collect()
+/// The modules a prediction's fixes edit (checkpointed module nodes, `blocks.0 to blocks.2`),
+/// in its order; empty for fixes that touch no module (micro-batches, optimizer state,
+/// allocator settings).
+pub fn modules_touched(p: &Prediction) -> Vec<String> {
+    p.fixes.iter().filter_map(Fix::touches).collect()
 }
 
 /// A fix's predicted run, ready to be drawn over the recorded timeline: its allocated and

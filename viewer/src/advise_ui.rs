@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use egui::RichText;
-use memsnap_advise::{Advice, Prediction};
+use memsnap_advise::{Advice, Fix, Prediction};
 use memsnap_format::Snapshot;
 
 use crate::advise::{self, AdviseError, PredictedOverlay};
@@ -378,21 +378,20 @@ fn advice_ui(ui: &mut egui::Ui, advice: &Advice, selected: Option<usize>) -> Opt
     if !advice.modules.is_empty() {
         ui.add_space(6.0);
         ui.label("Activations live at the peak, by module:");
-        let touched = selected
+        let fixes = selected
             .and_then(|i| advice.predictions.get(i))
-            .map(advise::modules_touched)
-            .unwrap_or_default();
-        modules_ui(ui, advice, &touched, "advise_modules");
+            .map_or(&[][..], |p| &p.fixes[..]);
+        modules_ui(ui, advice, fixes, "advise_modules");
     }
     clicked
 }
 
-/// The module nodes with their activations at the peak, those in `touched` marked.
-fn modules_ui(ui: &mut egui::Ui, advice: &Advice, touched: &[&str], id: &str) {
+/// The module nodes with their activations at the peak, those the `fixes` touch marked.
+fn modules_ui(ui: &mut egui::Ui, advice: &Advice, fixes: &[Fix], id: &str) {
     egui::Grid::new(id).num_columns(2).show(ui, |ui| {
         for m in advice.modules.iter().take(8) {
             ui.label(format_size(m.activation_bytes_at_peak));
-            if touched.contains(&m.module.as_str()) {
+            if fixes.iter().any(|f| f.covers(m)) {
                 ui.strong(format!("{}  (checkpointed by the fix)", m.module));
             } else {
                 ui.label(&m.module);
@@ -460,7 +459,7 @@ fn details_ui(ui: &mut egui::Ui, advice: &Advice, i: usize, overlay: &OverlaySta
     } else {
         ui.label(format!("Modules touched: {}", touched.join(", ")));
         if !advice.modules.is_empty() {
-            modules_ui(ui, advice, &touched, "advise_details_modules");
+            modules_ui(ui, advice, &p.fixes, "advise_details_modules");
         }
     }
     ui.add_space(6.0);

@@ -1076,6 +1076,57 @@ fn advise_ranks_fixes_for_a_typed_budget_with_the_advisors_peaks() {
     );
 }
 
+/// A run recorded with module names: the Advise view offers the blocks by name, says which it
+/// touches (`blocks.0 to blocks.1`), and marks them in the module list: the pattern and the
+/// blocks in the range, not the ones outside it.
+#[test]
+fn advise_names_the_blocks_of_a_run_with_module_names_and_marks_those_a_fix_touches() {
+    let run = TrainingRun {
+        module_ranges: true,
+        ordered_forward_stacks: false,
+        ..advisable_run()
+    };
+    let (snapshot, _) = generate(&run);
+    let direct =
+        memsnap_advise::advise(&snapshot, &memsnap_advise::Options::default()).expect("advice");
+    let (i, fix) = direct
+        .predictions
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.description.contains("blocks.0 to blocks.1 (blocks.*)"))
+        .unwrap_or_else(|| panic!("{:#?}", direct.predictions));
+    let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
+    let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
+    open_advise_from_the_view_menu(&mut h);
+    h.get_by_role_and_label(Role::Button, "Run").click();
+    run_until_advised(&mut h);
+    h.get_by_label(&fix.description).click();
+    h.run_steps(3);
+    assert_eq!(advise_state(&h).selected, Some(i));
+    h.get_by_label("Modules touched: blocks.0 to blocks.1");
+    let marked = |label: &str| {
+        h.query_all_by_label(&format!("{label}  (checkpointed by the fix)"))
+            .count()
+    };
+    let listed: Vec<&str> = direct
+        .modules
+        .iter()
+        .take(8)
+        .map(|m| m.module.as_str())
+        .collect();
+    assert!(
+        listed.contains(&"blocks.1") && listed.contains(&"blocks.2"),
+        "{listed:?}"
+    );
+    for module in listed {
+        let expected = match module {
+            "blocks.*" | "blocks.0" | "blocks.1" => 2,
+            _ => 0,
+        };
+        assert_eq!(marked(module), expected, "{module}");
+    }
+}
+
 /// Steps frames until the selected fix's overlay replay is done.
 fn run_until_overlaid(h: &mut Harness<'_, ViewerApp>) {
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -40,7 +40,9 @@ usage: gen_snapshot -o PATH [options]
                           whole --stacks pool appears in the trace
       --annotations-per-step N  extra record_function START/END pairs per step (default 0)
       --empty-cache       torch.cuda.empty_cache() after every step (segment churn)
-      --expandable        expandable_segments:True (segment_map/segment_unmap)";
+      --expandable        expandable_segments:True (segment_map/segment_unmap)
+      --modules           memsnap.module: PATH ranges around every module call, as
+                          memsnap.torch.enable(modules=True) records them";
 
 fn main() -> ExitCode {
     match run() {
@@ -89,6 +91,7 @@ fn run() -> Result<(), String> {
             }
             "--empty-cache" => spec.empty_cache_every_step = true,
             "--expandable" => spec.expandable_segments = true,
+            "--modules" => spec.module_ranges = true,
             "--no-optimizer" => spec.optimizer = false,
             "--no-time" => spec.with_time = false,
             "--no-annotations" => spec.with_annotations = false,

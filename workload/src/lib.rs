@@ -117,10 +117,26 @@ pub struct TrainingRun {
     /// The allocator's `expandable_segments:True`: the large pool grows and shrinks one
     /// mapped segment (`segment_map` / `segment_unmap` entries).
     pub expandable_segments: bool,
+    /// More allocator settings, as `PYTORCH_CUDA_ALLOC_CONF` gives them
+    /// (`max_split_size_mb:128,roundup_power2_divisions:4`; empty: none), applied after
+    /// `expandable_segments`. Settings the recorder's allocator refuses are left out.
+    pub alloc_conf: String,
     /// Layers whose forward is checkpointed (`torch.utils.checkpoint`): their activations are
     /// freed at the end of the layer's forward and made again, in the same order and with the
     /// layer's forward temporary, at the start of the layer's backward (the recomputation).
     pub checkpoint_layers: Vec<usize>,
+    /// Activation slots (counting from 0) checkpointed in every layer not in
+    /// `checkpoint_layers`, as if each were a sub-module call of the block (with
+    /// `ordered_forward_stacks`, slot `a` is made at `model.py:50 + a`) wrapped in
+    /// `torch.utils.checkpoint`: freed as soon as it is made, and made again at the start of
+    /// the layer's backward, before its gradients.
+    pub checkpoint_slots: Vec<usize>,
+    /// Sub-modules of every block (`attn`: the first half of its activation slots; `mlp`:
+    /// the rest and the layer's temporary) checkpointed in every layer not in
+    /// `checkpoint_layers`: the sub-module's activations are freed when its call returns, and
+    /// its call is made again (activations and temporary) at the start of the layer's
+    /// backward, before its gradients. Other names are ignored.
+    pub checkpoint_submodules: Vec<String>,
     /// Micro-batches per step with gradient accumulation (1: none): the forward and backward
     /// passes run this many times on `1/N` of the batch (every size they allocate and free
     /// within them divided by N, rounded up), the gradients are allocated by the first and
@@ -134,6 +150,16 @@ pub struct TrainingRun {
     /// can tell where one block's call ends and the next begins, as in a real model's loop.
     /// Otherwise each activation's site is picked by its layer and slot.
     pub ordered_forward_stacks: bool,
+    /// `memsnap.module: PATH` START/END annotations around every module call, as
+    /// `memsnap.torch.enable(modules=True)`'s forward hooks record them (needs `with_time`):
+    /// `GPT` around the model's forward (its blocks and the loss), `blocks.N` around block N's
+    /// forward, `blocks.N.attn` and `blocks.N.mlp` around its two sub-modules, and `Block`
+    /// (with `attn` and `mlp` inside) around a checkpointed block's recomputation (run by the
+    /// autograd engine's thread, where no module call is running, so the hooks name it by its
+    /// class; `Attention` or `MLP` for a checkpointed sub-module's).
+    /// A call that runs out of memory still ends its range (the hooks run with
+    /// `always_call=True`).
+    pub module_ranges: bool,
 }
 
 impl Default for TrainingRun {
@@ -163,10 +189,14 @@ impl Default for TrainingRun {
             annotations_per_step: 0,
             empty_cache_every_step: false,
             expandable_segments: false,
+            alloc_conf: String::new(),
             checkpoint_layers: Vec::new(),
+            checkpoint_slots: Vec::new(),
+            checkpoint_submodules: Vec::new(),
             micro_batches: 1,
             optimizer_state_percent: 100,
             ordered_forward_stacks: false,
+            module_ranges: false,
         }
     }
 }

@@ -51,6 +51,9 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
             // The simulated device has virtual memory, so the setting takes effect.
             let _ = gpu.set_allocator_settings("expandable_segments:True");
         }
+        if !run.alloc_conf.is_empty() {
+            let _ = gpu.set_allocator_settings(&run.alloc_conf);
+        }
         gpu.use_manual_clock(start_us + device as i64 * 37);
         gpu.record_memory_history(HistoryOptions {
             enabled: HistoryMode::All,
@@ -80,6 +83,7 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
             phases: Vec::new(),
             opening: None,
             oom: None,
+            saved: Vec::new(),
         };
         // A run that stops early (out of memory) keeps what it recorded.
         let _ = sim.simulate();
@@ -172,6 +176,8 @@ struct DeviceRun<'a> {
     opening: Option<PhaseName>,
     /// (step, absolute index of the `oom` entry, bytes requested).
     oom: Option<(usize, u64, u64)>,
+    /// The activations each block of the forward being run keeps for its backward.
+    saved: Vec<Vec<Tensor>>,
 }
 
 impl DeviceRun<'_> {
@@ -283,6 +289,29 @@ impl DeviceRun<'_> {
             self.gpu
                 .record_annotation(&[("stage", stage), ("name", name)]);
         }
+    }
+
+    /// Runs `call` inside a `memsnap.module: PATH` range (`TrainingRun::module_ranges`); the
+    /// range ends also when the call fails, as the hooks' `always_call=True` makes it.
+    fn in_module<T>(
+        &mut self,
+        path: &str,
+        call: impl FnOnce(&mut Self) -> Result<T, Stop>,
+    ) -> Result<T, Stop> {
+        let recorded = self.run.with_time && self.run.module_ranges;
+        let name = format!("memsnap.module: {path}");
+        if recorded {
+            self.pause(1, 5);
+            self.gpu
+                .record_annotation(&[("stage", "START"), ("name", &name)]);
+        }
+        let result = call(self);
+        if recorded {
+            self.pause(1, 5);
+            self.gpu
+                .record_annotation(&[("stage", "END"), ("name", &name)]);
+        }
+        result
     }
 
     /// Requested sizes are element counts times 2 (bf16), never multiples of 512 by design.
@@ -400,40 +429,8 @@ impl DeviceRun<'_> {
         if first {
             self.opening = Some(PhaseName::Forward);
         }
-        let mut saved: Vec<Vec<Tensor>> = Vec::with_capacity(run.layers);
-        let mut extra_annotations = if first { run.annotations_per_step } else { 0 };
-        if shapes.is_empty() {
-            self.extra_annotations(0, extra_annotations);
-        }
-        for (layer, sizes) in shapes.iter().enumerate() {
-            // This layer's share of the step's extra annotations.
-            let share = extra_annotations.div_ceil(shapes.len() - layer);
-            extra_annotations -= share;
-            self.extra_annotations(layer, share);
-            let checkpointed = run.checkpoint_layers.contains(&layer);
-            let role = if checkpointed {
-                Role::Temporary
-            } else {
-                Role::Activation
-            };
-            let mut kept = self.layer_forward(layer, sizes, role, step)?;
-            if checkpointed {
-                // Only the layer's input is saved; what it made is dropped now and made again
-                // in backward.
-                for activation in kept.drain(..) {
-                    self.free(activation, Site::ForwardTemporary, layer)?;
-                }
-            }
-            if run.oom_at_step == Some(step) && layer + 1 == shapes.len() {
-                // A batch of much longer sequences: the attention scores alone outgrow the
-                // device.
-                let scores = run.device_memory | 2;
-                self.malloc(scores, Site::Activation, 4, Role::Activation, step)?;
-            }
-            saved.push(kept);
-            self.pause(10, 200);
-        }
-        let loss = self.malloc(part(4), Site::Loss, 0, Role::Activation, step)?;
+        let loss = self.in_module("GPT", |this| this.model_forward(step, shapes, micro_batch))?;
+        let mut saved = std::mem::take(&mut self.saved);
         if run.leak_bytes_per_step > 0 && first {
             let bytes = run.leak_bytes_per_step;
             self.malloc(bytes, Site::Leak, step, Role::Unknown, step)?;
@@ -450,7 +447,11 @@ impl DeviceRun<'_> {
             if run.checkpoint_layers.contains(&layer) {
                 // The recomputation: the layer's forward again, its activations kept for its
                 // backward.
-                saved_here = self.layer_forward(layer, &shapes[layer], Role::Activation, step)?;
+                saved_here = self.in_module("Block", |this| {
+                    this.layer_forward(layer, &shapes[layer], step, LayerPass::Recompute)
+                })?;
+            } else if !run.checkpoint_slots.is_empty() || !run.checkpoint_submodules.is_empty() {
+                self.sub_recompute(layer, &shapes[layer], &mut saved_here, step)?;
             }
             if first {
                 // Later micro-batches accumulate into these in place.
@@ -487,33 +488,189 @@ impl DeviceRun<'_> {
         Ok(())
     }
 
+    /// The model's forward (one micro-batch's): the blocks, each keeping its activations in
+    /// `self.saved` for the backward, then the loss, which is returned.
+    fn model_forward(
+        &mut self,
+        step: usize,
+        shapes: &[Vec<u64>],
+        micro_batch: usize,
+    ) -> Result<Tensor, Stop> {
+        let run = self.run;
+        let first = micro_batch == 0;
+        let parts = run.micro_batches.max(1) as u64;
+        self.saved = Vec::with_capacity(run.layers);
+        let mut extra_annotations = if first { run.annotations_per_step } else { 0 };
+        if shapes.is_empty() {
+            self.extra_annotations(0, extra_annotations);
+        }
+        for (layer, sizes) in shapes.iter().enumerate() {
+            // This layer's share of the step's extra annotations.
+            let share = extra_annotations.div_ceil(shapes.len() - layer);
+            extra_annotations -= share;
+            self.extra_annotations(layer, share);
+            let checkpointed = run.checkpoint_layers.contains(&layer);
+            let mut kept = self.in_module(&format!("blocks.{layer}"), |this| {
+                this.layer_forward(
+                    layer,
+                    sizes,
+                    step,
+                    LayerPass::Forward {
+                        whole: checkpointed,
+                    },
+                )
+            })?;
+            if checkpointed {
+                // Only the layer's input is saved; what it made is dropped now and made again
+                // in backward.
+                for activation in kept.drain(..) {
+                    self.free(activation, Site::ForwardTemporary, layer)?;
+                }
+            }
+            if run.oom_at_step == Some(step) && layer + 1 == shapes.len() {
+                // A batch of much longer sequences: the attention scores alone outgrow the
+                // device.
+                let scores = run.device_memory | 2;
+                self.malloc(scores, Site::Activation, 4, Role::Activation, step)?;
+            }
+            self.saved.push(kept);
+            self.pause(10, 200);
+        }
+        self.malloc(4u64.div_ceil(parts), Site::Loss, 0, Role::Activation, step)
+    }
+
     /// A layer's forward: its activations in order (a micro-batch's share of each), then its
     /// temporary, which comes and goes. Returns the activations.
+    ///
+    /// The block calls two sub-modules, `attn` (the first half of the activation slots) and
+    /// `mlp` (the rest and the temporary), each in a `memsnap.module:` range of its own with
+    /// `TrainingRun::module_ranges`. In a forward of a layer not checkpointed whole, an
+    /// activation checkpointed on its own (`TrainingRun::checkpoint_slots`) is freed as soon
+    /// as it is made (its call returns), and those of a checkpointed sub-module
+    /// (`TrainingRun::checkpoint_submodules`) when the sub-module's call returns;
+    /// [`Self::sub_recompute`] makes them again in the backward. Their places in the returned
+    /// vector hold the freed tensors until then.
     fn layer_forward(
         &mut self,
         layer: usize,
         sizes: &[u64],
-        role: Role,
         step: usize,
+        pass: LayerPass,
     ) -> Result<Vec<Tensor>, Stop> {
-        let parts = self.run.micro_batches.max(1) as u64;
+        let run = self.run;
+        let role = match pass {
+            LayerPass::Forward { whole: true } => Role::Temporary,
+            _ => Role::Activation,
+        };
+        let parts = run.micro_batches.max(1) as u64;
         let mut kept = Vec::with_capacity(sizes.len());
-        for (a, &bytes) in sizes.iter().enumerate() {
-            let key = if self.run.ordered_forward_stacks {
-                a
-            } else {
-                layer * 7 + a
+        for (name, slots) in sub_modules(sizes.len()) {
+            let with_temporary = name == "mlp";
+            let dropped_sub = pass == (LayerPass::Forward { whole: false })
+                && run.checkpoint_submodules.iter().any(|s| s == name);
+            let path = match pass {
+                LayerPass::Forward { .. } => format!("blocks.{layer}.{name}"),
+                // The hooks name a module called inside the recomputation's `Block` from it.
+                LayerPass::Recompute => name.to_owned(),
             };
-            let bytes = bytes.div_ceil(parts);
-            kept.push(self.malloc(bytes, Site::Activation, key, role, step)?);
+            let first = kept.len();
+            self.in_module(&path, |this| {
+                for a in slots {
+                    let key = this.activation_key(layer, a);
+                    let bytes = sizes[a].div_ceil(parts);
+                    let dropped_slot = pass == (LayerPass::Forward { whole: false })
+                        && run.checkpoint_slots.contains(&a);
+                    let role = if dropped_slot || dropped_sub {
+                        Role::Temporary
+                    } else {
+                        role
+                    };
+                    let tensor = this.malloc(bytes, Site::Activation, key, role, step)?;
+                    if dropped_slot && !dropped_sub {
+                        this.free(tensor, Site::ForwardTemporary, layer)?;
+                    }
+                    kept.push(tensor);
+                }
+                if with_temporary {
+                    this.temporary(layer, sizes, step)?;
+                }
+                Ok(())
+            })?;
+            if dropped_sub {
+                for &tensor in &kept[first..] {
+                    self.free(tensor, Site::ForwardTemporary, layer)?;
+                }
+            }
         }
+        Ok(kept)
+    }
+
+    /// The layer's forward temporary (a third of its largest activation), made and freed.
+    fn temporary(&mut self, layer: usize, sizes: &[u64], step: usize) -> Result<(), Stop> {
         if let Some(&largest) = sizes.iter().max() {
+            let parts = self.run.micro_batches.max(1) as u64;
             let bytes = (largest / 3 + 2).div_ceil(parts);
             let temporary =
                 self.malloc(bytes, Site::ForwardTemporary, layer, Role::Temporary, step)?;
             self.free(temporary, Site::ForwardTemporary, layer)?;
         }
-        Ok(kept)
+        Ok(())
+    }
+
+    /// The stack key of activation slot `a` of `layer`.
+    fn activation_key(&self, layer: usize, a: usize) -> usize {
+        if self.run.ordered_forward_stacks {
+            a
+        } else {
+            layer * 7 + a
+        }
+    }
+
+    /// The recomputation, at the start of a layer's backward, of what its forward freed early
+    /// (see [`Self::layer_forward`]), in slot order, into the places in `saved`: a checkpointed
+    /// sub-module's call again (its activations and temporary; in a range named by its class,
+    /// `Attention` or `MLP`: the autograd engine's thread runs it, where no module call is
+    /// running), and each slot checkpointed on its own.
+    fn sub_recompute(
+        &mut self,
+        layer: usize,
+        sizes: &[u64],
+        saved: &mut [Tensor],
+        step: usize,
+    ) -> Result<(), Stop> {
+        let run = self.run;
+        let parts = run.micro_batches.max(1) as u64;
+        for (name, slots) in sub_modules(sizes.len()) {
+            let whole = run.checkpoint_submodules.iter().any(|s| s == name);
+            let remade: Vec<usize> = slots
+                .filter(|a| whole || run.checkpoint_slots.contains(a))
+                .collect();
+            if remade.is_empty() {
+                continue;
+            }
+            let class = if name == "mlp" { "MLP" } else { "Attention" };
+            let mut remake = |this: &mut Self| -> Result<(), Stop> {
+                for &a in &remade {
+                    let key = this.activation_key(layer, a);
+                    let bytes = sizes[a].div_ceil(parts);
+                    let tensor =
+                        this.malloc(bytes, Site::Activation, key, Role::Activation, step)?;
+                    if let Some(place) = saved.get_mut(a) {
+                        *place = tensor;
+                    }
+                }
+                if whole && name == "mlp" {
+                    this.temporary(layer, sizes, step)?;
+                }
+                Ok(())
+            };
+            if whole {
+                self.in_module(class, remake)?;
+            } else {
+                remake(self)?;
+            }
+        }
+        Ok(())
     }
 
     fn step(
@@ -568,6 +725,22 @@ impl DeviceRun<'_> {
         }
         Ok(())
     }
+}
+
+/// Which run of a layer's forward [`DeviceRun::layer_forward`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LayerPass {
+    /// The step's forward; `whole`: the layer is checkpointed whole (`checkpoint_layers`).
+    Forward { whole: bool },
+    /// A checkpointed layer's recomputation in its backward.
+    Recompute,
+}
+
+/// A block's two sub-modules and the activation slots each makes: `attn` the first half,
+/// `mlp` the rest (and the layer's temporary). A layer of one activation has only `mlp`.
+fn sub_modules(slots: usize) -> [(&'static str, std::ops::Range<usize>); 2] {
+    let half = slots / 2;
+    [("attn", 0..half), ("mlp", half..slots)]
 }
 
 /// What a device's run did, by allocation and absolute entry index, to be mapped onto the
