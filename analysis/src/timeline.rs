@@ -101,8 +101,8 @@ impl SizeOrdered {
 /// length) and then queried. `Send + Sync`: build it on a worker thread.
 ///
 /// Costs below: `n` the device's trace entries, `m` its allocations, `k` those live at the
-/// instant asked about, `s` segments, `a` annotations. A query at [`Instant::Peak`] adds
-/// the O(n) of finding the peak ([`DeviceTimeline::resolve`]).
+/// instant asked about, `s` segments, `a` annotations. The first query at [`Instant::Peak`]
+/// adds the O(n) of finding the peak ([`DeviceTimeline::peak`]).
 #[derive(Clone, Debug)]
 pub struct DeviceTimeline {
     replay: Replay,
@@ -115,6 +115,10 @@ pub struct DeviceTimeline {
     drawing: OnceLock<DrawingIndex>,
     /// Made on first use ([`DeviceTimeline::module_paths`]).
     module_paths: OnceLock<ModulePaths>,
+    /// Each curve's highest point ([`DeviceTimeline::peak`]), found on first use: finding it
+    /// is O(n), and a window asks for the peaks every frame (the device summary: 3 scans of
+    /// 10M values took 8–12 % of a frame's time).
+    peaks: [OnceLock<Peak>; 3],
 }
 
 /// The indexes the layout and the curve envelopes query.
@@ -289,6 +293,7 @@ impl DeviceTimeline {
             },
             drawing: OnceLock::new(),
             module_paths: OnceLock::new(),
+            peaks: Default::default(),
         })
     }
 
@@ -327,6 +332,7 @@ impl DeviceTimeline {
             },
             drawing,
             module_paths: OnceLock::new(),
+            peaks: Default::default(),
         })
     }
 
@@ -427,20 +433,28 @@ impl DeviceTimeline {
         }
     }
 
-    /// The peak of a curve. O(n) (O(changes) for the reserved curve).
+    /// The peak of a curve: O(n) the first time (O(changes) for the reserved curve), O(1)
+    /// after.
     pub fn peak(&self, kind: CurveKind) -> Peak {
-        let (bytes, event) = self.curves.get(kind).max();
-        let event = event.unwrap_or(0);
-        Peak {
-            bytes,
-            event,
-            time_us: self.time.time_of(event),
-        }
+        let slot = match kind {
+            CurveKind::Allocated => &self.peaks[0],
+            CurveKind::Active => &self.peaks[1],
+            CurveKind::Reserved => &self.peaks[2],
+        };
+        *slot.get_or_init(|| {
+            let (bytes, event) = self.curves.get(kind).max();
+            let event = event.unwrap_or(0);
+            Peak {
+                bytes,
+                event,
+                time_us: self.time.time_of(event),
+            }
+        })
     }
 
     /// The event an instant refers to, clamped to the trace: an event past the end is the
     /// last, a time before the first event (or any time in a trace without times) the first.
-    /// O(log n), O(n) for [`Instant::Peak`].
+    /// O(log n), O(n) for the first [`Instant::Peak`].
     pub fn resolve(&self, at: Instant) -> u32 {
         let last = self.replay.axis_len() - 1;
         let at_time = |t: i64| self.time.last_event_at_or_before(t).unwrap_or(0).min(last);
@@ -457,7 +471,7 @@ impl DeviceTimeline {
 
     /// The event an instant refers to, or why this trace cannot answer it: an event past
     /// its end, a time before its first entry, a time asked of entries without `time_us`
-    /// (what `--at` reports). O(log n), O(n) for [`Instant::Peak`].
+    /// (what `--at` reports). O(log n), O(n) for the first [`Instant::Peak`].
     pub fn resolve_exact(&self, at: Instant) -> Result<u32> {
         let device = self.replay.device;
         let last = self.replay.axis_len() - 1;

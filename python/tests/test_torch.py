@@ -188,6 +188,74 @@ def test_a_module_whose_forward_raised_is_closed_with_its_caller():
     assert marks == [("START", prefix + "GPT"), ("END", prefix + "GPT")]
 
 
+def test_track_modules_installs_torchs_global_forward_hooks_and_names_the_calls(tmp_path):
+    """track_modules() against PyTorch's hook API (``register_module_forward_pre_hook(hook)``,
+    ``register_module_forward_hook(hook, *, always_call=False)``), faked: it registers both
+    once, asks for ``always_call``, and the hooks, called as torch calls them, record
+    ``memsnap.module:`` ranges into the history, so the summary names the memory at the peak
+    by module path."""
+    out = tmp_path / "modules.pickle"
+    script = textwrap.dedent(
+        f"""
+        import types
+        import memsnap.torch
+        lib = memsnap.torch.load_library()
+        memsnap.torch.record_history("all", context="all", stacks="none", max_entries=10000)
+        registered = []
+        class Handle:
+            def remove(self):
+                pass
+        def register_pre(hook):
+            registered.append(("pre", hook, None))
+            return Handle()
+        def register_post(hook, *, always_call=False):
+            registered.append(("post", hook, always_call))
+            return Handle()
+        module_api = types.SimpleNamespace(
+            register_module_forward_pre_hook=register_pre,
+            register_module_forward_hook=register_post,
+        )
+        torch = types.SimpleNamespace(
+            nn=types.SimpleNamespace(modules=types.SimpleNamespace(module=module_api)),
+            cuda=types.SimpleNamespace(current_device=lambda: 0),
+        )
+        memsnap.torch.track_modules(torch)
+        memsnap.torch.track_modules(torch)  # installed once
+        assert [(kind, always) for kind, _, always in registered] == [("pre", None), ("post", True)]
+        pre, post = registered[0][1], registered[1][1]
+        class GPT:
+            def __init__(self, **children):
+                self._modules = children
+        class Block(GPT):
+            pass
+        blocks = GPT(**{{"0": Block(), "1": Block()}})
+        model = GPT(blocks=blocks)
+        kept = []
+        pre(model, (None,))
+        for block in blocks._modules.values():
+            pre(block, (None,))
+            kept.append(lib.memsnap_alloc(8 << 20, 0, None))
+            post(block, (None,), None)
+        post(model, (None,), None)
+        memsnap.torch.dump({str(out)!r})
+        """
+    )
+    snapshot = _record_on_the_host_backend(script, out)
+    prefix = memsnap.torch.MODULE_RANGE_PREFIX
+    marks = [(a["stage"], a["name"][len(prefix):]) for a in snapshot["external_annotations"]]
+    assert marks == [
+        ("START", "GPT"),
+        ("START", "blocks.0"),
+        ("END", "blocks.0"),
+        ("START", "blocks.1"),
+        ("END", "blocks.1"),
+        ("END", "GPT"),
+    ]
+    device = memsnap.summary(out)["devices"][0]
+    modules = {m["module"]: m["bytes"] for m in device["modules_at_peak"]}
+    assert modules == {"blocks.0": 8 << 20, "blocks.1": 8 << 20}, device["modules_at_peak"]
+
+
 def test_serve_live_publishes_the_history_without_torch(tmp_path):
     """serve_live() through the shipped library: the address comes back, a listener gets the
     protocol's Hello and State frames (length-prefixed msgpack), and live_address() says it."""

@@ -109,9 +109,15 @@ impl DeviceModel {
         snapshot: &Snapshot,
         device: i64,
     ) -> Result<DeviceModel, memsnap_analysis::AnalysisError> {
+        let timeline = DeviceTimeline::build_for_drawing(snapshot, device)?;
+        // Found here, on the loading thread: each is an O(n) scan the first time, and the
+        // device summary shows them in the first frame.
+        for kind in memsnap_analysis::CurveKind::ALL {
+            timeline.peak(kind);
+        }
         Ok(DeviceModel {
             device,
-            timeline: Arc::new(DeviceTimeline::build_for_drawing(snapshot, device)?),
+            timeline: Arc::new(timeline),
             steps: Later::Pending,
             profile: Later::Pending,
         })

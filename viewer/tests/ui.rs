@@ -1593,3 +1593,57 @@ fn the_attach_dialog_says_what_is_wrong_with_an_address_and_attaches_to_a_typed_
     assert_eq!(live_entries_shown(h.state()), alloc.recorded_entries());
     drop(server);
 }
+
+/// The program's real window (eframe, glow) under Xvfb: `--bench-window` opens it, attaches it
+/// to a live recording in the same process, receives every entry, zooms and pans, closes
+/// itself and reports its frames. Skipped, with a notice, where `xvfb-run` is missing (CI
+/// installs it).
+#[test]
+fn the_real_window_attaches_to_a_live_recording_and_reports_its_frames() {
+    let has_xvfb = std::process::Command::new("sh")
+        .args(["-c", "command -v xvfb-run"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_xvfb {
+        eprintln!("skipped: xvfb-run is not installed");
+        return;
+    }
+    let out = std::process::Command::new("xvfb-run")
+        .args(["-a", "-s", "-screen 0 1920x1080x24"])
+        .arg(env!("CARGO_BIN_EXE_memsnap-viewer"))
+        .args([
+            "--bench-attach",
+            "20000",
+            "--bench-attach-seconds",
+            "1",
+            "--bench-window",
+            "1",
+        ])
+        .output()
+        .expect("run memsnap-viewer under xvfb-run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let recorded = stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("recorded ")?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(recorded >= 20_000, "{stdout}");
+    let after = stdout
+        .lines()
+        .find(|l| l.starts_with("window frames with every entry shown"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    // `N frames, p50 ...`: some frames were drawn once everything was shown.
+    let frames: u64 = after
+        .split(": ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{after}"));
+    assert!(frames >= 2, "{stdout}");
+}

@@ -67,7 +67,7 @@ impl Frames {
 }
 
 /// `p50 / p95 / max` of frame times, and the frames a second the p95 allows.
-fn frame_line(times: &mut [Duration]) -> String {
+pub fn frame_line(times: &mut [Duration]) -> String {
     if times.is_empty() {
         return "none".into();
     }
@@ -103,54 +103,96 @@ fn record_step(alloc: &CachingAllocator<HostDevice>, stacks: &[memsnap_recorder:
     let _ = alloc.malloc_with_stack(4096, Stream::DEFAULT, stacks[2]);
 }
 
+/// The benchmarks' recording program, running: a host-backend allocator recording N entries
+/// at an even pace on a thread of this process, serving its history on a unix socket.
+pub struct Recording {
+    pub alloc: Arc<CachingAllocator<HostDevice>>,
+    pub path: std::path::PathBuf,
+    /// Set when the last entry was recorded.
+    pub done: Arc<AtomicBool>,
+    pub started: Instant,
+    server: memsnap_recorder::LiveServer,
+    thread: std::thread::JoinHandle<Duration>,
+}
+
+impl Recording {
+    /// Starts recording `entries` entries over `seconds`.
+    pub fn start(entries: u64, seconds: f64) -> anyhow::Result<Recording> {
+        let alloc = Arc::new(CachingAllocator::new(HostDevice::new(64 << 30)));
+        alloc.record_memory_history(HistoryOptions {
+            max_entries: usize::MAX,
+            stacks: StackMode::None,
+            ..HistoryOptions::default()
+        });
+        let stack = |name: &str| {
+            alloc
+                .register_stack(&[
+                    Frame::new(name, "model.py", 10),
+                    Frame::new("train", "train.py", 3),
+                ])
+                .ok_or_else(|| anyhow::anyhow!("cannot register a stack"))
+        };
+        let stacks = [
+            stack("forward")?,
+            stack("backward")?,
+            stack("optimizer_step")?,
+        ];
+        let path =
+            std::env::temp_dir().join(format!("memsnap-bench-attach-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let server = alloc
+            .serve_live(&format!("unix:{}", path.display()))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // The program: N entries at an even pace.
+        let steps = entries.div_ceil(ENTRIES_PER_STEP);
+        let done = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let thread = {
+            let (alloc, done) = (alloc.clone(), done.clone());
+            std::thread::spawn(move || {
+                let per_step = Duration::from_secs_f64(seconds / steps as f64);
+                for step in 0..steps {
+                    record_step(&alloc, &stacks);
+                    let due = per_step * (step as u32 + 1);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+                done.store(true, Ordering::Relaxed);
+                started.elapsed()
+            })
+        };
+        Ok(Recording {
+            alloc,
+            path,
+            done,
+            started,
+            server,
+            thread,
+        })
+    }
+
+    /// Waits for the recording to end; returns how long it took. The socket closes.
+    pub fn finish(self) -> anyhow::Result<Duration> {
+        let took = self
+            .thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the recording thread panicked"))?;
+        drop(self.server);
+        Ok(took)
+    }
+}
+
 /// Runs the benchmark and returns its report.
 pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
-    let alloc = Arc::new(CachingAllocator::new(HostDevice::new(64 << 30)));
-    alloc.record_memory_history(HistoryOptions {
-        max_entries: usize::MAX,
-        stacks: StackMode::None,
-        ..HistoryOptions::default()
-    });
-    let stack = |name: &str| {
-        alloc
-            .register_stack(&[
-                Frame::new(name, "model.py", 10),
-                Frame::new("train", "train.py", 3),
-            ])
-            .ok_or_else(|| anyhow::anyhow!("cannot register a stack"))
-    };
-    let stacks = [
-        stack("forward")?,
-        stack("backward")?,
-        stack("optimizer_step")?,
-    ];
-    let path =
-        std::env::temp_dir().join(format!("memsnap-bench-attach-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let server = alloc
-        .serve_live(&format!("unix:{}", path.display()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let recording = Recording::start(entries, seconds)?;
+    let (alloc, path, recording_done, started) = (
+        recording.alloc.clone(),
+        recording.path.clone(),
+        recording.done.clone(),
+        recording.started,
+    );
     let mut session = LiveSession::start(1, Address::Unix(path.clone()), None, None);
-
-    // The program: N entries at an even pace.
-    let steps = entries.div_ceil(ENTRIES_PER_STEP);
-    let recording_done = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let recorder = {
-        let (alloc, done) = (alloc.clone(), recording_done.clone());
-        std::thread::spawn(move || {
-            let per_step = Duration::from_secs_f64(seconds / steps as f64);
-            for step in 0..steps {
-                record_step(&alloc, &stacks);
-                let due = per_step * (step as u32 + 1);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-            done.store(true, Ordering::Relaxed);
-            started.elapsed()
-        })
-    };
 
     // The UI: 60 polls a second.
     let frame = Duration::from_micros(16_667);
@@ -248,11 +290,8 @@ pub fn bench_attach(entries: u64, seconds: f64) -> anyhow::Result<String> {
             frames_after.push(frames.draw(document, None));
         }
     }
-    let recording_took = recorder
-        .join()
-        .map_err(|_| anyhow::anyhow!("the recording thread panicked"))?;
     let status = session.status();
-    drop(server);
+    let recording_took = recording.finish()?;
     session.wait();
     let (recorded, _) = recorded_at_end.unwrap_or_default();
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_attach;
+mod bench_window;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +56,12 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     bench_attach_seconds: f64,
 
+    /// With `--bench-attach`: attach the real window instead (vsync off, a frame asked for
+    /// after every frame) and print its frame intervals while the entries arrive and, once
+    /// all are shown, while the pointer hovers and the wheel zooms and pans for this long.
+    #[arg(long, value_name = "SECONDS", requires = "bench_attach")]
+    bench_window: Option<f64>,
+
     /// Trace entries of the generated snapshots for `--bench-frames`, one run each
     /// (comma-separated). The 10M run needs about 2 GB of memory.
     #[arg(long, value_delimiter = ',', default_value = "1000000,10000000")]
@@ -65,8 +72,11 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result = match (args.bench_frames, args.bench_attach) {
         (Some(frames), _) => run_bench(&args, frames),
-        (None, Some(entries)) => bench_attach::bench_attach(entries, args.bench_attach_seconds)
-            .map(|report| print!("{report}")),
+        (None, Some(entries)) => match args.bench_window {
+            Some(after) => bench_window::bench_window(entries, args.bench_attach_seconds, after),
+            None => bench_attach::bench_attach(entries, args.bench_attach_seconds),
+        }
+        .map(|report| print!("{report}")),
         (None, None) => start(args),
     };
     match result {
