@@ -8,18 +8,32 @@
 //! is what one frame costs through the window (the UI pass, tessellation, the GL upload and
 //! paint, the swap), and its inverse the frame rate the viewer can reach. Once every entry is
 //! shown, the pointer is moved over the timeline and the wheel zooms in, pans and zooms out
-//! (input put into the frames' raw input, as a user's would be) for `--bench-window-seconds`;
-//! then the window closes and the report is printed: both phases' frame intervals
-//! (p50 / p95 / max, the frame rate at p95) and the time `update` itself took.
+//! (input put into the frames' raw input, as a user's would be) for the first half of
+//! `--bench-window`'s seconds, then the other views of one file (At an instant, Allocator,
+//! Advise) are shown in turn, the pointer hovering and the wheel scrolling; then the window
+//! closes and the report is printed: the frame intervals (p50 / p95 / max, the frame rate at
+//! p95) and the time `update` itself took, while recording and in each view after.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use memsnap_viewer::app::MainView;
 use memsnap_viewer::live::Address;
 use memsnap_viewer::ViewerApp;
 
 use crate::bench_attach::{frame_line, Recording};
+
+/// The views drawn once every entry is shown, and what the pointer does there.
+const VIEWS: [(MainView, &str); 4] = [
+    (
+        MainView::Timeline,
+        "hovering, zooming in, panning, zooming out",
+    ),
+    (MainView::Instant, "hovering, scrolling"),
+    (MainView::Allocator, "hovering, scrolling"),
+    (MainView::Advise, "hovering, scrolling"),
+];
 
 /// Where the measured run is.
 #[derive(Clone, Copy, PartialEq)]
@@ -40,12 +54,12 @@ struct Measured {
     phase: Phase,
     interact_for: Duration,
     last_frame: Option<Instant>,
-    /// Intervals between frames while entries arrive, and once all are shown.
+    /// Intervals between frames while entries arrive.
     intervals_recording: Vec<Duration>,
-    intervals_after: Vec<Duration>,
-    /// `ViewerApp::update`'s own time, in the same two phases.
+    /// `ViewerApp::ui`'s own time then.
     updates_recording: Vec<Duration>,
-    updates_after: Vec<Duration>,
+    /// Once all are shown, per view in [`VIEWS`] order: the intervals and `ui`'s time.
+    after: Vec<(Vec<Duration>, Vec<Duration>)>,
     caught_up_after: Option<Duration>,
     recording_ended: Option<Instant>,
     report: Arc<Mutex<Option<String>>>,
@@ -64,18 +78,37 @@ impl Measured {
     }
 
     fn report(&mut self) -> String {
-        format!(
+        let mut out = format!(
             "window frames while recording: {}\n\
              window update() while recording: {}\n\
-             every entry shown {:.0} ms after the recording ended\n\
-             window frames with every entry shown (hovering, zooming in, panning, zooming out): {}\n\
-             window update() with every entry shown: {}\n",
+             every entry shown {:.0} ms after the recording ended\n",
             frame_line(&mut self.intervals_recording),
             frame_line(&mut self.updates_recording),
             self.caught_up_after.unwrap_or_default().as_secs_f64() * 1e3,
-            frame_line(&mut self.intervals_after),
-            frame_line(&mut self.updates_after),
-        )
+        );
+        for ((view, doing), (intervals, updates)) in VIEWS.iter().zip(&mut self.after) {
+            out.push_str(&format!(
+                "window frames with every entry shown, {} ({doing}): {}\n\
+                 window update() with every entry shown, {}: {}\n",
+                view.label(),
+                frame_line(intervals),
+                view.label(),
+                frame_line(updates),
+            ));
+        }
+        out
+    }
+
+    /// The view shown at `since.elapsed()` into the interacting phase: the timeline for the
+    /// first half, then each other view for an equal share.
+    fn view_at(&self, since: Instant) -> usize {
+        let t = (since.elapsed().as_secs_f64() / self.interact_for.as_secs_f64()).min(1.0);
+        if t < 0.5 {
+            0
+        } else {
+            let others = VIEWS.len() - 1;
+            1 + (((t - 0.5) * 2.0 * others as f64) as usize).min(others - 1)
+        }
     }
 }
 
@@ -89,15 +122,18 @@ impl eframe::App for Measured {
             egui::Pos2::ZERO,
             egui::vec2(1600.0, 900.0),
         ));
-        // Over the timeline's plot: the middle of the window, sweeping left to right.
-        let t = (since.elapsed().as_secs_f64() / self.interact_for.as_secs_f64()).min(1.0);
+        // Over the timeline's plot: the middle of the window, sweeping left to right; zooming
+        // in, panning and zooming out over the timeline's half of the time.
+        let t = (since.elapsed().as_secs_f64() / self.interact_for.as_secs_f64()).min(1.0) * 2.0;
         let x = screen.left() + screen.width() * (0.25 + 0.5 * ((t * 12.0).fract() as f32));
         let pos = egui::pos2(x, screen.center().y);
         raw_input.events.push(egui::Event::PointerMoved(pos));
         let delta = match (t * 3.0) as u32 {
             0 => egui::vec2(0.0, 12.0),
             1 => egui::vec2(-20.0, 0.0),
-            _ => egui::vec2(0.0, -12.0),
+            2 => egui::vec2(0.0, -12.0),
+            // The other views: their lists scroll.
+            _ => egui::vec2(0.0, -4.0),
         };
         raw_input.events.push(egui::Event::MouseWheel {
             unit: egui::MouseWheelUnit::Point,
@@ -122,9 +158,11 @@ impl eframe::App for Measured {
                     self.updates_recording.push(took);
                 }
             }
-            Phase::Interacting { .. } => {
-                self.intervals_after.extend(interval);
-                self.updates_after.push(took);
+            Phase::Interacting { since } => {
+                let view = self.view_at(since);
+                let (intervals, updates) = &mut self.after[view];
+                intervals.extend(interval);
+                updates.push(took);
             }
         }
         if self.phase == Phase::Recording && self.recording_done.load(Ordering::Relaxed) {
@@ -144,6 +182,12 @@ impl eframe::App for Measured {
             }
         }
         if let Phase::Interacting { since } = self.phase {
+            let view = self.view_at(since);
+            if self.app.view != VIEWS[view].0 {
+                self.app.view = VIEWS[view].0;
+                // The first frame of a view builds what it shows: timed from the next.
+                self.last_frame = None;
+            }
             if since.elapsed() >= self.interact_for {
                 let report = self.report();
                 if let Ok(mut slot) = self.report.lock() {
@@ -189,9 +233,8 @@ pub fn bench_window(entries: u64, seconds: f64, interact_seconds: f64) -> anyhow
                 interact_for: Duration::from_secs_f64(interact_seconds),
                 last_frame: None,
                 intervals_recording: Vec::new(),
-                intervals_after: Vec::new(),
                 updates_recording: Vec::new(),
-                updates_after: Vec::new(),
+                after: vec![Default::default(); VIEWS.len()],
                 caught_up_after: None,
                 recording_ended: None,
                 report,
