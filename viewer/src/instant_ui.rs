@@ -11,7 +11,9 @@ use memsnap_plot::sites::StackSites;
 
 use crate::palette;
 use crate::units::{format_duration_us, format_size};
-use memsnap_analysis::live::{flame_tree, segment_blocks, BlockKind, FlameNode, SegmentBlocks};
+use memsnap_analysis::live::{
+    flame_tree, segment_blocks, BlockKind, BlockSpan, FlameNode, SegmentBlocks,
+};
 use memsnap_analysis::modules::{module_tree_at, ModuleNode};
 
 /// What the page reads.
@@ -438,38 +440,125 @@ fn segments_ui(
             let width = ui.available_width();
             let w = (width * (segment.size as f64 / largest as f64) as f32).max(4.0);
             let (rect, response) = ui.allocate_exact_size(egui::vec2(width, 14.0), Sense::hover());
+            if !ui.is_rect_visible(rect) {
+                // Scrolled out of view: its space is kept, nothing is drawn.
+                continue;
+            }
             let bar = Rect::from_min_size(rect.min, egui::vec2(w, 12.0));
             let painter = ui.painter_at(rect);
             painter.rect_filled(bar, 0.0, ui.visuals().extreme_bg_color);
             let scale = f64::from(w) / segment.size.max(1) as f64;
-            for block in &segment.blocks {
+            let colour_of = |block: &BlockSpan| match block.kind {
+                BlockKind::Allocated => palette::color32(palette::site_colour(
+                    model
+                        .sites
+                        .site(model.timeline.replay().get(block.alloc).and_then(|a| a.stack)),
+                )),
+                BlockKind::PendingFree => palette::color32(palette::WARNING),
+            };
+            let spans = segment.blocks.iter().map(|block| {
                 let x0 = bar.left() + ((block.addr - segment.addr) as f64 * scale) as f32;
                 let x1 = x0 + ((block.size as f64 * scale) as f32).max(1.0);
-                let color = match block.kind {
-                    BlockKind::Allocated => palette::color32(palette::site_colour(
-                        model.sites.site(model.timeline.replay().get(block.alloc).and_then(|a| a.stack)),
-                    )),
-                    BlockKind::PendingFree => palette::color32(palette::WARNING),
-                };
-                painter.rect_filled(Rect::from_x_y_ranges(x0..=x1.min(bar.right()), bar.y_range()), 0.0, color);
+                (x0, x1.min(bar.right()), block)
+            });
+            for (x0, x1, color) in merged_spans(spans, colour_of) {
+                painter.rect_filled(Rect::from_x_y_ranges(x0..=x1, bar.y_range()), 0.0, color);
             }
             painter.rect_stroke(bar, 0.0, Stroke::new(0.5, ui.visuals().weak_text_color()), egui::StrokeKind::Inside);
-            response.on_hover_text(format!(
-                "segment {:#x}: {} reserved, {} allocated in {} blocks, {} free, largest free block {} (stream {})",
-                segment.addr,
-                format_size(segment.size),
-                format_size(use_.allocated_bytes),
-                use_.allocations,
-                format_size(use_.free_bytes),
-                format_size(use_.largest_free_block),
-                segment.stream
-            ));
+            response.on_hover_ui(|ui| {
+                ui.label(format!(
+                    "segment {:#x}: {} reserved, {} allocated in {} blocks, {} free, largest free block {} (stream {})",
+                    segment.addr,
+                    format_size(segment.size),
+                    format_size(use_.allocated_bytes),
+                    use_.allocations,
+                    format_size(use_.free_bytes),
+                    format_size(use_.largest_free_block),
+                    segment.stream
+                ));
+            });
         }
     });
+}
+
+/// The rectangles that draw a segment's blocks (`(x0, x1, block)` in address order): a block
+/// inside a pixel a rectangle already covers adds nothing (the first block of a pixel gives
+/// its colour), and touching blocks of one colour are one rectangle. So a segment of 100,000
+/// small blocks is at most a rectangle per pixel column, not one per block. O(blocks),
+/// colouring only the blocks drawn.
+fn merged_spans<'b, B: 'b>(
+    spans: impl Iterator<Item = (f32, f32, &'b B)>,
+    colour_of: impl Fn(&B) -> Color32,
+) -> Vec<(f32, f32, Color32)> {
+    let mut out: Vec<(f32, f32, Color32)> = Vec::new();
+    for (x0, x1, block) in spans {
+        if let Some(last) = out.last_mut() {
+            if x1 <= last.1.floor() + 1.0 {
+                // Within the pixel the last rectangle ends in.
+                last.1 = last.1.max(x1);
+                continue;
+            }
+            let colour = colour_of(block);
+            if colour == last.2 && x0 <= last.1 + 0.5 {
+                last.1 = x1;
+                continue;
+            }
+            out.push((x0, x1, colour));
+        } else {
+            out.push((x0, x1, colour_of(block)));
+        }
+    }
+    out
 }
 
 fn legend(ui: &mut egui::Ui, color: Color32, label: &str) {
     let (rect, _) = ui.allocate_exact_size(egui::vec2(12.0, 12.0), Sense::hover());
     ui.painter().rect_filled(rect, 2.0, color);
     ui.label(label);
+}
+
+#[cfg(test)]
+mod segment_bar_tests {
+    use super::*;
+
+    /// What broke: a segment bar drew a rectangle per live block, so a run that keeps a small
+    /// block every step (160,000 of them at 10M entries) pushed that many shapes every frame.
+    #[test]
+    fn a_segment_of_many_small_blocks_is_at_most_a_rectangle_per_pixel() {
+        let colours = [Color32::RED, Color32::BLUE];
+        // 100,000 blocks of alternating colours over 1,000 pixels.
+        let blocks: Vec<(f32, f32, usize)> = (0..100_000)
+            .map(|i| {
+                let x0 = i as f32 / 100.0;
+                (x0, x0 + 1.0, i % 2)
+            })
+            .collect();
+        let spans = merged_spans(blocks.iter().map(|(a, b, c)| (*a, *b, c)), |&c| colours[c]);
+        assert!(spans.len() <= 1_001, "{} rectangles", spans.len());
+        // They cover the bar, left to right.
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].1));
+        assert_eq!(spans.last().map(|s| s.1), Some(999.99 + 1.0));
+    }
+
+    #[test]
+    fn touching_blocks_of_one_colour_are_one_rectangle_and_a_gap_keeps_them_apart() {
+        let spans = merged_spans(
+            [
+                (0.0, 10.0, &0),
+                (10.0, 20.0, &0),
+                (40.0, 50.0, &0),
+                (50.0, 60.0, &1),
+            ]
+            .into_iter(),
+            |&c| [Color32::RED, Color32::BLUE][c],
+        );
+        assert_eq!(
+            spans,
+            [
+                (0.0, 20.0, Color32::RED),
+                (40.0, 50.0, Color32::RED),
+                (50.0, 60.0, Color32::BLUE)
+            ]
+        );
+    }
 }
