@@ -119,11 +119,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if !advice.modules.is_empty() {
         outln!();
         outln!("activations live at the peak, by module:");
-        for m in advice.modules.iter().take(5) {
+        let shown = &advice.modules[..advice.modules.len().min(5)];
+        for m in shown {
             outln!(
                 "{:>12}  {}",
                 format_size(m.activation_bytes_at_peak),
                 m.module
+            );
+        }
+        if let Some(pattern) = shown.iter().find(|m| m.module.contains('*')) {
+            outln!(
+                "{:>12}  (* stands for a number: {} is every {})",
+                "",
+                pattern.module,
+                pattern.module.replacen('*', "N", 1)
             );
         }
     }

@@ -91,6 +91,12 @@ fn advise_names_the_blocks_of_a_run_with_module_names_and_each_named_fix_is_the_
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["modules"][0]["module"], "blocks.*", "{}", v["modules"]);
+    let text = memsnap(&["advise", &file]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("(* stands for a number: blocks.* is every blocks.N)"),
+        "{text}"
+    );
     let mut checked = Vec::new();
     for p in v["predictions"].as_array().unwrap() {
         let [f] = &p["fixes"].as_array().unwrap()[..] else {
