@@ -388,8 +388,9 @@ fn advice_ui(ui: &mut egui::Ui, advice: &Advice, selected: Option<usize>) -> Opt
 
 /// The module nodes with their activations at the peak, those the `fixes` touch marked.
 fn modules_ui(ui: &mut egui::Ui, advice: &Advice, fixes: &[Fix], id: &str) {
+    let shown = &advice.modules[..advice.modules.len().min(8)];
     egui::Grid::new(id).num_columns(2).show(ui, |ui| {
-        for m in advice.modules.iter().take(8) {
+        for m in shown {
             ui.label(format_size(m.activation_bytes_at_peak));
             if fixes.iter().any(|f| f.covers(m)) {
                 ui.strong(format!("{}  (checkpointed by the fix)", m.module));
@@ -399,6 +400,13 @@ fn modules_ui(ui: &mut egui::Ui, advice: &Advice, fixes: &[Fix], id: &str) {
             ui.end_row();
         }
     });
+    if let Some(pattern) = shown.iter().find(|m| m.module.contains('*')) {
+        ui.weak(format!(
+            "* stands for a number: {} is every {}",
+            pattern.module,
+            pattern.module.replacen('*', "N", 1)
+        ));
+    }
 }
 
 fn change(predicted: u64, recorded: u64) -> String {

@@ -1104,6 +1104,11 @@ fn advise_names_the_blocks_of_a_run_with_module_names_and_marks_those_a_fix_touc
     h.run_steps(3);
     assert_eq!(advise_state(&h).selected, Some(i));
     h.get_by_label("Modules touched: blocks.0 to blocks.1");
+    assert!(
+        h.query_all_by_label("* stands for a number: blocks.* is every blocks.N")
+            .count()
+            >= 1
+    );
     let marked = |label: &str| {
         h.query_all_by_label(&format!("{label}  (checkpointed by the fix)"))
             .count()
