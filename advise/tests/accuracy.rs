@@ -3,8 +3,10 @@
 //! regenerated with the change (its own trace, replayed the same way).
 
 use memsnap_advise::{Advisor, Fix};
-use memsnap_format::Snapshot;
 use memsnap_workload::{generate, TrainingRun};
+
+mod common;
+use common::{peaks_within, replayed_peaks};
 
 fn run() -> TrainingRun {
     TrainingRun {
@@ -18,25 +20,6 @@ fn run() -> TrainingRun {
     }
 }
 
-/// Allocated and reserved peaks of memsnap's replay of a snapshot as recorded.
-fn replayed_peaks(snapshot: &Snapshot) -> (u64, u64) {
-    let sim = memsnap_simulate::simulate(snapshot, &memsnap_simulate::Options::default()).unwrap();
-    let d = &sim.devices[0];
-    (d.allocated_peak_bytes, d.reserved_peak_bytes)
-}
-
-fn within(what: &str, predicted: u64, actual: u64) {
-    let error = (predicted as f64 - actual as f64).abs() / actual as f64;
-    eprintln!(
-        "{what}: predicted {predicted}, actual {actual}, error {:.3}%",
-        error * 100.0
-    );
-    assert!(
-        error <= 0.03,
-        "{what}: predicted {predicted}, actual {actual}"
-    );
-}
-
 fn check(name: &str, fixes: &[Fix], changed: TrainingRun) {
     let (recorded, _) = generate(&run());
     let advisor = Advisor::new(&recorded, None).unwrap();
@@ -44,16 +27,7 @@ fn check(name: &str, fixes: &[Fix], changed: TrainingRun) {
     let (actual_allocated, actual_reserved) = replayed_peaks(&generate(&changed).0);
     let (base_allocated, _) = replayed_peaks(&recorded);
     eprintln!("{name}: recorded allocated peak {base_allocated}");
-    within(
-        &format!("{name} allocated"),
-        p.allocated_peak_bytes,
-        actual_allocated,
-    );
-    within(
-        &format!("{name} reserved"),
-        p.reserved_peak_bytes,
-        actual_reserved,
-    );
+    peaks_within(name, &p, (actual_allocated, actual_reserved));
 }
 
 fn blocks(advisor: &Advisor<'_>) -> Fix {
@@ -298,16 +272,7 @@ fn an_oom_run_is_completed_and_the_fixes_that_fit_run_on_the_small_device() {
     let completion = advice.completion.clone().expect("completed");
     eprintln!("{completion:?}");
     let (allocated, reserved) = replayed_peaks(&generate(&run()).0);
-    within(
-        "completed run allocated",
-        advice.baseline.allocated_peak_bytes,
-        allocated,
-    );
-    within(
-        "completed run reserved",
-        advice.baseline.reserved_peak_bytes,
-        reserved,
-    );
+    peaks_within("completed run", &advice.baseline, (allocated, reserved));
     assert_eq!(advice.baseline.fits, Some(false));
     let mut checked = 0;
     for p in advice.predictions.iter().filter(|p| p.fits == Some(true)) {
@@ -318,16 +283,7 @@ fn an_oom_run_is_completed_and_the_fixes_that_fit_run_on_the_small_device() {
         let (snapshot, truth) = generate(&changed);
         assert!(truth.devices[0].oom.is_none(), "{} fits", p.description);
         let (allocated, reserved) = replayed_peaks(&snapshot);
-        within(
-            &format!("{} allocated", p.description),
-            p.allocated_peak_bytes,
-            allocated,
-        );
-        within(
-            &format!("{} reserved", p.description),
-            p.reserved_peak_bytes,
-            reserved,
-        );
+        peaks_within(&p.description, p, (allocated, reserved));
         checked += 1;
     }
     assert!(checked >= 2, "{:#?}", advice.predictions);

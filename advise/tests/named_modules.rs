@@ -7,6 +7,9 @@ use memsnap_advise::{advise, Advisor, Fix, ModuleNode, Options};
 use memsnap_format::Snapshot;
 use memsnap_workload::{generate, TrainingRun};
 
+mod common;
+use common::{peaks_within, replayed_peaks};
+
 /// Six blocks of eight ~24 MiB activations, named; the stacks give the blocks' lines in no
 /// order, so only the names can tell one block's call from the next.
 fn named() -> TrainingRun {
@@ -19,24 +22,6 @@ fn named() -> TrainingRun {
         module_ranges: true,
         ..TrainingRun::default()
     }
-}
-
-fn replayed_peaks(snapshot: &Snapshot) -> (u64, u64) {
-    let sim = memsnap_simulate::simulate(snapshot, &memsnap_simulate::Options::default()).unwrap();
-    let d = &sim.devices[0];
-    (d.allocated_peak_bytes, d.reserved_peak_bytes)
-}
-
-fn within(what: &str, predicted: u64, actual: u64) {
-    let error = (predicted as f64 - actual as f64).abs() / actual as f64;
-    eprintln!(
-        "{what}: predicted {predicted}, actual {actual}, error {:.3}%",
-        error * 100.0
-    );
-    assert!(
-        error <= 0.03,
-        "{what}: predicted {predicted}, actual {actual}"
-    );
 }
 
 fn blocks(calls: (u32, u32)) -> Fix {
@@ -82,16 +67,7 @@ fn check(recorded: &Snapshot, fix: &Fix, changed: TrainingRun) {
     let advisor = Advisor::new(recorded, None).unwrap();
     let p = advisor.predict(std::slice::from_ref(fix), None).unwrap();
     let (allocated, reserved) = replayed_peaks(&generate(&changed).0);
-    within(
-        &format!("{} allocated", p.description),
-        p.allocated_peak_bytes,
-        allocated,
-    );
-    within(
-        &format!("{} reserved", p.description),
-        p.reserved_peak_bytes,
-        reserved,
-    );
+    peaks_within(&p.description, &p, (allocated, reserved));
 }
 
 #[test]
@@ -244,16 +220,7 @@ fn a_frameless_run_with_names_gets_named_checkpointing() {
         })
         .0,
     );
-    within(
-        "frameless blocks 0-2 allocated",
-        fix.allocated_peak_bytes,
-        allocated,
-    );
-    within(
-        "frameless blocks 0-2 reserved",
-        fix.reserved_peak_bytes,
-        reserved,
-    );
+    peaks_within("frameless blocks 0-2", fix, (allocated, reserved));
 }
 
 /// An OOM run with names: the completion carries the module ranges of the step it copies, so
@@ -277,16 +244,7 @@ fn a_named_oom_run_is_completed_with_its_module_ranges() {
     .unwrap();
     assert!(advice.completion.is_some());
     let (allocated, reserved) = replayed_peaks(&generate(&named()).0);
-    within(
-        "completed allocated",
-        advice.baseline.allocated_peak_bytes,
-        allocated,
-    );
-    within(
-        "completed reserved",
-        advice.baseline.reserved_peak_bytes,
-        reserved,
-    );
+    peaks_within("completed", &advice.baseline, (allocated, reserved));
     let mut checked = 0;
     for p in &advice.predictions {
         let [fix] = &p.fixes[..] else {
@@ -303,16 +261,7 @@ fn a_named_oom_run_is_completed_with_its_module_ranges() {
         );
         if p.fits == Some(true) {
             assert!(truth.devices[0].oom.is_none(), "{} fits", p.description);
-            within(
-                &format!("{} allocated", p.description),
-                p.allocated_peak_bytes,
-                allocated,
-            );
-            within(
-                &format!("{} reserved", p.description),
-                p.reserved_peak_bytes,
-                reserved,
-            );
+            peaks_within(&p.description, p, (allocated, reserved));
             checked += 1;
         }
     }

@@ -19,6 +19,20 @@ fn demo(dir: &std::path::Path, name: &str, extra: &[&str]) -> String {
     path
 }
 
+/// `memsnap advise FILE ARGS --json`, which must succeed, parsed.
+fn advise_json(file: &str, args: &[&str]) -> Value {
+    let mut all = vec!["advise", file];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = memsnap(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn replayed_allocated_peak(file: &str) -> u64 {
     let out = memsnap(&["simulate", file, "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -29,13 +43,7 @@ fn replayed_allocated_peak(file: &str) -> u64 {
 fn advise_ranks_a_fix_that_fits_and_the_demo_run_with_it_has_the_predicted_peak() {
     let dir = tempfile::tempdir().unwrap();
     let file = demo(dir.path(), "run.pickle", &[]);
-    let out = memsnap(&["advise", &file, "--budget", "1.5GiB", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = advise_json(&file, &["--budget", "1.5GiB"]);
     assert_eq!(v["baseline"]["fits"], false);
     let best = &v["predictions"][0];
     assert_eq!(best["fits"], true, "{best}");
@@ -83,13 +91,7 @@ fn advise_ranks_a_fix_that_fits_and_the_demo_run_with_it_has_the_predicted_peak(
 fn advise_names_the_blocks_of_a_run_with_module_names_and_each_named_fix_is_the_runs() {
     let dir = tempfile::tempdir().unwrap();
     let file = demo(dir.path(), "named.pickle", &["--modules"]);
-    let out = memsnap(&["advise", &file, "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = advise_json(&file, &[]);
     assert_eq!(v["modules"][0]["module"], "blocks.*", "{}", v["modules"]);
     let text = memsnap(&["advise", &file]);
     let text = String::from_utf8_lossy(&text.stdout);
@@ -226,13 +228,7 @@ fn advise_on_real_snapshots_names_their_own_modules() {
         .join("09_magma27_v211_windows_python_frames.pickle")
         .display()
         .to_string();
-    let out = memsnap(&["advise", &file, "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = advise_json(&file, &[]);
     let top = v["modules"][0]["module"].as_str().unwrap();
     // The file's own `cs336_basics/model.py`, not PyTorch's `nn/modules/*.py`.
     assert!(top.starts_with("model.py:"), "{top}");

@@ -359,10 +359,7 @@ fn plot_ui(ui: &mut egui::Ui, run: &AllocatorRun) {
     };
     // The curves' highest values from their tables: O(log n) a frame, not a scan of both.
     let highest = |curve: &[u64], table: &memsnap_analysis::curve::RangeMinMax| {
-        table
-            .query(curve, 0, curve.len())
-            .map(|(_, max)| max)
-            .unwrap_or_else(|| curve.iter().copied().max().unwrap_or(0))
+        table.query(curve, 0, curve.len()).map_or(0, |(_, max)| max)
     };
     let y_max = highest(recorded, &run.recorded_table)
         .max(highest(simulated, &run.simulated_table))

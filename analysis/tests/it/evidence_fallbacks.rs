@@ -81,12 +81,7 @@ fn a_little_stack_noise_keeps_the_stacks() {
     let (snapshot, true_steps) = noisy_run(6, 3, false);
     let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
     let analysis = timeline.steps(&StepOptions::default());
-    assert_eq!(
-        analysis.method,
-        StepMethod::Stacks,
-        "{:?}",
-        analysis.fallback_reason
-    );
+    assert_found_by_stacks(&analysis);
     assert_eq!(analysis.fallback_reason, None);
     assert_eq!(analysis.steps.len(), true_steps);
 }
@@ -294,12 +289,7 @@ const LEAKING_STEPS: usize = 52;
 fn a_leaking_run_with_a_one_allocation_optimizer_step_keeps_its_stacks() {
     let timeline = DeviceTimeline::build(&leaking_run(), 0).unwrap();
     let analysis = timeline.steps(&StepOptions::default());
-    assert_eq!(
-        analysis.method,
-        StepMethod::Stacks,
-        "{:?}",
-        analysis.fallback_reason
-    );
+    assert_found_by_stacks(&analysis);
     assert_eq!(analysis.steps.len(), LEAKING_STEPS);
 }
 
@@ -332,4 +322,14 @@ fn a_frameless_leaking_run_that_starts_with_a_step_finds_that_step() {
     assert_eq!(analysis.steps.len(), LEAKING_STEPS);
     assert!(analysis.setup.is_none(), "{:?}", analysis.setup);
     assert_eq!(analysis.steps[0].start_event, 0);
+}
+
+/// The steps came from the stacks (the reason they did not, if not).
+fn assert_found_by_stacks(analysis: &memsnap_analysis::StepAnalysis) {
+    assert_eq!(
+        analysis.method,
+        StepMethod::Stacks,
+        "{:?}",
+        analysis.fallback_reason
+    );
 }
