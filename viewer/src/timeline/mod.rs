@@ -7,6 +7,7 @@
 //! [`interaction`] handles zoom, pan, hover and click, [`overview`] the strip under the plot,
 //! [`legend`] the key to the colours and [`controls`] the filter bar.
 
+mod backdrop;
 mod controls;
 mod interaction;
 mod legend;
@@ -75,6 +76,9 @@ pub struct TimelineState {
     box_start: Option<Pos2>,
     /// The band geometry, reused while nothing that shapes it changes.
     band_cache: Option<paint::BandCache>,
+    /// The plot's background, shading, grid and bands as one picture, reused while they are
+    /// unchanged.
+    backdrop: Option<backdrop::Backdrop>,
     /// The shading, axes, step marks, slopes and labels of the last frame, and the frame's
     /// picture area and background (for SVG export).
     last_frame: Option<paint::LastFrame>,
@@ -110,6 +114,7 @@ impl TimelineState {
             overview: None,
             box_start: None,
             band_cache: None,
+            backdrop: None,
             last_frame: None,
             last_layout_ms: 0.0,
             last_move_time: None,
@@ -165,6 +170,7 @@ impl TimelineState {
         self.layout = None;
         self.overview = None;
         self.band_cache = None;
+        self.backdrop = None;
         self.search_match = None;
         self.drawn_window = None;
     }

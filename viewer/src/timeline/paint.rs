@@ -1,5 +1,6 @@
-//! Paints the timeline's [`memsnap_plot::scene`] with egui: the bands as one cached mesh, the
-//! overlay (shading, grid, ticks, step marks, slopes and their labels) every frame.
+//! Paints the timeline's [`memsnap_plot::scene`] with egui: the plot's background, phase
+//! shading, grid and bands as one cached picture ([`super::backdrop`]), the rest of the overlay
+//! (ticks, step marks, slopes and their labels) every frame.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use memsnap_plot::scene::{
 };
 use memsnap_plot::ColourBy;
 
+use super::backdrop::{Backdrop, BackdropKey};
 use super::{TimelineModel, TimelineState};
 use crate::advise::PredictedOverlay;
 use crate::palette::{color32, colour};
@@ -30,11 +32,10 @@ pub(super) struct BandKey {
     steps_ready: bool,
 }
 
-/// Band geometry and its mesh, kept while the [`BandKey`] is unchanged.
+/// Band geometry, kept while the [`BandKey`] is unchanged.
 pub(super) struct BandCache {
     key: BandKey,
     pub(super) bands: BandLayer,
-    mesh: Arc<Mesh>,
 }
 
 /// What the last frame drew besides the bands, for the SVG export.
@@ -146,7 +147,6 @@ pub(super) fn timeline_scene_ui(
         y_max: y_max(model, state, layout),
         axis: state.axis,
     };
-    painter.rect_filled(plot, 0.0, ui.visuals().extreme_bg_color);
     let key = BandKey {
         request: layout.request,
         plot,
@@ -169,8 +169,10 @@ pub(super) fn timeline_scene_ui(
             show_reserved: reserved_shown(model, state),
         };
         let bands = scene::band_layer(&model.scene(), layout, &style, &map);
-        let mesh = Arc::new(band_mesh(&bands, ui.ctx().pixels_per_point()));
-        state.band_cache = Some(BandCache { key, bands, mesh });
+        state.band_cache = Some(BandCache {
+            key: key.clone(),
+            bands,
+        });
     }
     let mut overlay = scene::overlay(
         &model.scene(),
@@ -192,22 +194,39 @@ pub(super) fn timeline_scene_ui(
     });
 
     let pixels_per_point = ui.ctx().pixels_per_point();
-    for (r, c) in &overlay.shading {
+    let backdrop = BackdropKey {
+        bands: key,
+        background: ui.visuals().extreme_bg_color,
         // Zoomed out on a long run, most of thousands of phases are slivers between pixel
-        // centres: painting them costs frames and adds (almost) nothing.
-        let r = rect(*r);
-        if r.width() * pixels_per_point >= 1.0 || covers_a_pixel_centre(r, pixels_per_point) {
-            painter.rect_filled(r, 0.0, color32(*c));
-        }
-    }
-    for line in &overlay.grid {
-        line_ui(painter, &line.points, line.width, line.colour);
-    }
+        // centres: compositing them costs time and adds (almost) nothing.
+        shading: overlay
+            .shading
+            .iter()
+            .filter(|(r, _)| {
+                let r = rect(*r);
+                r.width() * pixels_per_point >= 1.0 || covers_a_pixel_centre(r, pixels_per_point)
+            })
+            .copied()
+            .collect(),
+        grid: overlay.grid.clone(),
+        pixels_per_point,
+        max_texture_side: ui.ctx().input(|i| i.max_texture_side),
+    };
+    let no_bands = BandLayer::default();
+    let bands = state.band_cache.as_ref().map_or(&no_bands, |c| &c.bands);
+    let backdrop = Backdrop::update(
+        ui.ctx(),
+        state.backdrop.take(),
+        backdrop,
+        plot,
+        &bands.rects,
+    );
+    backdrop.paint(painter);
+    state.backdrop = Some(backdrop);
     for text in &overlay.ticks {
         text_ui(painter, text);
     }
     if let Some(cache) = &state.band_cache {
-        painter.add(Shape::mesh(cache.mesh.clone()));
         if let Some(predicted) = &state.predicted {
             if predicted.touched_count > 0 {
                 painter.add(Shape::mesh(Arc::new(touched_mesh(
@@ -367,28 +386,6 @@ fn predicted_ui(
     }
 }
 
-/// The band rectangles as one mesh (one draw call however many bands there are). A mesh is
-/// not anti-aliased: the GPU fills the pixels whose centres a triangle covers, so a rectangle
-/// that covers no pixel centre paints nothing and is left out (most of the thin bands of a
-/// long run seen whole).
-pub(super) fn band_mesh(bands: &BandLayer, pixels_per_point: f32) -> Mesh {
-    let mut mesh = Mesh::default();
-    let visible = || {
-        bands
-            .rects
-            .iter()
-            .map(|(r, c)| (rect(*r), *c))
-            .filter(|(r, _)| covers_a_pixel_centre(*r, pixels_per_point))
-    };
-    let count = visible().count();
-    mesh.reserve_triangles(count * 2);
-    mesh.reserve_vertices(count * 4);
-    for (r, c) in visible() {
-        mesh.add_colored_rect(r, color32(c));
-    }
-    mesh
-}
-
 /// Whether `r` (in points) contains the centre of some physical pixel in both directions.
 pub(super) fn covers_a_pixel_centre(r: Rect, pixels_per_point: f32) -> bool {
     let covers = |a: f32, b: f32| {
@@ -493,17 +490,5 @@ mod tests {
         // At 2 pixels per point the centres are at 0.25, 0.75, … points.
         assert!(covers_a_pixel_centre(r(0.0, 1.0, 0.6, 0.8), 2.0));
         assert!(!covers_a_pixel_centre(r(0.0, 1.0, 0.3, 0.7), 2.0));
-
-        // The mesh keeps exactly the rects that cover a centre.
-        let colour = memsnap_plot::Colour::rgb(200, 10, 10);
-        let layer = BandLayer {
-            rects: vec![
-                (SceneRect::from_x_y(0.0, 4.0, 0.0, 3.0), colour),
-                (SceneRect::from_x_y(0.0, 4.0, 3.1, 3.4), colour),
-            ],
-            ..BandLayer::default()
-        };
-        let mesh = band_mesh(&layer, 1.0);
-        assert_eq!(mesh.indices.len(), 6, "one rect, two triangles");
     }
 }
