@@ -16,10 +16,14 @@
 #    out-of-memory and the step after it, and the cost (step time, torch.empty per op) with the
 #    history off and on;
 # 3. the same run with expandable segments, and under torch.profiler(profile_memory=True,
-#    with_stack=True) with export_memory_timeline.
+#    with_stack=True) with export_memory_timeline;
+# 4. live (issue 26): the run under memsnap.torch.enable(live=..., modules=True) with `memsnap
+#    watch --json --save` attached while it trains (scripts/gpu/live_check.py): what the watch
+#    received against the program's own dump, its step lines against `memsnap summary`, and
+#    `memsnap advise` aiming checkpointing at the recorded module names.
 # Each part writes its own OUT_DIR/<part>.tar.gz as soon as it ends (what a timeout leaves still
 # comes back); scripts/gpu_compare.py compares them on any machine. GPU_CHECK_PARTS picks parts
-# (default "misc native memsnap expandable profiler"; "native2" is a second PyTorch run of the
+# (default "misc native memsnap expandable profiler live"; "native2" is a second PyTorch run of the
 # recorded steps alone, to see what differs between two runs of PyTorch itself; "cost" measures
 # the cost alone in alternating processes).
 set -uo pipefail
@@ -41,7 +45,7 @@ pack() { # pack NAME FILES... : gzip the snapshots, tar them into OUT_DIR/NAME.t
     ls -l "$work/$name"
 }
 
-parts=" ${GPU_CHECK_PARTS:-misc native memsnap expandable profiler} "
+parts=" ${GPU_CHECK_PARTS:-misc native memsnap expandable profiler live} "
 want() { [[ "$parts" == *" $1 "* ]]; }
 
 step "machine"
@@ -119,6 +123,15 @@ mkdir -p "$work/run-profiler"
 PYTHONUNBUFFERED=1 timeout 100 python3 scripts/gpu/gpt_workload.py profiler "$work/run-profiler" \
     2>&1 | tee "$work/run-profiler/profiler.log" || status=1
 pack profiler "$work/run-profiler"/*
+fi
+
+if want live; then
+step "GPT training published live, memsnap watch attached"
+mkdir -p "$work/run-live"
+PYTHONUNBUFFERED=1 timeout 200 python3 scripts/gpu/live_check.py "$work/run-live" \
+    2>&1 | tee "$work/run-live/live_check.log" || status=1
+rm -f "$work/run-live/live.sock" "$work/run-live/go"
+pack live "$work/run-live"/*
 fi
 
 ls -l "$out"

@@ -26,10 +26,13 @@ enum EventKind {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Event {
+pub struct Event {
     kind: EventKind,
     addr: u64,
     stack: PyStackId,
+    /// The live numbers of the trace entries the call recorded (`start..end`), when a device
+    /// was published live then (see [`PythonStacks::paired`]).
+    seqs: Option<(u64, u64)>,
 }
 
 /// The log of one process: per device, the newest events (at most `capacity`), and the Python
@@ -98,8 +101,14 @@ impl PythonStacks {
         log.push_back(event);
     }
 
-    /// Logs an allocation the allocator just recorded.
-    pub fn record_alloc(&mut self, device: usize, addr: u64, frames: Vec<PyFrameRef>) {
+    /// Logs an allocation the allocator just recorded (`seqs`: see [`Event`]).
+    pub fn record_alloc(
+        &mut self,
+        device: usize,
+        addr: u64,
+        frames: Vec<PyFrameRef>,
+        seqs: Option<(u64, u64)>,
+    ) {
         let stack = self.intern(frames);
         self.live.insert((device, addr), stack);
         self.push(
@@ -108,13 +117,20 @@ impl PythonStacks {
                 kind: EventKind::Alloc,
                 addr,
                 stack,
+                seqs,
             },
         );
     }
 
     /// Logs a free the allocator just recorded. `free_site` is the stack of the free call
     /// (context "all"); `None` reuses the allocation's stack (context "alloc").
-    pub fn record_free(&mut self, device: usize, addr: u64, free_site: Option<Vec<PyFrameRef>>) {
+    pub fn record_free(
+        &mut self,
+        device: usize,
+        addr: u64,
+        free_site: Option<Vec<PyFrameRef>>,
+        seqs: Option<(u64, u64)>,
+    ) {
         let alloc_stack = self.live.remove(&(device, addr));
         let stack = match free_site {
             Some(frames) => self.intern(frames),
@@ -129,8 +145,57 @@ impl PythonStacks {
                 kind: EventKind::Free,
                 addr,
                 stack,
+                seqs,
             },
         );
+    }
+
+    /// The numbered events of `device` whose entries lie in the live numbers `from..to`, in
+    /// order. O(log n + k) for k events given.
+    pub fn window(&self, device: usize, from: u64, to: u64) -> Vec<Event> {
+        let Some(log) = self.events.get(device) else {
+            return Vec::new();
+        };
+        // Numbered events come after the unnumbered ones, in the trace's order.
+        let first = log.partition_point(|e| e.seqs.is_none_or(|(_, end)| end <= from));
+        log.range(first..)
+            .take_while(|e| e.seqs.is_some_and(|(start, _)| start < to))
+            .copied()
+            .collect()
+    }
+
+    /// For each of `entries` (numbered from `first_seq`), the Python stack of the `alloc` or
+    /// `free_requested` that `window` ([`PythonStacks::window`]) logged for it: the event
+    /// whose call recorded that number, with the same kind and address. O(entries + window).
+    pub fn paired(window: &[Event], first_seq: u64, entries: &[(Action, u64)]) -> Vec<Option<u32>> {
+        let mut events = window.iter().peekable();
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, &(action, addr))| {
+                let seq = first_seq + i as u64;
+                let kind = match action {
+                    Action::Alloc => EventKind::Alloc,
+                    Action::FreeRequested => EventKind::Free,
+                    _ => return None,
+                };
+                while events
+                    .peek()
+                    .is_some_and(|e| e.seqs.is_none_or(|(_, end)| end <= seq))
+                {
+                    events.next();
+                }
+                let event = events.peek()?;
+                let (start, end) = event.seqs?;
+                (start <= seq && seq < end && event.kind == kind && event.addr == addr)
+                    .then_some(event.stack)
+            })
+            .collect()
+    }
+
+    /// The frames of Python stack `id`.
+    pub fn stack(&self, id: u32) -> Option<Box<[PyFrameRef]>> {
+        self.stacks.get(id as usize).cloned()
     }
 
     /// Splices the logged Python frames into the snapshot's trace entries and live blocks.
@@ -272,9 +337,9 @@ mod tests {
         snapshot.segments.push(segment);
 
         let mut log = PythonStacks::new(100);
-        log.record_alloc(0, 0x1000, vec![py("forward", 54)]);
-        log.record_alloc(0, 0x1200, vec![py("backward", 80)]);
-        log.record_free(0, 0x1000, Some(vec![py("step", 99)]));
+        log.record_alloc(0, 0x1000, vec![py("forward", 54)], None);
+        log.record_alloc(0, 0x1200, vec![py("backward", 80)], None);
+        log.record_free(0, 0x1000, Some(vec![py("step", 99)]), None);
         log.merge_into(&mut snapshot, true);
 
         let trace = &snapshot.traces()[0];
@@ -314,8 +379,8 @@ mod tests {
             TraceEntry::new(Action::Alloc, 0x2000, 512, 0),
         ]]);
         let mut log = PythonStacks::new(100);
-        log.record_alloc(0, 0x3000, vec![py("old", 1)]);
-        log.record_alloc(0, 0x2000, vec![py("new", 2)]);
+        log.record_alloc(0, 0x3000, vec![py("old", 1)], None);
+        log.record_alloc(0, 0x2000, vec![py("new", 2)], None);
         log.merge_into(&mut snapshot, true);
         let trace = &snapshot.traces()[0];
         assert_eq!(
@@ -329,9 +394,63 @@ mod tests {
     fn the_log_keeps_only_the_newest_events() {
         let mut log = PythonStacks::new(2);
         for addr in 0..5u64 {
-            log.record_alloc(0, addr, vec![py("f", addr as i32)]);
+            log.record_alloc(0, addr, vec![py("f", addr as i32)], None);
         }
         let addrs: Vec<u64> = log.events[0].iter().map(|e| e.addr).collect();
         assert_eq!(addrs, [3, 4]);
+    }
+
+    #[test]
+    fn live_entries_get_the_python_stack_of_the_call_that_recorded_them() {
+        let mut log = PythonStacks::new(100);
+        // Logged before the device was published: no numbers, never paired by number.
+        log.record_alloc(0, 0x10, vec![py("before", 1)], None);
+        // Entries 5 (segment_alloc) and 6 (alloc) from the first call, 7 (alloc) from the
+        // second, 8 and 9 (free_requested, free_completed) from the free.
+        log.record_alloc(0, 0x1000, vec![py("forward", 2)], Some((5, 7)));
+        log.record_alloc(0, 0x2000, vec![py("backward", 3)], Some((7, 8)));
+        log.record_free(0, 0x1000, Some(vec![py("step", 4)]), Some((8, 10)));
+        let entries = [
+            (Action::SegmentAlloc, 0x1000),
+            (Action::Alloc, 0x1000),
+            (Action::Alloc, 0x2000),
+            (Action::FreeRequested, 0x1000),
+            (Action::FreeCompleted, 0x1000),
+        ];
+        let window = log.window(0, 5, 10);
+        assert_eq!(window.len(), 3);
+        let names = |ids: Vec<Option<u32>>| -> Vec<Option<String>> {
+            ids.into_iter()
+                .map(|id| {
+                    let stack = log.stack(id?)?;
+                    Some(python_frames(&stack)[0].name.clone())
+                })
+                .collect()
+        };
+        assert_eq!(
+            names(PythonStacks::paired(&window, 5, &entries)),
+            [
+                None,
+                Some("forward".into()),
+                Some("backward".into()),
+                Some("step".into()),
+                None
+            ]
+        );
+        // A batch that starts later gets only its own calls.
+        let window = log.window(0, 7, 9);
+        assert_eq!(
+            names(PythonStacks::paired(&window, 7, &entries[2..4])),
+            [Some("backward".into()), Some("step".into())]
+        );
+        // An entry that is not the call's (another address) is not given its stack.
+        let window = log.window(0, 6, 7);
+        assert_eq!(
+            PythonStacks::paired(&window, 6, &[(Action::Alloc, 0x3000)]),
+            [None]
+        );
+        // Numbers past the log: nothing.
+        assert!(log.window(0, 10, 20).is_empty());
+        assert!(log.window(3, 0, 20).is_empty());
     }
 }

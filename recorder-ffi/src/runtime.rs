@@ -8,12 +8,12 @@ use std::ffi::c_int;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 
-use memsnap_format::{Frame, Snapshot};
+use memsnap_format::{Action, Frame, Snapshot};
 use parking_lot::Mutex;
 use recorder::history::{ContextMode, HistoryMode, HistoryOptions, StackMode};
-use recorder::live::{serve_with_token, LiveAddr, LiveServer, ServeError};
+use recorder::live::{serve_with_stacks, LiveAddr, LiveServer, LiveStacks, LiveState, ServeError};
 use recorder::snapshot::merge_device_snapshots;
 use recorder::{AllocatorConfig, CachingAllocator, Error, Stream};
 
@@ -46,6 +46,9 @@ pub struct Runtime {
     python_context: AtomicU8,
     /// Python stacks of allocations; its lock also orders allocator calls when it is in use.
     python_log: Mutex<PythonStacks>,
+    /// Some device is published live: the Python log then numbers its events as the live
+    /// stream numbers the trace (see [`AbiLiveStacks`]).
+    live_published: AtomicBool,
     /// Written on out-of-memory (`MEMSNAP_DUMP`, then `memsnap_set_oom_dump_path`).
     pub oom_dump_path: Mutex<Option<PathBuf>>,
     /// The live endpoints, by device index (at most one per device). Dropped at exit, which
@@ -94,6 +97,7 @@ pub fn init_runtime(backend: Option<BackendKind>) -> FfiResult<&'static Runtime>
         python_wanted: AtomicBool::new(false),
         python_context: AtomicU8::new(ContextMode::Never as u8),
         python_log: Mutex::new(PythonStacks::new(config.max_entries)),
+        live_published: AtomicBool::new(false),
         oom_dump_path: Mutex::new(config.dump_path.clone()),
         live: Mutex::new(Vec::new()),
         config,
@@ -192,15 +196,17 @@ impl Runtime {
             .get()
             .and_then(|rt| rt.devices.get(index)?.get()?.as_ref().ok())
             .ok_or_else(|| FfiError::invalid(format!("device {index} has no allocator")))?;
+        // Numbered from now on: a listener's state at connect comes after this.
+        self.live_published.store(true, Ordering::Relaxed);
+        let stacks: Arc<dyn LiveStacks> = Arc::new(AbiLiveStacks);
+        let token = self.config.live_token.clone();
         let server =
-            serve_with_token(allocator, addr, self.config.live_token.clone()).map_err(|e| {
-                FfiError {
-                    code: match e {
-                        ServeError::Address { .. } => crate::error::MEMSNAP_ERR_INVALID_ARGUMENT,
-                        _ => crate::error::MEMSNAP_ERR_IO,
-                    },
-                    message: e.to_string(),
-                }
+            serve_with_stacks(allocator, addr, token, Some(stacks)).map_err(|e| FfiError {
+                code: match e {
+                    ServeError::Address { .. } => crate::error::MEMSNAP_ERR_INVALID_ARGUMENT,
+                    _ => crate::error::MEMSNAP_ERR_IO,
+                },
+                message: e.to_string(),
             })?;
         let url = server.url();
         eprintln!("memsnap: live at {url} (device {index}; memsnap watch {url})");
@@ -262,6 +268,14 @@ impl Runtime {
         self.python_wanted.store(python, Ordering::Relaxed);
     }
 
+    /// The live number of the allocator's next trace entry, when some device is published
+    /// (two more lock acquisitions per call then, none otherwise).
+    fn live_seq(&self, allocator: &CachingAllocator<AnyDevice>) -> Option<u64> {
+        self.live_published
+            .load(Ordering::Relaxed)
+            .then(|| allocator.live_entries())
+    }
+
     fn python_context(&self) -> u8 {
         self.python_context.load(Ordering::Relaxed)
     }
@@ -273,10 +287,12 @@ impl Runtime {
             // holds; lock order is GIL, then memsnap's locks (as in PyTorch).
             let frames = python::capture(self.config.python_gil);
             let mut log = self.python_log.lock();
+            let before = self.live_seq(allocator);
             let result = allocator.malloc(size, stream);
             if let Ok(ptr) = result {
                 if ptr != 0 {
-                    log.record_alloc(device as usize, ptr, frames);
+                    let seqs = before.map(|b| (b, allocator.live_entries()));
+                    log.record_alloc(device as usize, ptr, frames, seqs);
                 }
             }
             result
@@ -313,11 +329,22 @@ impl Runtime {
             let free_site = (self.python_context() >= ContextMode::All as u8)
                 .then(|| python::capture(self.config.python_gil));
             let mut log = self.python_log.lock();
+            let before = self.live_seq(allocator);
             allocator.free(ptr)?;
-            log.record_free(device as usize, ptr, free_site);
+            let seqs = before.map(|b| (b, allocator.live_entries()));
+            log.record_free(device as usize, ptr, free_site, seqs);
             Ok(())
         } else {
             Ok(allocator.free(ptr)?)
+        }
+    }
+
+    /// Splices the Python frames of the log into `snapshot`'s trace and blocks, when there
+    /// are any (the log's lock held by the caller: `log`).
+    fn merge_python(&self, log: &PythonStacks, snapshot: &mut Snapshot) {
+        if self.python_wanted.load(Ordering::Relaxed) || log.has_events() {
+            let blocks_too = self.python_context() >= ContextMode::State as u8;
+            log.merge_into(snapshot, blocks_too);
         }
     }
 
@@ -330,10 +357,7 @@ impl Runtime {
             .map(CachingAllocator::snapshot)
             .collect();
         let mut snapshot = merge_device_snapshots(snapshots, trim_abi_frames);
-        if self.python_wanted.load(Ordering::Relaxed) || log.has_events() {
-            let blocks_too = self.python_context() >= ContextMode::State as u8;
-            log.merge_into(&mut snapshot, blocks_too);
-        }
+        self.merge_python(&log, &mut snapshot);
         snapshot
     }
 
@@ -359,6 +383,46 @@ fn core_options(recording: Recording) -> HistoryOptions {
 /// Drops the C ABI's own frames from the top of a stack: the exported function the program
 /// called (`memsnap_alloc`, ...) and the plumbing under it (`catch_unwind`, the runtime). The
 /// stack then starts at the program's code that called memsnap.
+/// What live listeners get beside the allocator's own frames: the C ABI's frames trimmed and
+/// the Python frames of its log spliced in, as in [`Runtime::dump`]. Entries after a
+/// listener's state are paired with the log's events by their live numbers, which the log
+/// notes once a device is published ([`PythonStacks::paired`]).
+struct AbiLiveStacks;
+
+impl LiveStacks for AbiLiveStacks {
+    fn state(&self, take: &mut dyn FnMut() -> LiveState) -> LiveState {
+        let Some(rt) = RUNTIME.get() else {
+            return take();
+        };
+        // As in `Runtime::snapshot`: the log's lock keeps it in step with the trace.
+        let log = rt.python_log.lock();
+        let mut state = take();
+        state.snapshot = merge_device_snapshots(vec![state.snapshot], trim_abi_frames);
+        rt.merge_python(&log, &mut state.snapshot);
+        state
+    }
+
+    fn extra(&self, device: i64, first_seq: u64, entries: &[(Action, u64)]) -> Vec<Option<u32>> {
+        let (Some(rt), Ok(device)) = (RUNTIME.get(), usize::try_from(device)) else {
+            return Vec::new();
+        };
+        let end = first_seq + entries.len() as u64;
+        // Copied under the lock (O(entries)), paired after it: allocations wait for this
+        // lock, never for the pairing.
+        let window = rt.python_log.lock().window(device, first_seq, end);
+        PythonStacks::paired(&window, first_seq, entries)
+    }
+
+    fn frames(&self, native: Vec<Frame>, extra: Option<u32>) -> Vec<Frame> {
+        let native = trim_abi_frames(native);
+        let python = extra.and_then(|id| RUNTIME.get()?.python_log.lock().stack(id));
+        match python {
+            Some(stack) => python::merge_stacks(native, python::frames(&stack)),
+            None => native,
+        }
+    }
+}
+
 fn trim_abi_frames(mut frames: Vec<Frame>) -> Vec<Frame> {
     let ours = frames.iter().rposition(is_abi_frame).map_or(0, |i| i + 1);
     frames.drain(..ours);

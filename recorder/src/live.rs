@@ -31,7 +31,7 @@
 //! thread (writes use `MSG_NOSIGNAL`, so it gives an error, never a `SIGPIPE` to the host
 //! process).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Deref;
@@ -47,7 +47,7 @@ use memsnap_format::live::{
     self, EntryBatch, FrameReader, LiveAnnotation, LiveEntry, Message, MAX_TOKEN_FRAME_BYTES,
     PROTOCOL_VERSION,
 };
-use memsnap_format::{Frame, PyInt};
+use memsnap_format::{Action, Frame, PyInt, Snapshot};
 use parking_lot::Mutex;
 
 use crate::allocator::CachingAllocator;
@@ -74,6 +74,35 @@ const NEEDS_TOKEN: &str =
 
 /// The shortest token accepted: a token is what keeps a network out of the endpoint.
 pub const MIN_TOKEN_LEN: usize = 16;
+
+/// What the layer that calls the allocator records beside it, for listeners to receive what
+/// that layer's own dump holds. The C ABI keeps the Python stack of each of its calls in a log
+/// of its own and splices it into the native frames when it writes a snapshot (and trims its
+/// own frames off them); through this, listeners get the same frames.
+///
+/// Called from listeners' threads, never with the allocator's lock held.
+pub trait LiveStacks: Send + Sync {
+    /// The state a listener starts from. `take` builds it under the allocator's lock; the
+    /// implementation calls it while holding what keeps its own records in step with the
+    /// allocator's trace, then edits the snapshot as its dump would.
+    fn state(&self, take: &mut dyn FnMut() -> LiveState) -> LiveState;
+
+    /// For each of `entries` (action and address, numbered from `first_seq` as the live
+    /// stream numbers them), the id of the stack it recorded beside the allocator, if any.
+    fn extra(&self, device: i64, first_seq: u64, entries: &[(Action, u64)]) -> Vec<Option<u32>>;
+
+    /// The frames a listener gets for native frames `native` and the stack `extra` of
+    /// [`LiveStacks::extra`].
+    fn frames(&self, native: Vec<Frame>, extra: Option<u32>) -> Vec<Frame>;
+}
+
+/// The allocator's state at a listener's connect: the snapshot, the number of the first
+/// entry after its trace and of the first annotation after its `external_annotations`.
+pub struct LiveState {
+    pub snapshot: Snapshot,
+    pub next_seq: u64,
+    pub next_annotation: u64,
+}
 
 /// Where to listen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -346,6 +375,21 @@ where
     A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
     D: Device,
 {
+    serve_with_stacks(alloc, addr, token, None)
+}
+
+/// [`serve_with_token`], with the frames of `stacks` spliced into what listeners receive
+/// (the C ABI's Python frames; see [`LiveStacks`]).
+pub fn serve_with_stacks<A, D>(
+    alloc: A,
+    addr: LiveAddr,
+    token: Option<String>,
+    stacks: Option<Arc<dyn LiveStacks>>,
+) -> Result<LiveServer, ServeError>
+where
+    A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
+    D: Device,
+{
     if let LiveAddr::Tcp(sa) = &addr {
         if token.is_none() && !sa.ip().is_loopback() {
             return Err(ServeError::Address {
@@ -402,7 +446,7 @@ where
         let (stop, threads, counters) = (stop.clone(), threads.clone(), counters.clone());
         std::thread::Builder::new()
             .name("memsnap-live".into())
-            .spawn(move || accept_loop(alloc, listener, stop, threads, counters, token))
+            .spawn(move || accept_loop(alloc, listener, stop, threads, counters, token, stacks))
             .map_err(io("starting its thread".into()))?
     };
     Ok(LiveServer {
@@ -421,6 +465,7 @@ fn accept_loop<A, D>(
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
     counters: Arc<LiveCounters>,
     token: Option<Arc<str>>,
+    stacks: Option<Arc<dyn LiveStacks>>,
 ) where
     A: Deref<Target = CachingAllocator<D>> + Clone + Send + 'static,
     D: Device,
@@ -446,12 +491,12 @@ fn accept_loop<A, D>(
                     }
                 }
                 let (alloc, stop, counters) = (alloc.clone(), stop.clone(), counters.clone());
-                let token = token.clone();
+                let (token, stacks) = (token.clone(), stacks.clone());
                 let spawned = std::thread::Builder::new()
                     .name("memsnap-live-listener".into())
                     .spawn(move || {
                         // A listener's failure (it went away) ends its thread only.
-                        let _ = Listener::new(stream, stop, counters).run(&*alloc, token);
+                        let _ = Listener::new(stream, stop, counters, stacks).run(&*alloc, token);
                     });
                 if let Ok(handle) = spawned {
                     let mut threads = threads.lock();
@@ -470,9 +515,16 @@ struct Listener {
     stream: AnyStream,
     stop: Arc<AtomicBool>,
     counters: Arc<LiveCounters>,
-    /// Raw stack → wire id.
-    stacks: HashMap<RawStackId, u32>,
-    stacks_sent: HashSet<RawStackId>,
+    /// What the caller records beside the allocator (see [`LiveStacks`]).
+    extra: Option<Arc<dyn LiveStacks>>,
+    /// (raw stack, extra stack) → wire id.
+    stacks: HashMap<(RawStackId, Option<u32>), u32>,
+    /// The symbolised frames of each raw stack seen (with `extra`, a raw stack may be sent
+    /// again beside another extra stack).
+    native: HashMap<RawStackId, Arc<[Frame]>>,
+    /// The extra stack of each `free_requested` not completed yet, by address: its
+    /// `free_completed` gets it too (as in the C ABI's dump).
+    freeing: HashMap<u64, u32>,
     /// Frame → wire id (frames with extra keys are not shared: they are rare, and `Value`
     /// has no `Hash`).
     frames: HashMap<(String, String, PyInt), u32>,
@@ -481,13 +533,20 @@ struct Listener {
 }
 
 impl Listener {
-    fn new(stream: AnyStream, stop: Arc<AtomicBool>, counters: Arc<LiveCounters>) -> Self {
+    fn new(
+        stream: AnyStream,
+        stop: Arc<AtomicBool>,
+        counters: Arc<LiveCounters>,
+        extra: Option<Arc<dyn LiveStacks>>,
+    ) -> Self {
         Listener {
             stream,
             stop,
             counters,
+            extra,
             stacks: HashMap::new(),
-            stacks_sent: HashSet::new(),
+            native: HashMap::new(),
+            freeing: HashMap::new(),
             frames: HashMap::new(),
             frames_sent: 0,
             buf: Vec::new(),
@@ -517,7 +576,15 @@ impl Listener {
                 return Ok(());
             }
         }
-        let (state, mut seq, mut annotation_seq) = alloc.live_state();
+        let mut take = || alloc.live_state();
+        let LiveState {
+            snapshot: state,
+            next_seq: mut seq,
+            next_annotation: mut annotation_seq,
+        } = match &self.extra {
+            Some(extra) => extra.state(&mut take),
+            None => take(),
+        };
         let in_state = state
             .traces()
             .get(usize::try_from(alloc.device_index()).unwrap_or(0))
@@ -532,7 +599,7 @@ impl Listener {
             .entries_sent
             .fetch_add(in_state, Ordering::Relaxed);
         while !self.stop.load(Ordering::Relaxed) {
-            let tail = alloc.live_tail(seq, annotation_seq, MAX_BATCH, &self.stacks_sent);
+            let mut tail = alloc.live_tail(seq, annotation_seq, MAX_BATCH, &self.native);
             if !tail.annotations.is_empty() || tail.first_annotation_seq > annotation_seq {
                 let missed = tail.first_annotation_seq - annotation_seq;
                 let annotations = tail
@@ -569,30 +636,46 @@ impl Listener {
                 first_seq: seq,
                 ..Default::default()
             };
-            for (raw, frames) in &tail.new_stacks {
-                let wire: Vec<u32> = frames
-                    .iter()
-                    .map(|f| self.frame_id(f, &mut batch))
-                    .collect();
-                let id = (self.stacks.len()) as u32;
-                self.stacks.insert(*raw, id);
-                self.stacks_sent.insert(*raw);
-                batch.stacks.push(wire);
+            for (raw, frames) in std::mem::take(&mut tail.new_stacks) {
+                self.native.insert(raw, frames.into());
             }
-            batch.entries = tail
+            let extras = match &self.extra {
+                Some(extra) => {
+                    let keys: Vec<(Action, u64)> =
+                        tail.entries.iter().map(|e| (e.action, e.addr)).collect();
+                    let mut extras = extra.extra(alloc.device_index(), seq, &keys);
+                    extras.resize(keys.len(), None);
+                    for (e, x) in tail.entries.iter().zip(&mut extras) {
+                        match e.action {
+                            Action::FreeRequested => match *x {
+                                Some(id) => self.freeing.insert(e.addr, id),
+                                None => self.freeing.remove(&e.addr),
+                            },
+                            Action::FreeCompleted => {
+                                *x = self.freeing.remove(&e.addr);
+                                None
+                            }
+                            _ => None,
+                        };
+                    }
+                    extras
+                }
+                None => vec![None; tail.entries.len()],
+            };
+            let entries = tail
                 .entries
                 .iter()
-                .map(|e| LiveEntry {
+                .zip(extras)
+                .map(|(e, extra)| LiveEntry {
                     action: live::action_tag(e.action).unwrap_or(0),
                     addr: e.addr,
                     size: e.size,
                     stream: e.stream,
                     time_us: tail.time_us(e.time_ns),
-                    stack: (e.stack != NO_STACK)
-                        .then(|| self.stacks.get(&e.stack).copied())
-                        .flatten(),
+                    stack: self.stack_id(e.stack, extra, &mut batch),
                 })
                 .collect();
+            batch.entries = entries;
             let n = batch.entries.len() as u64;
             self.send(&Message::Entries(batch))?;
             self.counters.entries_sent.fetch_add(n, Ordering::Relaxed);
@@ -673,6 +756,36 @@ impl Listener {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The wire id of the stack of an entry with raw stack `raw` and extra stack `extra`,
+    /// added to `batch` the first time; `None` for an entry with neither.
+    fn stack_id(
+        &mut self,
+        raw: RawStackId,
+        extra: Option<u32>,
+        batch: &mut EntryBatch,
+    ) -> Option<u32> {
+        if raw == NO_STACK && extra.is_none() {
+            return None;
+        }
+        if let Some(&id) = self.stacks.get(&(raw, extra)) {
+            return Some(id);
+        }
+        let native: Vec<Frame> = self
+            .native
+            .get(&raw)
+            .map(|f| f.to_vec())
+            .unwrap_or_default();
+        let frames = match &self.extra {
+            Some(stacks) => stacks.frames(native, extra),
+            None => native,
+        };
+        let wire: Vec<u32> = frames.iter().map(|f| self.frame_id(f, batch)).collect();
+        let id = self.stacks.len() as u32;
+        self.stacks.insert((raw, extra), id);
+        batch.stacks.push(wire);
+        Some(id)
     }
 
     fn frame_id(&mut self, frame: &Frame, batch: &mut EntryBatch) -> u32 {

@@ -7,6 +7,10 @@ length, a few GB of activations. Deterministic, so two runs make the same alloca
     python3 gpt_workload.py expandable OUT_DIR   PyTorch's allocator with expandable segments
     python3 gpt_workload.py profiler   OUT_DIR   torch.profiler(profile_memory, with_stack) and
                                                   export_memory_timeline, PyTorch's allocator
+    python3 gpt_workload.py live OUT_DIR --live unix:PATH
+                                                  memsnap.torch.enable(live=..., modules=True)
+                                                  for live_check.py: waits for OUT_DIR/go,
+                                                  records the steps, dumps live.pickle, stops
 
 native and memsnap: record the first RECORDED_STEPS steps from the start of the program with
 stacks="all", write OUT_DIR/<mode>.pickle and <mode>.stats.json (memory_stats() then), then
@@ -24,13 +28,14 @@ import sys
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument("mode", choices=["native", "memsnap", "expandable", "profiler"])
+parser.add_argument("mode", choices=["native", "memsnap", "expandable", "profiler", "live"])
 parser.add_argument("out")
 parser.add_argument("--cost-rounds", type=int, default=2)
 parser.add_argument("--skip-oom", action="store_true", help="stop after the recorded steps' snapshot")
 parser.add_argument("--cost-only", action="store_true",
                     help="no recording, snapshot or OOM: the cost rounds alone, into <mode>.cost.json")
 parser.add_argument("--cost-steps", type=int, default=12, help="timed steps per round and setting")
+parser.add_argument("--live", help="live mode: the address to publish the history at")
 args = parser.parse_args()
 out = args.out
 results = {"mode": args.mode}
@@ -43,6 +48,19 @@ if args.mode == "memsnap":
                          dump_on_oom=os.path.join(out, "memsnap.on_oom.pickle"))
     results["enable_s"] = time.perf_counter() - started
     results["oom_shim"] = memsnap_torch._oom_shim_path or None
+elif args.mode == "live":
+    import memsnap.torch as memsnap_torch
+
+    started = time.perf_counter()
+    memsnap_torch.enable(max_entries=2_000_000, stacks="all", live=args.live, modules=True)
+    results["enable_s"] = time.perf_counter() - started
+    results["live_address"] = memsnap_torch.live_address()
+    # live_check.py attaches `memsnap watch` first, so that the entries reach it as they are
+    # recorded (a later listener would get them all in the state at connect).
+    go = os.path.join(out, "go")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -108,19 +126,19 @@ def train_step(batch, seq):
 
 
 def set_history(on):
-    if args.mode == "memsnap":
+    if args.mode in ("memsnap", "live"):
         memsnap_torch.record_history("all" if on else None, stacks="all", max_entries=2_000_000)
     else:
         torch.cuda.memory._record_memory_history("all" if on else None, stacks="all", max_entries=2_000_000)
 
 
 def stats():
-    return memsnap_torch.memory_stats() if args.mode == "memsnap" else torch.cuda.memory_stats()
+    return memsnap_torch.memory_stats() if args.mode in ("memsnap", "live") else torch.cuda.memory_stats()
 
 
 def dump(path):
     started = time.perf_counter()
-    if args.mode == "memsnap":
+    if args.mode in ("memsnap", "live"):
         memsnap_torch.dump(path)
     else:
         torch.cuda.memory._dump_snapshot(path)
@@ -155,6 +173,27 @@ def empty_loop():
     del live
     return elapsed / len(EMPTY_SIZES) * 1e6
 
+
+if args.mode == "live":
+    step_times = []
+    for batch, seq in RECORDED_STEPS:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        train_step(batch, seq)
+        torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - started)
+    results["recorded_step_s"] = step_times
+    final = stats()
+    results["peak_allocated"] = final["allocated_bytes.all.peak"]
+    results["peak_reserved"] = final["reserved_bytes.all.peak"]
+    results["dump_s"] = dump(os.path.join(out, "live.pickle"))
+    # Nothing more is recorded: what the listener has received by the end is the dump.
+    memsnap_torch.record_history(None)
+    time.sleep(1.0)
+    with open(os.path.join(out, "live.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("live:", results, flush=True)
+    sys.exit(0)
 
 if args.mode == "profiler":
     from torch.profiler import ProfilerActivity, profile

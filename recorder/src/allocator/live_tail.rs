@@ -1,10 +1,10 @@
 //! What a live listener needs from the allocator, copied under the lock: the state at
 //! connect, then the entries recorded since it last looked (see `crate::live`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use memsnap_format::{Frame, Snapshot};
+use memsnap_format::Frame;
 
 use super::snapshot;
 use super::CachingAllocator;
@@ -44,7 +44,7 @@ impl<D: Device> CachingAllocator<D> {
     /// The snapshot a listener starts from, the number of the first entry not in its trace
     /// and of the first annotation not in its `external_annotations`. Unlike
     /// [`CachingAllocator::snapshot`] it records no `snapshot` entry.
-    pub(crate) fn live_state(&self) -> (Snapshot, u64, u64) {
+    pub(crate) fn live_state(&self) -> crate::live::LiveState {
         let (raw, next_seq, next_annotation) = {
             let mut st = self.state.lock();
             let raw = snapshot::collect_quietly(&mut st, false);
@@ -54,11 +54,11 @@ impl<D: Device> CachingAllocator<D> {
                 st.history.annotations_recorded(),
             )
         };
-        (
-            snapshot::build(raw, self.device_index),
+        crate::live::LiveState {
+            snapshot: snapshot::build(raw, self.device_index),
             next_seq,
             next_annotation,
-        )
+        }
     }
 
     /// Up to `max` entries from number `seq` on, and up to `max` annotations from number
@@ -69,7 +69,7 @@ impl<D: Device> CachingAllocator<D> {
         seq: u64,
         annotation_seq: u64,
         max: usize,
-        sent: &HashSet<RawStackId>,
+        sent: &HashMap<RawStackId, Arc<[Frame]>>,
     ) -> Tail {
         let mut entries = Vec::new();
         let mut annotations = Vec::new();
@@ -83,7 +83,7 @@ impl<D: Device> CachingAllocator<D> {
             let mut seen = HashSet::new();
             for e in &entries {
                 let id = e.stack;
-                if id == NO_STACK || sent.contains(&id) || !seen.insert(id) {
+                if id == NO_STACK || sent.contains_key(&id) || !seen.insert(id) {
                     continue;
                 }
                 let raw = match st.given_stacks.get(id) {

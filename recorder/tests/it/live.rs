@@ -578,3 +578,108 @@ fn a_listener_that_wrote_to_a_recorder_without_a_token_gets_the_end_not_a_reset(
     let end = client.stream.read_to_end(&mut rest);
     assert!(end.is_ok(), "{end:?}");
 }
+
+/// A caller that keeps its own stack per allocation beside the allocator (as the C ABI keeps
+/// Python stacks): the frame `caller.py:<address>` for each `alloc` recorded after connect,
+/// and the allocator's own frames with `drop_me` trimmed off.
+#[derive(Default)]
+struct OwnStacks {
+    /// States given to listeners.
+    states: std::sync::atomic::AtomicUsize,
+}
+
+impl memsnap_recorder::live::LiveStacks for OwnStacks {
+    fn state(
+        &self,
+        take: &mut dyn FnMut() -> memsnap_recorder::live::LiveState,
+    ) -> memsnap_recorder::live::LiveState {
+        self.states.fetch_add(1, Ordering::Relaxed);
+        take()
+    }
+
+    fn extra(
+        &self,
+        _device: i64,
+        _first_seq: u64,
+        entries: &[(memsnap_format::Action, u64)],
+    ) -> Vec<Option<u32>> {
+        entries
+            .iter()
+            .map(|&(action, addr)| {
+                (action == memsnap_format::Action::Alloc).then_some((addr % 1_000_000) as u32)
+            })
+            .collect()
+    }
+
+    fn frames(&self, native: Vec<Frame>, extra: Option<u32>) -> Vec<Frame> {
+        let mut frames: Vec<Frame> = native.into_iter().filter(|f| f.name != "drop_me").collect();
+        if let Some(line) = extra {
+            frames.push(Frame::new("caller", "caller.py", i64::from(line)));
+        }
+        frames
+    }
+}
+
+#[test]
+fn a_callers_own_stacks_reach_listeners_spliced_into_the_entries_frames() {
+    let alloc = recorder(usize::MAX);
+    let own_stacks = Arc::new(OwnStacks::default());
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("live.sock").display());
+    let server = memsnap_recorder::live::serve_with_stacks(
+        alloc.clone(),
+        memsnap_recorder::LiveAddr::parse(&url).unwrap(),
+        None,
+        Some(own_stacks.clone()),
+    )
+    .unwrap();
+    let mut client = Client::connect(&server.url());
+    // The state first: what follows comes as entries.
+    client.read_until(alloc.recorded_entries());
+    let own = alloc
+        .register_stack(&[
+            Frame::new("drop_me", "abi.rs", 1),
+            Frame::new("f", "m.py", 2),
+        ])
+        .unwrap();
+    let a = alloc.malloc_with_stack(4096, Stream::DEFAULT, own).unwrap();
+    let b = alloc.malloc(8192, Stream::DEFAULT).unwrap();
+    alloc.free_with_stack(a, own).unwrap();
+    alloc.free(b).unwrap();
+    let recorded = alloc.recorded_entries();
+    client.read_until(recorded);
+    let received = client.live.into_snapshot().unwrap();
+    assert_eq!(
+        own_stacks.states.load(Ordering::Relaxed),
+        1,
+        "the state went through it"
+    );
+    let trace = &received.device_traces.as_ref().unwrap()[0];
+    let frames = |i: usize| -> Vec<(String, i64)> {
+        trace[i]
+            .frames
+            .map(|id| {
+                received
+                    .stack_frames(id)
+                    .map(|f| (f.name.clone(), f.line.as_i64().unwrap_or(-1)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let line = |addr: u64| (addr % 1_000_000) as i64;
+    let allocs: Vec<usize> = (0..trace.len())
+        .filter(|&i| trace[i].action == memsnap_format::Action::Alloc)
+        .collect();
+    assert_eq!(allocs.len(), 2);
+    // The given stack, trimmed, with the caller's frame; the stackless one has it alone.
+    assert_eq!(
+        frames(allocs[0]),
+        vec![("f".to_owned(), 2), ("caller".to_owned(), line(a))]
+    );
+    assert_eq!(frames(allocs[1]), vec![("caller".to_owned(), line(b))]);
+    // Frees keep their own (trimmed) frames: the caller gave none for them.
+    let free_a = (0..trace.len())
+        .find(|&i| trace[i].action == memsnap_format::Action::FreeRequested && trace[i].addr == a)
+        .unwrap();
+    assert_eq!(frames(free_a), vec![("f".to_owned(), 2)]);
+}
