@@ -47,10 +47,11 @@ use memsnap_format::live::{
     self, EntryBatch, FrameReader, LiveAnnotation, LiveEntry, Message, MAX_TOKEN_FRAME_BYTES,
     PROTOCOL_VERSION,
 };
-use memsnap_format::{Action, Frame, PyInt, Snapshot};
+use memsnap_format::{Action, Frame, PyInt};
 use parking_lot::Mutex;
 
 use crate::allocator::CachingAllocator;
+pub use crate::allocator::LiveState;
 use crate::device::Device;
 use crate::stacks::{RawStackId, NO_STACK};
 
@@ -94,14 +95,6 @@ pub trait LiveStacks: Send + Sync {
     /// The frames a listener gets for native frames `native` and the stack `extra` of
     /// [`LiveStacks::extra`].
     fn frames(&self, native: Vec<Frame>, extra: Option<u32>) -> Vec<Frame>;
-}
-
-/// The allocator's state at a listener's connect: the snapshot, the number of the first
-/// entry after its trace and of the first annotation after its `external_annotations`.
-pub struct LiveState {
-    pub snapshot: Snapshot,
-    pub next_seq: u64,
-    pub next_annotation: u64,
 }
 
 /// Where to listen.

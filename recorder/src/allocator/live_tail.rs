@@ -35,6 +35,15 @@ impl Tail {
     }
 }
 
+/// The allocator's state at a live listener's connect (see `crate::live`): the snapshot, the
+/// number of the first entry after its trace and of the first annotation after its
+/// `external_annotations`.
+pub struct LiveState {
+    pub snapshot: memsnap_format::Snapshot,
+    pub next_seq: u64,
+    pub next_annotation: u64,
+}
+
 enum RawStack {
     Given(Arc<[Frame]>),
     Native(Vec<usize>),
@@ -44,7 +53,7 @@ impl<D: Device> CachingAllocator<D> {
     /// The snapshot a listener starts from, the number of the first entry not in its trace
     /// and of the first annotation not in its `external_annotations`. Unlike
     /// [`CachingAllocator::snapshot`] it records no `snapshot` entry.
-    pub(crate) fn live_state(&self) -> crate::live::LiveState {
+    pub(crate) fn live_state(&self) -> LiveState {
         let (raw, next_seq, next_annotation) = {
             let mut st = self.state.lock();
             let raw = snapshot::collect_quietly(&mut st, false);
@@ -54,7 +63,7 @@ impl<D: Device> CachingAllocator<D> {
                 st.history.annotations_recorded(),
             )
         };
-        crate::live::LiveState {
+        LiveState {
             snapshot: snapshot::build(raw, self.device_index),
             next_seq,
             next_annotation,

@@ -11,6 +11,7 @@ pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
+pub use live_tail::LiveState;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -18,18 +18,17 @@
 //! area (anti-aliased, as egui's feathered shapes are).
 
 use egui::{Color32, ColorImage, Pos2, Rect, TextureHandle, TextureOptions};
-use memsnap_plot::scene::{Line, Rect as SceneRect};
-use memsnap_plot::Colour;
+use memsnap_plot::scene::Line;
 
-use super::paint::{rect, BandKey};
 use crate::palette::color32;
 
 /// Everything the backdrop's picture is made from.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct BackdropKey {
-    pub(super) bands: BandKey,
+    /// Which band geometry: changes each time the bands are laid out again.
+    pub(super) bands: u64,
     pub(super) background: Color32,
-    pub(super) shading: Vec<(SceneRect, Colour)>,
+    pub(super) shading: Vec<(Rect, Color32)>,
     pub(super) grid: Vec<Line>,
     pub(super) pixels_per_point: f32,
     pub(super) max_texture_side: usize,
@@ -50,21 +49,21 @@ impl Backdrop {
         previous: Option<Backdrop>,
         key: BackdropKey,
         plot: Rect,
-        bands: &[(SceneRect, Colour)],
+        bands: impl Iterator<Item = (Rect, Color32)>,
     ) -> Backdrop {
         let previous = match previous {
             Some(same) if same.key == key => return same,
             other => other,
         };
         let mut canvas = Canvas::new(plot, key.pixels_per_point, key.background);
-        for (r, c) in &key.shading {
-            canvas.fill_area(rect(*r), color32(*c));
+        for &(r, c) in &key.shading {
+            canvas.fill_area(r, c);
         }
         for line in &key.grid {
             canvas.line(line);
         }
         for (r, c) in bands {
-            canvas.fill_centres(rect(*r), color32(*c));
+            canvas.fill_centres(r, c);
         }
         let tiles = canvas.into_tiles(key.max_texture_side);
         let mut handles = previous

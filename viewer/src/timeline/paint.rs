@@ -36,6 +36,9 @@ pub(super) struct BandKey {
 pub(super) struct BandCache {
     key: BandKey,
     pub(super) bands: BandLayer,
+    /// Which layout this is (each gets a new number): the backdrop is composited again when
+    /// it changes.
+    generation: u64,
 }
 
 /// What the last frame drew besides the bands, for the SVG export.
@@ -169,9 +172,13 @@ pub(super) fn timeline_scene_ui(
             show_reserved: reserved_shown(model, state),
         };
         let bands = scene::band_layer(&model.scene(), layout, &style, &map);
+        // Unique in the process: a backdrop never outlives a layout it was not made from.
+        static LAYOUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let generation = LAYOUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         state.band_cache = Some(BandCache {
-            key: key.clone(),
+            key,
             bands,
+            generation,
         });
     }
     let mut overlay = scene::overlay(
@@ -195,18 +202,17 @@ pub(super) fn timeline_scene_ui(
 
     let pixels_per_point = ui.ctx().pixels_per_point();
     let backdrop = BackdropKey {
-        bands: key,
+        bands: state.band_cache.as_ref().map_or(u64::MAX, |c| c.generation),
         background: ui.visuals().extreme_bg_color,
         // Zoomed out on a long run, most of thousands of phases are slivers between pixel
         // centres: compositing them costs time and adds (almost) nothing.
         shading: overlay
             .shading
             .iter()
+            .map(|&(r, c)| (rect(r), color32(c)))
             .filter(|(r, _)| {
-                let r = rect(*r);
-                r.width() * pixels_per_point >= 1.0 || covers_a_pixel_centre(r, pixels_per_point)
+                r.width() * pixels_per_point >= 1.0 || covers_a_pixel_centre(*r, pixels_per_point)
             })
-            .copied()
             .collect(),
         grid: overlay.grid.clone(),
         pixels_per_point,
@@ -214,13 +220,8 @@ pub(super) fn timeline_scene_ui(
     };
     let no_bands = BandLayer::default();
     let bands = state.band_cache.as_ref().map_or(&no_bands, |c| &c.bands);
-    let backdrop = Backdrop::update(
-        ui.ctx(),
-        state.backdrop.take(),
-        backdrop,
-        plot,
-        &bands.rects,
-    );
+    let bands = bands.rects.iter().map(|&(r, c)| (rect(r), color32(c)));
+    let backdrop = Backdrop::update(ui.ctx(), state.backdrop.take(), backdrop, plot, bands);
     backdrop.paint(painter);
     state.backdrop = Some(backdrop);
     for text in &overlay.ticks {
