@@ -5,7 +5,10 @@ simulated device, in three settings, each in processes of its own, alternating o
 * history: history on, nothing published;
 * published: the device published live (`serve_live`), no listener: each call also notes the
   live numbers of its entries (two more lock acquisitions);
-* listener: published, with `memsnap watch` attached and receiving while the loop runs.
+* reader: published, with a raw listener that reads the stream and discards it: the
+  recorder's own cost of a listener (its thread copies, symbolises, encodes and writes);
+* listener: published, with `memsnap watch` attached, receiving and finding the steps while the
+  loop runs (on a 2-core machine the watch's analysis competes with the loop for the cores).
 
     python bench_live_cost.py [--ops N] [--rounds R]
 
@@ -28,7 +31,7 @@ lib = mt.load_library()
 mt.record_history("all", context="all", stacks="python", max_entries=1_000_000)
 if setting != "history":
     mt.serve_live("unix:" + sock)
-    if setting == "listener":
+    if setting in ("reader", "listener"):
         while not os.path.exists(sock + ".go"):
             time.sleep(0.01)
 sizes = [512 << (i % 12) for i in range(64)]
@@ -49,6 +52,15 @@ print(elapsed / ops * 1e6)
 """
 
 
+READER = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+while s.recv(1 << 20):
+    pass
+"""
+
+
 def run(setting, ops, workdir):
     sock = os.path.join(workdir, f"{setting}.sock")
     env = dict(os.environ, MEMSNAP_BACKEND="simulated")
@@ -61,16 +73,17 @@ def run(setting, ops, workdir):
         text=True,
     )
     watch = None
-    if setting == "listener":
+    if setting in ("reader", "listener"):
         import memsnap
 
         while not os.path.exists(sock):
             time.sleep(0.01)
-        watch = subprocess.Popen(
-            [memsnap.program_path("memsnap"), "watch", "unix:" + sock],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        command = (
+            [memsnap.program_path("memsnap"), "watch", "unix:" + sock]
+            if setting == "listener"
+            else [sys.executable, "-c", READER, sock]
         )
+        watch = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.3)
         open(sock + ".go", "w").close()
     out, _ = child.communicate(timeout=600)
@@ -84,7 +97,7 @@ def main():
     parser.add_argument("--ops", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    settings = ["history", "published", "listener"]
+    settings = ["history", "published", "reader", "listener"]
     results = {s: [] for s in settings}
     with tempfile.TemporaryDirectory() as workdir:
         for _ in range(args.rounds):

@@ -673,6 +673,13 @@ impl Listener {
             self.send(&Message::Entries(batch))?;
             self.counters.entries_sent.fetch_add(n, Ordering::Relaxed);
             seq += n;
+            if n < MAX_BATCH as u64 {
+                // Caught up: wait for more rather than take the locks again for a few
+                // entries (a busy allocator would otherwise meet this thread at its lock
+                // after every handful of entries; batches of one poll are also cheaper to
+                // send and to apply).
+                std::thread::sleep(POLL);
+            }
         }
         self.drain();
         Ok(())
