@@ -174,7 +174,8 @@ def empty_loop():
     return elapsed / len(EMPTY_SIZES) * 1e6
 
 
-if args.mode == "live":
+def run_recorded_steps():
+    """The recorded steps, each timed; their peaks into `results`; returns memory_stats()."""
     step_times = []
     for batch, seq in RECORDED_STEPS:
         torch.cuda.synchronize()
@@ -186,6 +187,11 @@ if args.mode == "live":
     final = stats()
     results["peak_allocated"] = final["allocated_bytes.all.peak"]
     results["peak_reserved"] = final["reserved_bytes.all.peak"]
+    return final
+
+
+if args.mode == "live":
+    run_recorded_steps()
     results["dump_s"] = dump(os.path.join(out, "live.pickle"))
     # Nothing more is recorded: what the listener has received by the end is the dump.
     memsnap_torch.record_history(None)
@@ -225,19 +231,9 @@ if args.mode == "profiler":
 def record_and_run_out_of_memory():
     """The recorded steps from the first allocation of the program, their snapshot, then the
     planned out-of-memory and the step after it."""
-    step_times = []
-    for batch, seq in RECORDED_STEPS:
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        train_step(batch, seq)
-        torch.cuda.synchronize()
-        step_times.append(time.perf_counter() - started)
-    results["recorded_step_s"] = step_times
-    final = stats()
+    final = run_recorded_steps()
     with open(os.path.join(out, f"{args.mode}.stats.json"), "w") as f:
         json.dump(final, f, indent=1, sort_keys=True)
-    results["peak_allocated"] = final["allocated_bytes.all.peak"]
-    results["peak_reserved"] = final["reserved_bytes.all.peak"]
     snapshot = os.path.join(out, f"{args.mode}.pickle")
     results["dump_s"] = dump(snapshot)
     results["snapshot_bytes"] = os.path.getsize(snapshot)
