@@ -35,11 +35,12 @@ import time
 def stand_in(out, address):
     """A small training loop on the simulated device: a GPT of 4 blocks whose forward keeps
     8 MiB of activations per block until its backward, module ranges as enable(modules=True)
-    records them, 6 steps; then what gpt_workload.py's live mode does at its end."""
+    records them, 6 steps, native and Python stacks (enable()'s default); then what
+    gpt_workload.py's live mode does at its end."""
     import memsnap.torch as memsnap_torch
 
     lib = memsnap_torch.load_library()
-    memsnap_torch.record_history("all", context="all", stacks="python", max_entries=1_000_000)
+    memsnap_torch.record_history("all", context="all", stacks="all", max_entries=1_000_000)
     memsnap_torch.serve_live(address)
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(out, "go")) and time.monotonic() < deadline:
