@@ -193,9 +193,9 @@ def run_recorded_steps():
 if args.mode == "live":
     run_recorded_steps()
     results["dump_s"] = dump(os.path.join(out, "live.pickle"))
-    # Nothing more is recorded: what the listener has received by the end is the dump.
-    memsnap_torch.record_history(None)
-    time.sleep(1.0)
+    # History stays on: the listener gets what it has not been sent yet (its first native
+    # stacks are symbolised from libtorch's symbols) before the exit.
+    time.sleep(5.0)
     with open(os.path.join(out, "live.json"), "w") as f:
         json.dump(results, f, indent=1)
     print("live:", results, flush=True)
