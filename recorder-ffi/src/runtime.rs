@@ -462,6 +462,9 @@ fn register_exit_dump() {
 
 /// Removes the live endpoints' sockets at exit (dropping a server stops its threads within
 /// about 100 ms and removes its socket and private directory).
+/// How long the exit waits for live listeners to be sent the end of the run.
+const LIVE_CATCH_UP_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn register_live_cleanup() {
     static REGISTER: Once = Once::new();
     REGISTER.call_once(|| {
@@ -477,6 +480,11 @@ extern "C" fn close_live_at_exit() {
         if let Some(rt) = RUNTIME.get() {
             // Taken out first: the servers are dropped without the lock held.
             let servers = std::mem::take(&mut *rt.live.lock());
+            // The end of the run reaches the listeners (`memsnap watch` reports the last
+            // step from it), unless one of them stopped reading: then the exit waits 2 s.
+            for (_, server) in &servers {
+                server.catch_up(LIVE_CATCH_UP_AT_EXIT);
+            }
             drop(servers);
         }
     });

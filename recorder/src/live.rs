@@ -283,14 +283,21 @@ pub struct LiveCounters {
     pub refused: AtomicU64,
 }
 
+/// The listeners' threads, each with the number of the next entry it will send.
+type Listeners = Arc<Mutex<Vec<(JoinHandle<()>, Arc<AtomicU64>)>>>;
+
 /// A running live endpoint; dropping it stops accepting, ends every listener's thread
 /// (within about 100 ms) and removes the socket (and the private directory memsnap made).
+/// What a listener has not been sent by then is lost to it: [`LiveServer::catch_up`] first
+/// lets it have the end of the run.
 pub struct LiveServer {
     addr: LiveAddr,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
-    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    threads: Listeners,
     counters: Arc<LiveCounters>,
+    /// The live number of the allocator's next entry.
+    recorded: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
 impl LiveServer {
@@ -307,6 +314,30 @@ impl LiveServer {
     pub fn counters(&self) -> &LiveCounters {
         &self.counters
     }
+
+    /// Waits until every connected listener has been sent the entries recorded by now, or
+    /// `within` has passed; returns whether they all were. For the end of a run (the C ABI
+    /// calls it at exit, at most 2 s): dropping the server without it loses what listeners
+    /// were not sent yet (up to a poll's entries, more for one that fell behind). The
+    /// allocator goes on meanwhile; a listener that stopped reading costs the whole `within`.
+    pub fn catch_up(&self, within: Duration) -> bool {
+        let target = (self.recorded)();
+        let deadline = Instant::now() + within;
+        loop {
+            let behind = self
+                .threads
+                .lock()
+                .iter()
+                .any(|(t, next)| !t.is_finished() && next.load(Ordering::Relaxed) < target);
+            if !behind {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
 }
 
 impl Drop for LiveServer {
@@ -315,7 +346,7 @@ impl Drop for LiveServer {
         if let Some(accept) = self.accept.take() {
             let _ = accept.join();
         }
-        for t in std::mem::take(&mut *self.threads.lock()) {
+        for (t, _) in std::mem::take(&mut *self.threads.lock()) {
             let _ = t.join();
         }
         if let LiveAddr::Unix { path, private_dir } = &self.addr {
@@ -433,8 +464,13 @@ where
     }
     .map_err(io("set_nonblocking".into()))?;
     let stop = Arc::new(AtomicBool::new(false));
-    let threads: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+    let threads: Listeners = Arc::default();
     let counters: Arc<LiveCounters> = Arc::default();
+    let recorded: Box<dyn Fn() -> u64 + Send + Sync> = {
+        // In a mutex: the owner is `Send` but need not be `Sync`.
+        let alloc = Mutex::new(alloc.clone());
+        Box::new(move || alloc.lock().live_entries())
+    };
     let accept = {
         let (stop, threads, counters) = (stop.clone(), threads.clone(), counters.clone());
         std::thread::Builder::new()
@@ -448,6 +484,7 @@ where
         accept: Some(accept),
         threads,
         counters,
+        recorded,
     })
 }
 
@@ -455,7 +492,7 @@ fn accept_loop<A, D>(
     alloc: A,
     listener: AnyListener,
     stop: Arc<AtomicBool>,
-    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    threads: Listeners,
     counters: Arc<LiveCounters>,
     token: Option<Arc<str>>,
     stacks: Option<Arc<dyn LiveStacks>>,
@@ -476,7 +513,7 @@ fn accept_loop<A, D>(
                     // be made to start one per connection attempt (each waits for a token
                     // up to TOKEN_WAIT). Over it, the connection is closed at once.
                     let mut threads = threads.lock();
-                    threads.retain(|t| !t.is_finished());
+                    threads.retain(|(t, _)| !t.is_finished());
                     if threads.len() >= MAX_LISTENERS {
                         counters.refused.fetch_add(1, Ordering::Relaxed);
                         drop(stream);
@@ -485,16 +522,19 @@ fn accept_loop<A, D>(
                 }
                 let (alloc, stop, counters) = (alloc.clone(), stop.clone(), counters.clone());
                 let (token, stacks) = (token.clone(), stacks.clone());
+                let next = Arc::new(AtomicU64::new(0));
+                let progress = next.clone();
                 let spawned = std::thread::Builder::new()
                     .name("memsnap-live-listener".into())
                     .spawn(move || {
                         // A listener's failure (it went away) ends its thread only.
-                        let _ = Listener::new(stream, stop, counters, stacks).run(&*alloc, token);
+                        let listener = Listener::new(stream, stop, counters, stacks, progress);
+                        let _ = listener.run(&*alloc, token);
                     });
                 if let Ok(handle) = spawned {
                     let mut threads = threads.lock();
-                    threads.retain(|t| !t.is_finished());
-                    threads.push(handle);
+                    threads.retain(|(t, _)| !t.is_finished());
+                    threads.push((handle, next));
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(POLL * 4),
@@ -518,6 +558,8 @@ struct Listener {
     /// The extra stack of each `free_requested` not completed yet, by address: its
     /// `free_completed` gets it too (as in the C ABI's dump).
     freeing: HashMap<u64, u32>,
+    /// The number of the next entry to send, for [`LiveServer::catch_up`].
+    progress: Arc<AtomicU64>,
     /// Frame → wire id (frames with extra keys are not shared: they are rare, and `Value`
     /// has no `Hash`).
     frames: HashMap<(String, String, PyInt), u32>,
@@ -531,6 +573,7 @@ impl Listener {
         stop: Arc<AtomicBool>,
         counters: Arc<LiveCounters>,
         extra: Option<Arc<dyn LiveStacks>>,
+        progress: Arc<AtomicU64>,
     ) -> Self {
         Listener {
             stream,
@@ -540,6 +583,7 @@ impl Listener {
             stacks: HashMap::new(),
             native: HashMap::new(),
             freeing: HashMap::new(),
+            progress,
             frames: HashMap::new(),
             frames_sent: 0,
             buf: Vec::new(),
@@ -591,6 +635,7 @@ impl Listener {
         self.counters
             .entries_sent
             .fetch_add(in_state, Ordering::Relaxed);
+        self.progress.store(seq, Ordering::Relaxed);
         while !self.stop.load(Ordering::Relaxed) {
             let mut tail = alloc.live_tail(seq, annotation_seq, MAX_BATCH, &self.native);
             if !tail.annotations.is_empty() || tail.first_annotation_seq > annotation_seq {
@@ -619,6 +664,7 @@ impl Listener {
                     resume_seq: tail.first_seq,
                 })?;
                 seq = tail.first_seq;
+                self.progress.store(seq, Ordering::Relaxed);
             }
             if tail.entries.is_empty() {
                 self.drain();
@@ -673,6 +719,7 @@ impl Listener {
             self.send(&Message::Entries(batch))?;
             self.counters.entries_sent.fetch_add(n, Ordering::Relaxed);
             seq += n;
+            self.progress.store(seq, Ordering::Relaxed);
             if n < MAX_BATCH as u64 {
                 // Caught up: wait for more rather than take the locks again for a few
                 // entries (a busy allocator would otherwise meet this thread at its lock

@@ -56,6 +56,25 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Reads and applies everything until the recorder closes the connection.
+    fn read_to_end(&mut self) {
+        let mut buf = vec![0; 1 << 16];
+        loop {
+            match self.reader.next_message().expect("a well-formed stream") {
+                Some(m) => {
+                    self.live.apply(m).expect("applies");
+                }
+                None => match self.stream.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => self.reader.push(&buf[..n]),
+                    Err(e) => panic!("reading: {e}"),
+                },
+            }
+        }
+    }
+}
+
 fn recorder(max_entries: usize) -> Arc<CachingAllocator<HostDevice>> {
     let alloc = Arc::new(CachingAllocator::new(HostDevice::new(1 << 30)));
     alloc.record_memory_history(HistoryOptions {
@@ -682,4 +701,48 @@ fn a_callers_own_stacks_reach_listeners_spliced_into_the_entries_frames() {
         .find(|&i| trace[i].action == memsnap_format::Action::FreeRequested && trace[i].addr == a)
         .unwrap();
     assert_eq!(frames(free_a), vec![("f".to_owned(), 2)]);
+}
+
+#[test]
+fn catching_up_before_the_server_is_dropped_sends_the_listener_the_end_of_the_run() {
+    let alloc = recorder(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("live.sock").display()))
+        .unwrap();
+    let mut client = Client::connect(&server.url());
+    client.read_until(alloc.recorded_entries());
+    // Reads whatever comes until the connection closes.
+    let reader = std::thread::spawn(move || {
+        client.read_to_end();
+        client
+    });
+    // A burst right before the end: the listener has not been sent most of it yet.
+    train(&alloc, 20, 500);
+    let recorded = alloc.recorded_entries();
+    assert!(server.catch_up(Duration::from_secs(30)));
+    drop(server);
+    // Everything was written before the connection closed.
+    let client = reader.join().unwrap();
+    assert_eq!(client.live.next_seq(), recorded);
+    assert_eq!(client.live.missed(), 0);
+}
+
+#[test]
+fn catching_up_with_a_listener_that_stopped_reading_gives_up_at_its_bound() {
+    let alloc = recorder(usize::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let server = alloc
+        .serve_live(&format!("unix:{}", dir.path().join("live.sock").display()))
+        .unwrap();
+    // Connected, never reads: once the socket's buffers are full its thread cannot send.
+    let _stalled = UnixStream::connect(dir.path().join("live.sock")).unwrap();
+    train(&alloc, 40, 2_000);
+    let started = std::time::Instant::now();
+    assert!(!server.catch_up(Duration::from_millis(300)));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
 }
