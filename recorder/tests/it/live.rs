@@ -75,6 +75,16 @@ impl Client {
     }
 }
 
+/// `alloc` published at `live.sock` in a new temporary folder (kept while the folder is).
+fn served<D: memsnap_recorder::Device>(
+    alloc: &Arc<CachingAllocator<D>>,
+) -> (tempfile::TempDir, memsnap_recorder::LiveServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix:{}", dir.path().join("live.sock").display());
+    let server = alloc.serve_live(&url).unwrap();
+    (dir, server)
+}
+
 fn recorder(max_entries: usize) -> Arc<CachingAllocator<HostDevice>> {
     let alloc = Arc::new(CachingAllocator::new(HostDevice::new(1 << 30)));
     alloc.record_memory_history(HistoryOptions {
@@ -168,10 +178,7 @@ use std::sync::atomic::Ordering;
 #[test]
 fn a_listener_that_reconnects_gets_the_state_again() {
     let alloc = recorder(usize::MAX);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
-        .unwrap();
+    let (dir, server) = served(&alloc);
     let mut first = Client::connect(&server.url());
     train(&alloc, 2, 5);
     first.read_until(alloc.recorded_entries());
@@ -182,7 +189,7 @@ fn a_listener_that_reconnects_gets_the_state_again() {
     second.read_until(recorded);
     assert_eq!(second.live.trace().len() as u64, recorded);
     // Dropping the server removes the socket.
-    let path = dir.path().join("s");
+    let path = dir.path().join("live.sock");
     drop(server);
     assert!(!path.exists());
 }
@@ -191,10 +198,7 @@ fn a_listener_that_reconnects_gets_the_state_again() {
 fn a_stalled_listener_does_not_hold_the_allocator_and_gets_the_dropped_marker() {
     // A small ring: a listener that does not read falls out of it.
     let alloc = recorder(4096);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
-        .unwrap();
+    let (_dir, server) = served(&alloc);
     let mut stalled = Client::connect(&server.url());
     stalled.read_until(0);
     // Far more than the socket buffers hold while the listener reads nothing: the
@@ -268,10 +272,7 @@ fn history(max_entries: usize, clear_history: bool) -> HistoryOptions {
 #[test]
 fn entries_recorded_after_a_clear_or_history_off_reach_a_connected_listener() {
     let alloc = recorder(usize::MAX);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
-        .unwrap();
+    let (_dir, server) = served(&alloc);
     let mut client = Client::connect(&server.url());
     train(&alloc, 3, 20);
     client.read_until(alloc.live_entries());
@@ -318,10 +319,7 @@ fn entries_recorded_after_a_clear_or_history_off_reach_a_connected_listener() {
 fn annotations_recorded_after_connect_reach_the_listener_and_its_snapshot() {
     let alloc = recorder(usize::MAX);
     alloc.record_annotation(&[("stage", "START"), ("name", "ProfilerStep#0")]);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
-        .unwrap();
+    let (_dir, server) = served(&alloc);
     let mut client = Client::connect(&server.url());
     for step in 1..4 {
         let name = format!("ProfilerStep#{step}");
@@ -344,10 +342,7 @@ fn annotations_recorded_after_connect_reach_the_listener_and_its_snapshot() {
 #[test]
 fn annotations_overwritten_before_they_were_sent_are_counted_as_missed() {
     let alloc = recorder(8);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
-        .unwrap();
+    let (_dir, server) = served(&alloc);
     let mut client = Client::connect(&server.url());
     client.read_until(0);
     // The listener's thread copies at most the ring's 8 per poll (every 5 ms when idle):
@@ -408,10 +403,7 @@ fn segments_made_freed_and_split_after_connect_stay_the_recorders() {
         let a = alloc.malloc(4 * MIB, s).unwrap();
         let b = alloc.malloc(8 * MIB, s).unwrap();
         let small: Vec<u64> = (0..4).map(|_| alloc.malloc(4096, s).unwrap()).collect();
-        let dir = tempfile::tempdir().unwrap();
-        let server = alloc
-            .serve_live(&format!("unix:{}", dir.path().join("s").display()))
-            .unwrap();
+        let (_dir, server) = served(&alloc);
         let mut client = Client::connect(&server.url());
         client.read_until(alloc.live_entries());
 
@@ -582,10 +574,7 @@ fn a_listener_that_wrote_to_a_recorder_without_a_token_gets_the_end_not_a_reset(
     use memsnap_format::live::{encode, Message};
     use std::io::Write;
     let alloc = recorder(usize::MAX);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("s").display()))
-        .unwrap();
+    let (_dir, server) = served(&alloc);
     let mut client = Client::connect(&server.url());
     let mut frame = Vec::new();
     encode(&Message::Token { token: "".into() }, &mut frame).unwrap();
@@ -706,10 +695,7 @@ fn a_callers_own_stacks_reach_listeners_spliced_into_the_entries_frames() {
 #[test]
 fn catching_up_before_the_server_is_dropped_sends_the_listener_the_end_of_the_run() {
     let alloc = recorder(usize::MAX);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("live.sock").display()))
-        .unwrap();
+    let (_dir, server) = served(&alloc);
     let mut client = Client::connect(&server.url());
     client.read_until(alloc.recorded_entries());
     // Reads whatever comes until the connection closes.
@@ -731,10 +717,7 @@ fn catching_up_before_the_server_is_dropped_sends_the_listener_the_end_of_the_ru
 #[test]
 fn catching_up_with_a_listener_that_stopped_reading_gives_up_at_its_bound() {
     let alloc = recorder(usize::MAX);
-    let dir = tempfile::tempdir().unwrap();
-    let server = alloc
-        .serve_live(&format!("unix:{}", dir.path().join("live.sock").display()))
-        .unwrap();
+    let (dir, server) = served(&alloc);
     // Connected, never reads: once the socket's buffers are full its thread cannot send.
     let _stalled = UnixStream::connect(dir.path().join("live.sock")).unwrap();
     train(&alloc, 40, 2_000);
