@@ -27,6 +27,8 @@ use crate::palette::color32;
 pub(super) struct BackdropKey {
     /// Which band geometry: changes each time the bands are laid out again.
     pub(super) bands: u64,
+    /// The plot's rectangle, in points.
+    pub(super) plot: Rect,
     pub(super) background: Color32,
     pub(super) shading: Vec<(Rect, Color32)>,
     pub(super) grid: Vec<Line>,
@@ -48,14 +50,13 @@ impl Backdrop {
         ctx: &egui::Context,
         previous: Option<Backdrop>,
         key: BackdropKey,
-        plot: Rect,
         bands: impl Iterator<Item = (Rect, Color32)>,
     ) -> Backdrop {
         let previous = match previous {
             Some(same) if same.key == key => return same,
             other => other,
         };
-        let mut canvas = Canvas::new(plot, key.pixels_per_point, key.background);
+        let mut canvas = Canvas::new(key.plot, key.pixels_per_point, key.background);
         for &(r, c) in &key.shading {
             canvas.fill_area(r, c);
         }

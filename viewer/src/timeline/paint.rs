@@ -203,6 +203,7 @@ pub(super) fn timeline_scene_ui(
     let pixels_per_point = ui.ctx().pixels_per_point();
     let backdrop = BackdropKey {
         bands: state.band_cache.as_ref().map_or(u64::MAX, |c| c.generation),
+        plot,
         background: ui.visuals().extreme_bg_color,
         // Zoomed out on a long run, most of thousands of phases are slivers between pixel
         // centres: compositing them costs time and adds (almost) nothing.
@@ -221,7 +222,7 @@ pub(super) fn timeline_scene_ui(
     let no_bands = BandLayer::default();
     let bands = state.band_cache.as_ref().map_or(&no_bands, |c| &c.bands);
     let bands = bands.rects.iter().map(|&(r, c)| (rect(r), color32(c)));
-    let backdrop = Backdrop::update(ui.ctx(), state.backdrop.take(), backdrop, plot, bands);
+    let backdrop = Backdrop::update(ui.ctx(), state.backdrop.take(), backdrop, bands);
     backdrop.paint(painter);
     state.backdrop = Some(backdrop);
     for text in &overlay.ticks {
