@@ -13,11 +13,26 @@
 //! A listener that reads slowly only slows its own thread; when the ring (bounded by
 //! `max_entries`) overwrote entries it had not sent, it gets a `Dropped` message with their
 //! number and resumes at the oldest entry the ring still holds. With no listener the cost is
-//! nothing at all; with one, one lock acquisition per poll ([`POLL`]) or per batch.
+//! nothing at all; with one, one lock acquisition per poll ([`POLL`]) or per full batch (a
+//! listener that caught up waits a poll before it looks again).
 //! Annotations recorded since the last poll are copied under the same lock and sent first,
 //! as an `Annotations` message. Entry and annotation numbers never restart (a
 //! `clear_history` continues them), so a clear shows as entries `Dropped`, never as a
 //! listener that stops receiving.
+//!
+//! ## Stacks kept beside the allocator
+//!
+//! A caller that records stacks of its own beside the allocator (the C ABI's Python stacks)
+//! serves with [`serve_with_stacks`] and a [`LiveStacks`]: listeners then get the frames its
+//! dump has. The state at connect goes through [`LiveStacks::state`], each batch's entries
+//! through [`LiveStacks::extra`] (by their live numbers, outside the allocator's lock), and a
+//! listener's stacks are keyed by (native stack, extra stack).
+//!
+//! ## The end of a run
+//!
+//! Dropping the [`LiveServer`] closes every connection within about 100 ms; what a listener
+//! was not sent by then is lost to it. [`LiveServer::catch_up`] first waits, within a bound,
+//! until every connected listener has been sent what was recorded (the C ABI does at exit).
 //!
 //! ## Safety of the endpoint
 //!
