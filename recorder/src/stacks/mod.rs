@@ -19,7 +19,7 @@ mod frame_pointers;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod dwarf;
 
-/// Index of a stack in a device's [`StackInterner`].
+/// Index of a stack in a device's table of interned stacks (`StackInterner`).
 pub type RawStackId = u32;
 /// "No stack".
 pub const NO_STACK: RawStackId = u32::MAX;
