@@ -88,7 +88,7 @@ fn patterns_of(path: &str, recorded: &HashSet<&str>, out: &mut Vec<String>) {
     }
 }
 
-/// Activation bytes live at the peak under each named pattern (see [`patterns_of`]), from
+/// Activation bytes live at the peak under each named pattern (see `patterns_of`), from
 /// the innermost module path of each allocation (`live`: allocation indices in replay order
 /// and their sizes). Left out: the outermost calls' own paths (the model, named by its
 /// class: checkpointing all of the forward frees nothing before the backward needs it again),

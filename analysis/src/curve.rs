@@ -523,7 +523,7 @@ impl Curves {
     /// Computes the curves from a replay (which keeps the trace's segment events).
     ///
     /// Each curve's per-event deltas are summed in place in the vector that becomes the curve
-    /// (see [`curve_from_deltas`]): at 10M events building costs the 40 MB a curve keeps.
+    /// (see `curve_from_deltas`): at 10M events building costs the 40 MB a curve keeps.
     /// The allocated and active curves are built side by side (each writes its frees at
     /// random events: one giant step's 4M allocations took 0.4 s for the two one after the
     /// other). O(n + m) in the events and allocations.

@@ -290,7 +290,7 @@ impl Replay {
     ///
     /// O(n + b + s log s) for `n` trace entries and the device's `b` final blocks and `s`
     /// segments, one hash lookup per `alloc` or free in a map of the live addresses that
-    /// stays cache-sized (cut into parts once it grows: [`FreeMatcher`]), open segments in a
+    /// stays cache-sized (cut into parts once it grows: `FreeMatcher`), open segments in a
     /// B-tree (O(log s) per segment event). Finding the device's segments reads the snapshot's segments of every device
     /// once: building every device of a file costs O(devices × all segments) there.
     pub fn build(snapshot: &Snapshot, device: i64) -> Result<Replay> {

@@ -309,7 +309,7 @@ pub struct StackEvidence {
 /// Finds the steps of a device (see the module docs and [`crate::phases`]).
 ///
 /// O(n log n) for n events and allocations: each evidence source is one or a few passes
-/// (stacks: [`plan_from_evidence`]; the shape: one pass over the curve's block extremes and
+/// (stacks: `plan_from_evidence`; the shape: one pass over the curve's block extremes and
 /// one per step found; annotations: sorted once), each phase and step is measured by binary
 /// search plus a pass over its own allocations, and drift's Theil–Sen slope samples at most
 /// about 200 × 200 pairs.

@@ -518,7 +518,7 @@ pub fn summarize_owned(mut snapshot: Snapshot, options: &SummaryOptions) -> Resu
 
 /// Summarises one device from its timeline.
 ///
-/// O(n log n) for n entries: the steps ([`crate::find_steps`]), then
+/// O(n log n) for n entries: the steps ([`crate::steps::find_steps`]), then
 /// [`summarize_device_with_steps`].
 pub fn summarize_device(
     snapshot: &Snapshot,

@@ -3,14 +3,14 @@
 //! The Rust half of the `memsnap` Python package (`memsnap._memsnap`; the Python half is
 //! `python/memsnap/`). It reads PyTorch memory snapshots without executing anything:
 //!
-//! * [`unpickle`]: a builder for memsnap-format's pickle machine (the opcode loop, stack, memo
+//! * `unpickle`: a builder for memsnap-format's pickle machine (the opcode loop, stack, memo
 //!   and refusals the snapshot reader runs) that makes the same Python objects `pickle.load`
 //!   builds (with the same sharing); the machine refuses every opcode that could run code;
 //!   msgpack and JSON snapshots
 //!   go through memsnap-format's reader and its pickle writer first, so every format gives the
 //!   objects `pickle.load` gives for the PyTorch pickle of the same snapshot;
-//! * [`pickler`]: the reverse, for `memsnap.dump`, through memsnap-format's emitter;
-//! * [`snapshot`]: `memsnap.open`, a typed view over memsnap-format's [`Snapshot`] model whose
+//! * `pickler`: the reverse, for `memsnap.dump`, through memsnap-format's emitter;
+//! * `snapshot`: `memsnap.open`, a typed view over memsnap-format's `Snapshot` model whose
 //!   trace columns are packed arrays.
 //!
 //! File reading, decompression and the format crate's decoding run with the GIL released.

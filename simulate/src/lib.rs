@@ -40,7 +40,7 @@
 //! [`simulate`] with [`Options::config`] and/or [`Options::memory_limit`] replays the same
 //! requests under other settings or on a smaller device: reserved and allocated peaks,
 //! fragmentation at the reserved peak, device calls, and where it would run out of memory.
-//! [`suggest`] tries the settings people actually use and ranks them. The state before the
+//! [`suggest()`] tries the settings people actually use and ranks them. The state before the
 //! window is the recorded one in every scenario (what other settings would have made of it is
 //! unknowable).
 //!

@@ -302,7 +302,7 @@ fn module_tree_ui(ui: &mut egui::Ui, nodes: &[ModuleNode], total: u64) {
 }
 
 /// An icicle-style flame graph: the root on top, children below, width proportional to bytes.
-/// `depth`: [`flame_depth`] of `root`.
+/// `depth`: `flame_depth` of `root`.
 pub fn flame_graph_ui(ui: &mut egui::Ui, snapshot: &Snapshot, root: &FlameNode, depth: usize) {
     let row = 18.0;
     let width = ui.available_width();

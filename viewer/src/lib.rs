@@ -19,7 +19,7 @@
 //! * [`document`]: one open file's model: its snapshot and analysis, free of UI.
 //! * [`document_ui`]: how an open file is shown: the device chosen, each panel's state, the
 //!   pages that lay the panels out.
-//! * [`timeline_ui`], [`steps_ui`], [`details_ui`], [`instant_ui`], [`ranks_ui`],
+//! * [`timeline`] (`timeline_ui`), [`steps_ui`], [`details_ui`], [`instant_ui`], [`ranks_ui`],
 //!   [`diff_ui`], [`allocator_ui`] (over [`allocator`]), [`advise_ui`] (over [`advise`]): the
 //!   panels.
 //! * [`view`]: zoom and pan arithmetic. [`units`]: human sizes. [`export`]: PNG and SVG.

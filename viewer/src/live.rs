@@ -5,7 +5,7 @@
 //!
 //! ## From the socket to the picture
 //!
-//! 1. [`LiveSession::start`] runs [`receive`] in a [`Job`] (the one way the viewer works off
+//! 1. [`LiveSession::start`] runs `receive` in a [`Job`] (the one way the viewer works off
 //!    the UI thread; this job runs as long as the connection does, its result is how the
 //!    connection ended, and its cancel flag is the Detach button). The receiver reads the
 //!    socket with a short timeout, splits the bytes with [`FrameReader`] and applies each

@@ -11,7 +11,7 @@ use crate::palette;
 
 /// What the live bar shows, read from a [`live::LiveSession`].
 pub struct LiveBarModel<'a> {
-    /// "live: N entries received from …", "disconnected: <reason>; N entries received".
+    /// "live: N entries received from …", "disconnected: REASON; N entries received".
     pub status_line: &'a str,
     /// "N entries dropped by the recorder", when some were.
     pub dropped_line: Option<&'a str>,

@@ -3,9 +3,10 @@
 //! each phase shaded behind the bands with its slope and rate, and an overview strip.
 //!
 //! The picture is a [`memsnap_plot::scene`], the same one `memsnap plot` writes: this module
-//! keeps the view state and lays out the frame; [`paint`] paints the scene with egui,
-//! [`interaction`] handles zoom, pan, hover and click, [`overview`] the strip under the plot,
-//! [`legend`] the key to the colours and [`controls`] the filter bar.
+//! keeps the view state and lays out the frame; `paint` paints the scene with egui (the plot's
+//! background, shading, grid and bands as one picture made by `backdrop`), `interaction`
+//! handles zoom, pan, hover and click, `overview` the strip under the plot, `legend` the key to
+//! the colours and `controls` the filter bar.
 
 mod backdrop;
 mod controls;
