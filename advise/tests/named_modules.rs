@@ -8,19 +8,14 @@ use memsnap_format::Snapshot;
 use memsnap_workload::{generate, TrainingRun};
 
 mod common;
-use common::{peaks_within, replayed_peaks};
+use common::{advise_out_of_memory, peaks_within, replayed_peaks, six_blocks};
 
 /// Six blocks of eight ~24 MiB activations, named; the stacks give the blocks' lines in no
 /// order, so only the names can tell one block's call from the next.
 fn named() -> TrainingRun {
     TrainingRun {
-        steps: 3,
-        layers: 6,
-        activations_per_layer: 8,
-        activation_bytes: 24 << 20,
-        param_bytes_per_layer: 16 << 20,
         module_ranges: true,
-        ..TrainingRun::default()
+        ..six_blocks()
     }
 }
 
@@ -227,24 +222,7 @@ fn a_frameless_run_with_names_gets_named_checkpointing() {
 /// the failed step's blocks are found by name too, and the named fixes that fit run.
 #[test]
 fn a_named_oom_run_is_completed_with_its_module_ranges() {
-    const DEVICE: u64 = 1 << 30;
-    let small = TrainingRun {
-        device_memory: DEVICE,
-        ..named()
-    };
-    let (recorded, truth) = generate(&small);
-    assert!(truth.devices[0].oom.is_some());
-    let advice = advise(
-        &recorded,
-        &Options {
-            budget: Some(DEVICE),
-            device: None,
-        },
-    )
-    .unwrap();
-    assert!(advice.completion.is_some());
-    let (allocated, reserved) = replayed_peaks(&generate(&named()).0);
-    peaks_within("completed", &advice.baseline, (allocated, reserved));
+    let (small, _, advice) = advise_out_of_memory(&named(), 1 << 30);
     let mut checked = 0;
     for p in &advice.predictions {
         let [fix] = &p.fixes[..] else {

@@ -46,7 +46,7 @@
 //! thread (writes use `MSG_NOSIGNAL`, so it gives an error, never a `SIGPIPE` to the host
 //! process).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Deref;
@@ -567,8 +567,11 @@ struct Listener {
     extra: Option<Arc<dyn LiveStacks>>,
     /// (raw stack, extra stack) → wire id.
     stacks: HashMap<(RawStackId, Option<u32>), u32>,
-    /// The symbolised frames of each raw stack seen (with `extra`, a raw stack may be sent
-    /// again beside another extra stack).
+    /// The raw stacks symbolised already (never again for this listener).
+    symbolised: HashSet<RawStackId>,
+    /// Their frames: kept only with `extra`, where a raw stack may be sent again beside
+    /// another extra stack; without it each is sent in the batch that brought it, and the
+    /// frames are dropped after it.
     native: HashMap<RawStackId, Arc<[Frame]>>,
     /// The extra stack of each `free_requested` not completed yet, by address: its
     /// `free_completed` gets it too (as in the C ABI's dump).
@@ -596,6 +599,7 @@ impl Listener {
             counters,
             extra,
             stacks: HashMap::new(),
+            symbolised: HashSet::new(),
             native: HashMap::new(),
             freeing: HashMap::new(),
             progress,
@@ -652,7 +656,7 @@ impl Listener {
             .fetch_add(in_state, Ordering::Relaxed);
         self.progress.store(seq, Ordering::Relaxed);
         while !self.stop.load(Ordering::Relaxed) {
-            let mut tail = alloc.live_tail(seq, annotation_seq, MAX_BATCH, &self.native);
+            let mut tail = alloc.live_tail(seq, annotation_seq, MAX_BATCH, &self.symbolised);
             if !tail.annotations.is_empty() || tail.first_annotation_seq > annotation_seq {
                 let missed = tail.first_annotation_seq - annotation_seq;
                 let annotations = tail
@@ -691,6 +695,7 @@ impl Listener {
                 ..Default::default()
             };
             for (raw, frames) in std::mem::take(&mut tail.new_stacks) {
+                self.symbolised.insert(raw);
                 self.native.insert(raw, frames.into());
             }
             let extras = match &self.extra {
@@ -730,6 +735,10 @@ impl Listener {
                 })
                 .collect();
             batch.entries = entries;
+            if self.extra.is_none() {
+                // Every stack this batch brought was sent in it, under its one key.
+                self.native.clear();
+            }
             let n = batch.entries.len() as u64;
             self.send(&Message::Entries(batch))?;
             self.counters.entries_sent.fetch_add(n, Ordering::Relaxed);

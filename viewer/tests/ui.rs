@@ -978,6 +978,19 @@ fn advisable_run() -> TrainingRun {
     }
 }
 
+/// `advise`'s answer for `snapshot` (no budget) and the place in its ranking of the first fix
+/// `wanted` picks: what the view must show at the same place.
+fn advised_fix(
+    snapshot: &memsnap_format::Snapshot,
+    wanted: impl Fn(&memsnap_advise::Prediction) -> bool,
+) -> (memsnap_advise::Advice, usize) {
+    let advice =
+        memsnap_advise::advise(snapshot, &memsnap_advise::Options::default()).expect("advice");
+    let found = advice.predictions.iter().position(wanted);
+    let i = found.unwrap_or_else(|| panic!("no such fix in {:#?}", advice.predictions));
+    (advice, i)
+}
+
 fn open_advise_from_the_view_menu(h: &mut Harness<'_, ViewerApp>) {
     h.get_by_label("View").click();
     h.run_steps(2);
@@ -1087,14 +1100,10 @@ fn advise_names_the_blocks_of_a_run_with_module_names_and_marks_those_a_fix_touc
         ..advisable_run()
     };
     let (snapshot, _) = generate(&run);
-    let direct =
-        memsnap_advise::advise(&snapshot, &memsnap_advise::Options::default()).expect("advice");
-    let (i, fix) = direct
-        .predictions
-        .iter()
-        .enumerate()
-        .find(|(_, p)| p.description.contains("blocks.0 to blocks.1 (blocks.*)"))
-        .unwrap_or_else(|| panic!("{:#?}", direct.predictions));
+    let (direct, i) = advised_fix(&snapshot, |p| {
+        p.description.contains("blocks.0 to blocks.1 (blocks.*)")
+    });
+    let fix = &direct.predictions[i];
     let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
     let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());
     open_advise_from_the_view_menu(&mut h);
@@ -1147,14 +1156,10 @@ fn run_until_overlaid(h: &mut Harness<'_, ViewerApp>) {
 #[test]
 fn selecting_a_fix_draws_its_predicted_run_on_the_timeline_and_deselecting_removes_it() {
     let (snapshot, _) = generate(&advisable_run());
-    let direct =
-        memsnap_advise::advise(&snapshot, &memsnap_advise::Options::default()).expect("advice");
-    let (i, fix) = direct
-        .predictions
-        .iter()
-        .enumerate()
-        .find(|(_, p)| matches!(p.fixes[..], [memsnap_advise::Fix::Checkpoint { .. }]))
-        .expect("a checkpointing fix");
+    let (direct, i) = advised_fix(&snapshot, |p| {
+        matches!(p.fixes[..], [memsnap_advise::Fix::Checkpoint { .. }])
+    });
+    let fix = &direct.predictions[i];
     let legend = format!("predicted: {}", fix.description);
     let bytes = memsnap_format::io::encode(&snapshot, Format::Pickle).expect("encode");
     let mut h = loaded_app(&[("run.pickle", bytes)], Settings::default());

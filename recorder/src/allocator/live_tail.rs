@@ -1,7 +1,7 @@
 //! What a live listener needs from the allocator, copied under the lock: the state at
 //! connect, then the entries recorded since it last looked (see `crate::live`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use memsnap_format::Frame;
@@ -78,7 +78,7 @@ impl<D: Device> CachingAllocator<D> {
         seq: u64,
         annotation_seq: u64,
         max: usize,
-        sent: &HashMap<RawStackId, Arc<[Frame]>>,
+        sent: &HashSet<RawStackId>,
     ) -> Tail {
         let mut entries = Vec::new();
         let mut annotations = Vec::new();
@@ -92,7 +92,7 @@ impl<D: Device> CachingAllocator<D> {
             let mut seen = HashSet::new();
             for e in &entries {
                 let id = e.stack;
-                if id == NO_STACK || sent.contains_key(&id) || !seen.insert(id) {
+                if id == NO_STACK || sent.contains(&id) || !seen.insert(id) {
                     continue;
                 }
                 let raw = match st.given_stacks.get(id) {
