@@ -22,6 +22,11 @@
 //!   (Only the node's own calls used to order the backward, so a node called once per forward,
 //!   `blocks.4` alone, had its recomputation at the backward's first allocation, where
 //!   everything is still live, and the prediction kept the recorded peak.)
+//! - **Stopping a leak** (`release`): each allocation a leaking site
+//!   ([`memsnap_analysis::leaks`]) made in a step and still held at the end of the window is
+//!   freed right after the step's last event, as it would be if the code dropped it (kept a
+//!   number, not the tensor; moved it to the host). The site's memory from before the window
+//!   is taken out of the start state by the caller ([`crate::Advisor`]).
 //! - **Micro-batches** (`count`): each step's forward and backward run `count` times; the
 //!   allocations made and released within them (activations, transients, input gradients) are
 //!   divided by `count` (rounded up) and made in every micro-batch; what outlives them
@@ -58,6 +63,9 @@ pub struct Edit {
     pub micro_batches: u32,
     /// Optimizer state in percent of the recorded (100: as recorded).
     pub optimizer_state_percent: u8,
+    /// Allocations freed right after the last event of the step that made them (a leak
+    /// stopped: [`memsnap_analysis::leaks`]'s kept allocations), each with that event.
+    pub release: Vec<(u32, u32)>,
 }
 
 impl Edit {
@@ -66,6 +74,7 @@ impl Edit {
             checkpoint: Vec::new(),
             micro_batches: 1,
             optimizer_state_percent: 100,
+            release: Vec::new(),
         }
     }
 }
@@ -454,6 +463,11 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
                 }
             }
         }
+    }
+
+    // A stopped leak: what a step kept is freed when the step ends.
+    for &(a, end) in &edit.release {
+        after.entry(end).or_default().push(Op::FreeNow(a));
     }
 
     // The edited order of operations, each with the recorded event it stands at.

@@ -18,6 +18,12 @@
 //!   `1/N` of the batch (what they make and release divided by N), the gradients once;
 //! - **optimizer state** in 8 bits (25 % of fp32 Adam's state) or offloaded (0 %);
 //! - **allocator settings** (`PYTORCH_CUDA_ALLOC_CONF`), replayed as `simulate --suggest` does;
+//! - **stopping a leak**: what a leaking site ([`memsnap_analysis::leaks`]: code whose
+//!   allocations, made step after step, are still held when the window ends) keeps is freed at
+//!   the end of the step that made it, and its memory from before the window is gone: the run
+//!   as it would be if that code dropped the tensor (kept `loss.item()`, not `loss`). A
+//!   week-long run that runs out of memory on the fifth day is most often this, and no
+//!   checkpointing or micro-batching fixes it;
 //! - **combinations**: when no single fix fits the budget, the best one is combined with the
 //!   best of each other kind, one at a time, until the budget fits.
 //!
@@ -38,7 +44,7 @@ pub mod node;
 use std::sync::Arc;
 
 use memsnap_analysis::modules::{chain_label, ModuleKeyer};
-use memsnap_analysis::{Category, CurveKind, DeviceTimeline, Lifetime, StepOptions};
+use memsnap_analysis::{Category, CurveKind, DeviceTimeline, LeakingSite, Lifetime, StepOptions};
 use memsnap_format::{FrameId, Snapshot};
 use memsnap_simulate::{settings, simulate, Options as SimOptions};
 use serde::Serialize;
@@ -98,6 +104,13 @@ pub enum Fix {
     OptimizerState { percent: u8 },
     /// Allocator settings added to the file's.
     Allocator { alloc_conf: String },
+    /// Stop keeping what leaking sites keep every step ([`memsnap_analysis::leaks`]).
+    ReleaseKept {
+        /// The sites' labels (`file:line:function`), as [`memsnap_analysis::LeakingSite::site`].
+        sites: Vec<String>,
+        /// What they keep per step, together.
+        bytes_per_step: u64,
+    },
 }
 
 impl Fix {
@@ -123,6 +136,20 @@ impl Fix {
             Fix::OptimizerState { percent: 25 } => "optimizer state in 8 bits".into(),
             Fix::OptimizerState { percent } => format!("optimizer state at {percent}%"),
             Fix::Allocator { alloc_conf } => format!("PYTORCH_CUDA_ALLOC_CONF={alloc_conf}"),
+            Fix::ReleaseKept {
+                sites,
+                bytes_per_step,
+            } => {
+                let rate = memsnap_analysis::format_size(*bytes_per_step);
+                match sites.as_slice() {
+                    [one] => format!("stop keeping what {one} makes every step ({rate}/step)"),
+                    _ => format!(
+                        "stop keeping what {} sites make every step ({}; {rate}/step)",
+                        sites.len(),
+                        sites.join(", ")
+                    ),
+                }
+            }
         }
     }
 
@@ -186,6 +213,7 @@ impl Fix {
             Fix::MicroBatches { .. } => 1,
             Fix::OptimizerState { .. } => 2,
             Fix::Allocator { .. } => 3,
+            Fix::ReleaseKept { .. } => 4,
         }
     }
 }
@@ -210,6 +238,13 @@ pub struct Prediction {
     pub out_of_memory: bool,
     /// Extra forward work of checkpointing, as a fraction of the forward (by bytes allocated).
     pub extra_forward_compute: f64,
+    /// What the run's leaking sites ([`memsnap_analysis::leaks`]) that these fixes do not stop
+    /// keep per step, together: a prediction that fits with a leak going on fits the recorded
+    /// steps only.
+    pub leak_bytes_per_step: u64,
+    /// With a budget, a fit and a leak going on: the steps after the recorded ones until the
+    /// leak has filled what the budget leaves above the reserved peak.
+    pub steps_to_budget: Option<u64>,
     /// Reserved bytes after each event of the edited trace (not in JSON).
     #[serde(skip)]
     pub reserved_curve: Vec<u64>,
@@ -239,6 +274,31 @@ pub struct PredictedCurve {
     /// makes again (those made in the checkpointed calls), sorted; empty without
     /// checkpointing. What a picture marks as the modules the fix touches.
     pub checkpointed_events: Vec<u32>,
+}
+
+impl Prediction {
+    /// The "fits" column of `memsnap advise` and the viewer: `OOM` when the replay ran out of
+    /// memory even without the budget's limit, `yes`/`no` against the budget (`yes*`: the
+    /// recorded steps fit, but a leak goes on, see [`Prediction::steps_to_budget`]), `-`
+    /// without one.
+    pub fn verdict(&self) -> &'static str {
+        match (self.fits, self.out_of_memory) {
+            (_, true) => "OOM",
+            (Some(true), _) if self.leak_bytes_per_step > 0 => "yes*",
+            (Some(true), _) => "yes",
+            (Some(false), _) => "no",
+            (None, _) => "-",
+        }
+    }
+
+    /// For a `yes*` verdict: what the star means, in words.
+    pub fn leak_note(&self) -> Option<String> {
+        let steps = self.steps_to_budget?;
+        Some(format!(
+            "fits the recorded steps only: a leak of {}/step goes on and fills the budget within about {steps} more steps",
+            memsnap_analysis::format_size(self.leak_bytes_per_step)
+        ))
+    }
 }
 
 impl PredictedCurve {
@@ -333,8 +393,8 @@ pub struct Advice {
     pub modules: Vec<ModuleBytes>,
     /// Steps with a forward and a backward phase (what checkpointing and micro-batches edit).
     pub passes: usize,
-    /// Every prediction that changes a peak, best first: those that fit, then fewer changes,
-    /// then lower reserved peak.
+    /// Every prediction that changes a peak, best first: those that fit, then those that leave
+    /// no leak going on, then fewer changes, then lower reserved peak.
     pub predictions: Vec<Prediction>,
     /// Fixes tried whose replay has the recorded peaks (nothing to edit, or no effect).
     pub unchanged: Vec<String>,
@@ -358,6 +418,8 @@ pub struct Advisor<'a> {
     timeline: DeviceTimeline,
     steps: memsnap_analysis::StepAnalysis,
     chains: Vec<Arc<[FrameId]>>,
+    /// The device's leaking sites, most bytes held first.
+    leaks: Vec<LeakingSite>,
 }
 
 impl<'a> Advisor<'a> {
@@ -384,17 +446,24 @@ impl<'a> Advisor<'a> {
             .iter()
             .map(|a| keyer.chain(a.stack))
             .collect();
+        let leaks = memsnap_analysis::leaking_sites(snapshot, timeline.replay(), &steps.steps);
         Ok(Advisor {
             snapshot,
             device,
             timeline,
             steps,
             chains,
+            leaks,
         })
     }
 
     pub fn device(&self) -> i64 {
         self.device
+    }
+
+    /// The device's leaking sites ([`memsnap_analysis::leaks`]), most bytes held first.
+    pub fn leaks(&self) -> &[LeakingSite] {
+        &self.leaks
     }
 
     /// Steps with a forward and a backward phase.
@@ -534,6 +603,8 @@ impl<'a> Advisor<'a> {
     )> {
         let mut edit = Edit::none();
         let mut conf = String::new();
+        // Memory from before the window that stopping a leak takes out of the start state.
+        let mut released_before_window: Vec<u64> = Vec::new();
         for fix in fixes {
             match fix {
                 Fix::Checkpoint { node, calls, .. } => edit.checkpoint.push((node.clone(), *calls)),
@@ -547,8 +618,32 @@ impl<'a> Advisor<'a> {
                     }
                     conf.push_str(alloc_conf);
                 }
+                Fix::ReleaseKept { sites, .. } => {
+                    let allocations = &self.timeline.replay().allocations;
+                    for leak in self.leaks.iter().filter(|l| sites.contains(&l.site)) {
+                        edit.release.extend(&leak.kept);
+                        released_before_window.extend(
+                            leak.before_window
+                                .iter()
+                                .map(|&a| allocations[a as usize].addr),
+                        );
+                    }
+                }
             }
         }
+        edit.release.sort_unstable();
+        edit.release.dedup();
+        let stopped = |site: &str| {
+            fixes.iter().any(
+                |f| matches!(f, Fix::ReleaseKept { sites, .. } if sites.iter().any(|s| s == site)),
+            )
+        };
+        let leak_bytes_per_step: u64 = self
+            .leaks
+            .iter()
+            .filter(|l| !stopped(&l.site))
+            .map(|l| l.bytes_per_step)
+            .sum();
         let trace = &self.snapshot.traces()[self.device as usize];
         let replay = self.timeline.replay();
         let analysed = edit::Analysed::new(
@@ -579,6 +674,9 @@ impl<'a> Advisor<'a> {
             let mut copy = self.snapshot.clone();
             if let Some(traces) = copy.device_traces.as_mut() {
                 traces[self.device as usize] = trace;
+            }
+            if !released_before_window.is_empty() {
+                release_before_window(&mut copy, self.device, released_before_window);
             }
             copy
         });
@@ -615,6 +713,13 @@ impl<'a> Advisor<'a> {
                 0.0
             } else {
                 recompute.bytes as f64 / recompute.forward_bytes as f64
+            },
+            leak_bytes_per_step,
+            steps_to_budget: match (budget, fits) {
+                (Some(limit), Some(true)) if leak_bytes_per_step > 0 => {
+                    Some(limit.saturating_sub(report.reserved_peak_bytes) / leak_bytes_per_step)
+                }
+                _ => None,
             },
             reserved_curve: report.reserved_curve.clone(),
         };
@@ -678,8 +783,84 @@ impl<'a> Advisor<'a> {
         fixes.extend(ALLOCATOR_SETTINGS.map(|c| Fix::Allocator {
             alloc_conf: c.to_string(),
         }));
+        // The leak that holds the most, then every leak together.
+        if let Some(top) = self.leaks.first() {
+            fixes.push(Fix::ReleaseKept {
+                sites: vec![top.site.clone()],
+                bytes_per_step: top.bytes_per_step,
+            });
+        }
+        if self.leaks.len() > 1 {
+            let top = &self.leaks[..self.leaks.len().min(LEAKS_RELEASED_TOGETHER)];
+            fixes.push(Fix::ReleaseKept {
+                sites: top.iter().map(|l| l.site.clone()).collect(),
+                bytes_per_step: top.iter().map(|l| l.bytes_per_step).sum(),
+            });
+        }
         fixes
     }
+}
+
+/// Leaking sites that one fix stops at most (those that hold the most).
+pub const LEAKS_RELEASED_TOGETHER: usize = 8;
+
+/// Takes the blocks allocated before the window at `addresses` out of `device`'s final
+/// segments (the start state of the replay is rebuilt from them, [`memsnap_simulate`]'s
+/// `start`): they are freed, and a segment left with no allocated block that the window never
+/// touches is dropped, because the run without the leak would not have reserved it.
+///
+/// O(b + n log c) in the device's blocks, the trace's entries and the c segments emptied.
+fn release_before_window(snapshot: &mut Snapshot, device: i64, mut addresses: Vec<u64>) {
+    addresses.sort_unstable();
+    let mut emptied: Vec<(u64, u64, usize)> = Vec::new();
+    for (i, segment) in snapshot.segments.iter_mut().enumerate() {
+        if segment.device != device {
+            continue;
+        }
+        let at: Vec<u64> = segment.block_addresses().map(|(a, _)| a).collect();
+        let mut released = false;
+        for (block, addr) in segment.blocks.iter_mut().zip(at) {
+            if block.state.is_active() && addresses.binary_search(&addr).is_ok() {
+                block.state = memsnap_format::BlockState::Inactive;
+                released = true;
+            }
+        }
+        if released && !segment.blocks.iter().any(|b| b.state.is_active()) {
+            emptied.push((segment.address, segment.total_size, i));
+        }
+    }
+    if emptied.is_empty() {
+        return;
+    }
+    emptied.sort_unstable();
+    let mut touched = vec![false; emptied.len()];
+    let traces = snapshot.device_traces.as_deref().unwrap_or(&[]);
+    for e in traces.get(device as usize).map_or(&[][..], Vec::as_slice) {
+        let k = emptied.partition_point(|&(base, _, _)| base <= e.addr);
+        if let Some(k) = k.checked_sub(1) {
+            let (base, size, _) = emptied[k];
+            if e.addr < base.saturating_add(size) {
+                touched[k] = true;
+            }
+        }
+    }
+    let mut dropped: Vec<usize> = emptied
+        .iter()
+        .zip(&touched)
+        .filter(|(_, &t)| !t)
+        .map(|(&(_, _, i), _)| i)
+        .collect();
+    dropped.sort_unstable();
+    let mut k = 0;
+    let mut index = 0;
+    snapshot.segments.retain(|_| {
+        let keep = dropped.get(k) != Some(&index);
+        if !keep {
+            k += 1;
+        }
+        index += 1;
+        keep
+    });
 }
 
 fn describe(fixes: &[Fix]) -> String {
@@ -696,8 +877,17 @@ fn describe(fixes: &[Fix]) -> String {
 fn rank(p: &[Prediction]) -> Vec<Prediction> {
     let mut out = p.to_vec();
     out.sort_by(|a, b| {
-        (a.fits == Some(false), a.out_of_memory, a.fixes.len())
-            .cmp(&(b.fits == Some(false), b.out_of_memory, b.fixes.len()))
+        // A leak that goes on outgrows any budget in the end: the fixes that stop it first.
+        let key = |p: &Prediction| {
+            (
+                p.fits == Some(false),
+                p.out_of_memory,
+                p.leak_bytes_per_step > 0,
+                p.fixes.len(),
+            )
+        };
+        key(a)
+            .cmp(&key(b))
             .then(a.reserved_peak_bytes.cmp(&b.reserved_peak_bytes))
             .then(a.extra_forward_compute.total_cmp(&b.extra_forward_compute))
     });

@@ -195,6 +195,7 @@ fn with_fixes(base: TrainingRun, fixes: &[serde_like::Kind]) -> Option<TrainingR
             serde_like::Kind::MicroBatches(n) => run.micro_batches = *n as usize,
             serde_like::Kind::Optimizer(p) => run.optimizer_state_percent = *p,
             serde_like::Kind::Expandable => run.expandable_segments = true,
+            serde_like::Kind::StopLeak => run.leak_freed_at_step_end = true,
             serde_like::Kind::Other => return None,
         }
     }
@@ -210,6 +211,8 @@ mod serde_like {
         MicroBatches(u32),
         Optimizer(u8),
         Expandable,
+        /// The workload's leak stopped (its one leaking site).
+        StopLeak,
         Other,
     }
 
@@ -234,6 +237,7 @@ mod serde_like {
                 .and_then(|line| line.parse::<usize>().ok())
                 .map_or(Kind::Other, |line| Kind::Slot(line - 50)),
             memsnap_advise::Fix::MicroBatches { count } => Kind::MicroBatches(*count),
+            memsnap_advise::Fix::ReleaseKept { sites, .. } if sites.len() == 1 => Kind::StopLeak,
             memsnap_advise::Fix::OptimizerState { percent } => Kind::Optimizer(*percent),
             memsnap_advise::Fix::Allocator { alloc_conf }
                 if alloc_conf == "expandable_segments:True" =>
@@ -268,4 +272,96 @@ fn an_oom_run_is_completed_and_the_fixes_that_fit_run_on_the_small_device() {
         checked += 1;
     }
     assert!(checked >= 2, "{:#?}", advice.predictions);
+}
+
+/// [`run`] keeping 40 MiB every step (`losses.append(loss)`, a metrics list on the GPU).
+fn leaking(steps: usize) -> TrainingRun {
+    TrainingRun {
+        steps,
+        leak_bytes_per_step: 40 << 20,
+        ..run()
+    }
+}
+
+/// The fix the advisor offers for its one leak.
+fn stop_the_leak(advisor: &Advisor<'_>) -> Fix {
+    let [leak] = advisor.leaks() else {
+        panic!("one leak: {:#?}", advisor.leaks());
+    };
+    let fix = Fix::ReleaseKept {
+        sites: vec![leak.site.clone()],
+        bytes_per_step: leak.bytes_per_step,
+    };
+    assert!(advisor.candidates().contains(&fix));
+    assert_eq!(leak.bytes_per_step, 40 << 20);
+    fix
+}
+
+#[test]
+fn stopping_a_leak_is_predicted_within_3_percent() {
+    let (recorded, _) = generate(&leaking(8));
+    let advisor = Advisor::new(&recorded, None).unwrap();
+    let p = advisor.predict(&[stop_the_leak(&advisor)], None).unwrap();
+    let changed = TrainingRun {
+        leak_freed_at_step_end: true,
+        ..leaking(8)
+    };
+    let (allocated, _) = replayed_peaks(&recorded);
+    assert!(p.allocated_peak_bytes < allocated - ((6 * 40) << 20));
+    peaks_within(
+        "stopping the leak",
+        &p,
+        replayed_peaks(&generate(&changed).0),
+    );
+}
+
+/// The week-long run: a ring buffer holds its last steps, the leak's first tensors are from
+/// before the window, and it runs out of memory. Stopping the leak is the fix that fits, its
+/// prediction is the run made with the leak stopped (which finishes on the small device),
+/// and the leak's memory from before the window is gone from the predicted start.
+#[test]
+fn a_long_runs_leak_that_ran_out_of_memory_is_stopped_within_its_window() {
+    const DEVICE: u64 = 2 << 30;
+    let recorded_run = TrainingRun {
+        device_memory: DEVICE,
+        max_entries: Some(2_000),
+        ..leaking(60)
+    };
+    let (recorded, truth) = generate(&recorded_run);
+    let truth = &truth.devices[0];
+    assert!(truth.oom.is_some() && truth.dropped_entries > 0);
+    let options = memsnap_advise::Options {
+        budget: Some(DEVICE),
+        device: None,
+    };
+    let advice = memsnap_advise::advise(&recorded, &options).unwrap();
+    let best = &advice.predictions[0];
+    assert!(
+        matches!(best.fixes[..], [Fix::ReleaseKept { .. }]),
+        "{:#?}",
+        advice.predictions
+    );
+    assert_eq!(best.fits, Some(true));
+    assert_eq!((best.verdict(), best.leak_bytes_per_step), ("yes", 0));
+    // The others fit the recorded steps at most: the leak goes on, and fills the budget a
+    // few steps later.
+    for p in &advice.predictions[1..] {
+        if p.fixes.iter().any(|f| matches!(f, Fix::ReleaseKept { .. })) {
+            continue;
+        }
+        assert_eq!(p.leak_bytes_per_step, 40 << 20, "{}", p.description);
+        if p.fits == Some(true) {
+            assert_eq!(p.verdict(), "yes*", "{}", p.description);
+            let steps = p.steps_to_budget.expect("steps to the budget");
+            assert_eq!(steps, (DEVICE - p.reserved_peak_bytes) / (40 << 20));
+        }
+    }
+    let changed = TrainingRun {
+        leak_freed_at_step_end: true,
+        max_entries: None,
+        ..recorded_run
+    };
+    let (snapshot, changed_truth) = generate(&changed);
+    assert!(changed_truth.devices[0].oom.is_none());
+    peaks_within("the leak stopped", best, replayed_peaks(&snapshot));
 }

@@ -19,6 +19,8 @@
 //!   backward and optimizer phases (and the set-up before the first step), from the stacks,
 //!   annotations, or the curve's rise-and-fall shape; slopes per phase; drift across steps
 //!   (leaks); warm-up steps that create optimizer state.
+//! * **Leaking sites** ([`leaks`]): the code whose allocations, made step after step, are
+//!   still held when the window ends: who raises a drifting floor.
 //! * **Categories** ([`categories`]): parameter, optimizer state, gradient, activation,
 //!   temporary or unknown for every allocation, from the phases that allocate and free it.
 //! * **Sites** ([`sites`]): allocations grouped by stack, top frame or file; the live set at
@@ -62,6 +64,7 @@ pub mod curve;
 pub mod error;
 pub mod instant;
 pub mod layout;
+pub mod leaks;
 pub mod live;
 pub mod modules;
 pub mod phases;
@@ -85,6 +88,7 @@ pub use curve::{Curve, CurveKind, Curves, TimeAxis};
 pub use error::{AnalysisError, Result};
 pub use instant::{Instant, InstantParseError};
 pub use layout::{Axis, Band, BandStep, Column, Hit, Layout, LayoutRequest};
+pub use leaks::{leaking_sites, LeakingSite};
 /// Sizes as people read them (`1.5 GiB`): the one formatter, from `memsnap-units`.
 pub use memsnap_units::format_size;
 pub use phases::{Evidence, Phase, PhaseKind};

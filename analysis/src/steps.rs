@@ -542,9 +542,22 @@ fn labels_interleave(
     ))
 }
 
-/// Optimizer state created per step; the first step that creates some is a warm-up.
+/// Optimizer state created per step. The warm-up is the window's first optimizer phase, when
+/// it creates some: a window with optimizer state from before it, or with an earlier optimizer
+/// phase that created none, starts after the warm-up (a ring buffer's window of a long run).
+/// Without this, the last step of such a window, cut short by an out-of-memory error in its
+/// optimizer phase, was called a warm-up: the temporaries it held when the run stopped look
+/// like state that stays.
 fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
-    let mut seen_state = false;
+    // Allocations from before the window come first.
+    let state_before_window = replay
+        .allocations
+        .iter()
+        .zip(&analysis.categories)
+        .take_while(|(a, _)| a.before_window())
+        .any(|(_, c)| *c == Category::OptimizerState);
+    let mut seen_state = state_before_window;
+    let mut seen_optimizer = false;
     for step in &mut analysis.steps {
         let Some(opt) = step.phases.iter().find(|p| p.kind == PhaseKind::Optimizer) else {
             continue;
@@ -559,8 +572,9 @@ fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
             .filter(|(_, c)| **c == Category::OptimizerState)
             .fold(0u64, |acc, (a, _)| acc.saturating_add(a.size));
         step.optimizer_state_bytes = bytes;
-        step.warmup = bytes > 0 && !seen_state;
+        step.warmup = bytes > 0 && !seen_state && !seen_optimizer;
         seen_state |= bytes > 0;
+        seen_optimizer = true;
     }
 }
 

@@ -47,6 +47,11 @@
 //!     "drift_percent": P,               // minimum growth over the steps, % of the top peak
 //!     "peak_drift_percent": P,
 //!     "leak_suspected": bool, "peak_growth_suspected": bool, "drift_tolerance_percent": P,
+//!     "leaking_sites": [{"site": "file:line:function" | "<no stack>",  // crate::leaks, at most
+//!                        "steps": N, "first_step": I, "last_step": I,  // top_sites of them,
+//!                        "allocations": N, "bytes": B,        // most bytes held at the end first:
+//!                        "bytes_per_step": B,                 // what steps made and still hold
+//!                        "before_window_allocations": N, "before_window_bytes": B}],
 //!     "before_window_bytes": B,         // live before event 0 (frees without alloc + untraced blocks)
 //!     "before_window_allocations": N,
 //!     "live_in_segments_bytes": B,      // of which: blocks only the final segments show
@@ -78,6 +83,7 @@ use serde::Serialize;
 use crate::categories::{Category, CategoryBytes};
 use crate::curve::CurveKind;
 use crate::error::Result;
+use crate::leaks::{leaking_sites, LeakingSite};
 use crate::phases::Phase;
 use crate::sites::GroupBy;
 use crate::steps::{Step, StepAnalysis, StepOptions};
@@ -449,6 +455,9 @@ pub struct DeviceSummary {
     pub leak_suspected: bool,
     pub peak_growth_suspected: bool,
     pub drift_tolerance_percent: f64,
+    /// The code that keeps memory step after step ([`crate::leaks`]), most bytes held at the
+    /// end first (at most [`SummaryOptions::top_sites`]; their allocation lists left out).
+    pub leaking_sites: Vec<LeakingSite>,
     pub before_window_bytes: u64,
     pub before_window_allocations: u64,
     pub live_in_segments_bytes: u64,
@@ -654,6 +663,12 @@ fn summarize_device_from(
             memsnap_units::format_size(s.optimizer_state_bytes)
         ));
     }
+    let mut leaking = leaking_sites(snapshot, replay, &analysis.steps);
+    leaking.truncate(options.top_sites);
+    for site in &mut leaking {
+        site.kept = Vec::new();
+        site.before_window = Vec::new();
+    }
     let peak_phase = analysis.phase_at(peak.event).map(|(step, p)| PeakPhase {
         step,
         kind: p.kind.name().to_string(),
@@ -699,6 +714,7 @@ fn summarize_device_from(
         leak_suspected: drift.leak_suspected,
         peak_growth_suspected: drift.peak_growth_suspected,
         drift_tolerance_percent: drift.tolerance_percent,
+        leaking_sites: leaking,
         before_window_bytes: replay.before_window_bytes,
         before_window_allocations: replay.before_window_allocations,
         live_in_segments_bytes: replay.live_in_segments_bytes,

@@ -51,15 +51,6 @@ struct Output<'a> {
     advice: &'a Advice,
 }
 
-fn verdict(fits: Option<bool>, out_of_memory: bool) -> &'static str {
-    match (fits, out_of_memory) {
-        (_, true) => "OOM",
-        (Some(true), _) => "yes",
-        (Some(false), _) => "no",
-        (None, _) => "-",
-    }
-}
-
 pub fn run(args: Args) -> Result<ExitCode> {
     let (snapshot, _) = load(&args.file)?;
     let advice = advise(
@@ -157,11 +148,29 @@ pub fn run(args: Args) -> Result<ExitCode> {
         outln!(
             "{:>3}  {:>4}  {:>10}  {:>10}  {:>9}  {}",
             i + 1,
-            verdict(p.fits, p.out_of_memory),
+            p.verdict(),
             format_size(p.allocated_peak_bytes),
             format_size(p.reserved_peak_bytes),
             recompute,
             p.description
+        );
+    }
+    let starred: Vec<&memsnap_advise::Prediction> = advice
+        .predictions
+        .iter()
+        .filter(|p| p.steps_to_budget.is_some())
+        .collect();
+    if let Some(first) = starred.first() {
+        let steps = starred.iter().filter_map(|p| p.steps_to_budget);
+        let (fewest, most) = (steps.clone().min(), steps.max());
+        outln!(
+            "yes*: fits the recorded steps only: the leak ({}/step) goes on, and fills the budget within {} more steps",
+            format_size(first.leak_bytes_per_step),
+            match (fewest, most) {
+                (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
+                (Some(a), _) => format!("about {a}"),
+                _ => String::new(),
+            }
         );
     }
     if !advice.unchanged.is_empty() {

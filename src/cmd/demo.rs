@@ -55,6 +55,10 @@ pub struct Args {
     /// Bytes a step keeps and never frees (a leak), e.g. 64MiB.
     #[arg(long, default_value = "0", value_parser = parse_size)]
     pub leak: u64,
+    /// Free the --leak tensor at the end of its step: the run with its leak stopped, as
+    /// `memsnap advise` predicts it ("stop keeping what metrics.py:33:record makes every step").
+    #[arg(long, requires = "leak")]
+    pub free_leak: bool,
     /// Memory of the simulated GPU.
     #[arg(long, default_value = "80GiB", value_parser = parse_size)]
     pub device_memory: u64,
@@ -115,6 +119,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let run = TrainingRun {
         steps: args.steps as usize,
         leak_bytes_per_step: args.leak,
+        leak_freed_at_step_end: args.free_leak,
         device_memory: args.device_memory,
         oom_at_step: args.oom_at_step.map(|n| n as usize - 1),
         seed: args.seed,

@@ -369,6 +369,28 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                 if d.peak_growth_suspected { "; the peak grows" } else { "" }
             );
         }
+        for leak in &d.leaking_sites {
+            let before = if leak.before_window_allocations > 0 {
+                format!(
+                    ", and {} allocations ({}) from before the window",
+                    leak.before_window_allocations,
+                    format_size(leak.before_window_bytes)
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "  leaking: {} keeps {}/step: {} allocations ({}) made in {} steps (#{}..#{}) are still held at the end{before}",
+                leak.site,
+                format_size(leak.bytes_per_step),
+                leak.allocations,
+                format_size(leak.bytes),
+                leak.steps,
+                leak.first_step,
+                leak.last_step,
+            );
+        }
         if !d.oom_events.is_empty() {
             let _ = writeln!(out, "  out of memory at events {:?}", d.oom_events);
         }

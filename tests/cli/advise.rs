@@ -8,7 +8,10 @@ use crate::common::{memsnap, real_snapshots_dir};
 
 fn demo(dir: &std::path::Path, name: &str, extra: &[&str]) -> String {
     let path = dir.join(name).display().to_string();
-    let mut args = vec!["demo", "--no-view", "--steps", "3", "--out", &path];
+    let mut args = vec!["demo", "--no-view", "--out", &path];
+    if !extra.contains(&"--steps") {
+        args.extend(["--steps", "3"]);
+    }
     args.extend_from_slice(extra);
     let out = memsnap(&args);
     assert!(
@@ -257,4 +260,51 @@ fn advise_on_real_snapshots_names_their_own_modules() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A leaking run that runs out of memory: stopping the leak is ranked first and fits, the
+/// fixes that leave it going on fit the recorded steps only (`yes*`), and the demo made with
+/// the leak stopped (`--free-leak`) trains every step with the predicted peaks.
+#[test]
+fn advise_stops_a_leak_first_and_the_demo_with_the_leak_stopped_has_the_predicted_peaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let leaking = [
+        "--leak",
+        "256MiB",
+        "--steps",
+        "10",
+        "--device-memory",
+        "3GiB",
+    ];
+    let file = demo(dir.path(), "leak.pickle", &leaking);
+    let v = advise_json(&file, &["--budget", "3GiB"]);
+    let best = &v["predictions"][0];
+    assert_eq!(best["fixes"][0]["kind"], "release_kept", "{best}");
+    assert_eq!(
+        best["fixes"][0]["sites"][0], "metrics.py:33:record",
+        "{best}"
+    );
+    assert_eq!(best["fits"], true, "{best}");
+    assert_eq!(best["leak_bytes_per_step"], 0, "{best}");
+    let others = v["predictions"].as_array().unwrap()[1..].to_vec();
+    assert!(others
+        .iter()
+        .all(|p| p["leak_bytes_per_step"] == 256u64 << 20));
+    let mut args = leaking.to_vec();
+    args.push("--free-leak");
+    let fixed = demo(dir.path(), "fixed.pickle", &args);
+    let out = memsnap(&["simulate", &fixed, "--json"]);
+    let sim: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &sim["devices"][0];
+    assert!(d["oom"].is_null(), "{d}");
+    assert_eq!(d["allocated_peak_bytes"], best["allocated_peak_bytes"]);
+    assert_eq!(d["reserved_peak_bytes"], best["reserved_peak_bytes"]);
+    // The text marks what fits only until the leak fills the budget.
+    let out = memsnap(&["advise", &file, "--budget", "3GiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  yes*  "), "{text}");
+    assert!(
+        text.contains("yes*: fits the recorded steps only"),
+        "{text}"
+    );
 }

@@ -128,6 +128,11 @@ fn summary_text_names_the_leak() {
     let text = stdout(&out);
     assert!(text.contains("LEAK SUSPECTED"), "{text}");
     assert!(text.contains("+4.0 MiB/step"), "{text}");
+    // And the code that keeps it.
+    assert!(
+        text.contains("leaking: metrics.py:33:record keeps 4.0 MiB/step: 6 allocations"),
+        "{text}"
+    );
 }
 
 #[test]

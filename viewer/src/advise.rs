@@ -68,17 +68,6 @@ pub fn run(snapshot: &Snapshot, device: i64, budget: Option<u64>) -> Result<Advi
     )?)
 }
 
-/// The "fits" column, as `memsnap advise` prints it: `OOM` when the replay ran out of memory
-/// even without the budget's limit, `yes`/`no` against the budget, `-` without one.
-pub fn verdict(p: &Prediction) -> &'static str {
-    match (p.fits, p.out_of_memory) {
-        (_, true) => "OOM",
-        (Some(true), _) => "yes",
-        (Some(false), _) => "no",
-        (None, _) => "-",
-    }
-}
-
 /// The recompute column: checkpointing's extra forward work in percent, `-` for none.
 pub fn recompute_text(p: &Prediction) -> String {
     if p.extra_forward_compute > 0.0 {

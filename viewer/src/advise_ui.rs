@@ -345,15 +345,20 @@ fn advice_ui(ui: &mut egui::Ui, advice: &Advice, selected: Option<usize>) -> Opt
                 ui.end_row();
                 for (i, p) in advice.predictions.iter().enumerate() {
                     ui.label(format!("{}", i + 1));
-                    let verdict = advise::verdict(p);
+                    let verdict = p.verdict();
                     let text = RichText::new(verdict);
-                    ui.label(if verdict == "yes" {
+                    let cell = ui.label(if verdict == "yes" {
                         text.color(palette::color32(palette::series_colour(2)))
                     } else if verdict == "-" {
                         text
+                    } else if verdict == "yes*" {
+                        text.color(palette::color32(palette::WARNING))
                     } else {
                         text.color(ui.visuals().error_fg_color)
                     });
+                    if let Some(note) = p.leak_note() {
+                        cell.on_hover_text(note);
+                    }
                     ui.label(format_size(p.allocated_peak_bytes));
                     ui.label(format_size(p.reserved_peak_bytes));
                     ui.label(advise::recompute_text(p));

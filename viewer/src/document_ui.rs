@@ -233,7 +233,10 @@ impl OpenDocument {
         }
         timeline::filter_bar_ui(ui, &timeline_model, &mut state.timeline);
         if model.steps_ready() {
-            steps_ui::drift_banner_ui(ui, model.steps());
+            let leaks = model
+                .profile()
+                .map_or(&[][..], |p| p.summary.leaking_sites.as_slice());
+            steps_ui::drift_banner_ui(ui, model.steps(), leaks);
         }
 
         egui::Panel::right("details_panel")

@@ -45,8 +45,13 @@ impl StepsState {
     }
 }
 
-/// A banner when memory drifts from step to step (a leak) or the peak grows.
-pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
+/// A banner when memory drifts from step to step (a leak) or the peak grows, naming the code
+/// that keeps memory every step (`leaks`, [`memsnap_analysis::leaks`]; the most first).
+pub fn drift_banner_ui(
+    ui: &mut egui::Ui,
+    steps: &StepAnalysis,
+    leaks: &[memsnap_analysis::LeakingSite],
+) {
     let drift = &steps.drift;
     if drift.leak_suspected {
         ui.label(
@@ -58,6 +63,37 @@ pub fn drift_banner_ui(ui: &mut egui::Ui, steps: &StepAnalysis) {
             .color(palette::color32(palette::WARNING)),
         )
         .on_hover_text("The minimum of each step, fitted with a robust (Theil–Sen) line; see the 'outliving' column for the steps that keep memory");
+    }
+    if let Some(top) = leaks.first() {
+        let others = match leaks.len() {
+            1 => String::new(),
+            2 => " (and 1 more site)".to_string(),
+            n => format!(" (and {} more sites)", n - 1),
+        };
+        ui.label(
+            egui::RichText::new(format!(
+                "Kept every step: {} keeps {} per step, {} held at the end{others}",
+                top.site,
+                memsnap_analysis::format_size(top.bytes_per_step),
+                memsnap_analysis::format_size(top.live_bytes()),
+            ))
+            .color(palette::color32(palette::WARNING)),
+        )
+        .on_hover_text(format!(
+            "{} allocations made in {} steps (#{} to #{}) are still held when the recording ends{}. Advise predicts the run without them.",
+            top.allocations,
+            top.steps,
+            top.first_step,
+            top.last_step,
+            if top.before_window_allocations > 0 {
+                format!(
+                    ", and {} from before the recording's window",
+                    top.before_window_allocations
+                )
+            } else {
+                String::new()
+            }
+        ));
     }
     if drift.peak_growth_suspected {
         ui.label(

@@ -160,6 +160,9 @@ pub struct TrainingRun {
     /// A call that runs out of memory still ends its range (the hooks run with
     /// `always_call=True`).
     pub module_ranges: bool,
+    /// The tensor `leak_bytes_per_step` makes is freed at the end of its step (after
+    /// `zero_grad`): the run with its leak stopped, as `memsnap advise` predicts it.
+    pub leak_freed_at_step_end: bool,
 }
 
 impl Default for TrainingRun {
@@ -197,6 +200,7 @@ impl Default for TrainingRun {
             optimizer_state_percent: 100,
             ordered_forward_stacks: false,
             module_ranges: false,
+            leak_freed_at_step_end: false,
         }
     }
 }

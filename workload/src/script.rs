@@ -84,6 +84,7 @@ pub fn generate(run: &TrainingRun) -> (Snapshot, GroundTruth) {
             opening: None,
             oom: None,
             saved: Vec::new(),
+            leak_this_step: None,
         };
         // A run that stops early (out of memory) keeps what it recorded.
         let _ = sim.simulate();
@@ -178,6 +179,8 @@ struct DeviceRun<'a> {
     oom: Option<(usize, u64, u64)>,
     /// The activations each block of the forward being run keeps for its backward.
     saved: Vec<Vec<Tensor>>,
+    /// The step's leak, when `leak_freed_at_step_end` frees it at the end of the step.
+    leak_this_step: Option<Tensor>,
 }
 
 impl DeviceRun<'_> {
@@ -433,7 +436,10 @@ impl DeviceRun<'_> {
         let mut saved = std::mem::take(&mut self.saved);
         if run.leak_bytes_per_step > 0 && first {
             let bytes = run.leak_bytes_per_step;
-            self.malloc(bytes, Site::Leak, step, Role::Unknown, step)?;
+            let leak = self.malloc(bytes, Site::Leak, step, Role::Unknown, step)?;
+            if run.leak_freed_at_step_end {
+                self.leak_this_step = Some(leak);
+            }
         }
         self.pause(50, 500);
 
@@ -722,6 +728,9 @@ impl DeviceRun<'_> {
         // zero_grad(set_to_none=True)
         for (i, grad) in grads.into_iter().enumerate() {
             self.free(grad, Site::ZeroGrad, i)?;
+        }
+        if let Some(leak) = self.leak_this_step.take() {
+            self.free(leak, Site::Leak, step)?;
         }
         Ok(())
     }

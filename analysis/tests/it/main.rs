@@ -4,6 +4,7 @@
 mod decimation;
 mod evidence_fallbacks;
 mod layout;
+mod leaks;
 mod modules;
 mod odd_histories;
 mod real;
