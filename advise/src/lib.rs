@@ -851,13 +851,9 @@ fn release_before_window(snapshot: &mut Snapshot, device: i64, mut addresses: Ve
         .map(|(&(_, _, i), _)| i)
         .collect();
     dropped.sort_unstable();
-    let mut k = 0;
     let mut index = 0;
     snapshot.segments.retain(|_| {
-        let keep = dropped.get(k) != Some(&index);
-        if !keep {
-            k += 1;
-        }
+        let keep = dropped.binary_search(&index).is_err();
         index += 1;
         keep
     });

@@ -69,6 +69,11 @@ fn phases_starting_by(phases: &[PhaseSpan], from: usize, event: u32) -> usize {
     lo + phases[lo..hi].partition_point(|p| p.2 <= event)
 }
 
+/// Steps a stack must keep memory in (allocations made there and never freed in the window)
+/// for its memory from before the window to take that memory's category; also the steps a
+/// leaking site keeps memory in ([`crate::leaks::MIN_LEAK_STEPS`]).
+pub(crate) const MIN_KEPT_STEPS: u32 = 3;
+
 /// A stack's allocations made in steps and never freed in the window: how many of each
 /// category, and in how many steps.
 #[derive(Default)]
@@ -175,7 +180,7 @@ pub(crate) fn categorize(
             category
         })
         .collect();
-    in_steps.retain(|_, kept| kept.steps >= 3);
+    in_steps.retain(|_, kept| kept.steps >= MIN_KEPT_STEPS);
     if !in_steps.is_empty() {
         for (a, c) in replay.allocations.iter().zip(&mut categories) {
             if !a.before_window() {

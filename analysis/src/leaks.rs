@@ -32,8 +32,10 @@ use crate::replay::Replay;
 use crate::sites::{GroupBy, SiteKey, SiteKeyer};
 use crate::steps::Step;
 
-/// Different steps whose allocations a site must keep for it to leak.
-pub const MIN_LEAK_STEPS: usize = 3;
+/// Different steps whose allocations a site must keep for it to leak: the number the
+/// categories use for memory from before the window, so that a site named here has its older
+/// memory categorized with the rest.
+pub const MIN_LEAK_STEPS: usize = crate::categories::MIN_KEPT_STEPS as usize;
 
 /// A site that keeps memory step after step.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -81,14 +83,15 @@ pub fn leaking_sites(snapshot: &Snapshot, replay: &Replay, steps: &[Step]) -> Ve
     }
     let mut keyer = SiteKeyer::new(snapshot, GroupBy::Frame);
     let mut by_site: HashMap<SiteKey, LeakingSite> = HashMap::default();
-    let mut before: Vec<(u32, SiteKey)> = Vec::new();
+    // Memory from before the window still held: keyed only once some site leaks.
+    let mut before: Vec<u32> = Vec::new();
     let mut cursor = 0usize;
     for (i, a) in replay.allocations.iter().enumerate() {
         if a.free_requested().is_some() || a.free_completed().is_some() {
             continue;
         }
         let Some(event) = a.alloc_event() else {
-            before.push((i as u32, keyer.key_of(a)));
+            before.push(i as u32);
             continue;
         };
         while steps.get(cursor).is_some_and(|s| s.end_event < event) {
@@ -135,8 +138,8 @@ pub fn leaking_sites(snapshot: &Snapshot, replay: &Replay, steps: &[Step]) -> Ve
         .enumerate()
         .map(|(i, s)| (s.key.clone(), i))
         .collect();
-    for (a, key) in before {
-        if let Some(&i) = index.get(&key) {
+    for a in before {
+        if let Some(&i) = index.get(&keyer.key_of(&replay.allocations[a as usize])) {
             let site = &mut out[i];
             site.before_window_allocations += 1;
             site.before_window_bytes = site
