@@ -9,7 +9,7 @@
 #                                 [--out FILE.md] [--timeout S] [--python PY]
 #
 # --commands runs only the named commands (summary, viewer, plot, export chrome as
-# export-chrome, export-parquet, simulate, python); --files DIR takes DIR/SHAPE-SIZE.pickle
+# export-chrome, export-parquet, simulate, advise, python); --files DIR takes DIR/SHAPE-SIZE.pickle
 # where it exists (made by an earlier run or by hand with the shape's arguments) instead of
 # generating it, and keeps it.
 #
@@ -30,11 +30,15 @@
 #   g      8 devices, ENTRIES/8 entries each
 #   h      no stacks at all (context=None)
 #   i      ring buffer of ENTRIES that starts mid-step (1.3 x ENTRIES recorded)
+#   w      the week-long run that ran out of memory: i's ring buffer, 20% stack noise, 64 KiB
+#          kept every step (a leak), on a GPU the leak fills near the end of the run
 #
 # Commands per file: memsnap summary (its "steps (N, method)" line goes in the table), the
 # viewer's measuring mode (memsnap-viewer --bench-frames 60 FILE: parse + analysis + first
 # frame = first picture, then the background steps pass; no window, no display needed),
-# memsnap plot -o x.png, memsnap export --to chrome / --to parquet, memsnap simulate, and
+# memsnap plot -o x.png, memsnap export --to chrome / --to parquet, memsnap simulate,
+# memsnap advise (its default budget: the GPU's memory for a file that ran out of it; its
+# default replays at once: one per core, at most 4; ADVISE_JOBS=N sets --jobs N), and
 # Python memsnap.open + a column query when `PY -c 'import memsnap'` works (else skipped with a
 # notice). Each command runs under `timeout S` (default 600): a timeout or a failure is a
 # finding, printed and put in the table, and the run goes on.
@@ -45,8 +49,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 SIZES="1000000,4000000,10000000"
-SHAPES="base,a,b,c,d,e,f,fx,g,h,i"
-COMMANDS="summary,viewer,plot,export-chrome,export-parquet,simulate,python"
+SHAPES="base,a,b,c,d,e,f,fx,g,h,i,w"
+COMMANDS="summary,viewer,plot,export-chrome,export-parquet,simulate,advise,python"
 FILES=""
 OUT=""
 TIMEOUT=600
@@ -61,7 +65,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
     *) echo "bench_scaling: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -105,6 +109,9 @@ shape_args() {
     g) echo "--entries $(( n / 8 )) --devices 8" ;;
     h) echo "--entries $n --frameless" ;;
     i) echo "--entries $(( n + n * 3 / 10 )) --max-entries $n" ;;
+    # About 148 entries a step: 1.3 n / 148 steps keep 64 KiB each; the GPU holds 196 MiB (the
+    # run without the leak) and 98 % of what the leak keeps, so the last steps run out.
+    w) echo "--entries $(( n + n * 3 / 10 )) --max-entries $n --leak 65536 --stack-noise 20 --device-memory $(( 205520896 + (n * 13 / 1480) * 65536 * 98 / 100 ))" ;;
     *) echo "bench_scaling: unknown shape $shape" >&2; return 1 ;;
   esac
 }
@@ -181,6 +188,8 @@ for shape in "${SHAPE_LIST[@]}"; do
     wanted export-parquet && measure "$shape" "$size" "export parquet" "$MEMSNAP" export "$file" --to parquet -o "$WORK/x.parquet"
     rm -rf "$WORK/x.parquet"
     wanted simulate && measure "$shape" "$size" simulate "$MEMSNAP" simulate "$file"
+    # shellcheck disable=SC2046
+    wanted advise && measure "$shape" "$size" advise "$MEMSNAP" advise "$file" $([ -n "${ADVISE_JOBS:-}" ] && echo "--jobs $ADVISE_JOBS")
     if [ "$HAVE_PY" = 1 ] && wanted python; then
       measure "$shape" "$size" "python open+column" "$PY" -c '
 import sys, memsnap

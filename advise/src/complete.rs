@@ -8,7 +8,10 @@
 //! S's entries up to the `oom`, then P's entries from its request that corresponds to the one
 //! that failed to P's end: P's allocations made before that point stand for S's (matched in
 //! order), P's later allocations are made afresh, and what P made and kept past its end (the
-//! optimizer state of a warm-up step) is left out, because S already holds it. Segment entries
+//! optimizer state of a warm-up step) is left out, because S already holds it, unless a
+//! leaking site ([`memsnap_analysis::leaks`]) keeps it: code that keeps memory every step
+//! would have kept S's too (and the request that failed is often that very allocation: a
+//! run that leaks runs out of memory making its leak). Segment entries
 //! of the continuation are left out too (the replay makes its own), and its times are shifted
 //! to follow the `oom`. The releases the full device forced are left out of the recorded part:
 //! the `segment_free`s just before the `oom` (the failed request's retry releasing the cache)
@@ -19,9 +22,10 @@
 //! unknown). A run recorded with module names keeps them: P's `memsnap.module:` ranges over
 //! its rest are carried along with its entries, so a named fix finds S's calls too.
 //!
-//! Complexity: O(n) in the trace's entries plus one analysis of the device.
+//! Complexity: O(n) in the trace's entries plus one analysis of the device and its leaking
+//! sites (O(m + s) in its allocations and steps).
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashSet};
 
 use memsnap_analysis::modules::MODULE_RANGE_PREFIX;
 use memsnap_analysis::{DeviceTimeline, PhaseKind, StepOptions};
@@ -111,6 +115,16 @@ pub fn complete_mapped(
     }) else {
         return Ok(None);
     };
+    // What leaking code keeps every step (`loss` appended to a list): S would have made it
+    // too, and it is often the very request that failed, so P's rest makes it again.
+    let leaked: HashSet<u32> = {
+        let replay = timeline.replay();
+        memsnap_analysis::leaking_sites(snapshot, replay, &steps)
+            .iter()
+            .flat_map(|site| &site.kept)
+            .filter_map(|&(a, _)| replay.allocations.get(a as usize)?.alloc_event())
+            .collect()
+    };
     let (s, p) = (&steps[failed], &steps[model]);
     let p_range = p.start_event as usize..=(p.end_event as usize).min(trace.len() - 1);
     let s_allocs: Vec<usize> = (s.start_event as usize..oom)
@@ -131,7 +145,7 @@ pub fn complete_mapped(
     let point = p_allocs[c];
 
     // P's addresses live at the point -> S's.
-    let mut map: HashMap<u64, u64> = HashMap::new();
+    let mut map: HashMap<u64, u64> = HashMap::default();
     let mut k = 0;
     for i in p.start_event as usize..point {
         let e = &trace[i];
@@ -148,7 +162,7 @@ pub fn complete_mapped(
     }
     // Which of P's later allocations it frees itself.
     let end = *p_range.end();
-    let mut open: HashMap<u64, usize> = HashMap::new();
+    let mut open: HashMap<u64, usize> = HashMap::default();
     let mut freed = vec![false; end + 1 - point];
     for (k, e) in trace[point..=end].iter().enumerate() {
         match e.action {
@@ -233,11 +247,11 @@ pub fn complete_mapped(
         i += 1;
     }
     let recorded_part = completed.len();
-    let mut fresh: HashMap<u64, u64> = HashMap::new();
+    let mut fresh: HashMap<u64, u64> = HashMap::default();
     for i in point..=end {
         let e = &trace[i];
         let key = match e.action {
-            Action::Alloc if freed[i - point] => {
+            Action::Alloc if freed[i - point] || leaked.contains(&(i as u32)) => {
                 let key = next_key;
                 next_key = next_key.saturating_add(512);
                 fresh.insert(e.addr, key);

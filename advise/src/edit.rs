@@ -40,7 +40,7 @@
 //! node and step for the f allocations of the step's forward (where each call's backward
 //! starts), plus O(n) per micro-batch of the steps' forward and backward.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use memsnap_analysis::modules::ModulePaths;
@@ -346,8 +346,8 @@ pub struct Edited {
 pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited {
     let n = an.trace.len();
     let allocations = &an.replay.allocations;
-    let mut before: HashMap<u32, Vec<Op>> = HashMap::new();
-    let mut after: HashMap<u32, Vec<Op>> = HashMap::new();
+    let mut before: HashMap<u32, Vec<Op>> = HashMap::default();
+    let mut after: HashMap<u32, Vec<Op>> = HashMap::default();
     let mut recompute = Recompute::default();
     let mut checkpointed_allocations: Vec<u32> = Vec::new();
     let passes = an.passes();

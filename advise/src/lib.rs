@@ -35,18 +35,22 @@
 //!
 //! Complexity: one analysis of the device (`DeviceTimeline::build`, the steps), then per
 //! prediction one edit (O(n + m)) and one replay (O(n log s) in the trace's entries and the
-//! allocator's free blocks); about 15 predictions without a budget, at most 40 with one.
+//! allocator's free blocks); about 15 predictions without a budget, at most 40 with one,
+//! [`Options::jobs`] of them at a time. Each replay reads the edited trace beside the
+//! snapshot ([`memsnap_simulate::replay_trace`]): only stopping a leak copies the snapshot
+//! (its start state changes).
 
 pub mod complete;
 pub mod edit;
 pub mod node;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use memsnap_analysis::modules::{chain_label, ModuleKeyer};
 use memsnap_analysis::{Category, CurveKind, DeviceTimeline, LeakingSite, Lifetime, StepOptions};
 use memsnap_format::{FrameId, Snapshot};
-use memsnap_simulate::{settings, simulate, Options as SimOptions};
+use memsnap_simulate::{replay_trace, settings, Options as SimOptions};
 use serde::Serialize;
 
 pub use complete::Completion;
@@ -76,11 +80,24 @@ pub type Result<T, E = AdviseError> = std::result::Result<T, E>;
 /// What to advise on.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
-    /// Memory the run must fit in (reserved bytes); `None`: rank by reserved peak only.
+    /// Memory the run must fit in (reserved bytes); `None`: rank by reserved peak only, or
+    /// see `device_memory_budget`.
     pub budget: Option<u64>,
+    /// Without `budget`, take the device's memory the file states (an OOM file's, see
+    /// [`memsnap_simulate::device_memory`]) as the budget: the run has to fit the GPU it
+    /// ran out of.
+    pub device_memory_budget: bool,
     /// Device; `None`: the one with the highest peak.
     pub device: Option<i64>,
+    /// Replays run at once; `None`: one per core, at most [`MAX_JOBS`].
+    pub jobs: Option<usize>,
 }
+
+/// The most replays [`advise`] runs at once when [`Options::jobs`] does not say. Each one
+/// holds its own edited copy of the trace and its own allocator state (about 1 GB for a
+/// 10M-entry trace: the week-long run of the benchmarks takes 3.6 GB with one, 4.6 GB with
+/// two), so more cores would buy a little time for a lot of memory.
+pub const MAX_JOBS: usize = 4;
 
 /// One change to the run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -245,9 +262,6 @@ pub struct Prediction {
     /// With a budget, a fit and a leak going on: the steps after the recorded ones until the
     /// leak has filled what the budget leaves above the reserved peak.
     pub steps_to_budget: Option<u64>,
-    /// Reserved bytes after each event of the edited trace (not in JSON).
-    #[serde(skip)]
-    pub reserved_curve: Vec<u64>,
 }
 
 /// A prediction's allocated and reserved curves on the **recorded** trace's event axis, for
@@ -295,9 +309,23 @@ impl Prediction {
     pub fn leak_note(&self) -> Option<String> {
         let steps = self.steps_to_budget?;
         Some(format!(
-            "fits the recorded steps only: a leak of {}/step goes on and fills the budget within about {steps} more steps",
-            memsnap_analysis::format_size(self.leak_bytes_per_step)
+            "fits the recorded steps only: a leak of {}/step goes on and fills the budget {}",
+            memsnap_analysis::format_size(self.leak_bytes_per_step),
+            when_full(steps, steps)
         ))
+    }
+}
+
+/// When a leak that goes on fills the budget, in words, from the fewest and the most
+/// [`Prediction::steps_to_budget`] of some fixes (the steps that still fit after the recorded
+/// ones; the budget fills in the one after them): "in the next step", "within 4 more steps",
+/// "within 1 to 4 more steps".
+pub fn when_full(fewest: u64, most: u64) -> String {
+    let (first, last) = (fewest.saturating_add(1), most.saturating_add(1));
+    match (first, last) {
+        (1, 1) => "in the next step".to_string(),
+        (a, b) if a == b => format!("within {a} more steps"),
+        (a, b) => format!("within {a} to {b} more steps"),
     }
 }
 
@@ -384,6 +412,9 @@ pub struct ModuleBytes {
 pub struct Advice {
     pub device: i64,
     pub budget_bytes: Option<u64>,
+    /// The budget is the device's memory the file states ([`Options::device_memory_budget`]),
+    /// none was given.
+    pub budget_is_device_memory: bool,
     /// The run ran out of memory and was completed with an earlier step's rest (see
     /// [`complete`]); every prediction, the baseline included, is of the completed run.
     pub completion: Option<Completion>,
@@ -670,28 +701,22 @@ impl<'a> Advisor<'a> {
                     .map_err(|source| AdviseError::Config { conf, source })?,
             )
         };
-        let edited_snapshot = edited.map(|trace| {
+        // Only stopping a leak changes the start state; every other fix is replayed from the
+        // recorded one, without a copy of the snapshot.
+        let released = (!released_before_window.is_empty()).then(|| {
             let mut copy = self.snapshot.clone();
-            if let Some(traces) = copy.device_traces.as_mut() {
-                traces[self.device as usize] = trace;
-            }
-            if !released_before_window.is_empty() {
-                release_before_window(&mut copy, self.device, released_before_window);
-            }
+            release_before_window(&mut copy, self.device, released_before_window);
             copy
         });
-        let target = edited_snapshot.as_ref().unwrap_or(self.snapshot);
+        let start = released.as_ref().unwrap_or(self.snapshot);
+        let trace = edited.as_deref().unwrap_or(trace);
         let replay = |memory_limit: Option<u64>| -> Result<memsnap_simulate::DeviceReport> {
             let options = SimOptions {
                 config: config.clone(),
                 memory_limit,
                 device: Some(self.device),
             };
-            simulate(target, &options)?
-                .devices
-                .into_iter()
-                .next()
-                .ok_or(AdviseError::NoTrace)
+            Ok(replay_trace(start, self.device, trace, &options)?)
         };
         // On a GPU of the budget's size, as the run would be: under pressure the allocator
         // releases its cache and retries, which changes the reserved peak. A run that does not
@@ -721,7 +746,6 @@ impl<'a> Advisor<'a> {
                 }
                 _ => None,
             },
-            reserved_curve: report.reserved_curve.clone(),
         };
         Ok((prediction, report, edit_out))
     }
@@ -890,7 +914,55 @@ fn rank(p: &[Prediction]) -> Vec<Prediction> {
     out
 }
 
-/// Ranks the fixes for `snapshot` (see the crate docs).
+/// [`Advisor::predict`] for each set of fixes, `jobs` replays at a time, in the order of
+/// `sets`. A worker takes the next set until none is left; the first error (in that order)
+/// is returned.
+fn predict_all(
+    advisor: &Advisor<'_>,
+    sets: &[Vec<Fix>],
+    budget: Option<u64>,
+    jobs: usize,
+) -> Result<Vec<Prediction>> {
+    let jobs = jobs.clamp(1, sets.len().max(1));
+    if jobs == 1 {
+        return sets
+            .iter()
+            .map(|fixes| advisor.predict(fixes, budget))
+            .collect();
+    }
+    let next = AtomicUsize::new(0);
+    let done: Vec<Vec<(usize, Result<Prediction>)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..jobs)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(fixes) = sets.get(i) else {
+                            break out;
+                        };
+                        out.push((i, advisor.predict(fixes, budget)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            // A worker that panicked is re-raised here: the replays have no panics of their
+            // own to hide, and a half-done ranking must not pass for a whole one.
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let mut ordered: Vec<(usize, Result<Prediction>)> = done.into_iter().flatten().collect();
+    ordered.sort_unstable_by_key(|(i, _)| *i);
+    ordered.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Ranks the fixes for `snapshot` (see the crate docs). The replays run side by side
+/// ([`Options::jobs`]); the result does not depend on how many.
 pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
     let device = match options.device {
         Some(d) => d,
@@ -904,12 +976,25 @@ pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
         None => (snapshot, None),
     };
     let advisor = Advisor::new(target, Some(device))?;
-    let budget = options.budget;
-    let baseline = advisor.predict(&[], budget)?;
+    // The recorded file states the device's memory (its `oom` entry), not the completed run.
+    let device_memory = match options.budget {
+        None if options.device_memory_budget => {
+            memsnap_simulate::device_memory(snapshot, device).filter(|&bytes| bytes > 0)
+        }
+        _ => None,
+    };
+    let budget = options.budget.or(device_memory);
+    let jobs = options.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_JOBS))
+    });
+    // The baseline and every single fix, replayed side by side.
+    let mut sets = vec![Vec::new()];
+    sets.extend(advisor.candidates().into_iter().map(|fix| vec![fix]));
+    let mut singles = predict_all(&advisor, &sets, budget, jobs)?.into_iter();
+    let baseline = singles.next().ok_or(AdviseError::NoTrace)?;
     let mut predictions = Vec::new();
     let mut unchanged = Vec::new();
-    for fix in advisor.candidates() {
-        let p = advisor.predict(std::slice::from_ref(&fix), budget)?;
+    for p in singles {
         if (
             p.allocated_peak_bytes,
             p.reserved_peak_bytes,
@@ -933,21 +1018,22 @@ pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
                 break;
             }
             let kinds: Vec<u8> = best.fixes.iter().map(Fix::kind).collect();
-            let mut next: Option<Prediction> = None;
-            for single in &singles {
-                let fix = &single.fixes[0];
-                if kinds.contains(&fix.kind()) {
-                    continue;
-                }
-                let mut fixes = best.fixes.clone();
-                fixes.push(fix.clone());
-                let p = advisor.predict(&fixes, budget)?;
-                let key =
-                    |p: &Prediction| (p.fits != Some(true), p.out_of_memory, p.reserved_peak_bytes);
-                if next.as_ref().is_none_or(|n| key(&p) < key(n)) {
-                    next = Some(p);
-                }
-            }
+            let combinations: Vec<Vec<Fix>> = singles
+                .iter()
+                .map(|single| &single.fixes[0])
+                .filter(|fix| !kinds.contains(&fix.kind()))
+                .map(|fix| {
+                    let mut fixes = best.fixes.clone();
+                    fixes.push(fix.clone());
+                    fixes
+                })
+                .collect();
+            let key =
+                |p: &Prediction| (p.fits != Some(true), p.out_of_memory, p.reserved_peak_bytes);
+            // The first of the best, in the order of the singles.
+            let next = predict_all(&advisor, &combinations, budget, jobs)?
+                .into_iter()
+                .reduce(|n, p| if key(&p) < key(&n) { p } else { n });
             match next {
                 Some(p)
                     if p.fits == Some(true) || p.reserved_peak_bytes < best.reserved_peak_bytes =>
@@ -962,6 +1048,7 @@ pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
     Ok(Advice {
         device: advisor.device(),
         budget_bytes: budget,
+        budget_is_device_memory: device_memory.is_some(),
         completion,
         baseline,
         modules: advisor.module_bytes(),
@@ -969,4 +1056,22 @@ pub fn advise(snapshot: &Snapshot, options: &Options) -> Result<Advice> {
         predictions: rank(&predictions),
         unchanged,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::when_full;
+
+    /// A fix that leaves no room above its reserved peak for one more step of the leak once
+    /// read "fills the budget within about 0 more steps".
+    #[test]
+    fn a_budget_the_next_step_fills_is_not_zero_steps_away() {
+        assert_eq!(when_full(0, 0), "in the next step");
+        assert_eq!(when_full(3, 3), "within 4 more steps");
+        assert_eq!(when_full(0, 2), "within 1 to 3 more steps");
+        assert_eq!(
+            when_full(u64::MAX, u64::MAX),
+            format!("within {} more steps", u64::MAX)
+        );
+    }
 }

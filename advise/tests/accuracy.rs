@@ -333,6 +333,8 @@ fn a_long_runs_leak_that_ran_out_of_memory_is_stopped_within_its_window() {
     let options = memsnap_advise::Options {
         budget: Some(DEVICE),
         device: None,
+        device_memory_budget: false,
+        jobs: None,
     };
     let advice = memsnap_advise::advise(&recorded, &options).unwrap();
     let best = &advice.predictions[0];
@@ -364,4 +366,38 @@ fn a_long_runs_leak_that_ran_out_of_memory_is_stopped_within_its_window() {
     let (snapshot, changed_truth) = generate(&changed);
     assert!(changed_truth.devices[0].oom.is_none());
     peaks_within("the leak stopped", best, replayed_peaks(&snapshot));
+}
+
+/// A run that leaks most often runs out of memory making its leak. The completion made the
+/// rest of the failed step from an earlier step's but left out what that step kept (as it
+/// does a warm-up's optimizer state), the leak's tensor included: the request that failed was
+/// never made, and the completed run "fit" the GPU it had run out of.
+#[test]
+fn a_run_that_ran_out_of_memory_making_its_leak_does_not_fit_once_completed() {
+    const LEAK: u64 = 256 << 20;
+    let whole = TrainingRun {
+        leak_bytes_per_step: LEAK,
+        ..run()
+    };
+    // The device is what the first steps reserved and one step's leak less: the run fails in
+    // its last step, asking for the leak's tensor.
+    for steps in [4, 5] {
+        let whole = TrainingRun {
+            steps,
+            ..whole.clone()
+        };
+        let (_, reserved) = replayed_peaks(&generate(&whole).0);
+        let device = reserved - LEAK / 2;
+        let (_, truth, advice) = advise_out_of_memory(&whole, device);
+        let oom = truth.oom.expect("out of memory");
+        assert_eq!(oom.requested_bytes, LEAK, "{steps} steps: {oom:?}");
+        assert_eq!(advice.baseline.fits, Some(false), "{steps} steps");
+        let best = &advice.predictions[0];
+        assert!(
+            matches!(best.fixes[..], [Fix::ReleaseKept { .. }]),
+            "{:#?}",
+            advice.predictions
+        );
+        assert_eq!(best.verdict(), "yes");
+    }
 }

@@ -99,6 +99,8 @@ pub struct Step {
     pub start_event: u32,
     pub peak_event: u32,
     pub end_event: u32,
+    /// Live bytes (active curve) before its first event: what the step starts from.
+    pub before_bytes: u64,
     /// Curve values after those events.
     pub start_bytes: u64,
     pub peak_bytes: u64,
@@ -134,6 +136,7 @@ impl Serialize for Step {
             start_event: u32,
             peak_event: u32,
             end_event: u32,
+            before_bytes: u64,
             start_bytes: u64,
             peak_bytes: u64,
             end_bytes: u64,
@@ -155,6 +158,7 @@ impl Serialize for Step {
             start_event: self.start_event,
             peak_event: self.peak_event,
             end_event: self.end_event,
+            before_bytes: self.before_bytes,
             start_bytes: self.start_bytes,
             peak_bytes: self.peak_bytes,
             end_bytes: self.end_bytes,
@@ -176,6 +180,13 @@ impl Serialize for Step {
 }
 
 impl Step {
+    /// What the step keeps: live bytes after its last event minus before its first. A step
+    /// whose first event allocates (the batch) would show that allocation as freed if this
+    /// were counted from `start_bytes`, which is after the first event. O(1).
+    pub fn kept_bytes(&self) -> i64 {
+        signed_difference(self.end_bytes, self.before_bytes)
+    }
+
     /// Start to peak: the bytes gained, over the events and time from the start to the peak.
     /// O(1).
     pub fn forward(&self) -> Slope {
@@ -1058,6 +1069,10 @@ fn measure_step(
 ) -> Step {
     let (peak_event, peak_bytes, min_bytes) = curve.peak_in(start, end);
     let (start_bytes, end_bytes) = (curve.at(start), curve.at(end));
+    let before_bytes = match start.checked_sub(1) {
+        Some(previous) => curve.at(previous),
+        None => curve.initial,
+    };
     // Allocations made in (start, end] still live after end.
     let axis = replay.axis_len();
     let first = replay.allocations.partition_point(|a| a.start() <= start);
@@ -1076,6 +1091,7 @@ fn measure_step(
         start_event: start,
         peak_event,
         end_event: end,
+        before_bytes,
         start_bytes,
         peak_bytes,
         end_bytes,

@@ -31,7 +31,8 @@
 //!                                       // while memory rises (forward) carry backward frames"
 //!     "setup_phase": PHASE | null,      // model construction/loading before the first step
 //!     "steps": [{"start_event", "peak_event", "end_event",
-//!                "start_bytes", "peak_bytes", "end_bytes", "min_bytes",
+//!                "before_bytes",                   // live bytes before its first event
+//!                "start_bytes", "peak_bytes", "end_bytes", "min_bytes",  // after those events
 //!                "start_time_us", "peak_time_us", "end_time_us",          // null without times
 //!                "forward_bytes", "forward_events", "forward_duration_us",
 //!                "forward_bytes_per_s", "forward_bytes_per_event",      // bytes_per_s: null without times
@@ -290,10 +291,11 @@ impl Serialize for StepSummary<'_> {
     ) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let s = self.step;
-        let mut out = serializer.serialize_struct("StepSummary", 25)?;
+        let mut out = serializer.serialize_struct("StepSummary", 26)?;
         out.serialize_field("start_event", &s.start_event)?;
         out.serialize_field("peak_event", &s.peak_event)?;
         out.serialize_field("end_event", &s.end_event)?;
+        out.serialize_field("before_bytes", &s.before_bytes)?;
         out.serialize_field("start_bytes", &s.start_bytes)?;
         out.serialize_field("peak_bytes", &s.peak_bytes)?;
         out.serialize_field("end_bytes", &s.end_bytes)?;

@@ -72,7 +72,7 @@ pub mod suggest;
 pub use device::{SegmentAction, SegmentDecision, TraceDevice};
 pub use error::{Result, SimulateError};
 pub use replay::{
-    simulate, CapacitySource, DeviceReport, Difference, Fidelity, OomAt, Options, Recorded,
-    Simulation,
+    device_memory, replay_trace, simulate, CapacitySource, DeviceReport, Difference, Fidelity,
+    OomAt, Options, Recorded, Simulation,
 };
 pub use suggest::{suggest, Candidate, Suggestions};

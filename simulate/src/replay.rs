@@ -2,7 +2,9 @@
 //! then every request of the window fed through it, step by step, comparing its segment
 //! decisions with the recorded ones.
 
-use std::collections::HashMap;
+// Keyed by block addresses, looked up once or twice per entry: SipHash was a tenth of a
+// replay.
+use foldhash::HashMap;
 
 use memsnap_format::{Action, Snapshot, TraceEntry};
 use memsnap_recorder::{AllocatorConfig, CachingAllocator, Error as AllocError, Stream};
@@ -178,11 +180,7 @@ pub struct DeviceReport {
 
 /// Replays every device of `snapshot` with a trace (see [`Options`]).
 pub fn simulate(snapshot: &Snapshot, options: &Options) -> Result<Simulation> {
-    let (file_config, source) = settings::file_config(snapshot);
-    let (config, settings_source) = match &options.config {
-        Some(c) => (c.clone(), "given".to_string()),
-        None => (file_config, source.to_string()),
-    };
+    let (config, settings_source) = replayed_config(snapshot, options);
     let with_trace: Vec<i64> = snapshot
         .traces()
         .iter()
@@ -222,6 +220,48 @@ pub fn simulate(snapshot: &Snapshot, options: &Options) -> Result<Simulation> {
         settings_source,
         devices: reports,
     })
+}
+
+/// Replays `trace` as `device`'s trace of `snapshot`: the start state, the settings and the
+/// device memory the file implies are the snapshot's, the requests are `trace`'s. This is
+/// [`simulate`] of one device for a trace edited outside the snapshot (memsnap-advise replays
+/// a dozen edits of a 10M-entry trace: a copy of the snapshot to hold each would cost more
+/// than the edit). `options.device` is not used. O(n log s), as [`simulate`].
+pub fn replay_trace(
+    snapshot: &Snapshot,
+    device: i64,
+    trace: &[TraceEntry],
+    options: &Options,
+) -> Result<DeviceReport> {
+    if trace.is_empty() {
+        return Err(SimulateError::NoTrace);
+    }
+    let (config, _) = replayed_config(snapshot, options);
+    replay_device(snapshot, device, trace, &config, options.memory_limit)
+}
+
+/// The device's memory as the file states it, or `None` when it does not: only an `oom`
+/// entry does, with the device's free bytes then; the memory is those plus what was reserved
+/// at that moment (the start state's segments and the segment entries before the first
+/// `oom`). A replay without a memory limit sizes an OOM file's device this way
+/// ([`CapacitySource::OomEntry`]). O(n + s) in the device's trace entries and segments.
+pub fn device_memory(snapshot: &Snapshot, device: i64) -> Option<u64> {
+    let trace = snapshot.traces().get(usize::try_from(device).ok()?)?;
+    let at = trace.iter().position(|e| e.action == Action::Oom)?;
+    let free = trace[at].device_free()?;
+    let reserved_at_start = start::ranges_at_start(snapshot, device, trace).reserved_bytes;
+    Some(free.saturating_add(reserved_before(trace, reserved_at_start, at)))
+}
+
+/// The settings to replay under and where they came from: the given ones, else the file's.
+fn replayed_config(snapshot: &Snapshot, options: &Options) -> (AllocatorConfig, String) {
+    match &options.config {
+        Some(c) => (c.clone(), "given".to_string()),
+        None => {
+            let (file_config, source) = settings::file_config(snapshot);
+            (file_config, source.to_string())
+        }
+    }
 }
 
 /// What the trace shows: reserved bytes over the window, device calls, the first OOM.
@@ -351,8 +391,8 @@ fn replay_device(
     let mut driver = Driver {
         device,
         alloc,
-        ptrs: HashMap::new(),
-        deferred: HashMap::new(),
+        ptrs: HashMap::default(),
+        deferred: HashMap::default(),
         report: &mut report,
         fragmentation_at_peak: 0,
     };

@@ -13,7 +13,10 @@
 //!   reservation per (stream, pool) from the lowest address seen, whose size is PyTorch's
 //!   1⅛ × device memory (cut short before the next known range).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+// The first event of every address in the trace: SipHash was a tenth of a replay.
+use foldhash::HashMap;
 
 use memsnap_format::{Action, Block, BlockState, Segment, SegmentType, Snapshot, TraceEntry};
 use memsnap_recorder::config::{MIB, SMALL_BUFFER, SMALL_SIZE};
@@ -208,7 +211,7 @@ pub fn layout(
         state.note(a);
     }
     // First event of each block address in the window.
-    let mut first: HashMap<u64, &TraceEntry> = HashMap::new();
+    let mut first: HashMap<u64, &TraceEntry> = HashMap::default();
     for e in trace {
         if matches!(
             e.action,

@@ -1,9 +1,11 @@
 //! Tests of the simulator: real PyTorch snapshots (pinned fidelity), our own recorder's dumps
 //! (property test: exactly their own decisions), and what-if answers on generated runs.
 
-use memsnap_format::{Action, Snapshot};
+use memsnap_format::{Action, Block, BlockState, EntryRare, Segment, Snapshot, TraceEntry};
 use memsnap_recorder::{CachingAllocator, HistoryOptions, SimulatedDevice, Stream};
-use memsnap_simulate::{simulate, suggest, Options, SegmentAction};
+use memsnap_simulate::{
+    device_memory, replay_trace, simulate, suggest, CapacitySource, Options, SegmentAction,
+};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -105,6 +107,7 @@ fn real_14_expandable_reproduces_every_map_unmap_and_the_oom() {
     let oom = d1.oom.as_ref().expect("the replay runs out of memory");
     assert_eq!((oom.event, oom.recorded), (421, true));
     assert_eq!(d1.recorded.oom_event, Some(421));
+    assert_eq!(device_memory(&snapshot, 1), Some(d1.capacity_bytes));
     // The unmaps of the OOM retry (events 413-418) are reproduced in PyTorch's order.
     let unmaps: Vec<u64> = d1
         .segment_events
@@ -492,4 +495,68 @@ fn hostile_input_gives_errors_or_anomalies_not_panics() {
     ));
     let sim = simulate(&snapshot, &Options::default()).unwrap();
     assert!(sim.devices[0].anomaly_count > 0);
+}
+
+/// `replay_trace` is `simulate` of one device with the trace given beside the snapshot: the
+/// recorded trace gives the same report, and a cut one the report of a copy holding it.
+#[test]
+fn replaying_a_trace_beside_the_snapshot_is_simulating_a_copy_that_holds_it() {
+    let snapshot = growing("");
+    let options = Options {
+        device: Some(0),
+        ..Options::default()
+    };
+    let json = |r: &memsnap_simulate::DeviceReport| serde_json::to_value(r).unwrap();
+    let own = simulate(&snapshot, &options).unwrap();
+    let beside = replay_trace(&snapshot, 0, &snapshot.traces()[0], &options).unwrap();
+    assert_eq!(json(&beside), json(&own.devices[0]));
+    let half = &snapshot.traces()[0][..snapshot.traces()[0].len() / 2];
+    let mut copy = snapshot.clone();
+    copy.device_traces.as_mut().unwrap()[0] = half.to_vec();
+    let copied = simulate(&copy, &options).unwrap();
+    let beside = replay_trace(&snapshot, 0, half, &options).unwrap();
+    assert_eq!(json(&beside), json(&copied.devices[0]));
+    assert!(replay_trace(&snapshot, 0, &[], &options).is_err());
+}
+
+/// The device memory an `oom` entry states (its free bytes and what was reserved then, the
+/// segments from before the window included) is the device an unlimited replay runs on; a
+/// trace without one states none. The viewer's and `memsnap advise`'s default budget.
+#[test]
+fn an_oom_entry_states_the_device_memory_the_replay_runs_on() {
+    const FREE: u64 = 100 * MIB;
+    let mut snapshot = Snapshot::new(1);
+    let mut before = Segment::new(0, 0x9000_0000, 2 * MIB, 0);
+    before.blocks = vec![Block::new(
+        0x9000_0000,
+        2 * MIB,
+        BlockState::ActiveAllocated,
+    )];
+    let mut window = Segment::new(0, 0x1000_0000, 20 * MIB, 0);
+    window.blocks = vec![Block::new(
+        0x1000_0000,
+        20 * MIB,
+        BlockState::ActiveAllocated,
+    )];
+    snapshot.segments = vec![window, before];
+    let mut oom = TraceEntry::new(Action::Oom, 0, 200 * MIB, 0);
+    oom.rare = Some(Box::new(EntryRare {
+        device_free: Some(FREE),
+        no_addr: true,
+        ..EntryRare::default()
+    }));
+    snapshot.device_traces.as_mut().unwrap()[0] = vec![
+        TraceEntry::new(Action::SegmentAlloc, 0x1000_0000, 20 * MIB, 0),
+        TraceEntry::new(Action::Alloc, 0x1000_0000, 20 * MIB, 0),
+        oom,
+    ];
+    let sim = simulate(&snapshot, &Options::default()).unwrap();
+    let d = &sim.devices[0];
+    assert_eq!(d.capacity_source, CapacitySource::OomEntry);
+    assert_eq!(device_memory(&snapshot, 0), Some(FREE + 22 * MIB));
+    assert_eq!(device_memory(&snapshot, 0), Some(d.capacity_bytes));
+    // No `oom` entry, no such device.
+    assert_eq!(device_memory(&growing(""), 0), None);
+    assert_eq!(device_memory(&snapshot, -1), None);
+    assert_eq!(device_memory(&snapshot, 7), None);
 }

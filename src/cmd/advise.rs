@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use memsnap_advise::{advise, Advice, Options};
+use memsnap_advise::{advise, when_full, Advice, Options};
 use serde::Serialize;
 
 use crate::cmd::common::{format_size, load, parse_size};
@@ -25,7 +25,8 @@ use crate::cmd::common::{format_size, load, parse_size};
 /// (`memsnap.torch.enable(modules=True)`), else they are the user `forward`s that
 /// nn.Module.__call__ entered, by `file:line` (see `memsnap top --by module`).
 ///
-/// Exit status 1 when a budget is given and no fix fits it.
+/// Exit status 1 when there is a budget (given, or the GPU's memory of a file that ran out of
+/// it) and no fix fits it.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   memsnap advise run.pickle --budget 40GB
@@ -33,12 +34,20 @@ use crate::cmd::common::{format_size, load, parse_size};
 pub struct Args {
     /// Snapshot file.
     pub file: PathBuf,
-    /// Memory the run must fit in (reserved bytes, e.g. 40GB, 24GiB).
+    /// Memory the run must fit in (reserved bytes, e.g. 40GB, 24GiB). Default: the GPU's
+    /// memory when the file ran out of it (its out-of-memory entry states it), else none.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub budget: Option<u64>,
+    /// Rank by reserved peak only, even for a file that ran out of memory.
+    #[arg(long, conflicts_with = "budget")]
+    pub no_budget: bool,
     /// Device (default: the one with the highest peak).
     #[arg(long)]
     pub device: Option<i64>,
+    /// Replays run at once (default: one per core, at most 4). Each holds its own copy of the
+    /// trace and allocator state (about 1 GB for 10M entries): fewer use less memory.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub jobs: Option<u16>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -57,11 +66,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         &snapshot,
         &Options {
             budget: args.budget,
+            device_memory_budget: !args.no_budget,
             device: args.device,
+            jobs: args.jobs.map(usize::from),
         },
     )?;
     let fits_any = advice.predictions.iter().any(|p| p.fits == Some(true));
-    let code = if args.budget.is_some() && !fits_any {
+    let code = if advice.budget_bytes.is_some() && !fits_any {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
@@ -87,9 +98,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         "{}: device {}{}",
         args.file.display(),
         advice.device,
-        advice
-            .budget_bytes
-            .map_or(String::new(), |b| format!(", budget {}", format_size(b)))
+        match advice.budget_bytes {
+            Some(b) if advice.budget_is_device_memory => format!(
+                ", budget {} (the GPU's memory, as the file's out-of-memory entry states it; --budget SIZE or --no-budget to change)",
+                format_size(b)
+            ),
+            Some(b) => format!(", budget {}", format_size(b)),
+            None => String::new(),
+        }
     );
     outln!(
         "{}: allocated peak {}, reserved peak {}{}",
@@ -164,13 +180,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let steps = starred.iter().filter_map(|p| p.steps_to_budget);
         let (fewest, most) = (steps.clone().min(), steps.max());
         outln!(
-            "yes*: fits the recorded steps only: the leak ({}/step) goes on, and fills the budget within {} more steps",
+            "yes*: fits the recorded steps only: the leak ({}/step) goes on, and fills the budget {}",
             format_size(first.leak_bytes_per_step),
-            match (fewest, most) {
-                (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
-                (Some(a), _) => format!("about {a}"),
-                _ => String::new(),
-            }
+            when_full(fewest.unwrap_or(0), most.unwrap_or(0))
         );
     }
     if !advice.unchanged.is_empty() {

@@ -286,7 +286,7 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
             let _ = writeln!(
                 out,
                 "    {:>3} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  phases",
-                "#", "start", "peak", "end", "start", "peak", "end", "outliving"
+                "#", "start", "peak", "end", "before", "peak", "end", "outliving"
             );
             let peak_step = d.peak_phase.as_ref().and_then(|p| p.step);
             let listed = listed_steps(d.steps.len(), list_steps, peak_step);
@@ -321,7 +321,7 @@ fn render(name: &str, summary: &Summary, list_steps: usize) -> String {
                     s.start_event,
                     s.peak_event,
                     s.end_event,
-                    format_size(s.start_bytes),
+                    format_size(s.before_bytes),
                     format_size(s.peak_bytes),
                     format_size(s.end_bytes),
                     format_size(s.outliving_bytes),

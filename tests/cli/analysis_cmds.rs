@@ -75,6 +75,10 @@ fn summary_json_reports_the_true_steps_and_peak() {
             assert!(s["forward_bytes_per_s"].as_f64().unwrap() > 0.0);
             assert!(s["backward_bytes_per_s"].as_f64().unwrap() > 0.0);
         }
+        // A step starts from where the one before it ended (its first event not yet done).
+        for w in steps.windows(2) {
+            assert_eq!(w[1]["before_bytes"], w[0]["end_bytes"], "{name}");
+        }
         // By default the stacks do, with each phase starting at its first allocation.
         let v = json(&memsnap(&["summary", path.to_str().unwrap(), "--json"]));
         assert_eq!(v["schema"], "memsnap.summary/1");

@@ -1,12 +1,11 @@
-//! The Advise view's model, free of UI: the budget field's parsing, the device memory the file
-//! implies (the budget's default), the work that runs `memsnap_advise::advise` (in a
-//! background job), and the words and numbers the view shows for each fix, as
+//! The Advise view's model, free of UI: the budget field's parsing, the work that runs
+//! `memsnap_advise::advise` (in a background job), and the words and numbers the view shows for each fix, as
 //! `memsnap advise` prints them.
 
 use memsnap_advise::{Advice, Fix, PredictedCurve, Prediction};
 use memsnap_analysis::curve::RangeMinMax;
 use memsnap_analysis::AllocId;
-use memsnap_format::{Action, Snapshot};
+use memsnap_format::Snapshot;
 
 /// Why advice could not be given.
 #[derive(Debug, thiserror::Error)]
@@ -34,36 +33,17 @@ pub fn parse_budget(text: &str) -> Result<Option<u64>, AdviseError> {
     }
 }
 
-/// The device's memory as the file states it, or `None` when it does not: only an `oom` entry
-/// does, with the device's free bytes then; the memory is those plus what was reserved at that
-/// moment (the bytes reserved before the window, `reserved_before_window` of the analysis'
-/// replay, plus the segment entries before the first `oom`), which is how `memsnap simulate`
-/// sizes the device of an OOM file.
-///
-/// O(n) in the device's trace entries.
-pub fn device_memory(snapshot: &Snapshot, device: i64, reserved_before_window: u64) -> Option<u64> {
-    let trace = snapshot.traces().get(usize::try_from(device).ok()?)?;
-    let at = trace.iter().position(|e| e.action == Action::Oom)?;
-    let free = trace[at].device_free()?;
-    let reserved = trace[..at]
-        .iter()
-        .fold(reserved_before_window, |r, e| match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => r.saturating_add(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => r.saturating_sub(e.size),
-            _ => r,
-        });
-    Some(free.saturating_add(reserved))
-}
-
 /// Ranks the fixes for `device` under `budget` (in a background job): one analysis, then one
 /// edit and replay per candidate (see `memsnap_advise::advise`; about 15 replays without a
-/// budget, at most 40 with one).
+/// budget, at most 40 with one), as many at once as it runs by default.
 pub fn run(snapshot: &Snapshot, device: i64, budget: Option<u64>) -> Result<Advice, AdviseError> {
     Ok(memsnap_advise::advise(
         snapshot,
         &memsnap_advise::Options {
             budget,
             device: Some(device),
+            device_memory_budget: false,
+            jobs: None,
         },
     )?)
 }
@@ -257,18 +237,5 @@ mod tests {
             overlay.max_in(0, n).map(|m| m.0),
             Some(micro.allocated_peak_bytes)
         );
-    }
-
-    #[test]
-    fn a_file_without_an_oom_entry_states_no_device_memory() {
-        let (snapshot, _) = memsnap_workload::generate(&memsnap_workload::TrainingRun {
-            steps: 2,
-            layers: 2,
-            activations_per_layer: 2,
-            ..Default::default()
-        });
-        assert_eq!(device_memory(&snapshot, 0, 0), None);
-        assert_eq!(device_memory(&snapshot, -1, 0), None);
-        assert_eq!(device_memory(&snapshot, 7, 0), None);
     }
 }

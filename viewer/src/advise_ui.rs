@@ -27,9 +27,6 @@ pub struct AdviseModel<'a> {
     pub device: i64,
     /// The recorded timeline of the device (the overlay's axis and allocations).
     pub timeline: &'a memsnap_analysis::DeviceTimeline,
-    /// Reserved bytes before the recorded window (the analysis' replay), for the device
-    /// memory an OOM entry implies.
-    pub reserved_before_window: u64,
 }
 
 /// The view's state for one device.
@@ -199,7 +196,7 @@ pub fn advise_ui(ui: &mut egui::Ui, model: &AdviseModel<'_>, state: &mut AdviseS
     state.poll();
     if state.budget.is_none() {
         state.budget = Some(
-            advise::device_memory(model.snapshot, model.device, model.reserved_before_window)
+            memsnap_simulate::device_memory(model.snapshot, model.device)
                 .filter(|&bytes| bytes > 0)
                 .map(budget_text)
                 .unwrap_or_default(),

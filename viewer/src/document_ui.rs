@@ -378,7 +378,6 @@ impl OpenDocument {
             snapshot: &self.doc.snapshot,
             device: device.device,
             timeline: &device.timeline,
-            reserved_before_window: device.timeline.replay().reserved_before_window,
         };
         advise_ui::advise_ui(ui, &model, &mut self.states[i].advise);
     }

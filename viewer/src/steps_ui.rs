@@ -289,7 +289,7 @@ pub fn steps_ui(
                             return;
                         };
                         row.set_selected(state.selected == Some(i) && state.selected_phase.is_none());
-                        let change = step.end_bytes as i64 - step.start_bytes as i64;
+                        let change = step.kept_bytes();
                         // A warm-up step keeps its optimizer state on purpose: not a leak.
                         let leaky = step.outliving_bytes > 0 && change > 0 && !step.warmup;
                         row.col(|ui| {
@@ -312,7 +312,7 @@ pub fn steps_ui(
                         });
                         let cells = [
                             format!("{}–{}", step.start_event, step.end_event),
-                            format!("{} to {}", format_size(step.start_bytes), format_size(step.end_bytes)),
+                            format!("{} to {}", format_size(step.before_bytes), format_size(step.end_bytes)),
                             format_size(step.peak_bytes),
                             format_delta(change),
                             "–".to_owned(),

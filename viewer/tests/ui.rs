@@ -418,6 +418,28 @@ fn a_leaking_run_is_flagged() {
     h.get_by_label_contains("Kept every step: metrics.py:33:record keeps 8.0 MiB per step");
 }
 
+/// The step table's change column once counted from after a step's first event, so a step
+/// whose first event allocates its batch showed the batch as freed, and a leaking step as
+/// shrinking (-11.9 MiB a step where the run kept 64 KiB a step), never flagged.
+#[test]
+fn a_steps_change_is_what_it_keeps_though_its_first_event_allocates_the_batch() {
+    const LEAK: u64 = 8 << 20;
+    let h = loaded_app(
+        &[("leaky.pickle", training_pickle(5, LEAK))],
+        Settings::default(),
+    );
+    let steps = h.state().active_document().expect("open").device().steps();
+    let step = &steps.steps[2];
+    assert!(
+        step.start_bytes > step.before_bytes,
+        "the step's first event allocates"
+    );
+    assert_eq!(step.kept_bytes(), LEAK as i64);
+    // Steps after the warm-up keep the leak, and their rows say so, in the warning colour.
+    let rows = h.get_all_by_label("+8.0 MiB").count();
+    assert!(rows >= 3, "{rows} rows show the leak as the change");
+}
+
 #[test]
 fn searching_keeps_only_matching_stacks() {
     let mut h = loaded_app(
@@ -1013,6 +1035,8 @@ fn advise_ranks_fixes_for_a_typed_budget_with_the_advisors_peaks() {
         &memsnap_advise::Options {
             budget: Some(budget),
             device: None,
+            device_memory_budget: false,
+            jobs: None,
         },
     )
     .expect("advice");
@@ -1280,6 +1304,8 @@ fn an_oom_run_is_advised_on_the_devices_memory_by_default() {
         &memsnap_advise::Options {
             budget: Some(capacity),
             device: None,
+            device_memory_budget: false,
+            jobs: None,
         },
     )
     .expect("advice");
@@ -1332,6 +1358,8 @@ fn advising_a_file_without_a_trace_shows_the_advisors_error() {
         &memsnap_advise::Options {
             budget: None,
             device: Some(0),
+            device_memory_budget: false,
+            jobs: None,
         },
     )
     .expect_err("no trace")

@@ -65,6 +65,8 @@ pub fn advise_out_of_memory(
     let options = memsnap_advise::Options {
         budget: Some(device),
         device: None,
+        device_memory_budget: false,
+        jobs: None,
     };
     let advice = memsnap_advise::advise(&recorded, &options).unwrap();
     assert!(advice.completion.is_some(), "completed");

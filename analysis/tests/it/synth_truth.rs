@@ -369,6 +369,13 @@ fn stacks_give_every_step_and_its_phases() {
             let mut next = analysis.setup.as_ref().map_or(0, |p| p.end_event + 1);
             for s in &analysis.steps {
                 assert_eq!(s.start_event, next, "{name}: steps tile the window");
+                // A step starts from what was live before its first event: its first phase's
+                // start, and the end of the step (or set-up) before it.
+                assert_eq!(
+                    s.phases.first().map(|p| p.start_bytes),
+                    Some(s.before_bytes),
+                    "{name}"
+                );
                 for p in &s.phases {
                     assert_eq!(p.start_event, next, "{name}: phases tile the step");
                     assert!(p.end_event >= p.start_event);
@@ -381,6 +388,14 @@ fn stacks_give_every_step_and_its_phases() {
                 }
             }
             assert_eq!(next, timeline.replay().trace_len, "{name}: to the end");
+            for w in analysis.steps.windows(2) {
+                assert_eq!(w[0].end_bytes, w[1].before_bytes, "{name}: steps chain");
+                assert_eq!(
+                    w[1].kept_bytes(),
+                    w[1].end_bytes as i64 - w[0].end_bytes as i64,
+                    "{name}"
+                );
+            }
             // The set-up (the parameters) is seen exactly when the window holds it, and ends
             // right before the first step's first allocation.
             assert_eq!(analysis.setup.is_some(), t.has_setup, "{name}");
