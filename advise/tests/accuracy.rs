@@ -1,6 +1,7 @@
 //! Every fix's prediction against a generated run made with that change: the predicted peaks
 //! (the recorded run's trace, edited and replayed) must be within 3 % of the peaks of the run
-//! regenerated with the change (its own trace, replayed the same way).
+//! regenerated with the change (its own trace, replayed the same way). And the advice, combinations
+//! included, does not depend on how many replays run at once.
 
 use memsnap_advise::{Advisor, Fix};
 use memsnap_workload::{generate, TrainingRun};
@@ -399,5 +400,50 @@ fn a_run_that_ran_out_of_memory_making_its_leak_does_not_fit_once_completed() {
             advice.predictions
         );
         assert_eq!(best.verdict(), "yes");
+    }
+}
+
+/// The replays of the candidates and of the combinations run side by side; the ranking,
+/// peaks and verdicts must be those of one replay at a time, combinations included.
+#[test]
+fn the_advice_is_the_same_whatever_the_replays_run_at_once() {
+    let (recorded, _) = generate(&six_blocks());
+    let singles = memsnap_advise::advise(&recorded, &memsnap_advise::Options::default()).unwrap();
+    // Just under the best single fix: none fits alone, so combinations are tried.
+    let best = singles
+        .predictions
+        .iter()
+        .map(|p| p.reserved_peak_bytes)
+        .min()
+        .unwrap();
+    let summary = |jobs: usize| {
+        let advice = memsnap_advise::advise(
+            &recorded,
+            &memsnap_advise::Options {
+                budget: Some(best - 1),
+                jobs: Some(jobs),
+                ..memsnap_advise::Options::default()
+            },
+        )
+        .unwrap();
+        let rows: Vec<(String, u64, u64, &'static str)> = advice
+            .predictions
+            .iter()
+            .map(|p| {
+                (
+                    p.description.clone(),
+                    p.allocated_peak_bytes,
+                    p.reserved_peak_bytes,
+                    p.verdict(),
+                )
+            })
+            .collect();
+        let combined = advice.predictions.iter().any(|p| p.fixes.len() > 1);
+        (rows, advice.unchanged, combined)
+    };
+    let one = summary(1);
+    assert!(one.2, "no combination was tried: {:?}", one.0);
+    for jobs in [2, 3, 16] {
+        assert_eq!(summary(jobs), one, "{jobs} at once");
     }
 }

@@ -1,6 +1,6 @@
 //! Odd inputs give advice or a clear error, never a panic: no trace, only frees, only an
 //! `oom`, a window that starts mid-run, an OOM that no fix can help, no frames, noisy stacks,
-//! several devices. And the advice does not depend on how many replays run at once.
+//! several devices.
 
 use memsnap_advise::{advise, AdviseError, Options};
 use memsnap_format::{Action, Segment, Snapshot, TraceEntry};
@@ -104,55 +104,4 @@ fn a_window_that_starts_above_the_budget_does_not_fit() {
     let roomy = advice.baseline.reserved_peak_bytes * 2;
     let advice = advise(&snapshot, &with_budget(roomy)).expect("advice");
     assert_eq!(advice.baseline.fits, Some(true));
-}
-
-/// The replays of the candidates and of the combinations run side by side; the ranking,
-/// peaks and verdicts must be those of one replay at a time, combinations included.
-#[test]
-fn the_advice_is_the_same_whatever_the_replays_run_at_once() {
-    let (recorded, _) = generate(&TrainingRun {
-        steps: 3,
-        layers: 6,
-        activations_per_layer: 8,
-        activation_bytes: 24 << 20,
-        param_bytes_per_layer: 16 << 20,
-        ..TrainingRun::default()
-    });
-    let singles = advise(&recorded, &Options::default()).unwrap();
-    // Just under the best single fix: none fits alone, so combinations are tried.
-    let best = singles
-        .predictions
-        .iter()
-        .map(|p| p.reserved_peak_bytes)
-        .min()
-        .unwrap();
-    let summary = |jobs: usize| {
-        let advice = advise(
-            &recorded,
-            &Options {
-                jobs: Some(jobs),
-                ..with_budget(best - 1)
-            },
-        )
-        .unwrap();
-        let rows: Vec<(String, u64, u64, &'static str)> = advice
-            .predictions
-            .iter()
-            .map(|p| {
-                (
-                    p.description.clone(),
-                    p.allocated_peak_bytes,
-                    p.reserved_peak_bytes,
-                    p.verdict(),
-                )
-            })
-            .collect();
-        let combined = advice.predictions.iter().any(|p| p.fixes.len() > 1);
-        (rows, advice.unchanged, combined)
-    };
-    let one = summary(1);
-    assert!(one.2, "no combination was tried: {:?}", one.0);
-    for jobs in [2, 3, 16] {
-        assert_eq!(summary(jobs), one, "{jobs} at once");
-    }
 }
