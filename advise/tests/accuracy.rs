@@ -1,7 +1,7 @@
 //! Every fix's prediction against a generated run made with that change: the predicted peaks
 //! (the recorded run's trace, edited and replayed) must be within 3 % of the peaks of the run
-//! regenerated with the change (its own trace, replayed the same way). And the advice, combinations
-//! included, does not depend on how many replays run at once.
+//! regenerated with the change (its own trace, replayed the same way). And the advice,
+//! combinations included, does not depend on how many replays run at once.
 
 use memsnap_advise::{Advisor, Fix};
 use memsnap_workload::{generate, TrainingRun};
