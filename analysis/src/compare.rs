@@ -80,6 +80,8 @@ pub struct StepDelta {
     pub before_peak_bytes: u64,
     pub after_peak_bytes: u64,
     pub delta_peak_bytes: i64,
+    /// The change of what the step starts from (live bytes before its first event,
+    /// [`crate::Step::before_bytes`]).
     pub delta_start_bytes: i64,
 }
 
@@ -132,7 +134,7 @@ pub fn diff(before: &[DeviceProfile], after: &[DeviceProfile], top: usize) -> Ve
                 before_peak_bytes: x.peak_bytes,
                 after_peak_bytes: y.peak_bytes,
                 delta_peak_bytes: delta(x.peak_bytes, y.peak_bytes),
-                delta_start_bytes: delta(x.start_bytes, y.start_bytes),
+                delta_start_bytes: delta(x.before_bytes, y.before_bytes),
             })
             .collect();
         let mut sites: Vec<SiteDelta> = a

@@ -267,6 +267,27 @@ fn diff_shows_the_leak_site_growing() {
         0,
         "{grew:?}"
     );
+    // Each step's start is what it starts from, before its first event, as `summary` has it.
+    let before_bytes = |file: &std::path::Path| -> Vec<i64> {
+        let v = json(&memsnap(&["summary", file.to_str().unwrap(), "--json"]));
+        v["devices"][0]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["before_bytes"].as_i64().unwrap())
+            .collect()
+    };
+    let (was, is) = (before_bytes(&clean), before_bytes(&leaky));
+    let steps = d["steps"].as_array().unwrap();
+    assert!(!steps.is_empty());
+    for s in steps {
+        let k = s["index"].as_u64().unwrap() as usize;
+        assert_eq!(
+            s["delta_start_bytes"].as_i64().unwrap(),
+            is[k] - was[k],
+            "{s}"
+        );
+    }
     let text = memsnap(&["diff", clean.to_str().unwrap(), leaky.to_str().unwrap()]);
     assert!(stdout(&text).contains("sites that grew most"));
 }
