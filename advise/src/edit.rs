@@ -455,6 +455,13 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
                     if !is_activation && !transient {
                         continue;
                     }
+                    // An activation the recorded backward released before the recomputation
+                    // point (a noisy stack can put a call's backward later than some of its
+                    // releases) is not made again: nothing after the point would release it,
+                    // and the replay would keep it for good, a leak every step.
+                    if is_activation && a.free_requested().is_some_and(|f| f < at) {
+                        continue;
+                    }
                     ops.push(Op::Alloc(m));
                     recompute.bytes = recompute.bytes.saturating_add(a.size);
                     if transient {

@@ -8,7 +8,9 @@
 //! A training step's memory (the active curve) rises through the forward pass to a peak and
 //! falls through the backward pass. Steps come from annotations where the snapshot has them
 //! (`ProfilerStep#N` ranges, or the ends of optimizer-step ranges such as
-//! `Optimizer.step#AdamW.step`), otherwise from the curve's shape: the curve is split with
+//! `Optimizer.step#AdamW.step`; a last `ProfilerStep#N` that never ended, the step the
+//! recording stopped in, runs to the window's end), otherwise from the curve's shape: the
+//! curve is split with
 //! hysteresis into "high" regions (more than 60% of the largest height above the floor)
 //! separated by "low" valleys (below 30%), a height taken above the floor the rest of the
 //! run returns to (the lowest value from that point on: a leak that raises the floor by more
@@ -335,13 +337,13 @@ pub fn find_steps(
     let from_stacks =
         || plan_from_evidence(replay, &evidence.evidence, evidence.python_only, ranges);
     let from_annotations = || {
-        annotation_bounds(ranges, time, replay.truncated).map(|(name, bounds)| {
-            let plan = split_at_peaks(&bounds, curve, Some(ranges));
-            (name, plan)
+        annotation_bounds(ranges, time, replay.truncated, replay.trace_len).map(|steps| {
+            let plan = split_at_peaks(&steps.bounds, curve, Some(ranges), steps.stopped);
+            (steps.name, plan)
         })
     };
     let from_shape = |bounds: Vec<(u32, u32)>| {
-        let mut plan = split_at_peaks(&bounds, curve, None);
+        let mut plan = split_at_peaks(&bounds, curve, None, false);
         // In a trace that starts with the run, memory built before the first forward pass
         // is the set-up (the model and its weights).
         plan.setup = !replay.truncated && bounds.first().is_some_and(|&(start, _)| start > 0);
@@ -591,11 +593,13 @@ fn mark_warmups(analysis: &mut StepAnalysis, replay: &Replay) {
 
 /// Phases of steps known only by their bounds: optimizer ranges (when annotations are
 /// given) mark the optimizer phase; before it, forward runs to the step's peak and backward
-/// after it.
+/// after it. `stopped_last`: the recording stopped inside the last step, so what follows its
+/// peak is a backward only if it releases at least half of what the step built up to it.
 fn split_at_peaks(
     bounds: &[(u32, u32)],
     curve: &Curve,
     ranges: Option<&[NamedRange]>,
+    stopped_last: bool,
 ) -> PhasePlan {
     let mut optimizer_starts: Vec<u32> = ranges
         .unwrap_or(&[])
@@ -608,7 +612,8 @@ fn split_at_peaks(
     optimizer_starts.sort_unstable();
     let steps = bounds
         .iter()
-        .map(|&(start, end)| {
+        .enumerate()
+        .map(|(index, &(start, end))| {
             let first_after = optimizer_starts.partition_point(|&o| o <= start);
             let optimizer = optimizer_starts
                 .get(first_after)
@@ -622,7 +627,20 @@ fn split_at_peaks(
                 }
             }
             let mut phases = vec![(PhaseKind::Forward, start)];
-            if peak < before_optimizer {
+            let mut backward = peak < before_optimizer;
+            if backward && stopped_last && index + 1 == bounds.len() {
+                // A forward's temporaries fall back a little after its highest point too (the
+                // step that ran out of memory in its forward, its last event the `oom`); a
+                // backward releases much of what the forward built.
+                let top = curve.at(peak);
+                let low = (peak + 1..=before_optimizer)
+                    .map(|e| curve.at(e))
+                    .min()
+                    .unwrap_or(top);
+                let built = top.saturating_sub(curve.at(start));
+                backward = top - low.min(top) >= built / 2 && low < top;
+            }
+            if backward {
                 phases.push((PhaseKind::Backward, peak + 1));
             }
             if let Some(o) = optimizer {
@@ -638,12 +656,24 @@ fn split_at_peaks(
     }
 }
 
-/// Step `(first event, last event)` pairs from annotations, with the range name used.
+/// Steps found from annotations.
+struct AnnotatedSteps {
+    /// The range name used.
+    name: String,
+    /// `(first event, last event)` of each step.
+    bounds: Vec<(u32, u32)>,
+    /// The recording stopped inside the last step: its `ProfilerStep#` range is open (an OOM,
+    /// a snapshot taken mid-step, a live session), and it runs to the window's last event.
+    stopped: bool,
+}
+
+/// The steps annotations give (see [`AnnotatedSteps`]).
 fn annotation_bounds(
     ranges: &[NamedRange],
     time: &TimeAxis,
     truncated: bool,
-) -> Option<(String, Vec<(u32, u32)>)> {
+    trace_len: u32,
+) -> Option<AnnotatedSteps> {
     let first_time = time.time_of(0)?;
     // A range that starts before the first event of a truncated trace may have lost events.
     let complete = |r: &NamedRange| {
@@ -670,8 +700,27 @@ fn annotation_bounds(
         }
         keep
     });
+    // The step the recording stopped in has a START and no END. Left out, its events went
+    // to the step before, which then held two steps' work: the forward of a step that ran
+    // out of memory counted as the optimizer phase of the one before it.
+    let open = ranges
+        .iter()
+        .filter(|r| r.name.starts_with("ProfilerStep#") && complete(r) && r.end_time_us.is_none())
+        .filter_map(|r| r.start_event)
+        .max();
+    let mut stopped = false;
+    if let (Some(start), Some(last)) = (open, trace_len.checked_sub(1)) {
+        if start < last && last_end.is_none_or(|end| start > end) {
+            profiler.push((start, last));
+            stopped = true;
+        }
+    }
     if profiler.len() >= 2 {
-        return Some(("ProfilerStep#".to_string(), profiler));
+        return Some(AnnotatedSteps {
+            name: "ProfilerStep#".to_string(),
+            bounds: profiler,
+            stopped,
+        });
     }
     // Otherwise a step ends where an optimizer step ends.
     let is_optimizer = |name: &str| {
@@ -696,7 +745,11 @@ fn annotation_bounds(
         bounds.push((0, first_end));
     }
     bounds.extend(ends.windows(2).map(|w| (w[0] + 1, w[1])));
-    Some((name, bounds))
+    Some(AnnotatedSteps {
+        name,
+        bounds,
+        stopped: false,
+    })
 }
 
 /// [`shape_bounds`], plus the first step of an untruncated trace, found by its call site:
@@ -1203,7 +1256,7 @@ mod tests {
         // Unsorted, two in step 0 (the earlier one counts), one on a step's first event (it
         // belongs to no step: an optimizer start must come after the step's start).
         let ranges: Vec<NamedRange> = [27, 8, 7, 17, 10].map(optimizer_range).to_vec();
-        let plan = split_at_peaks(&[(0, 9), (10, 19), (20, 29)], &curve, Some(&ranges));
+        let plan = split_at_peaks(&[(0, 9), (10, 19), (20, 29)], &curve, Some(&ranges), false);
         assert_eq!(
             plan.steps,
             vec![

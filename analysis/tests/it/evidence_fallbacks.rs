@@ -333,3 +333,39 @@ fn assert_found_by_stacks(analysis: &memsnap_analysis::StepAnalysis) {
         analysis.fallback_reason
     );
 }
+
+/// A run that ran out of memory ends inside its last `ProfilerStep#N` range, which has a
+/// START and no END. That range was dropped, so the failed step's events went to the step
+/// before it: its forward counted as the optimizer phase of the step before, and the advice
+/// could not complete the failed step (it looked longer than a whole step).
+#[test]
+fn the_step_a_run_ran_out_of_memory_in_is_its_own_step_by_annotations() {
+    let run = TrainingRun {
+        steps: 5,
+        oom_at_step: Some(3),
+        device_memory: 4 << 30,
+        ..TrainingRun::default()
+    };
+    let (snapshot, truth) = generate(&run);
+    let truth = &truth.devices[0];
+    let oom = truth.oom.expect("out of memory");
+    let timeline = DeviceTimeline::build(&snapshot, 0).unwrap();
+    let analysis = timeline.steps(&StepOptions {
+        source: memsnap_analysis::StepSource::Annotations,
+        ..Default::default()
+    });
+    assert!(matches!(analysis.method, StepMethod::Annotations { .. }));
+    assert_eq!(analysis.steps.len(), oom.step + 1);
+    let failed = analysis.steps.last().unwrap();
+    assert_eq!(failed.end_event as usize, oom.event);
+    // It stopped in its forward pass: no backward, no optimizer.
+    let kinds: Vec<PhaseKind> = failed.phases.iter().map(|p| p.kind).collect();
+    assert_eq!(kinds, [PhaseKind::Forward]);
+    // The steps before it are the run's, exactly.
+    for (got, want) in analysis.steps.iter().zip(&truth.steps).take(oom.step) {
+        assert_eq!(
+            (got.start_event as usize, got.end_event as usize),
+            (want.start_event, want.end_event)
+        );
+    }
+}
