@@ -143,6 +143,22 @@ impl<'a> Analysed<'a> {
             .unwrap_or(Category::Unknown)
     }
 
+    /// Optimizer state made before the window and still held at its end (indices into the
+    /// replay's allocations): a ring buffer's window of a long run starts long after the
+    /// warm-up made the state, which the start state then holds. O(m).
+    pub fn state_before_window(&self) -> Vec<u32> {
+        self.replay
+            .allocations
+            .iter()
+            .enumerate()
+            .take_while(|(_, a)| a.before_window())
+            .filter(|&(i, a)| {
+                a.free_requested().is_none() && self.category(i as u32) == Category::OptimizerState
+            })
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+
     /// `(forward start, forward end, backward start, backward end)` of each step that has both.
     pub fn passes(&self) -> Vec<(u32, u32, u32, u32)> {
         self.steps
@@ -470,6 +486,14 @@ pub fn edit_trace(snapshot: &Snapshot, an: &Analysed<'_>, edit: &Edit) -> Edited
                 }
             }
         }
+    }
+
+    // Optimizer state from before the window is in the start state, which the advisor takes
+    // it out of (`release_before_window`); smaller, it is made again before the first event
+    // (offloaded: not at all), where the allocator lays it out as the run would have.
+    if edit.optimizer_state_percent < 100 {
+        let made_again = before.entry(0).or_default();
+        made_again.extend(an.state_before_window().into_iter().map(Op::Alloc));
     }
 
     // A stopped leak: what a step kept is freed when the step ends.

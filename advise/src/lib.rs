@@ -16,7 +16,9 @@
 //!   forward work is reported as a fraction (by bytes the forward allocates);
 //! - **micro-batches** with gradient accumulation: the forward and backward run N times on
 //!   `1/N` of the batch (what they make and release divided by N), the gradients once;
-//! - **optimizer state** in 8 bits (25 % of fp32 Adam's state) or offloaded (0 %);
+//! - **optimizer state** in 8 bits (25 % of fp32 Adam's state) or offloaded (0 %), the
+//!   state made before a ring buffer's window included (taken out of the start state and made
+//!   again, smaller, before the window's first event);
 //! - **allocator settings** (`PYTORCH_CUDA_ALLOC_CONF`), replayed as `simulate --suggest` does;
 //! - **stopping a leak**: what a leaking site ([`memsnap_analysis::leaks`]: code whose
 //!   allocations, made step after step, are still held when the window ends) keeps is freed at
@@ -37,8 +39,8 @@
 //! prediction one edit (O(n + m)) and one replay (O(n log s) in the trace's entries and the
 //! allocator's free blocks); about 15 predictions without a budget, at most 40 with one,
 //! [`Options::jobs`] of them at a time. Each replay reads the edited trace beside the
-//! snapshot ([`memsnap_simulate::replay_trace`]): only stopping a leak copies the snapshot
-//! (its start state changes).
+//! snapshot ([`memsnap_simulate::replay_trace`]): only stopping a leak, and shrinking
+//! optimizer state made before the window, copy the snapshot (the start state changes).
 
 pub mod complete;
 pub mod edit;
@@ -49,7 +51,7 @@ use std::sync::Arc;
 
 use memsnap_analysis::modules::{chain_label, ModuleKeyer};
 use memsnap_analysis::{Category, CurveKind, DeviceTimeline, LeakingSite, Lifetime, StepOptions};
-use memsnap_format::{FrameId, Snapshot};
+use memsnap_format::{Action, FrameId, Snapshot};
 use memsnap_simulate::{replay_trace, settings, Options as SimOptions};
 use serde::Serialize;
 
@@ -634,7 +636,8 @@ impl<'a> Advisor<'a> {
     )> {
         let mut edit = Edit::none();
         let mut conf = String::new();
-        // Memory from before the window that stopping a leak takes out of the start state.
+        // Memory from before the window that a fix takes out of the start state (a stopped
+        // leak's, smaller optimizer state's).
         let mut released_before_window: Vec<u64> = Vec::new();
         for fix in fixes {
             match fix {
@@ -685,6 +688,17 @@ impl<'a> Advisor<'a> {
             &self.chains,
             self.timeline.module_paths(),
         );
+        if edit.optimizer_state_percent < 100 {
+            // The state from before the window leaves the start state: `edit_trace` makes it
+            // again, smaller, before the first event.
+            let allocations = &replay.allocations;
+            released_before_window.extend(
+                analysed
+                    .state_before_window()
+                    .into_iter()
+                    .map(|a| allocations[a as usize].addr),
+            );
+        }
         let (edited, edit_out, recompute) = if edit == Edit::none() {
             (None, None, edit::Recompute::default())
         } else {
@@ -701,8 +715,9 @@ impl<'a> Advisor<'a> {
                     .map_err(|source| AdviseError::Config { conf, source })?,
             )
         };
-        // Only stopping a leak changes the start state; every other fix is replayed from the
-        // recorded one, without a copy of the snapshot.
+        // Only stopping a leak and optimizer state from before the window change the start
+        // state; every other fix is replayed from the recorded one, without a copy of the
+        // snapshot.
         let released = (!released_before_window.is_empty()).then(|| {
             let mut copy = self.snapshot.clone();
             release_before_window(&mut copy, self.device, released_before_window);
@@ -830,8 +845,11 @@ pub const LEAKS_RELEASED_TOGETHER: usize = 8;
 
 /// Takes the blocks allocated before the window at `addresses` out of `device`'s final
 /// segments (the start state of the replay is rebuilt from them, [`memsnap_simulate`]'s
-/// `start`): they are freed, and a segment left with no allocated block that the window never
-/// touches is dropped, because the run without the leak would not have reserved it.
+/// `start`): they are freed, and a segment left with no allocated block is dropped, because
+/// the run without them would not have reserved it, unless the window's segment entries
+/// name it (the start state is walked back from the final segments through them). Blocks the
+/// window makes in its free space are laid out by the replay's allocator wherever it puts
+/// them, as every block is.
 ///
 /// O(b + n log c) in the device's blocks, the trace's entries and the c segments emptied.
 fn release_before_window(snapshot: &mut Snapshot, device: i64, mut addresses: Vec<u64>) {
@@ -859,7 +877,20 @@ fn release_before_window(snapshot: &mut Snapshot, device: i64, mut addresses: Ve
     emptied.sort_unstable();
     let mut touched = vec![false; emptied.len()];
     let traces = snapshot.device_traces.as_deref().unwrap_or(&[]);
-    for e in traces.get(device as usize).map_or(&[][..], Vec::as_slice) {
+    let segment_entries = traces
+        .get(device as usize)
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.action,
+                Action::SegmentAlloc
+                    | Action::SegmentFree
+                    | Action::SegmentMap
+                    | Action::SegmentUnmap
+            )
+        });
+    for e in segment_entries {
         let k = emptied.partition_point(|&(base, _, _)| base <= e.addr);
         if let Some(k) = k.checked_sub(1) {
             let (base, size, _) = emptied[k];
