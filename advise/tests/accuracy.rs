@@ -333,9 +333,7 @@ fn a_long_runs_leak_that_ran_out_of_memory_is_stopped_within_its_window() {
     assert!(truth.oom.is_some() && truth.dropped_entries > 0);
     let options = memsnap_advise::Options {
         budget: Some(DEVICE),
-        device: None,
-        device_memory_budget: false,
-        jobs: None,
+        ..memsnap_advise::Options::default()
     };
     let advice = memsnap_advise::advise(&recorded, &options).unwrap();
     let best = &advice.predictions[0];

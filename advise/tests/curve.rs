@@ -113,8 +113,7 @@ fn a_completed_oom_run_maps_the_completion_onto_the_oom_entry() {
         &Options {
             budget: Some(DEVICE),
             device: Some(0),
-            device_memory_budget: false,
-            jobs: None,
+            ..Options::default()
         },
     )
     .unwrap();

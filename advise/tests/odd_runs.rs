@@ -9,9 +9,7 @@ use memsnap_workload::{generate, TrainingRun};
 fn with_budget(budget: u64) -> Options {
     Options {
         budget: Some(budget),
-        device: None,
-        device_memory_budget: false,
-        jobs: None,
+        ..memsnap_advise::Options::default()
     }
 }
 

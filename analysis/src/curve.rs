@@ -244,6 +244,15 @@ impl Curve {
         }
     }
 
+    /// The value before event `event`: after the one before it, `initial` before the first.
+    /// What a step or phase starting at `event` starts from. Cost of [`Curve::at`].
+    pub fn before(&self, event: u32) -> u64 {
+        match event.checked_sub(1) {
+            Some(previous) => self.at(previous),
+            None => self.initial,
+        }
+    }
+
     /// The value after every event, in event order (O(1) each).
     pub fn values(&self) -> Values<'_> {
         Values {

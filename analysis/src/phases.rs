@@ -408,11 +408,7 @@ impl Phase {
         time: &TimeAxis,
         replay: &Replay,
     ) -> Phase {
-        let start_bytes = if start == 0 {
-            curve.initial
-        } else {
-            curve.at(start - 1)
-        };
+        let start_bytes = curve.before(start);
         let (peak_event, peak_bytes, _) = curve.peak_in(start, end);
         let end_bytes = curve.at(end);
         let first = replay

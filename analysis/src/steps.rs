@@ -638,7 +638,8 @@ fn split_at_peaks(
                     .min()
                     .unwrap_or(top);
                 let built = top.saturating_sub(curve.at(start));
-                backward = top - low.min(top) >= built / 2 && low < top;
+                // `low` is at most `top`: the peak is the highest point before the optimizer.
+                backward = low < top && top - low >= built / 2;
             }
             if backward {
                 phases.push((PhaseKind::Backward, peak + 1));
@@ -1122,10 +1123,7 @@ fn measure_step(
 ) -> Step {
     let (peak_event, peak_bytes, min_bytes) = curve.peak_in(start, end);
     let (start_bytes, end_bytes) = (curve.at(start), curve.at(end));
-    let before_bytes = match start.checked_sub(1) {
-        Some(previous) => curve.at(previous),
-        None => curve.initial,
-    };
+    let before_bytes = curve.before(start);
     // Allocations made in (start, end] still live after end.
     let axis = replay.axis_len();
     let first = replay.allocations.partition_point(|a| a.start() <= start);

@@ -1,6 +1,6 @@
 //! The Advise view's model, free of UI: the budget field's parsing, the work that runs
-//! `memsnap_advise::advise` (in a background job), and the words and numbers the view shows for each fix, as
-//! `memsnap advise` prints them.
+//! `memsnap_advise::advise` (in a background job), and the words and numbers the view shows
+//! for each fix, as `memsnap advise` prints them.
 
 use memsnap_advise::{Advice, Fix, PredictedCurve, Prediction};
 use memsnap_analysis::curve::RangeMinMax;

@@ -1034,9 +1034,7 @@ fn advise_ranks_fixes_for_a_typed_budget_with_the_advisors_peaks() {
         &snapshot,
         &memsnap_advise::Options {
             budget: Some(budget),
-            device: None,
-            device_memory_budget: false,
-            jobs: None,
+            ..memsnap_advise::Options::default()
         },
     )
     .expect("advice");
@@ -1303,9 +1301,7 @@ fn an_oom_run_is_advised_on_the_devices_memory_by_default() {
         &snapshot,
         &memsnap_advise::Options {
             budget: Some(capacity),
-            device: None,
-            device_memory_budget: false,
-            jobs: None,
+            ..memsnap_advise::Options::default()
         },
     )
     .expect("advice");
@@ -1358,8 +1354,7 @@ fn advising_a_file_without_a_trace_shows_the_advisors_error() {
         &memsnap_advise::Options {
             budget: None,
             device: Some(0),
-            device_memory_budget: false,
-            jobs: None,
+            ..memsnap_advise::Options::default()
         },
     )
     .expect_err("no trace")

@@ -64,9 +64,7 @@ pub fn advise_out_of_memory(
     assert!(truth.oom.is_some(), "the run outgrows {device} bytes");
     let options = memsnap_advise::Options {
         budget: Some(device),
-        device: None,
-        device_memory_budget: false,
-        jobs: None,
+        ..memsnap_advise::Options::default()
     };
     let advice = memsnap_advise::advise(&recorded, &options).unwrap();
     assert!(advice.completion.is_some(), "completed");
