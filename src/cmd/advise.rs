@@ -176,12 +176,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .iter()
         .filter(|p| p.steps_to_budget.is_some())
         .collect();
-    if let Some(first) = starred.first() {
+    if !starred.is_empty() {
         let steps = starred.iter().filter_map(|p| p.steps_to_budget);
         let (fewest, most) = (steps.clone().min(), steps.max());
+        // A fix that stops one of several leaks leaves a smaller rate going than one that
+        // stops none.
+        let rates = starred.iter().map(|p| p.leak_bytes_per_step);
+        let (slowest, fastest) = (rates.clone().min().unwrap_or(0), rates.max().unwrap_or(0));
+        let rate = if slowest == fastest {
+            format!("the leak ({}/step)", format_size(slowest))
+        } else {
+            format!(
+                "what leaks ({} to {}/step)",
+                format_size(slowest),
+                format_size(fastest)
+            )
+        };
         outln!(
-            "yes*: fits the recorded steps only: the leak ({}/step) goes on, and fills the budget {}",
-            format_size(first.leak_bytes_per_step),
+            "yes*: fits the recorded steps only: {rate} goes on, and fills the budget {}",
             when_full(fewest.unwrap_or(0), most.unwrap_or(0))
         );
     }
